@@ -1,0 +1,12 @@
+//go:build !unix && !windows
+
+package gguf
+
+import (
+	"errors"
+	"os"
+)
+
+func mmap(*os.File, int64) ([]byte, func() error, error) {
+	return nil, nil, errors.New("mmap is not available on this platform")
+}
