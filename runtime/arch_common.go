@@ -1,0 +1,90 @@
+package runtime
+
+import "github.com/atsinfer/ats/ops"
+
+// Pieces shared by the decoder-only architectures. Each arch_*.go file
+// lists its own sequence of ops and calls these for the common parts.
+
+// attnOpts are the variations of the attention block between families.
+type attnOpts struct {
+	biases bool // Q/K/V biases (qwen2, glm4)
+	qkNorm bool // RMSNorm of each Q and K head before rope (qwen3)
+	neox   bool // rope pairs (i, i+n/2) rather than (2i, 2i+1)
+}
+
+// embeddings starts a program: the token embedding into x, returning the
+// table (reused as the output matrix by models with tied embeddings).
+func embeddings(b *Builder) (*Weight, BufID) {
+	h := &b.H
+	tok, _ := b.File.Tensor("token_embd.weight")
+	if tok != nil && len(tok.Dims) == 2 {
+		h.NVocab = int(tok.Dims[1])
+	}
+	emb := b.Weight("token_embd.weight", h.NEmbd, h.NVocab)
+	x := b.Buf("x", h.NEmbd)
+	b.Embed(emb, x)
+	return emb, x
+}
+
+// rope makes the rotary embedding of the model (with Llama 3's frequency
+// factors when the file carries rope_freqs.weight).
+func rope(b *Builder, neox bool) *ops.Rope {
+	h := &b.H
+	r := &ops.Rope{Dims: h.NRot, Base: h.RopeBase, FreqScale: h.RopeScale, NeoX: neox}
+	if f := b.OptWeight("rope_freqs.weight", h.NRot/2); f != nil {
+		r.Factors = f.Vector
+	}
+	return r
+}
+
+// selfAttention appends attention block l: q/k/v projections, optional
+// biases and head norms, rope, attention over the cache, output projection
+// into out. in is the normed input.
+func selfAttention(b *Builder, l int, in BufID, r *ops.Rope, o attnOpts, out BufID) {
+	h := &b.H
+	qw, kw := h.NHead*h.HeadK, h.NKVHead*h.HeadK
+	q, k, v := b.Buf("q", qw), b.Buf("k", kw), b.Buf("v", h.NKVHead*h.HeadV)
+	var bq, bk, bv *Weight
+	if o.biases {
+		bq, bk, bv = b.Weight(Blk(l, "attn_q.bias"), qw), b.Weight(Blk(l, "attn_k.bias"), kw), b.Weight(Blk(l, "attn_v.bias"), h.NKVHead*h.HeadV)
+	}
+	b.MatMul(in, b.Weight(Blk(l, "attn_q.weight"), h.NEmbd, qw), bq, q)
+	b.MatMul(in, b.Weight(Blk(l, "attn_k.weight"), h.NEmbd, kw), bk, k)
+	b.MatMul(in, b.Weight(Blk(l, "attn_v.weight"), h.NEmbd, h.NKVHead*h.HeadV), bv, v)
+	if o.qkNorm {
+		b.HeadNorm(q, b.Weight(Blk(l, "attn_q_norm.weight"), h.HeadK), h.NHead, h.HeadK)
+		b.HeadNorm(k, b.Weight(Blk(l, "attn_k_norm.weight"), h.HeadK), h.NKVHead, h.HeadK)
+	}
+	b.RoPE(q, r, h.NHead, h.HeadK)
+	b.RoPE(k, r, h.NKVHead, h.HeadK)
+	att := b.Buf("att", qw)
+	b.Attention(q, k, v, &ops.Attention{NHeads: h.NHead, NKVHeads: h.NKVHead, HeadSize: h.HeadK, Scale: ops.DefaultScale(h.HeadK)}, att)
+	b.MatMul(att, b.Weight(Blk(l, "attn_output.weight"), qw, h.NEmbd), nil, out)
+}
+
+// swigluFFN appends the gated FFN of block l: down(silu(gate·in) * up·in).
+func swigluFFN(b *Builder, l int, in, out BufID) {
+	h := &b.H
+	gate, up := b.Buf("gate", h.NFF), b.Buf("up", h.NFF)
+	b.MatMul(in, b.Weight(Blk(l, "ffn_gate.weight"), h.NEmbd, h.NFF), nil, gate)
+	b.MatMul(in, b.Weight(Blk(l, "ffn_up.weight"), h.NEmbd, h.NFF), nil, up)
+	b.SwiGLU(gate, up, gate)
+	b.MatMul(gate, b.Weight(Blk(l, "ffn_down.weight"), h.NFF, h.NEmbd), nil, out)
+}
+
+// outputHead appends the final norm and the logits projection (tied to the
+// embedding table when the file has no output.weight).
+func outputHead(b *Builder, x BufID, emb *Weight) BufID {
+	h := &b.H
+	b.Layer(-1)
+	b.Output()
+	xn := b.Buf("xn", h.NEmbd)
+	b.Norm(x, b.Weight("output_norm.weight", h.NEmbd), xn)
+	out := b.OptWeight("output.weight", h.NEmbd, h.NVocab)
+	if out == nil {
+		out = emb
+	}
+	logits := b.Buf("logits", h.NVocab)
+	b.MatMul(xn, out, nil, logits)
+	return logits
+}

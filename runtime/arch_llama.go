@@ -1,0 +1,26 @@
+package runtime
+
+// llama: Llama 2 and 3 (and 3.1's rope scaling through rope_freqs.weight).
+//
+//	x = embed(tokens)
+//	per block: x += wo·attn(rope(wq·norm(x)), rope(wk·norm(x)), wv·norm(x))
+//	           x += down(silu(gate·norm(x)) * up·norm(x))
+//	logits = output·norm(x)
+func init() {
+	registerArch(Arch{Name: "llama", Build: func(b *Builder) BufID {
+		h := &b.H
+		emb, x := embeddings(b)
+		r := rope(b, false)
+		xn, y := b.Buf("xn", h.NEmbd), b.Buf("y", h.NEmbd)
+		for l := 0; l < h.NLayer; l++ {
+			b.Layer(l)
+			b.Norm(x, b.Weight(Blk(l, "attn_norm.weight"), h.NEmbd), xn)
+			selfAttention(b, l, xn, r, attnOpts{biases: b.Has(Blk(l, "attn_q.bias"))}, y)
+			b.Add(x, y, x)
+			b.Norm(x, b.Weight(Blk(l, "ffn_norm.weight"), h.NEmbd), xn)
+			swigluFFN(b, l, xn, y)
+			b.Add(x, y, x)
+		}
+		return outputHead(b, x, emb)
+	}})
+}
