@@ -1,0 +1,121 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/chat"
+)
+
+func init() {
+	register(func() *cobra.Command {
+		var (
+			modelPath, prompt, system string
+			raw, printTokens, special bool
+			think                     bool
+			nPredict, ctxSize, thrds  int
+			sf                        samplingFlags
+		)
+		cmd := &cobra.Command{
+			Use:   "run -m MODEL [-p PROMPT]",
+			Short: "Generate a reply to one prompt, streamed to stdout",
+			Long: `run applies the model's chat template to the prompt (unless --raw), then
+streams the generated text to stdout and prints prefill and decode speed to
+stderr. Without -p the prompt is read from standard input.`,
+			Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				if modelPath == "" {
+					return errors.New("run: -m MODEL is required")
+				}
+				if !cmd.Flags().Changed("prompt") {
+					b, err := io.ReadAll(cmd.InOrStdin())
+					if err != nil {
+						return fmt.Errorf("run: reading the prompt from stdin: %w", err)
+					}
+					prompt = strings.TrimRight(string(b), "\n")
+				}
+				cfg, err := sf.config()
+				if err != nil {
+					return err
+				}
+				stderr := cmd.ErrOrStderr()
+				warn := func(s string) { fmt.Fprintln(stderr, "ats: warning:", s) }
+				m, err := runtime.Open(modelPath)
+				if err != nil {
+					return err
+				}
+				defer m.Close()
+				s, err := runtime.NewSession(m, runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds}, warn)
+				if err != nil {
+					return err
+				}
+				defer s.Close()
+				text := prompt
+				if !raw {
+					var msgs []chat.Message
+					if system != "" {
+						msgs = append(msgs, chat.Message{Role: "system", Content: system})
+					}
+					msgs = append(msgs, chat.Message{Role: "user", Content: prompt})
+					opt := chat.Options{AddGenerationPrompt: true}
+					if cmd.Flags().Changed("think") {
+						opt.Vars = map[string]any{"enable_thinking": think}
+					}
+					if text, err = s.RenderChat(msgs, opt); err != nil {
+						return fmt.Errorf("run: %w (use --raw to send the prompt as it is)", err)
+					}
+				}
+				// A chat-rendered prompt carries its own special tokens.
+				ids := s.Tok.Encode(text, s.Tok.AddBOS(), !raw)
+				if len(ids) == 0 {
+					return errors.New("run: the prompt is empty")
+				}
+				ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+				defer stop()
+				out := cmd.OutOrStdout()
+				opt := runtime.GenerateOptions{Sampler: cfg, MaxTokens: nPredict, Stop: sf.stop, Special: special,
+					OnText: func(t string) error {
+						if printTokens {
+							return nil
+						}
+						_, err := io.WriteString(out, t)
+						return err
+					}}
+				if printTokens {
+					opt.OnToken = func(id int) { fmt.Fprintf(out, "%d ", id) }
+				}
+				res, err := s.Generate(ctx, ids, opt)
+				fmt.Fprintln(out)
+				if res != nil {
+					fmt.Fprintf(stderr, "\nprompt: %d tokens, %.1f t/s | generated: %d tokens, %.1f t/s | stop: %s | seed %d | %d threads\n",
+						res.PromptTokens, res.PrefillRate(), len(res.Tokens), res.DecodeRate(), res.StopReason, res.Seed, s.Ctx.Threads())
+				}
+				if errors.Is(err, context.Canceled) {
+					return nil
+				}
+				return err
+			},
+		}
+		f := cmd.Flags()
+		f.StringVarP(&modelPath, "model", "m", "", "GGUF model file")
+		f.StringVarP(&prompt, "prompt", "p", "", "prompt (default: read standard input)")
+		f.StringVarP(&system, "system", "s", "", "system prompt")
+		f.BoolVar(&raw, "raw", false, "send the prompt as it is, without the chat template")
+		f.BoolVar(&think, "think", true, "let reasoning models think (sets enable_thinking where the template has it)")
+		f.BoolVar(&printTokens, "print-tokens", false, "print generated token ids instead of text")
+		f.BoolVar(&special, "special", false, "print control tokens as text")
+		f.IntVarP(&nPredict, "n-predict", "n", -1, "tokens to generate (-1: until the end of the turn or a full context)")
+		f.IntVarP(&ctxSize, "ctx-size", "c", 0, "context size in tokens (0: the model's, at most 4096)")
+		f.IntVarP(&thrds, "threads", "t", 0, "CPU threads (0: all cores)")
+		sf.register(f)
+		return cmd
+	})
+}

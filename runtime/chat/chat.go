@@ -1,0 +1,339 @@
+// Package chat turns a conversation into a model's prompt by rendering the
+// Jinja chat template the model ships in its GGUF (tokenizer.chat_template)
+// the way Hugging Face transformers' apply_chat_template does, so a prompt
+// built by ats matches the one the model was trained and evaluated with.
+//
+// Engine: github.com/ardanlabs/jinja (v1.8.0). Both it and
+// github.com/nikolalohinski/gonja/v2 parse and run the real Qwen3 and
+// Llama 3 templates, but ardanlabs/jinja was written for HF chat templates:
+// it applies HF's trim_blocks/lstrip_blocks, supports the Python string and
+// dict methods the templates call (.startswith, .split, .lstrip, .items()),
+// namespace(), loop controls and slicing like messages[::-1], and its
+// dicts keep insertion order, so tool-call arguments reach the prompt in
+// the order the model wrote them (Python dicts do that too). gonja's
+// tojson is Go's encoding/json (compact separators, <>& escaped) and its
+// maps are unordered, so its tool prompts differ from HF's byte-wise.
+// Newer ardanlabs/jinja releases need a newer Go than this module's.
+package chat
+
+import (
+	_ "embed"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// Message is one turn of a conversation, in the shape of OpenAI's chat API
+// (the JSON tags match it, so the server can decode requests straight into
+// it).
+type Message struct {
+	Role    string `json:"role"` // "system", "user", "assistant", "tool"
+	Content string `json:"content"`
+	// ReasoningContent is an assistant's thinking, kept apart from Content
+	// (Qwen3's template wraps it in <think> for the latest turn).
+	ReasoningContent string     `json:"reasoning_content,omitempty"`
+	ToolCalls        []ToolCall `json:"tool_calls,omitempty"`
+	// ToolCallID and Name identify, on a "tool" message, which call it
+	// answers and which function produced it.
+	ToolCallID string `json:"tool_call_id,omitempty"`
+	Name       string `json:"name,omitempty"`
+}
+
+// ToolCall is a function call made by the assistant.
+type ToolCall struct {
+	ID       string       `json:"id,omitempty"`
+	Type     string       `json:"type"` // "function"; empty means "function"
+	Function FunctionCall `json:"function"`
+}
+
+// FunctionCall names the function and carries its arguments as JSON text,
+// as OpenAI's API does.
+type FunctionCall struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+// Tool is one OpenAI tool definition ({"type": "function", "function":
+// {...}}), handed to the template as is. Go maps have no order, so the
+// template sees its keys sorted; a json.RawMessage value keeps the order
+// of its text.
+type Tool = map[string]any
+
+// Options are the template inputs besides the messages.
+type Options struct {
+	// AddGenerationPrompt ends the prompt with the assistant's header, so
+	// the model's reply comes next.
+	AddGenerationPrompt bool
+	// Tools is the `tools` variable; nil or empty renders as none, as HF
+	// does without tools.
+	Tools []Tool
+	// Vars are extra template variables, such as "enable_thinking": false
+	// for Qwen3. They may not reuse a name Render sets itself.
+	Vars map[string]any
+	// BOS and EOS are the tokenizer's begin/end-of-sequence token text,
+	// visible as bos_token and eos_token ("" when the model has none).
+	BOS, EOS string
+}
+
+// Template is a parsed chat template; safe for concurrent Render calls.
+type Template struct {
+	src    string
+	family string // the built-in family for a fallback, "" for a model's own template
+	t      *jinja.Template
+}
+
+// ErrNoTemplate is returned by Load for an empty template source.
+var ErrNoTemplate = errors.New("chat: model has no chat template")
+
+// New parses a chat template. It fails only when the engine cannot parse
+// it; a template can still fail at Render time (see Load).
+func New(src string) (*Template, error) {
+	code := prepareSource(src)
+	t, err := jinja.Compile(code)
+	if err != nil {
+		return nil, fmt.Errorf("chat: parse template: %w", err)
+	}
+	return &Template{src: src, t: t}, nil
+}
+
+// Source returns the template text as given to New.
+func (t *Template) Source() string { return t.src }
+
+// Family returns the built-in family ("chatml", "llama3", "glm4") when t is
+// a fallback, and "" when it is a model's own template.
+func (t *Template) Family() string { return t.family }
+
+// Render renders the conversation into a prompt.
+func (t *Template) Render(msgs []Message, opt Options) (string, error) {
+	data, err := templateData(msgs, opt)
+	if err != nil {
+		return "", err
+	}
+	out, err := t.t.RenderValues(data)
+	if err != nil {
+		return "", fmt.Errorf("chat: render template: %w", err)
+	}
+	return out, nil
+}
+
+// templateData builds the variables HF's apply_chat_template passes.
+func templateData(msgs []Message, opt Options) (map[string]jinja.Value, error) {
+	data := make(map[string]jinja.Value, 8+len(opt.Vars))
+	for k, v := range opt.Vars {
+		if reserved[k] {
+			return nil, fmt.Errorf("chat: Vars[%q] would replace a variable Render sets itself", k)
+		}
+		val, err := toValue(v)
+		if err != nil {
+			return nil, fmt.Errorf("chat: Vars[%q]: %w", k, err)
+		}
+		data[k] = val
+	}
+
+	list := make([]jinja.Value, len(msgs))
+	for i, m := range msgs {
+		list[i] = messageValue(m)
+	}
+	data["messages"] = jinja.NewList(list)
+
+	// HF passes tools=None without tools; `{% if tools %}` is then false.
+	data["tools"] = jinja.None()
+	if len(opt.Tools) > 0 {
+		tools := make([]jinja.Value, len(opt.Tools))
+		for i, tool := range opt.Tools {
+			v, err := toValue(tool)
+			if err != nil {
+				return nil, fmt.Errorf("chat: Tools[%d]: %w", i, err)
+			}
+			tools[i] = v
+		}
+		data["tools"] = jinja.NewList(tools)
+	}
+
+	data["add_generation_prompt"] = jinja.NewBool(opt.AddGenerationPrompt)
+	data["bos_token"] = jinja.NewString(opt.BOS)
+	data["eos_token"] = jinja.NewString(opt.EOS)
+	data["raise_exception"] = jinja.NewCallable("raise_exception", raiseException)
+	data["strftime_now"] = jinja.NewCallable("strftime_now", strftimeNow)
+	data[tojsonFilter] = jinja.NewCallable("tojson", tojson)
+	return data, nil
+}
+
+var reserved = map[string]bool{
+	"messages": true, "tools": true, "add_generation_prompt": true,
+	"bos_token": true, "eos_token": true, "raise_exception": true,
+	"strftime_now": true, tojsonFilter: true,
+}
+
+// messageValue is the dict a template sees for m. It follows what HF
+// templates expect from OpenAI-style messages:
+//   - content is always a string ("" when empty): templates concatenate
+//     it and test it with `in` and .startswith, which fail on None;
+//   - optional fields are left out when empty, so `is defined` tests work:
+//     Qwen3 looks for <think> in the content only when reasoning_content
+//     is undefined (or None), so an empty one must not be passed as "";
+//   - tool-call arguments are a mapping when they parse as a JSON object
+//     (templates iterate them or pass them through tojson), else the raw
+//     string.
+func messageValue(m Message) jinja.Value {
+	d := jinja.NewDict()
+	dict := d.AsDict()
+	dict.Set("role", jinja.NewString(m.Role))
+	dict.Set("content", jinja.NewString(m.Content))
+	if m.ReasoningContent != "" {
+		dict.Set("reasoning_content", jinja.NewString(m.ReasoningContent))
+	}
+	if len(m.ToolCalls) > 0 {
+		calls := make([]jinja.Value, len(m.ToolCalls))
+		for i, c := range m.ToolCalls {
+			calls[i] = toolCallValue(c)
+		}
+		dict.Set("tool_calls", jinja.NewList(calls))
+	}
+	if m.ToolCallID != "" {
+		dict.Set("tool_call_id", jinja.NewString(m.ToolCallID))
+	}
+	if m.Name != "" {
+		dict.Set("name", jinja.NewString(m.Name))
+	}
+	return d
+}
+
+func toolCallValue(c ToolCall) jinja.Value {
+	fn := jinja.NewDict()
+	fn.AsDict().Set("name", jinja.NewString(c.Function.Name))
+	args := jinja.NewString(c.Function.Arguments)
+	if v, err := parseJSON([]byte(c.Function.Arguments)); err == nil && v.IsDict() {
+		args = v
+	}
+	fn.AsDict().Set("arguments", args)
+
+	d := jinja.NewDict()
+	if c.ID != "" {
+		d.AsDict().Set("id", jinja.NewString(c.ID))
+	}
+	typ := c.Type
+	if typ == "" {
+		typ = "function"
+	}
+	d.AsDict().Set("type", jinja.NewString(typ))
+	d.AsDict().Set("function", fn)
+	return d
+}
+
+// TemplateError is the error a template raises itself through
+// raise_exception (for example "Conversation roles must alternate"): the
+// conversation is not one the template accepts, which is the caller's
+// problem rather than an engine failure. Find it with errors.As.
+type TemplateError struct{ Msg string }
+
+func (e *TemplateError) Error() string { return "template raised: " + e.Msg }
+
+func raiseException(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+	msg := "raise_exception called"
+	if len(args) > 0 {
+		msg = args[0].String()
+		if args[0].IsString() {
+			msg = args[0].AsString()
+		}
+	}
+	return jinja.Undefined(), &TemplateError{Msg: msg}
+}
+
+//go:embed templates/chatml.jinja
+var chatmlSrc string
+
+//go:embed templates/llama3.jinja
+var llama3Src string
+
+//go:embed templates/glm4.jinja
+var glm4Src string
+
+var fallbacks = map[string]string{"chatml": chatmlSrc, "llama3": llama3Src, "glm4": glm4Src}
+
+// Fallback returns a built-in template for a family ("chatml", "llama3",
+// "glm4"), for models whose own template is missing or unusable. They are
+// plain Jinja (templates/*.jinja) and follow each family's prompt format,
+// tool calls included, in a simplified form.
+func Fallback(family string) (*Template, bool) {
+	src, ok := fallbacks[family]
+	if !ok {
+		return nil, false
+	}
+	t, err := New(src)
+	if err != nil {
+		panic(fmt.Sprintf("chat: built-in %s template does not parse: %v", family, err)) // caught by the tests
+	}
+	t.family = family
+	return t, true
+}
+
+// Detect guesses a template's family from the special tokens it writes,
+// for picking a fallback; "" when it recognises none.
+func Detect(src string) string {
+	switch {
+	case strings.Contains(src, "<|im_start|>"):
+		return "chatml"
+	case strings.Contains(src, "<|start_header_id|>"):
+		return "llama3"
+	case strings.Contains(src, "[gMASK]"):
+		return "glm4"
+	}
+	return ""
+}
+
+// Load returns the template for a model's tokenizer.chat_template: the
+// template itself when the engine parses it and can render a plain
+// conversation with it, otherwise the built-in fallback for Detect(src),
+// reporting why through warn (which may be nil). It fails when neither
+// works.
+func Load(src string, warn func(string)) (*Template, error) {
+	if strings.TrimSpace(src) == "" {
+		return nil, ErrNoTemplate
+	}
+	t, err := New(src)
+	if err == nil {
+		if err = t.probe(); err == nil {
+			return t, nil
+		}
+	}
+	family := Detect(src)
+	fb, ok := Fallback(family)
+	if !ok {
+		return nil, fmt.Errorf("chat: model template unusable and no built-in template matches it: %w", err)
+	}
+	if warn != nil {
+		warn(fmt.Sprintf("chat template: %v; using the built-in %s template instead", err, family))
+	}
+	return fb, nil
+}
+
+// probe renders a plain exchange to catch templates that parse but use
+// something the engine cannot run (an unknown filter, say), so Load can
+// fall back now rather than fail on the first request.
+func (t *Template) probe() error {
+	msgs := []Message{
+		{Role: "system", Content: "You are a helpful assistant."},
+		{Role: "user", Content: "Hello"},
+		{Role: "assistant", Content: "Hi! How can I help?"},
+		{Role: "user", Content: "Tell me a joke."},
+	}
+	out, err := t.Render(msgs, Options{AddGenerationPrompt: true})
+	if err != nil {
+		var te *TemplateError
+		if !errors.As(err, &te) {
+			return err
+		}
+		// Some templates refuse a system turn; that says nothing about
+		// the engine, so try once more without it.
+		if out, err = t.Render(msgs[1:], Options{AddGenerationPrompt: true}); err != nil {
+			return err
+		}
+	}
+	if !strings.Contains(out, "Tell me a joke.") {
+		return fmt.Errorf("chat: template rendered %q, which lacks the last user message", out)
+	}
+	return nil
+}

@@ -1,0 +1,221 @@
+package chat
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// tojsonFilter is the name template code calls for `tojson` after
+// prepareSource renamed it.
+const tojsonFilter = "__ats_tojson"
+
+// tojson is HF's tojson filter: Python's json.dumps(x, ensure_ascii=False,
+// indent=None, separators=None, sort_keys=False), byte for byte. The
+// engine's own tojson differs with indent= (Go's encoding/json: sorted
+// keys, <>& escaped) and in float formatting (1e6 vs 1000000.0), and
+// models see tool schemas and call arguments through this filter.
+func tojson(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
+	if len(args) == 0 {
+		return jinja.Undefined(), fmt.Errorf("tojson: no value")
+	}
+	o := jsonOptions{}
+	// HF's signature, in order: tojson(x, ensure_ascii, indent, separators, sort_keys).
+	names := []string{"ensure_ascii", "indent", "separators", "sort_keys"}
+	opts := map[string]jinja.Value{}
+	for i, a := range args[1:] {
+		if i >= len(names) {
+			return jinja.Undefined(), fmt.Errorf("tojson: too many arguments")
+		}
+		opts[names[i]] = a
+	}
+	for k, v := range kwargs {
+		if !slices.Contains(names, k) {
+			return jinja.Undefined(), fmt.Errorf("tojson: unexpected argument %q", k)
+		}
+		opts[k] = v
+	}
+	o.ensureASCII = opts["ensure_ascii"].IsTruthy()
+	o.sortKeys = opts["sort_keys"].IsTruthy()
+	o.itemSep, o.keySep = ", ", ": "
+	if ind, ok := opts["indent"]; ok && !ind.IsNone() && !ind.IsUndefined() {
+		o.indented = true
+		o.itemSep = "," // Python drops the space when it adds newlines
+		switch {
+		case ind.IsString():
+			o.indent = ind.AsString()
+		case ind.IsInt():
+			o.indent = strings.Repeat(" ", int(max(ind.AsInt(), 0)))
+		default:
+			return jinja.Undefined(), fmt.Errorf("tojson: indent must be an int or a string, not %s", ind.String())
+		}
+	}
+	if sep, ok := opts["separators"]; ok && !sep.IsNone() && !sep.IsUndefined() {
+		if !sep.IsList() || sep.AsList().Len() != 2 || !sep.AsList().Get(0).IsString() || !sep.AsList().Get(1).IsString() {
+			return jinja.Undefined(), fmt.Errorf("tojson: separators must be two strings, not %s", sep.String())
+		}
+		o.itemSep, o.keySep = sep.AsList().Get(0).AsString(), sep.AsList().Get(1).AsString()
+	}
+	var sb strings.Builder
+	if err := o.encode(&sb, args[0], 0); err != nil {
+		return jinja.Undefined(), fmt.Errorf("tojson: %w", err)
+	}
+	return jinja.NewString(sb.String()), nil
+}
+
+type jsonOptions struct {
+	ensureASCII, sortKeys bool
+	indented              bool
+	indent                string
+	itemSep, keySep       string
+}
+
+func (o *jsonOptions) newline(sb *strings.Builder, depth int) {
+	if o.indented {
+		sb.WriteByte('\n')
+		for range depth {
+			sb.WriteString(o.indent)
+		}
+	}
+}
+
+func (o *jsonOptions) encode(sb *strings.Builder, v jinja.Value, depth int) error {
+	switch {
+	case v.IsNone(), v.IsUndefined():
+		// Python would refuse Undefined; null is kinder to a template that
+		// dumps an optional field.
+		sb.WriteString("null")
+	case v.IsBool():
+		sb.WriteString(strconv.FormatBool(v.AsBool()))
+	case v.IsInt():
+		sb.WriteString(strconv.FormatInt(v.AsInt(), 10))
+	case v.IsFloat():
+		sb.WriteString(pyFloat(v.AsFloat()))
+	case v.IsString():
+		o.encodeString(sb, v.AsString())
+	case v.IsList():
+		items := v.AsList().Items
+		if len(items) == 0 {
+			sb.WriteString("[]")
+			return nil
+		}
+		sb.WriteByte('[')
+		for i, it := range items {
+			if i > 0 {
+				sb.WriteString(o.itemSep)
+			}
+			o.newline(sb, depth+1)
+			if err := o.encode(sb, it, depth+1); err != nil {
+				return err
+			}
+		}
+		o.newline(sb, depth)
+		sb.WriteByte(']')
+	case v.IsDict():
+		d := v.AsDict()
+		if d.Len() == 0 {
+			sb.WriteString("{}")
+			return nil
+		}
+		keys := d.Keys
+		if o.sortKeys {
+			keys = slices.Sorted(slices.Values(d.Keys))
+		}
+		sb.WriteByte('{')
+		for i, k := range keys {
+			if i > 0 {
+				sb.WriteString(o.itemSep)
+			}
+			o.newline(sb, depth+1)
+			o.encodeString(sb, k)
+			sb.WriteString(o.keySep)
+			if err := o.encode(sb, d.Data[k], depth+1); err != nil {
+				return err
+			}
+		}
+		o.newline(sb, depth)
+		sb.WriteByte('}')
+	default:
+		return fmt.Errorf("cannot encode %s as JSON", v.String())
+	}
+	return nil
+}
+
+// encodeString escapes like Python's json module: with ensure_ascii off
+// only '"', '\\' and control characters; with it on, also everything
+// outside printable ASCII, as \uXXXX (surrogate pairs above U+FFFF).
+func (o *jsonOptions) encodeString(sb *strings.Builder, s string) {
+	sb.WriteByte('"')
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == '"':
+			sb.WriteString(`\"`)
+		case r == '\\':
+			sb.WriteString(`\\`)
+		case r == '\n':
+			sb.WriteString(`\n`)
+		case r == '\r':
+			sb.WriteString(`\r`)
+		case r == '\t':
+			sb.WriteString(`\t`)
+		case r == '\b':
+			sb.WriteString(`\b`)
+		case r == '\f':
+			sb.WriteString(`\f`)
+		case r < 0x20 || (o.ensureASCII && r == 0x7f):
+			fmt.Fprintf(sb, `\u%04x`, r)
+		case o.ensureASCII && r >= 0x80:
+			if r > 0xffff {
+				r1, r2 := utf16Pair(r)
+				fmt.Fprintf(sb, `\u%04x\u%04x`, r1, r2)
+			} else {
+				fmt.Fprintf(sb, `\u%04x`, r) // invalid UTF-8 arrives as U+FFFD
+			}
+		default:
+			sb.WriteString(s[i : i+size]) // raw bytes, invalid UTF-8 included
+		}
+		i += size
+	}
+	sb.WriteByte('"')
+}
+
+func utf16Pair(r rune) (rune, rune) {
+	r -= 0x10000
+	return 0xd800 + (r>>10)&0x3ff, 0xdc00 + r&0x3ff
+}
+
+// pyFloat formats like Python's repr(float), which json.dumps uses: the
+// shortest digits that round-trip, positional between 1e-4 and 1e16 with
+// at least one decimal ("1.0"), scientific outside ("1e+16", "1.5e-05").
+func pyFloat(f float64) string {
+	switch {
+	case math.IsNaN(f):
+		return "NaN"
+	case math.IsInf(f, 1):
+		return "Infinity"
+	case math.IsInf(f, -1):
+		return "-Infinity"
+	}
+	if f == 0 {
+		if math.Signbit(f) {
+			return "-0.0"
+		}
+		return "0.0"
+	}
+	e := strconv.FormatFloat(f, 'e', -1, 64) // shortest round-trip digits
+	exp, _ := strconv.Atoi(e[strings.IndexByte(e, 'e')+1:])
+	if exp < -4 || exp >= 16 {
+		return e // Go's 'e' already writes a signed, two-digit-minimum exponent
+	}
+	s := strconv.FormatFloat(f, 'f', -1, 64)
+	if !strings.ContainsAny(s, ".") {
+		s += ".0"
+	}
+	return s
+}

@@ -1,0 +1,274 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/atsinfer/ats/runtime/chat"
+	"github.com/atsinfer/ats/runtime/sampler"
+	"github.com/atsinfer/ats/runtime/tokenizer"
+)
+
+// Session is one conversation with a model: a context whose KV cache holds
+// the tokens evaluated so far, the tokenizer, and the chat template. A new
+// prompt that starts with the tokens already in the cache reuses them.
+type Session struct {
+	Model    *Model
+	Tok      *tokenizer.Tokenizer
+	Template *chat.Template // loaded on first use by RenderChat
+	Ctx      *Context
+	cached   []int // the tokens whose keys and values are in Ctx
+	warn     func(string)
+}
+
+// NewSession loads the tokenizer and chat template of m and allocates a
+// context. warn receives notes such as a template fallback.
+func NewSession(m *Model, opt ContextOptions, warn func(string)) (*Session, error) {
+	if warn == nil {
+		warn = func(string) {}
+	}
+	tok, err := tokenizer.FromGGUF(m.File, warn)
+	if err != nil {
+		return nil, fmt.Errorf("%s: tokenizer: %w", m.File.Path, err)
+	}
+	if tok.VocabSize() > m.Hyper().NVocab {
+		return nil, fmt.Errorf("%s: the tokenizer has %d tokens but the model only %d rows of embeddings", m.File.Path, tok.VocabSize(), m.Hyper().NVocab)
+	}
+	c, err := m.NewContext(opt)
+	if err != nil {
+		return nil, err
+	}
+	return &Session{Model: m, Tok: tok, Ctx: c, warn: warn}, nil
+}
+
+// loadTemplate reads tokenizer.chat_template, or picks the built-in template
+// of the architecture's usual family when the file has none.
+func loadTemplate(m *Model, warn func(string)) (*chat.Template, error) {
+	if src, err := m.File.String("tokenizer.chat_template"); err == nil {
+		return chat.Load(src, warn)
+	}
+	family := map[string]string{"qwen2": "chatml", "qwen3": "chatml", "qwen3moe": "chatml", "llama": "llama3", "glm4": "glm4"}[m.Hyper().Arch]
+	if t, ok := chat.Fallback(family); ok {
+		warn(fmt.Sprintf("%s has no chat template; using the built-in %s template", m.File.Path, family))
+		return t, nil
+	}
+	return nil, fmt.Errorf("%s has no chat template and ats knows none for %s", m.File.Path, m.Hyper().Arch)
+}
+
+// Close frees the context.
+func (s *Session) Close() { s.Ctx.Close() }
+
+// Reset forgets the cached tokens.
+func (s *Session) Reset() {
+	s.cached = s.cached[:0]
+	s.Ctx.Truncate(0)
+}
+
+// Cached is the number of tokens whose keys and values are in the cache.
+func (s *Session) Cached() int { return len(s.cached) }
+
+// RenderChat applies the chat template to messages.
+func (s *Session) RenderChat(msgs []chat.Message, opt chat.Options) (string, error) {
+	if s.Template == nil {
+		t, err := loadTemplate(s.Model, s.warn)
+		if err != nil {
+			return "", err
+		}
+		s.Template = t
+	}
+	if opt.BOS == "" && s.Tok.BOS() >= 0 {
+		opt.BOS = s.Tok.TokenText(s.Tok.BOS())
+	}
+	if opt.EOS == "" && s.Tok.EOS() >= 0 {
+		opt.EOS = s.Tok.TokenText(s.Tok.EOS())
+	}
+	return s.Template.Render(msgs, opt)
+}
+
+// GenerateOptions control one generation.
+type GenerateOptions struct {
+	Sampler   sampler.Config
+	MaxTokens int      // 0: until end of generation or the context is full
+	Stop      []string // stop strings, not emitted
+	// OnText receives the generated text as it becomes safe to show
+	// (complete UTF-8, not part of a possible stop string). Returning an
+	// error stops the generation with that error.
+	OnText func(string) error
+	// OnToken, when set, is called with each sampled token id.
+	OnToken func(int)
+	// Special renders control tokens as text.
+	Special bool
+}
+
+// Stop reasons.
+const (
+	StopEOG       = "stop"      // the model ended its turn, or a stop string matched
+	StopLength    = "length"    // MaxTokens reached or the context is full
+	StopCancelled = "cancelled" // the caller's context was cancelled
+)
+
+// GenerateResult reports one generation.
+type GenerateResult struct {
+	Text          string
+	Tokens        []int
+	PromptTokens  int
+	CachedTokens  int // prompt tokens whose cache was reused
+	StopReason    string
+	Prefill       time.Duration
+	Decode        time.Duration
+	FirstToken    time.Duration // from the call to the first sampled token
+	Seed          uint64
+	ContextTokens int // tokens in the cache at the end
+}
+
+// PrefillRate is prompt tokens evaluated per second.
+func (r *GenerateResult) PrefillRate() float64 {
+	n := r.PromptTokens - r.CachedTokens
+	if r.Prefill <= 0 || n <= 0 {
+		return 0
+	}
+	return float64(n) / r.Prefill.Seconds()
+}
+
+// DecodeRate is generated tokens per second after the first.
+func (r *GenerateResult) DecodeRate() float64 {
+	if r.Decode <= 0 || len(r.Tokens) < 2 {
+		return 0
+	}
+	return float64(len(r.Tokens)-1) / r.Decode.Seconds()
+}
+
+// Generate evaluates prompt (reusing the cached prefix it shares with the
+// previous call) and samples until end of generation, a stop string,
+// MaxTokens, a full context, or cancellation.
+func (s *Session) Generate(ctx context.Context, prompt []int, opt GenerateOptions) (*GenerateResult, error) {
+	start := time.Now()
+	if len(prompt) == 0 {
+		return nil, errors.New("generate: empty prompt")
+	}
+	if len(prompt) >= s.Ctx.CtxSize() {
+		return nil, fmt.Errorf("%w: the prompt has %d tokens, the context holds %d", ErrContextFull, len(prompt), s.Ctx.CtxSize())
+	}
+	smp, err := sampler.New(opt.Sampler, s.Model.Hyper().NVocab)
+	if err != nil {
+		return nil, err
+	}
+	res := &GenerateResult{PromptTokens: len(prompt), Seed: smp.Seed()}
+	// Reuse the longest cached prefix, but evaluate at least one token to
+	// get fresh logits.
+	keep := 0
+	for keep < len(s.cached) && keep < len(prompt)-1 && s.cached[keep] == prompt[keep] {
+		keep++
+	}
+	if err := s.Ctx.Truncate(keep); err != nil {
+		return nil, err
+	}
+	s.cached = s.cached[:keep]
+	res.CachedTokens = keep
+	for _, t := range prompt {
+		smp.Accept(t) // penalties see the prompt too, as llama.cpp's do
+	}
+	logits, err := s.evalCancellable(ctx, prompt[keep:])
+	if err != nil {
+		return res, err
+	}
+	res.Prefill = time.Since(start)
+	decodeStart := time.Now()
+	stream := s.Tok.NewStream(opt.Special)
+	stops := sampler.NewStopMatcher(opt.Stop)
+	var text []byte
+	emit := func(piece string) error {
+		out, stopped := stops.Push(piece)
+		text = append(text, out...)
+		if out != "" && opt.OnText != nil {
+			if err := opt.OnText(out); err != nil {
+				return err
+			}
+		}
+		if stopped {
+			res.StopReason = StopEOG
+		}
+		return nil
+	}
+	// finish emits what the stream and the stop matcher still hold back.
+	finish := func() (*GenerateResult, error) {
+		if !stops.Stopped() {
+			if err := emit(stream.Flush()); err != nil {
+				return res, err
+			}
+		}
+		if !stops.Stopped() {
+			rest := stops.Flush()
+			text = append(text, rest...)
+			if rest != "" && opt.OnText != nil {
+				if err := opt.OnText(rest); err != nil {
+					return res, err
+				}
+			}
+		}
+		res.Text = string(text)
+		res.Decode = time.Since(decodeStart)
+		res.ContextTokens = s.Ctx.Pos()
+		return res, nil
+	}
+	for {
+		if err := ctx.Err(); err != nil {
+			res.StopReason = StopCancelled
+			r, _ := finish()
+			return r, err
+		}
+		tok, err := smp.Sample(logits)
+		if err != nil {
+			return res, err
+		}
+		if len(res.Tokens) == 0 {
+			res.FirstToken = time.Since(start)
+		}
+		smp.Accept(tok)
+		if opt.OnToken != nil {
+			opt.OnToken(tok)
+		}
+		if s.Tok.IsEOG(tok) {
+			res.StopReason = StopEOG
+			return finish()
+		}
+		res.Tokens = append(res.Tokens, tok)
+		if err := emit(stream.Add(tok)); err != nil {
+			return res, err
+		}
+		if res.StopReason == StopEOG {
+			return finish()
+		}
+		if opt.MaxTokens > 0 && len(res.Tokens) >= opt.MaxTokens || s.Ctx.Pos() >= s.Ctx.CtxSize() {
+			res.StopReason = StopLength
+			return finish()
+		}
+		logits, err = s.Ctx.Eval([]int{tok}, false)
+		if err != nil {
+			return res, err
+		}
+		s.cached = append(s.cached, tok)
+	}
+}
+
+// evalCancellable evaluates tokens in slices so a cancelled request stops
+// between batches of a long prompt, and records them as cached.
+func (s *Session) evalCancellable(ctx context.Context, tokens []int) ([]float32, error) {
+	var logits []float32
+	step := s.Ctx.opt.Batch
+	for i := 0; i < len(tokens); i += step {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		chunk := tokens[i:min(len(tokens), i+step)]
+		l, err := s.Ctx.Eval(chunk, false)
+		if err != nil {
+			return nil, err
+		}
+		s.cached = append(s.cached, chunk...)
+		logits = l
+	}
+	return logits, nil
+}

@@ -1,0 +1,130 @@
+package runtime
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/atsinfer/ats/internal/testenv"
+	"github.com/atsinfer/ats/runtime/sampler"
+)
+
+func oracleSession(t *testing.T, name string) (*Session, *oracleLogits) {
+	t.Helper()
+	dir := filepath.Join(testenv.SharedDir(t), "testdata", "oracle")
+	m, err := Open(filepath.Join(dir, name+".gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	s, err := NewSession(m, ContextOptions{Threads: 2, CtxSize: 128}, func(string) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Close)
+	return s, loadOracle(t, filepath.Join(dir, name+".logits.json"))
+}
+
+var greedy = func() sampler.Config {
+	c := sampler.DefaultConfig()
+	c.Temperature = 0
+	return c
+}()
+
+func TestGenerateGreedyMatchesOracle(t *testing.T) {
+	s, want := oracleSession(t, "tiny-llama-f32")
+	res, err := s.Generate(context.Background(), want.Prompt, GenerateOptions{Sampler: greedy, MaxTokens: len(want.Generated)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want.Generated, res.Tokens); diff != "" {
+		t.Fatalf("greedy tokens differ from llama.cpp's (-want +got):\n%s", diff)
+	}
+	if res.StopReason != StopLength || res.PromptTokens != len(want.Prompt) || res.CachedTokens != 0 {
+		t.Errorf("result %+v", res)
+	}
+}
+
+// TestPromptCache checks that a prompt extending the previous one reuses
+// the cache and produces what a fresh session would.
+func TestPromptCache(t *testing.T) {
+	s, want := oracleSession(t, "tiny-qwen3-q6_k")
+	first, err := s.Generate(context.Background(), want.Prompt[:10], GenerateOptions{Sampler: greedy, MaxTokens: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The next turn: the old prompt, the reply, and more tokens.
+	next := append(append(append([]int{}, want.Prompt[:10]...), first.Tokens...), 300, 301, 302)
+	got, err := s.Generate(context.Background(), next, GenerateOptions{Sampler: greedy, MaxTokens: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.CachedTokens != 10+len(first.Tokens)-1 {
+		// The last generated token was sampled but never evaluated.
+		t.Errorf("reused %d cached tokens, want %d", got.CachedTokens, 10+len(first.Tokens)-1)
+	}
+	fresh, _ := oracleSession(t, "tiny-qwen3-q6_k")
+	ref, err := fresh.Generate(context.Background(), next, GenerateOptions{Sampler: greedy, MaxTokens: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(ref.Tokens, got.Tokens); diff != "" {
+		t.Fatalf("cached continuation differs from a fresh one:\n%s", diff)
+	}
+	// A different prompt shares only its first tokens.
+	other := append([]int{}, want.Prompt[:4]...)
+	other = append(other, 7, 8)
+	r3, err := s.Generate(context.Background(), other, GenerateOptions{Sampler: greedy, MaxTokens: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r3.CachedTokens != 4 {
+		t.Errorf("reused %d tokens of a diverging prompt, want 4", r3.CachedTokens)
+	}
+}
+
+func TestGenerateStopsAndCancels(t *testing.T) {
+	s, want := oracleSession(t, "tiny-qwen3-q6_k")
+	full, err := s.Generate(context.Background(), want.Prompt, GenerateOptions{Sampler: greedy, MaxTokens: 12})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(full.Text) < 4 {
+		t.Skipf("generated text %q too short to cut", full.Text)
+	}
+	stop := full.Text[2:4]
+	var streamed string
+	res, err := s.Generate(context.Background(), want.Prompt, GenerateOptions{Sampler: greedy, MaxTokens: 12, Stop: []string{stop},
+		OnText: func(t string) error { streamed += t; return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.StopReason != StopEOG || res.Text != full.Text[:strings.Index(full.Text, stop)] || streamed != res.Text {
+		t.Errorf("stop %q: reason %q, text %q, streamed %q; full text %q", stop, res.StopReason, res.Text, streamed, full.Text)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	n := 0
+	res, err = s.Generate(ctx, want.Prompt, GenerateOptions{Sampler: greedy, MaxTokens: 50,
+		OnToken: func(int) {
+			if n++; n == 3 {
+				cancel()
+			}
+		}})
+	if !errors.Is(err, context.Canceled) || res.StopReason != StopCancelled || len(res.Tokens) != 3 {
+		t.Errorf("cancel after 3 tokens: err %v, reason %q, %d tokens", err, res.StopReason, len(res.Tokens))
+	}
+
+	long := make([]int, 200)
+	if _, err := s.Generate(context.Background(), long, GenerateOptions{Sampler: greedy}); !errors.Is(err, ErrContextFull) {
+		t.Errorf("200-token prompt in a 128-token context: %v", err)
+	}
+	res, err = s.Generate(context.Background(), want.Prompt, GenerateOptions{Sampler: greedy})
+	if err != nil || res.StopReason != StopLength && res.StopReason != StopEOG {
+		t.Errorf("unbounded generation: %v, %+v", err, res)
+	}
+}
