@@ -1,0 +1,157 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/atsinfer/ats/tools/synth"
+)
+
+func init() {
+	register(func() *cobra.Command {
+		var (
+			opt           synth.Options
+			out           string
+			list, verbose bool
+		)
+		cmd := &cobra.Command{
+			Use:   "synth --preset NAME [--layout q4_k_m] [--seed N] [--vocab FILE.gguf] -o OUT.gguf",
+			Short: "Write a synthetic model: random weights in the exact shapes of a real one",
+			Long: `synth writes a GGUF file with random weights in the exact shapes, tensor
+names, types and metadata of a real model (Qwen3, Qwen3-MoE, GLM-4,
+Llama 3.1), for tests and benchmarks where the real weights cannot be
+downloaded. Speed does not depend on the weight values (MoE routing aside),
+and llama.cpp loads these files too, so they stand in for the real ones.
+
+Layouts: f32, f16, q8_0, and q4_k_m (Q4_K with Q6_K for the output and for
+the attn_v / ffn_down tensors llama.cpp's Q4_K_M picks). The same seed gives
+the same file. --vocab copies the tokenizer (and chat template) of a real
+GGUF file instead of the made-up one. --list shows the presets.`,
+			Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				if list {
+					return listPresets(cmd.OutOrStdout())
+				}
+				if opt.Preset == "" || out == "" {
+					return fmt.Errorf("synth: --preset and -o are required (--list shows the presets)")
+				}
+				stderr := cmd.ErrOrStderr()
+				opt.Progress = progressPrinter(stderr)
+				st, err := synth.Write(out, opt)
+				if err != nil {
+					return err
+				}
+				for _, n := range st.Notes {
+					fmt.Fprintln(stderr, "note:", n)
+				}
+				secs := st.Duration.Seconds()
+				fmt.Fprintf(cmd.OutOrStdout(), "wrote %s: %s %s, %.2f GiB, %d tensors, %.3gB parameters in %.1fs (%.0f MiB/s)\n",
+					st.Path, opt.Preset, opt.Layout, float64(st.Bytes)/(1<<30), st.Tensors, float64(st.Params)/1e9,
+					secs, float64(st.Bytes)/(1<<20)/max(secs, 1e-9))
+				if verbose {
+					if hwm := peakRSS(); hwm != "" {
+						fmt.Fprintln(stderr, "peak resident memory (VmHWM):", hwm)
+					}
+				}
+				return nil
+			},
+		}
+		f := cmd.Flags()
+		f.StringVar(&opt.Preset, "preset", "", "model shape (see --list)")
+		f.StringVar(&opt.Layout, "layout", "q4_k_m", "weight layout: "+strings.Join(synth.Layouts(), ", "))
+		f.Uint64Var(&opt.Seed, "seed", 0, "random seed; the same seed writes the same file")
+		f.StringVar(&opt.Vocab, "vocab", "", "copy the tokenizer metadata of this GGUF file (e.g. a vocab-only file)")
+		f.IntVar(&opt.Threads, "threads", 0, "generator threads (0: all cores)")
+		f.StringVarP(&out, "output", "o", "", "file to write")
+		f.BoolVar(&list, "list", false, "list the presets with their parameter counts and sizes")
+		f.BoolVarP(&verbose, "verbose", "v", false, "print the peak resident memory at the end")
+		return cmd
+	})
+}
+
+// listPresets prints every preset with its size in every layout.
+func listPresets(out io.Writer) error {
+	fmt.Fprintf(out, "%-14s %-9s %8s", "preset", "arch", "params")
+	for _, l := range synth.Layouts() {
+		fmt.Fprintf(out, " %11s", l+" GiB")
+	}
+	fmt.Fprintln(out, "  model")
+	for _, p := range synth.Presets() {
+		fmt.Fprintf(out, "%-14s %-9s %8s", p.Name, p.Arch, humanCount(p.Params()))
+		for _, l := range synth.Layouts() {
+			n, err := p.WeightBytes(l)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(out, " %11.3f", float64(n)/(1<<30))
+		}
+		fmt.Fprintf(out, "  %s\n", p.Description)
+	}
+	_, err := fmt.Fprintln(out, "(sizes are tensor data, as llama-bench reports them; the file adds a few MiB of metadata)")
+	return err
+}
+
+func humanCount(n int64) string {
+	switch {
+	case n >= 1e9:
+		return fmt.Sprintf("%.2fB", float64(n)/1e9)
+	case n >= 1e6:
+		return fmt.Sprintf("%.2fM", float64(n)/1e6)
+	}
+	return fmt.Sprint(n)
+}
+
+// progressPrinter reports progress on w: a line redrawn in place on a
+// terminal, otherwise a line every 10%.
+func progressPrinter(w io.Writer) func(done, total int64) {
+	tty := false
+	if f, ok := w.(*os.File); ok {
+		if fi, err := f.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
+			tty = true
+		}
+	}
+	start := time.Now()
+	var last time.Time
+	lastTenth := int64(-1)
+	return func(done, total int64) {
+		pct := float64(done) * 100 / float64(max(total, 1))
+		rate := float64(done) / (1 << 20) / max(time.Since(start).Seconds(), 1e-9)
+		line := fmt.Sprintf("synth: %.2f / %.2f GiB (%.0f%%), %.0f MiB/s", float64(done)/(1<<30), float64(total)/(1<<30), pct, rate)
+		switch {
+		case tty:
+			if now := time.Now(); now.Sub(last) >= 200*time.Millisecond || done == total {
+				last = now
+				fmt.Fprintf(w, "\r%s\x1b[K", line)
+				if done == total {
+					fmt.Fprintln(w)
+				}
+			}
+		case done*10/max(total, 1) > lastTenth:
+			lastTenth = done * 10 / max(total, 1)
+			fmt.Fprintln(w, line)
+		}
+	}
+}
+
+// peakRSS reads the process's peak resident set size from /proc (Linux);
+// "" elsewhere.
+func peakRSS() string {
+	f, err := os.Open("/proc/self/status")
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if v, ok := strings.CutPrefix(s.Text(), "VmHWM:"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
