@@ -1,0 +1,48 @@
+package kernels
+
+import (
+	"github.com/atsinfer/ats/cudadrv"
+)
+
+// Elementwise holds the kernels of elementwise.cu loaded in one context.
+type Elementwise struct {
+	Module   *cudadrv.Module
+	addF32   *cudadrv.Function
+	scaleF32 *cudadrv.Function
+}
+
+// LoadElementwise loads elementwise.cu's PTX for the context's device.
+func LoadElementwise(ctx *cudadrv.Context) (*Elementwise, error) {
+	m, err := Load(ctx, "elementwise")
+	if err != nil {
+		return nil, err
+	}
+	k := &Elementwise{Module: m}
+	if err := lookup(m, map[string]**cudadrv.Function{
+		"add_f32":   &k.addF32,
+		"scale_f32": &k.scaleF32,
+	}); err != nil {
+		_ = m.Unload()
+		return nil, err
+	}
+	return k, nil
+}
+
+// Unload unloads the module.
+func (k *Elementwise) Unload() error { return k.Module.Unload() }
+
+const elementwiseBlock = 256
+
+// AddF32 queues dst[i] = a[i] + b[i] for i < n on s. dst may alias a or b.
+func (k *Elementwise) AddF32(s *cudadrv.Stream, dst, a, b cudadrv.DevicePtr, n int) error {
+	return launch(k.addF32, s, grid1(n, elementwiseBlock), cudadrv.D1(elementwiseBlock), 0, func(p *cudadrv.Args) {
+		p.Ptr(dst).Ptr(a).Ptr(b).I64(int64(n))
+	})
+}
+
+// ScaleF32 queues dst[i] = src[i] * scale for i < n on s.
+func (k *Elementwise) ScaleF32(s *cudadrv.Stream, dst, src cudadrv.DevicePtr, scale float32, n int) error {
+	return launch(k.scaleF32, s, grid1(n, elementwiseBlock), cudadrv.D1(elementwiseBlock), 0, func(p *cudadrv.Args) {
+		p.Ptr(dst).Ptr(src).F32(scale).I64(int64(n))
+	})
+}

@@ -1,0 +1,286 @@
+package cudadrv_test
+
+import (
+	"encoding/binary"
+	"errors"
+	"math"
+	"testing"
+
+	"github.com/atsinfer/ats/cudadrv"
+	"github.com/atsinfer/ats/cudadrv/kernels"
+)
+
+// Tests of the embedded kernels on the GPU; external because
+// cudadrv/kernels imports cudadrv.
+
+func randF32(seed uint64, n int) []float32 {
+	b := cudadrv.RandBytes(seed, 4*n)
+	v := make([]float32, n)
+	for i := range v {
+		// Uniform in [-8, 8): finite, varied exponents.
+		v[i] = (float32(binary.LittleEndian.Uint32(b[4*i:])>>8)/(1<<24) - 0.5) * 16
+	}
+	return v
+}
+
+func f32Bytes(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
+}
+
+func bytesF32(b []byte) []float32 {
+	v := make([]float32, len(b)/4)
+	for i := range v {
+		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(b[4*i:]))
+	}
+	return v
+}
+
+func upload(t *testing.T, ctx *cudadrv.Context, v []float32) cudadrv.DevicePtr {
+	t.Helper()
+	p, err := ctx.Alloc(4 * len(v))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ctx.Free(p) })
+	if err := ctx.CopyHtoD(p, f32Bytes(v)); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func download(t *testing.T, ctx *cudadrv.Context, p cudadrv.DevicePtr, n int) []float32 {
+	t.Helper()
+	b := make([]byte, 4*n)
+	if err := ctx.CopyDtoH(b, p); err != nil {
+		t.Fatal(err)
+	}
+	return bytesF32(b)
+}
+
+// poisoned allocates n float32s filled with NaN, so unwritten outputs show.
+func poisoned(t *testing.T, ctx *cudadrv.Context, n int) cudadrv.DevicePtr {
+	t.Helper()
+	p, err := ctx.Alloc(4 * n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ctx.Free(p) })
+	if err := ctx.MemsetD32(p, 0x7fc00bad, n); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func equalF32(t *testing.T, what string, got, want []float32) {
+	t.Helper()
+	for i := range want {
+		if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+			t.Fatalf("%s: element %d = %v, want %v", what, i, got[i], want[i])
+		}
+	}
+}
+
+// TestEmbeddedPTXLoads JIT-compiles every embedded PTX variant the device
+// can run: the check that nvcc 11.8's output loads on this driver.
+func TestEmbeddedPTXLoads(t *testing.T) {
+	ctx, info := cudadrv.NeedGPU(t)
+	for _, name := range kernels.Modules() {
+		sel, err := kernels.SelectArch(name, info.CC())
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, arch := range kernels.Archs(name) {
+			if arch > info.CC() {
+				continue
+			}
+			src, err := kernels.PTX(name, arch)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m, err := ctx.LoadModule(name, src, true)
+			if err != nil {
+				t.Fatalf("%s compute_%d: %v", name, arch, err)
+			}
+			t.Logf("%s compute_%d (selected: %v): JIT %v", name, arch, arch == sel, m.JITTime)
+			if err := m.Unload(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
+func TestElementwiseKernels(t *testing.T) {
+	ctx, _ := cudadrv.NeedGPU(t)
+	k, err := kernels.LoadElementwise(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Unload()
+	s, err := ctx.NewStream(cudadrv.StreamNonBlocking, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	// 8192 blocks * 256 threads = 2^21: the largest size exercises the
+	// grid-stride loop.
+	for _, n := range []int{1, 255, 257, 1<<20 + 17, 5<<20 + 3} {
+		a, b := randF32(uint64(n), n), randF32(uint64(n)+1, n)
+		da, db := upload(t, ctx, a), upload(t, ctx, b)
+		sum, scaled := poisoned(t, ctx, n), poisoned(t, ctx, n)
+		const factor = float32(-1.75)
+		if err := errors.Join(k.AddF32(s, sum, da, db, n), k.ScaleF32(s, scaled, da, factor, n), s.Synchronize()); err != nil {
+			t.Fatal(err)
+		}
+		wantSum, wantScaled := make([]float32, n), make([]float32, n)
+		for i := range a {
+			wantSum[i] = a[i] + b[i]
+			wantScaled[i] = a[i] * factor
+		}
+		equalF32(t, "add_f32", download(t, ctx, sum, n), wantSum)
+		equalF32(t, "scale_f32", download(t, ctx, scaled, n), wantScaled)
+	}
+}
+
+// TestMappedMemoryKernel has a kernel read and write host memory directly
+// through its device mapping (zero-copy), as activations will travel.
+func TestMappedMemoryKernel(t *testing.T) {
+	ctx, info := cudadrv.NeedGPU(t)
+	if !info.CanMapHostMemory {
+		t.Skip("device cannot map host memory")
+	}
+	k, err := kernels.LoadElementwise(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Unload()
+	const n = 4096 + 5
+	in, err := ctx.HostAlloc(4*n, cudadrv.HostAllocPortable|cudadrv.HostAllocDeviceMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Free()
+	out, err := ctx.HostAlloc(4*n, cudadrv.HostAllocPortable|cudadrv.HostAllocDeviceMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Free()
+	x := randF32(99, n)
+	copy(in.Bytes(), f32Bytes(x))
+	for i := range out.Bytes() {
+		out.Bytes()[i] = 0xFF // NaN
+	}
+	if err := k.ScaleF32(nil, out.DevicePtr(), in.DevicePtr(), 3, n); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctx.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float32, n)
+	for i := range x {
+		want[i] = x[i] * 3
+	}
+	equalF32(t, "scale_f32 on mapped memory", bytesF32(out.Bytes()), want)
+}
+
+// TestGraphCaptureReplay captures N launches, checks capture ran nothing,
+// then replays the graph R times against the same sums in Go.
+func TestGraphCaptureReplay(t *testing.T) {
+	ctx, _ := cudadrv.NeedGPU(t)
+	k, err := kernels.LoadElementwise(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Unload()
+	s, err := ctx.NewStream(cudadrv.StreamNonBlocking, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	const n, launches, replays = 100003, 64, 3
+	x0, y := randF32(5, n), randF32(6, n)
+	dx, dy := upload(t, ctx, x0), upload(t, ctx, y)
+
+	g, err := s.Capture(cudadrv.CaptureRelaxed, func() error {
+		if st, err := s.CaptureStatus(); err != nil || st != cudadrv.CaptureActive {
+			return errors.Join(err, errors.New("stream not capturing inside Capture"))
+		}
+		for range launches {
+			// x = x + y, then x = x * 1 (exact): two kernels per step.
+			if err := k.AddF32(s, dx, dx, dy, n); err != nil {
+				return err
+			}
+			if err := k.ScaleF32(s, dx, dx, 1, n); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Destroy()
+	nodes, err := g.Nodes()
+	if err != nil || nodes != 2*launches {
+		t.Fatalf("graph has %d nodes (%v), want %d", nodes, err, 2*launches)
+	}
+	equalF32(t, "x after capture (nothing may run)", download(t, ctx, dx, n), x0)
+
+	ge, err := g.Instantiate(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ge.Destroy()
+	for range replays {
+		if err := ge.Launch(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	want := append([]float32(nil), x0...)
+	for range replays * launches {
+		for i := range want {
+			want[i] += y[i]
+		}
+	}
+	equalF32(t, "x after replays", download(t, ctx, dx, n), want)
+}
+
+// BenchmarkAddF32Launch is a real kernel launched through its Go launcher
+// (pooled parameters): the per-launch host cost an op pays.
+func BenchmarkAddF32Launch(b *testing.B) {
+	ctx, _ := cudadrv.NeedGPU(b)
+	k, err := kernels.LoadElementwise(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer k.Unload()
+	s, err := ctx.NewStream(cudadrv.StreamNonBlocking, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Destroy()
+	const n = 4096
+	p, err := ctx.Alloc(4 * n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ctx.Free(p)
+	b.ReportAllocs()
+	for b.Loop() {
+		for range 100 {
+			if err := k.AddF32(s, p, p, p, n); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if err := s.Synchronize(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/launch")
+}
