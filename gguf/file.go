@@ -33,8 +33,13 @@ func (t *TensorInfo) Elements() uint64 {
 	return n
 }
 
-// Rows is the number of rows of length Dims[0].
-func (t *TensorInfo) Rows() uint64 { return t.Elements() / t.Dims[0] }
+// Rows is the number of rows of length Dims[0] (0 for an empty tensor).
+func (t *TensorInfo) Rows() uint64 {
+	if len(t.Dims) == 0 || t.Dims[0] == 0 {
+		return 0
+	}
+	return t.Elements() / t.Dims[0]
+}
 
 // Tensor is a tensor with its bytes: a view into the mapped file, never a copy.
 type Tensor struct {
@@ -82,17 +87,26 @@ func Open(path string) (*File, error) {
 	f := &File{Path: path, Parts: []*Part{first}, KVs: first.KVs, Mapped: true}
 	f.index()
 	count := 1
-	if v, ok := f.Get("split.count"); ok {
+	if v, ok := f.Get(KeySplitCount); ok {
 		n, ok := v.asUint()
-		if !ok || n == 0 || n > 9999 {
+		if !ok || n == 0 || n > 99999 {
 			f.Close()
-			return nil, fmt.Errorf("gguf: %s: split.count is %v, want 1 to 9999", path, v)
+			return nil, fmt.Errorf("gguf: %s: %s is %v, want 1 to 99999", path, KeySplitCount, v)
 		}
 		count = int(n)
-		if no, ok := f.Get("split.no"); ok {
-			if x, _ := no.asUint(); x != 0 {
+		if no, ok := f.Get(KeySplitNo); ok {
+			x, ok := no.asUint()
+			if !ok || x >= uint64(count) {
 				f.Close()
-				return nil, fmt.Errorf("gguf: %s is part %d of a split model: open the first part", path, x+1)
+				return nil, fmt.Errorf("gguf: %s: %s is %v, want 0 to %d", path, KeySplitNo, no, count-1)
+			}
+			if x != 0 {
+				f.Close()
+				first := "the first part"
+				if m := splitName.FindStringSubmatch(filepath.Base(path)); m != nil {
+					first = SplitPath(filepath.Join(filepath.Dir(path), m[1]), 1, count)
+				}
+				return nil, fmt.Errorf("gguf: %s is part %d of %d of a split model (%s=%d): open %s instead", path, x+1, count, KeySplitNo, x, first)
 			}
 		}
 	}
@@ -107,13 +121,19 @@ func Open(path string) (*File, error) {
 			return nil, fmt.Errorf("gguf: %s: the name says %d parts, split.count says %d", path, n, count)
 		}
 		for i := 2; i <= count; i++ {
-			p := filepath.Join(filepath.Dir(path), fmt.Sprintf("%s-%05d-of-%05d.gguf", m[1], i, count))
+			p := SplitPath(filepath.Join(filepath.Dir(path), m[1]), i, count)
 			part, err := openPart(p)
 			if err != nil {
 				f.Close()
-				return nil, fmt.Errorf("gguf: part %d of %d of %s: %w", i, count, path, err)
+				return nil, fmt.Errorf("gguf: %s: part %d of %d: %w", path, i, count, err)
 			}
 			f.Parts = append(f.Parts, part)
+			// A part from another split of the same name (re-split with a
+			// different count, or copied over) must not be mixed in.
+			if err := checkPart(part, i, count); err != nil {
+				f.Close()
+				return nil, err
+			}
 		}
 	}
 	for pi, p := range f.Parts {
@@ -140,6 +160,30 @@ func Open(path string) (*File, error) {
 		}
 	}
 	return f, nil
+}
+
+// checkPart verifies the split keys of part i (1-based) of count.
+func checkPart(p *Part, i, count int) error {
+	var no, n Value
+	var hasNo, hasN bool
+	for _, kv := range p.KVs {
+		switch kv.Key {
+		case KeySplitNo:
+			no, hasNo = kv.Value, true
+		case KeySplitCount:
+			n, hasN = kv.Value, true
+		}
+	}
+	if !hasNo || !hasN {
+		return fmt.Errorf("gguf: %s: part %d of %d has no %s/%s keys: not part of a split model", p.Path, i, count, KeySplitNo, KeySplitCount)
+	}
+	if x, ok := no.asUint(); !ok || x != uint64(i-1) {
+		return fmt.Errorf("gguf: %s: %s is %v, want %d for part %d of %d", p.Path, KeySplitNo, no, i-1, i, count)
+	}
+	if x, ok := n.asUint(); !ok || x != uint64(count) {
+		return fmt.Errorf("gguf: %s: %s is %v, but the first part says %d", p.Path, KeySplitCount, n, count)
+	}
+	return nil
 }
 
 func openPart(path string) (*Part, error) {

@@ -31,12 +31,28 @@ func (f *File) lookup(key string) (Value, error) {
 	return v, nil
 }
 
-func (f *File) wrongType(key string, v Value, want string) error {
-	got := v.Type.String()
-	if v.Type == ValArray {
-		got = "array of " + v.Elem.String()
+// WrongTypeError reports a metadata value whose type (or, for integers, sign
+// or range) is not what the caller asked for.
+type WrongTypeError struct {
+	File, Key string
+	Got       Value
+	Want      string // "string", "a non-negative integer", "array of float32", ...
+}
+
+func (e *WrongTypeError) Error() string {
+	got := e.Got.Type.String()
+	if e.Got.Type == ValArray {
+		got = "array of " + e.Got.Elem.String()
 	}
-	return fmt.Errorf("gguf: %s: metadata key %q is %s, want %s", f.Path, key, got, want)
+	val := e.Got.String()
+	if len(val) > 40 {
+		val = val[:40] + "…"
+	}
+	return fmt.Sprintf("gguf: %s: metadata key %q is %s %s, want %s", e.File, e.Key, got, val, e.Want)
+}
+
+func (f *File) wrongType(key string, v Value, want string) error {
+	return &WrongTypeError{File: f.Path, Key: key, Got: v, Want: want}
 }
 
 // String reads a string value.

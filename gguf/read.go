@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"strings"
 )
 
 // Magic is the first four bytes of every GGUF file ("GGUF" little-endian).
@@ -109,16 +110,36 @@ func (d *decoder) count(version uint32, minItem int64, field string) (int64, err
 		n = x
 	}
 	if minItem > 0 && n > uint64(d.remaining()/minItem) {
+		left := d.remaining()
 		d.pos = start
-		return 0, d.fail(field, "count %d cannot fit in the %d bytes left", n, d.remaining()-8)
+		return 0, d.fail(field, "count %d cannot fit in the %d bytes left (each item takes at least %d)", n, left, minItem)
 	}
 	return int64(n), nil
 }
 
+// withField renames the field of a ParseError. Loops over many items read
+// with a short field name and spell out the full one (which costs a
+// fmt.Sprintf) only when something failed, so a 150k-token vocabulary does
+// not format 150k names.
+func withField(err error, field string) error {
+	if pe, ok := err.(*ParseError); ok {
+		pe.Field = field
+	}
+	return err
+}
+
+// minStr is the encoded size of an empty string: its length field.
+func minStr(version uint32) int64 {
+	if version == 1 {
+		return 4
+	}
+	return 8
+}
+
 func (d *decoder) str(version uint32, field string) (string, error) {
-	n, err := d.count(version, 1, field+" length")
+	n, err := d.count(version, 1, field)
 	if err != nil {
-		return "", err
+		return "", withField(err, field+" length")
 	}
 	s := string(d.b[d.pos : d.pos+n])
 	d.pos += n
@@ -188,18 +209,14 @@ func (d *decoder) array(version uint32, field string, depth int) (Value, error) 
 		d.pos = at
 		return Value{}, d.fail(field+" element type", "unknown value type %d", et32)
 	}
+	// The smallest encoding of one element bounds the count: a string is at
+	// least its length field, a nested array its type and count fields.
 	minItem := int64(et.scalarSize())
 	switch et {
 	case ValString:
-		minItem = 4
-		if version > 1 {
-			minItem = 8
-		}
+		minItem = minStr(version)
 	case ValArray:
-		minItem = 12
-		if version == 1 {
-			minItem = 8
-		}
+		minItem = 4 + minStr(version)
 	}
 	n, err := d.count(version, minItem, field+" element count")
 	if err != nil {
@@ -286,17 +303,47 @@ func (d *decoder) array(version uint32, field string, depth int) (Value, error) 
 		}
 		out = a
 	case ValString:
-		a := make([]string, n)
-		for i := range a {
-			if a[i], err = d.str(version, fmt.Sprintf("%s[%d]", field, i)); err != nil {
-				return Value{}, err
+		// Two passes: the first checks every length and totals the bytes,
+		// the second copies them into one buffer that all the strings
+		// share. A 128k-token vocabulary with 280k merges otherwise costs
+		// 400k allocations, which dominates opening a model.
+		start := d.pos
+		var total int64
+		for i := range n {
+			l, err := d.count(version, 1, field)
+			if err != nil {
+				return Value{}, withField(err, fmt.Sprintf("%s[%d] length", field, i))
 			}
+			d.pos += l
+			total += l
+		}
+		d.pos = start
+		var sb strings.Builder
+		sb.Grow(int(total))
+		ends := make([]int, n) // end of each string in sb; n <= bytes left / 8
+		for i := range ends {
+			l, _ := d.count(version, 1, field) // checked above
+			sb.Write(d.b[d.pos : d.pos+l])
+			d.pos += l
+			ends[i] = sb.Len()
+		}
+		all := sb.String()
+		a := make([]string, n)
+		prev := 0
+		for i, e := range ends {
+			a[i] = all[prev:e]
+			prev = e
 		}
 		out = a
 	case ValArray:
 		a := make([]Value, n)
 		for i := range a {
-			if a[i], err = d.array(version, fmt.Sprintf("%s[%d]", field, i), depth+1); err != nil {
+			if a[i], err = d.array(version, field, depth+1); err != nil {
+				// Nested errors already name a sub-field of field; keep the
+				// suffix and put the index in front of it.
+				if pe, ok := err.(*ParseError); ok && strings.HasPrefix(pe.Field, field) {
+					pe.Field = fmt.Sprintf("%s[%d]%s", field, i, pe.Field[len(field):])
+				}
 				return Value{}, err
 			}
 		}
@@ -333,12 +380,16 @@ func parse(name string, b []byte) (*header, error) {
 		d.pos -= 4
 		return nil, d.fail("version", "unsupported GGUF version %d (ats reads 1 to 3)", h.version)
 	}
-	// Each tensor info takes at least 8+4+8+4+8 bytes, each KV at least 8+4+1.
-	nTensors, err := d.count(h.version, 28, "tensor count")
+	// The smallest tensor info is a name length, a dimension count, one
+	// dimension, a type and an offset; the smallest metadata entry is a key
+	// length, a value type and a one-byte value. Counts that cannot fit in
+	// the file are rejected before anything is allocated for them.
+	ls := minStr(h.version)
+	nTensors, err := d.count(h.version, ls+4+ls+4+8, "tensor count")
 	if err != nil {
 		return nil, err
 	}
-	nKV, err := d.count(h.version, 13, "metadata count")
+	nKV, err := d.count(h.version, ls+4+1, "metadata count")
 	if err != nil {
 		return nil, err
 	}
@@ -346,9 +397,9 @@ func parse(name string, b []byte) (*header, error) {
 	seen := make(map[string]bool, nKV)
 	for i := int64(0); i < nKV; i++ {
 		keyAt := d.pos
-		key, err := d.str(h.version, fmt.Sprintf("metadata[%d] key", i))
+		key, err := d.str(h.version, "key")
 		if err != nil {
-			return nil, err
+			return nil, withField(err, fmt.Sprintf("metadata[%d] key length", i))
 		}
 		if seen[key] {
 			d.pos = keyAt
@@ -369,10 +420,12 @@ func parse(name string, b []byte) (*header, error) {
 			return nil, err
 		}
 		if key == "general.alignment" {
+			// llama.cpp reads the alignment with gguf_get_val_u32, so any
+			// other type is as malformed as a value that is not a power of two.
 			a, ok := v.asUint()
 			if !ok || v.Type != ValUint32 || a == 0 || a&(a-1) != 0 {
 				d.pos = tAt
-				return nil, d.fail(key, "alignment must be a uint32 power of two, got %s %v", v.Type, v.v)
+				return nil, d.fail(key, "alignment must be a uint32 power of two, got %s %v", v.Type, v)
 			}
 			h.alignment = a
 		}
@@ -381,74 +434,43 @@ func parse(name string, b []byte) (*header, error) {
 	h.tensors = make([]TensorInfo, 0, nTensors)
 	names := make(map[string]bool, nTensors)
 	for i := int64(0); i < nTensors; i++ {
-		field := fmt.Sprintf("tensor[%d]", i)
 		at := d.pos
-		name, err := d.str(h.version, field+" name")
+		ti, err := d.tensorInfo(h.version, h.alignment)
 		if err != nil {
-			return nil, err
-		}
-		if names[name] {
-			d.pos = at
-			return nil, d.fail(field+" name", "duplicate tensor name %q", name)
-		}
-		names[name] = true
-		field = fmt.Sprintf("tensor %q", name)
-		nd, err := d.u32(field + " dimension count")
-		if err != nil {
-			return nil, err
-		}
-		if nd == 0 || nd > MaxDims {
-			d.pos -= 4
-			return nil, d.fail(field+" dimension count", "%d dimensions, want 1 to %d", nd, MaxDims)
-		}
-		ti := TensorInfo{Name: name, Dims: make([]uint64, nd)}
-		for j := range ti.Dims {
-			if h.version == 1 {
-				x, err := d.u32(fmt.Sprintf("%s dim %d", field, j))
-				if err != nil {
-					return nil, err
+			// tensorInfo names fields relative to the tensor ("dim 1");
+			// prefix them with the tensor's name, or its index when the
+			// name itself could not be read.
+			if pe, ok := err.(*ParseError); ok {
+				if ti.Name == "" && pe.Field == "name length" {
+					pe.Field = fmt.Sprintf("tensor[%d] name length", i)
+				} else {
+					pe.Field = fmt.Sprintf("tensor %q %s", ti.Name, pe.Field)
 				}
-				ti.Dims[j] = uint64(x)
-			} else if ti.Dims[j], err = d.u64(fmt.Sprintf("%s dim %d", field, j)); err != nil {
-				return nil, err
 			}
-		}
-		typAt := d.pos
-		typ, err := d.u32(field + " type")
-		if err != nil {
 			return nil, err
 		}
-		ti.Type = Type(typ)
-		if !ti.Type.Known() {
-			d.pos = typAt
-			return nil, d.fail(field+" type", "unknown ggml type id %d", typ)
-		}
-		offAt := d.pos
-		if ti.Offset, err = d.u64(field + " offset"); err != nil {
-			return nil, err
-		}
-		if ti.Offset%h.alignment != 0 {
-			d.pos = offAt
-			return nil, d.fail(field+" offset", "offset %d is not a multiple of the alignment %d", ti.Offset, h.alignment)
-		}
-		if ti.Size, err = tensorSize(ti.Type, ti.Dims); err != nil {
+		if names[ti.Name] {
 			d.pos = at
-			return nil, d.fail(field+" shape", "%v", err)
+			return nil, d.fail(fmt.Sprintf("tensor[%d] name", i), "duplicate tensor name %q", ti.Name)
 		}
+		names[ti.Name] = true
 		h.tensors = append(h.tensors, ti)
 	}
 	headerEnd := d.pos
 	h.dataOffset = alignUp(d.pos, int64(h.alignment))
 	if nTensors > 0 && h.dataOffset > int64(len(b)) {
-		return nil, d.fail("data section", "starts at %d, past the end of the file (%d bytes)", h.dataOffset, len(b))
+		return nil, d.fail("data section", "starts at %d, past the end of the file (%d bytes; truncated?)", h.dataOffset, len(b))
 	}
 	dataLen := uint64(max(0, int64(len(b))-h.dataOffset))
-	// Tensors must lie inside the data section and must not overlap.
+	// Tensors must lie inside the data section and must not overlap. The
+	// check runs in offset order so it costs n log n, not n².
 	order := make([]int, len(h.tensors))
 	for i := range order {
 		order[i] = i
 	}
-	sort.Slice(order, func(a, b int) bool { return h.tensors[order[a]].Offset < h.tensors[order[b]].Offset })
+	// Stable, so that of two tensors at one offset the later in the header
+	// is the one reported.
+	sort.SliceStable(order, func(a, b int) bool { return h.tensors[order[a]].Offset < h.tensors[order[b]].Offset })
 	var prevEnd uint64
 	prev := ""
 	for _, i := range order {
@@ -474,10 +496,76 @@ func parse(name string, b []byte) (*header, error) {
 	return h, nil
 }
 
+// tensorInfo reads one tensor info. Its errors name fields relative to the
+// tensor; parse prefixes them. On error the returned info holds the name
+// when that much was read.
+func (d *decoder) tensorInfo(version uint32, alignment uint64) (TensorInfo, error) {
+	var ti TensorInfo
+	at := d.pos
+	name, err := d.str(version, "name")
+	if err != nil {
+		return ti, err
+	}
+	ti.Name = name
+	nd, err := d.u32("dimension count")
+	if err != nil {
+		return ti, err
+	}
+	if nd == 0 || nd > MaxDims {
+		d.pos -= 4
+		return ti, d.fail("dimension count", "%d dimensions, want 1 to %d", nd, MaxDims)
+	}
+	var dims [MaxDims]uint64
+	for j := range nd {
+		var x uint64
+		if version == 1 {
+			var x32 uint32
+			x32, err = d.u32("dim")
+			x = uint64(x32)
+		} else {
+			x, err = d.u64("dim")
+		}
+		if err != nil {
+			return ti, withField(err, fmt.Sprintf("dim %d", j))
+		}
+		dims[j] = x
+	}
+	ti.Dims = append([]uint64(nil), dims[:nd]...)
+	typAt := d.pos
+	typ, err := d.u32("type")
+	if err != nil {
+		return ti, err
+	}
+	ti.Type = Type(typ)
+	if !ti.Type.Known() {
+		d.pos = typAt
+		return ti, d.fail("type", "unknown ggml type id %d", typ)
+	}
+	offAt := d.pos
+	if ti.Offset, err = d.u64("offset"); err != nil {
+		return ti, err
+	}
+	if ti.Offset%alignment != 0 {
+		d.pos = offAt
+		return ti, d.fail("offset", "offset %d is not a multiple of the alignment %d", ti.Offset, alignment)
+	}
+	if ti.Size, err = tensorSize(ti.Type, ti.Dims); err != nil {
+		d.pos = at
+		return ti, d.fail("shape", "%v", err)
+	}
+	return ti, nil
+}
+
 // tensorSize is the byte size of a tensor, rejecting shapes whose element
 // count overflows or whose rows are not whole blocks.
 func tensorSize(t Type, dims []uint64) (uint64, error) {
-	ti, _ := t.Info()
+	ti, ok := t.Info()
+	if !ok {
+		return 0, fmt.Errorf("unknown ggml type id %d", uint32(t))
+	}
+	if len(dims) == 0 || len(dims) > MaxDims {
+		return 0, fmt.Errorf("%d dimensions, want 1 to %d", len(dims), MaxDims)
+	}
 	n := uint64(1)
 	for _, x := range dims {
 		if x != 0 && n > math.MaxInt64/x {

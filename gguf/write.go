@@ -139,6 +139,9 @@ func (w *Writer) WriteHeader() error {
 	if w.Version != 2 && w.Version != 3 {
 		return fmt.Errorf("gguf: cannot write version %d (2 or 3)", w.Version)
 	}
+	if err := w.check(); err != nil {
+		return err
+	}
 	w.header = true
 	buf := binary.LittleEndian.AppendUint32(nil, Magic)
 	buf = binary.LittleEndian.AppendUint32(buf, w.Version)
@@ -187,6 +190,39 @@ func (w *Writer) WriteHeader() error {
 	}
 	sort.SliceStable(w.order, func(a, b int) bool { return w.tensors[w.order[a]].Offset < w.tensors[w.order[b]].Offset })
 	return w.zeros(w.dataStart - w.pos)
+}
+
+// check refuses to write a header that the reader would reject, so a bug
+// in a tool shows up where the file is written rather than where it is read.
+func (w *Writer) check() error {
+	if i, ok := w.kvIndex["general.alignment"]; ok {
+		v := w.kvs[i].Value
+		a, _ := v.asUint()
+		if v.Type != ValUint32 || a == 0 || a&(a-1) != 0 {
+			return fmt.Errorf("gguf: general.alignment must be a uint32 power of two, got %s %v", v.Type, v)
+		}
+	}
+	a := w.alignment()
+	order := make([]int, len(w.tensors))
+	for i := range order {
+		order[i] = i
+	}
+	sort.SliceStable(order, func(x, y int) bool { return w.tensors[order[x]].Offset < w.tensors[order[y]].Offset })
+	var prevEnd uint64
+	prev := ""
+	for _, i := range order {
+		t := w.tensors[i]
+		if t.Offset%a != 0 {
+			return fmt.Errorf("gguf: tensor %q: offset %d is not a multiple of the alignment %d", t.Name, t.Offset, a)
+		}
+		if t.Offset < prevEnd && t.Size > 0 {
+			return fmt.Errorf("gguf: tensor %q at offset %d overlaps tensor %q, which ends at %d", t.Name, t.Offset, prev, prevEnd)
+		}
+		if end := t.Offset + t.Size; end > prevEnd {
+			prevEnd, prev = end, t.Name
+		}
+	}
+	return nil
 }
 
 func (w *Writer) value(v Value) error {
@@ -320,6 +356,12 @@ func (w *Writer) WriteTensor(name string, data []byte) error {
 	t := w.tensors[w.order[w.written]]
 	if uint64(len(data)) != t.Size {
 		return fmt.Errorf("gguf: tensor %q: %d bytes of data, want %d", name, len(data), t.Size)
+	}
+	if t.Size == 0 {
+		// An empty tensor occupies no bytes, so it may sit at any aligned
+		// offset, even inside another tensor; there is nothing to write.
+		w.written++
+		return nil
 	}
 	if gap := w.dataStart + int64(t.Offset) - w.pos; gap > 0 {
 		if err := w.zeros(gap); err != nil {
