@@ -1,6 +1,7 @@
 package runtime
 
 // llama: Llama 2 and 3 (and 3.1's rope scaling through rope_freqs.weight).
+// qwen2 and qwen3 are this block with other attention options.
 //
 //	x = embed(tokens)
 //	per block: x += wo·attn(rope(wq·norm(x)), rope(wk·norm(x)), wv·norm(x))
@@ -8,19 +9,25 @@ package runtime
 //	logits = output·norm(x)
 func init() {
 	registerArch(Arch{Name: "llama", Build: func(b *Builder) BufID {
-		h := &b.H
-		emb, x := embeddings(b)
-		r := rope(b, false)
-		xn, y := b.Buf("xn", h.NEmbd), b.Buf("y", h.NEmbd)
-		for l := 0; l < h.NLayer; l++ {
-			b.Layer(l)
-			b.Norm(x, b.Weight(Blk(l, "attn_norm.weight"), h.NEmbd), xn)
-			selfAttention(b, l, xn, r, attnOpts{biases: b.Has(Blk(l, "attn_q.bias"))}, y)
-			b.Add(x, y, x)
-			b.Norm(x, b.Weight(Blk(l, "ffn_norm.weight"), h.NEmbd), xn)
-			swigluFFN(b, l, xn, y)
-			b.Add(x, y, x)
-		}
-		return outputHead(b, x, emb)
+		// Some Llama-architecture files (e.g. converted Qwen1.5) carry biases.
+		return llamaFamily(b, attnOpts{biases: b.Has(Blk(0, "attn_q.bias"))})
 	}})
+}
+
+// llamaFamily lists the ops of a pre-norm decoder with a SwiGLU FFN.
+func llamaFamily(b *Builder, o attnOpts) BufID {
+	h := &b.H
+	emb, x := embeddings(b)
+	r := rope(b, o.neox)
+	xn, y := b.Buf("xn", h.NEmbd), b.Buf("y", h.NEmbd)
+	for l := 0; l < h.NLayer; l++ {
+		b.Layer(l)
+		b.Norm(x, b.Weight(Blk(l, "attn_norm.weight"), h.NEmbd), xn)
+		selfAttention(b, l, xn, r, o, y)
+		b.Add(x, y, x)
+		b.Norm(x, b.Weight(Blk(l, "ffn_norm.weight"), h.NEmbd), xn)
+		swigluFFN(b, l, xn, y)
+		b.Add(x, y, x)
+	}
+	return outputHead(b, x, emb)
 }

@@ -1,22 +1,9 @@
 package runtime
 
-// qwen3: dense Qwen3. Llama's block with RMSNorm on each Q and K head
-// before NeoX rope, no biases.
+// qwen3: dense Qwen3. Llama's block (arch_llama.go) with RMSNorm on each Q
+// and K head before NeoX rope, and no biases.
 func init() {
 	registerArch(Arch{Name: "qwen3", Build: func(b *Builder) BufID {
-		h := &b.H
-		emb, x := embeddings(b)
-		r := rope(b, true)
-		xn, y := b.Buf("xn", h.NEmbd), b.Buf("y", h.NEmbd)
-		for l := 0; l < h.NLayer; l++ {
-			b.Layer(l)
-			b.Norm(x, b.Weight(Blk(l, "attn_norm.weight"), h.NEmbd), xn)
-			selfAttention(b, l, xn, r, attnOpts{qkNorm: true, neox: true}, y)
-			b.Add(x, y, x)
-			b.Norm(x, b.Weight(Blk(l, "ffn_norm.weight"), h.NEmbd), xn)
-			swigluFFN(b, l, xn, y)
-			b.Add(x, y, x)
-		}
-		return outputHead(b, x, emb)
+		return llamaFamily(b, attnOpts{qkNorm: true, neox: true})
 	}})
 }
