@@ -1,0 +1,896 @@
+// Decode-time weight products: activation quantization to Q8_1 and the
+// matrix-vector kernels (1..8 tokens) for every weight type ats supports,
+// dense and MoE (expert-gathered). Go launchers: weightops.go.
+//
+// Weights stay in their GGUF block layout (ggml-common.h; the layouts are
+// spelled out at each decoder below and in ops/quant_legacy.go and
+// ops/quant_k.go): a matrix is `rows` rows of `rowBytes` bytes back to back,
+// an MoE expert stack is n_expert such matrices back to back
+// (`expertBytes` apart). The base pointer must be 16-byte aligned.
+//
+// ## Activations: ats's GPU Q8_1 layout
+//
+// quantize_q8_1 turns f32 rows (ntok rows of `cols` values, cols a multiple
+// of 32) into two arrays in one scratch buffer:
+//
+//   q  : int8  [ntok][cols]        q = roundf(x / d), half away from zero
+//   ds : float2[ntok][cols/32]     per block of 32: {d = amax/127, d*sum(q)}
+//
+// The values are those of ggml's quantize_row_q8_1 (and ops.Quantize(Q8_1)),
+// but kept apart (16-byte aligned int8 rows for vector loads) and with d and
+// d*sum in float32 rather than half: more exact, and the scratch is small.
+// ds starts at the first 16-byte boundary after ntok*cols bytes.
+//
+// ## Integer matvec: thread mapping
+//
+// A CTA has 4 warps, grouped into 4/ks row groups of ks warps (ks = 1, 2
+// or 4, chosen by the launcher so that small matrices still fill the GPU).
+// A row group owns R consecutive weight rows; its ks warps split each row
+// into chunks of 1024 values (4 super-blocks of the k-quants, 32 blocks of
+// the legacy formats) and take every ks-th chunk. A warp streams a chunk of
+// each of its R rows from global memory into its own shared-memory stage
+// with coalesced 16-byte loads of the aligned span that covers it (blocks
+// of 18, 34 or 210 bytes are not 16-byte aligned: the stage keeps the
+// misalignment and the decoders read 2- or 4-byte words). The loads of the
+// warp's next chunk are issued before the current one is decoded, so a
+// warp always has one chunk per row in flight.
+//
+// Within a chunk lane l decodes one "unit" of 32 weights: 16 bytes of
+// quants, as two runs of 16 consecutive elements (A and B) with one scale
+// each. For the k-quants the block is lane/8 and the unit lane%8; for the
+// legacy formats the block is lane and its two halves are A and B. The
+// decoded unit (8 ints of 4 int8 weights, 2 scales, 2 min terms) is kept in
+// registers while the lane walks the tokens: per token it loads the two
+// matching 16-byte runs of int8 activations and their block scales and
+// accumulates with __dp4a. Each lane keeps R x NTOK partial sums, reduced
+// over the warp with shuffles and over the ks warps in shared memory.
+//
+// Float weights (F32/F16/BF16) use the same staging, with f32 activations
+// read directly (no quantization) and FMA in float32.
+//
+// The kernels are templates instantiated per weight type and token count
+// NTOK in {1,2,4,8}; a launch with ntok < NTOK repeats the last token's
+// activations and drops the extra sums. MoE: grid.y enumerates problems p
+// (token-slot pairs); the weight of problem p is expert ids[p] of the stack,
+// its activations are row p/actDiv (actDiv = k when the k slots of a token
+// share that token's input, 1 when each slot has its own), its output row p.
+// Dense launches have ids == NULL and grid.y == 1.
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef signed char i8;
+
+// ggml type ids (gguf.Type).
+#define T_F32 0
+#define T_F16 1
+#define T_Q4_0 2
+#define T_Q4_1 3
+#define T_Q5_0 6
+#define T_Q5_1 7
+#define T_Q8_0 8
+#define T_Q2_K 10
+#define T_Q3_K 11
+#define T_Q4_K 12
+#define T_Q5_K 13
+#define T_Q6_K 14
+#define T_BF16 30
+
+#define MV_WARPS 4    // warps per CTA, splitting each row's chunks
+#define CHUNK 1024    // values per chunk of the quantized types
+
+// ---------------------------------------------------------------- helpers
+
+__device__ __forceinline__ float h2f(u16 h)
+{
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float((u32)h << 16); }
+
+// Little-endian loads from shared memory at the alignment A the format
+// guarantees (every block of every type starts at an even address).
+__device__ __forceinline__ u16 ld16(const u8 *p) { return *(const u16 *)p; }
+template <int A> __device__ __forceinline__ u32 ld32(const u8 *p)
+{
+    if (A >= 4)
+        return *(const u32 *)p;
+    return (u32)((const u16 *)p)[0] | ((u32)((const u16 *)p)[1] << 16);
+}
+
+// 16 bytes at p as 4 little-endian words, for p aligned to A: one vector
+// load (A = 16), four word loads (A = 4), or, for 2-byte alignment, the
+// covering aligned words joined with funnel shifts (the fifth word only
+// when p is misaligned; it then holds bytes of the run, so the read never
+// leaves the run's last 4-byte granule).
+template <int A> __device__ __forceinline__ void ld128(const u8 *p, u32 *o)
+{
+    if (A >= 16) {
+        uint4 v = *(const uint4 *)p;
+        o[0] = v.x; o[1] = v.y; o[2] = v.z; o[3] = v.w;
+    } else if (A >= 4) {
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            o[i] = *(const u32 *)(p + 4 * i);
+    } else {
+        const u32 *w = (const u32 *)((unsigned long long)p & ~3ull);
+        const int sh = (int)((unsigned long long)p & 3) * 8;
+        u32 v[5];
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            v[i] = w[i];
+        v[4] = sh ? w[4] : 0u;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            o[i] = __funnelshift_r(v[i], v[i + 1], sh);
+    }
+}
+
+// Per-byte x-c for bytes x in 0..2c+... without borrows between bytes: for
+// each byte (x + 128 - c) stays below 256, and flipping the top bit
+// subtracts 128 modulo 256.
+#define SUB8(x, c) (((x) + (0x80808080u - 0x01010101u * (c))) ^ 0x80808080u)
+
+// Spread the low 4 bits of b into bit 0 of the 4 bytes.
+__device__ __forceinline__ u32 spread4(u32 b)
+{
+    return (b & 1u) | ((b & 2u) << 7) | ((b & 4u) << 14) | ((b & 8u) << 21);
+}
+
+__device__ __forceinline__ uint4 ldg16(const void *p)
+{
+    uint4 v;
+    asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+
+// ---------------------------------------------------------------- formats
+
+// Per-type constants: BV values and BB bytes per block, A the alignment of
+// a block in the stage, MIN how the unit's minimum/offset term is formed.
+#define MIN_NONE 0  // signed weights, no offset term
+#define MIN_S32 1   // + ma*s(blockA) + mb*s(blockB), s = d_act*sum(q_act) over 32
+#define MIN_S16 2   // + ma*d_act*sum(q_act over run A) + same for B
+
+template <int T> struct Fmt;
+template <> struct Fmt<T_Q4_0> { enum { BV = 32, BB = 18, A = 2, MIN = MIN_NONE }; };
+template <> struct Fmt<T_Q4_1> { enum { BV = 32, BB = 20, A = 4, MIN = MIN_S32 }; };
+template <> struct Fmt<T_Q5_0> { enum { BV = 32, BB = 22, A = 2, MIN = MIN_NONE }; };
+template <> struct Fmt<T_Q5_1> { enum { BV = 32, BB = 24, A = 4, MIN = MIN_S32 }; };
+template <> struct Fmt<T_Q8_0> { enum { BV = 32, BB = 34, A = 2, MIN = MIN_NONE }; };
+template <> struct Fmt<T_Q2_K> { enum { BV = 256, BB = 84, A = 4, MIN = MIN_S16 }; };
+template <> struct Fmt<T_Q3_K> { enum { BV = 256, BB = 110, A = 2, MIN = MIN_NONE }; };
+template <> struct Fmt<T_Q4_K> { enum { BV = 256, BB = 144, A = 16, MIN = MIN_S32 }; };
+template <> struct Fmt<T_Q5_K> { enum { BV = 256, BB = 176, A = 16, MIN = MIN_S32 }; };
+template <> struct Fmt<T_Q6_K> { enum { BV = 256, BB = 210, A = 2, MIN = MIN_NONE }; };
+
+// One lane's 32 weights: runs A and B of 16 consecutive elements starting
+// at element ea / eb of the block, as int8 (4 per int), with their scales
+// (weight = sa * qa) and min terms.
+struct Unit {
+    u32 qa[4], qb[4];
+    float sa, sb, ma, mb;
+    int ea, eb;
+};
+
+// Q3_K scale j (0..15), bias removed: low 4 bits in byte j%8 (nibble j/8),
+// top 2 bits in byte 8+j%4 (bits 2*(j/4)).
+__device__ __forceinline__ int scale_q3k(int j, const u8 *s)
+{
+    int lo = (s[j & 7] >> (4 * (j >> 3))) & 0xF;
+    int hi = (s[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+template <int T> __device__ __forceinline__ void unit(const u8 *b, int u, Unit &w);
+
+// Q4_0 {f16 d; u8 qs[16]}: byte j = element j (low nibble), j+16 (high); x = d*(q-8).
+template <> __device__ __forceinline__ void unit<T_Q4_0>(const u8 *b, int, Unit &w)
+{
+    float d = h2f(ld16(b));
+    u32 qs[4];
+    ld128<2>(b + 2, qs);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 q = qs[i];
+        w.qa[i] = SUB8(q & 0x0F0F0F0Fu, 8);
+        w.qb[i] = SUB8((q >> 4) & 0x0F0F0F0Fu, 8);
+    }
+    w.sa = w.sb = d;
+    w.ma = w.mb = 0.f;
+    w.ea = 0;
+    w.eb = 16;
+}
+
+// Q4_1 {f16 d; f16 m; u8 qs[16]}: x = d*q + m.
+template <> __device__ __forceinline__ void unit<T_Q4_1>(const u8 *b, int, Unit &w)
+{
+    float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
+    u32 qs[4];
+    ld128<4>(b + 4, qs);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 q = qs[i];
+        w.qa[i] = q & 0x0F0F0F0Fu;
+        w.qb[i] = (q >> 4) & 0x0F0F0F0Fu;
+    }
+    w.sa = w.sb = d;
+    w.ma = m; // both runs are one activation block: count its sum once
+    w.mb = 0.f;
+    w.ea = 0;
+    w.eb = 16;
+}
+
+// Q5_0 {f16 d; u32 qh; u8 qs[16]}: bit i of qh is bit 4 of element i; x = d*(q-16).
+template <> __device__ __forceinline__ void unit<T_Q5_0>(const u8 *b, int, Unit &w)
+{
+    float d = h2f(ld16(b));
+    u32 qh = ld32<2>(b + 2);
+    u32 qs[4];
+    ld128<2>(b + 6, qs);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 q = qs[i];
+        w.qa[i] = SUB8((q & 0x0F0F0F0Fu) | (spread4(qh >> (4 * i)) << 4), 16);
+        w.qb[i] = SUB8(((q >> 4) & 0x0F0F0F0Fu) | (spread4(qh >> (16 + 4 * i)) << 4), 16);
+    }
+    w.sa = w.sb = d;
+    w.ma = w.mb = 0.f;
+    w.ea = 0;
+    w.eb = 16;
+}
+
+// Q5_1 {f16 d; f16 m; u32 qh; u8 qs[16]}: x = d*q + m.
+template <> __device__ __forceinline__ void unit<T_Q5_1>(const u8 *b, int, Unit &w)
+{
+    float d = h2f(ld16(b)), m = h2f(ld16(b + 2));
+    u32 qh = ld32<4>(b + 4);
+    u32 qs[4];
+    ld128<4>(b + 8, qs);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 q = qs[i];
+        w.qa[i] = (q & 0x0F0F0F0Fu) | (spread4(qh >> (4 * i)) << 4);
+        w.qb[i] = ((q >> 4) & 0x0F0F0F0Fu) | (spread4(qh >> (16 + 4 * i)) << 4);
+    }
+    w.sa = w.sb = d;
+    w.ma = m;
+    w.mb = 0.f;
+    w.ea = 0;
+    w.eb = 16;
+}
+
+// Q8_0 {f16 d; i8 qs[32]}: x = d*q.
+template <> __device__ __forceinline__ void unit<T_Q8_0>(const u8 *b, int, Unit &w)
+{
+    float d = h2f(ld16(b));
+    ld128<2>(b + 2, w.qa);
+    ld128<2>(b + 18, w.qb);
+    w.sa = w.sb = d;
+    w.ma = w.mb = 0.f;
+    w.ea = 0;
+    w.eb = 16;
+}
+
+// Q2_K {u8 scales[16]; u8 qs[64]; f16 d; f16 dmin}: element i has 2 bits at
+// shift 2*((i%128)/32) of qs[32*(i/128) + i%32]; scales[i/16] holds the
+// 4-bit scale (low) and min (high); x = d*sc*q - dmin*m.
+// Unit u: half = u/4, l0 = 16*((u/2)%2), shifts s = 2*(u%2) and s+1: qs
+// bytes [32*half + l0, +16) give runs at elements 128*half + 32*s + l0 (A)
+// and 32 further (B).
+template <> __device__ __forceinline__ void unit<T_Q2_K>(const u8 *b, int u, Unit &w)
+{
+    int half = u >> 2, lh = (u >> 1) & 1, s = 2 * (u & 1);
+    float d = h2f(ld16(b + 80)), dmin = h2f(ld16(b + 82));
+    u32 qs[4];
+    ld128<4>(b + 16 + 32 * half + 16 * lh, qs);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 q = qs[i];
+        w.qa[i] = (q >> (2 * s)) & 0x03030303u;
+        w.qb[i] = (q >> (2 * s + 2)) & 0x03030303u;
+    }
+    int ja = 8 * half + 2 * s + lh; // scale index = first element / 16
+    int sca = b[ja], scb = b[ja + 2];
+    w.sa = d * (float)(sca & 0xF);
+    w.sb = d * (float)(scb & 0xF);
+    w.ma = -dmin * (float)(sca >> 4);
+    w.mb = -dmin * (float)(scb >> 4);
+    w.ea = 16 * ja;
+    w.eb = 16 * ja + 32;
+}
+
+// Q3_K {u8 hmask[32]; u8 qs[64]; u8 scales[12]; f16 d}: low 2 bits as Q2_K,
+// bit i/32 of hmask[i%32] is the third bit (clear means -4): x = d*sc*(q-4).
+template <> __device__ __forceinline__ void unit<T_Q3_K>(const u8 *b, int u, Unit &w)
+{
+    int half = u >> 2, lh = (u >> 1) & 1, s = 2 * (u & 1);
+    float d = h2f(ld16(b + 108));
+    u32 qs[4], hm[4];
+    ld128<2>(b + 32 + 32 * half + 16 * lh, qs);
+    ld128<2>(b + 16 * lh, hm);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 q = qs[i], h = hm[i];
+        int bit = 4 * half + s;
+        w.qa[i] = SUB8(((q >> (2 * s)) & 0x03030303u) | (((h >> bit) & 0x01010101u) << 2), 4);
+        w.qb[i] = SUB8(((q >> (2 * s + 2)) & 0x03030303u) | (((h >> (bit + 1)) & 0x01010101u) << 2), 4);
+    }
+    int ja = 8 * half + 2 * s + lh;
+    w.sa = d * (float)scale_q3k(ja, b + 96);
+    w.sb = d * (float)scale_q3k(ja + 2, b + 96);
+    w.ma = w.mb = 0.f;
+    w.ea = 16 * ja;
+    w.eb = 16 * ja + 32;
+}
+
+// Q4_K/Q5_K scales and mins of sub-blocks 2g and 2g+1 from the three
+// words of scale bytes (s0 = bytes 0-3, s1 = 4-7, s2 = 8-11): all eight
+// 6-bit scales and mins are assembled as bytes of four words (sub-block j
+// is byte j of lo:hi), then one byte permute picks the lane's pair, so
+// lanes with different g run the same instructions.
+__device__ __forceinline__ void scale_min_k4_pair(int g, u32 s0, u32 s1, u32 s2, int &sc1, int &m1, int &sc2, int &m2)
+{
+    const u32 sc_lo = s0 & 0x3F3F3F3Fu;                                      // scales 0-3
+    const u32 m_lo = s1 & 0x3F3F3F3Fu;                                       // mins 0-3
+    const u32 sc_hi = (s2 & 0x0F0F0F0Fu) | ((s0 >> 2) & 0x30303030u);        // scales 4-7
+    const u32 m_hi = ((s2 >> 4) & 0x0F0F0F0Fu) | ((s1 >> 2) & 0x30303030u);  // mins 4-7
+    const u32 sel = (u32)(2 * g) | ((u32)(2 * g + 1) << 4); // result bytes 0, 1
+    const u32 sc = __byte_perm(sc_lo, sc_hi, sel), m = __byte_perm(m_lo, m_hi, sel);
+    sc1 = sc & 0xFF;
+    sc2 = (sc >> 8) & 0xFF;
+    m1 = m & 0xFF;
+    m2 = (m >> 8) & 0xFF;
+}
+
+// Q4_K {f16 d; f16 dmin; u8 scales[12]; u8 qs[128]}: 64-element groups g;
+// qs[32g + l] holds element 64g+l (low nibble, sub-block 2g) and 64g+32+l
+// (high, sub-block 2g+1); x = d*sc*q - dmin*m. Unit u: g = u/2, h = u%2:
+// qs bytes [32g + 16h, +16). The lane with h == 0 adds the min terms of
+// both sub-blocks, which are whole activation blocks.
+// Q5_K {f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]}: Q4_K plus
+// a fifth bit: bit 2g of qh[l] for element 64g+l, bit 2g+1 for 64g+32+l;
+// the unit's qh bytes are [16h, +16).
+// unit_k4 decodes from the block's first 16 bytes (hdr: d, dmin, scales),
+// the unit's 16 quant bytes and (Q5_K) its 16 qh bytes.
+template <int T>
+__device__ __forceinline__ void unit_k4(const uint4 &hdr, const uint4 &q, const uint4 &qh, int u, Unit &w)
+{
+    const int g = u >> 1, h = u & 1;
+    const float d = h2f((u16)hdr.x), dmin = h2f((u16)(hdr.x >> 16));
+    const u32 qq[4] = {q.x, q.y, q.z, q.w};
+    const u32 hh[4] = {qh.x, qh.y, qh.z, qh.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        w.qa[i] = qq[i] & 0x0F0F0F0Fu;
+        w.qb[i] = (qq[i] >> 4) & 0x0F0F0F0Fu;
+        if (T == T_Q5_K) {
+            w.qa[i] |= ((hh[i] >> (2 * g)) & 0x01010101u) << 4;
+            w.qb[i] |= ((hh[i] >> (2 * g + 1)) & 0x01010101u) << 4;
+        }
+    }
+    int sc1, m1, sc2, m2;
+    scale_min_k4_pair(g, hdr.y, hdr.z, hdr.w, sc1, m1, sc2, m2);
+    w.sa = d * (float)sc1;
+    w.sb = d * (float)sc2;
+    w.ma = h ? 0.f : -dmin * (float)m1;
+    w.mb = h ? 0.f : -dmin * (float)m2;
+    w.ea = 64 * g + 16 * h;
+    w.eb = 64 * g + 32 + 16 * h;
+}
+
+// Byte offsets in a Q4_K/Q5_K block of unit u's quants and (Q5_K) qh.
+template <int T> __device__ __forceinline__ int k4_qs_off(int u) { return (T == T_Q5_K ? 48 : 16) + 32 * (u >> 1) + 16 * (u & 1); }
+__device__ __forceinline__ int k4_qh_off(int u) { return 16 + 16 * (u & 1); }
+
+template <> __device__ __forceinline__ void unit<T_Q4_K>(const u8 *b, int u, Unit &w)
+{
+    unit_k4<T_Q4_K>(*(const uint4 *)b, *(const uint4 *)(b + k4_qs_off<T_Q4_K>(u)), make_uint4(0, 0, 0, 0), u, w);
+}
+
+template <> __device__ __forceinline__ void unit<T_Q5_K>(const u8 *b, int u, Unit &w)
+{
+    unit_k4<T_Q5_K>(*(const uint4 *)b, *(const uint4 *)(b + k4_qs_off<T_Q5_K>(u)), *(const uint4 *)(b + k4_qh_off(u)), u, w);
+}
+
+// Q6_K {u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d}: two 128-element
+// halves; in half h2, ql[64h2 + l] holds elements l (low nibble) and l+64
+// (high), ql[64h2 + l+32] elements l+32 and l+96, qh[32h2 + l] their top 2
+// bits (bits 0-1, 2-3, 4-5, 6-7 for l, l+32, l+64, l+96); element l+32k
+// has scale scales[8h2 + l/16 + 2k]; x = d*sc*(q-32).
+// Unit u: h2 = u/4, l0 = 16*((u/2)%2), p = u%2: ql bytes [l0 + 32p, +16)
+// give run A (elements l0+32p.., k = p) and run B (+64, k = p+2).
+template <> __device__ __forceinline__ void unit<T_Q6_K>(const u8 *b, int u, Unit &w)
+{
+    int h2 = u >> 2, lseg = (u >> 1) & 1, p = u & 1;
+    int l0 = 16 * lseg;
+    float d = h2f(ld16(b + 208));
+    u32 qls[4], qhs[4];
+    ld128<2>(b + 64 * h2 + l0 + 32 * p, qls);
+    ld128<2>(b + 128 + 32 * h2 + l0, qhs);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 ql = qls[i], qh = qhs[i];
+        w.qa[i] = SUB8((ql & 0x0F0F0F0Fu) | (((qh >> (2 * p)) & 0x03030303u) << 4), 32);
+        w.qb[i] = SUB8(((ql >> 4) & 0x0F0F0F0Fu) | (((qh >> (4 + 2 * p)) & 0x03030303u) << 4), 32);
+    }
+    const i8 *sc = (const i8 *)(b + 192 + 8 * h2 + lseg);
+    w.sa = d * (float)sc[2 * p];
+    w.sb = d * (float)sc[4 + 2 * p];
+    w.ma = w.mb = 0.f;
+    w.ea = 128 * h2 + l0 + 32 * p;
+    w.eb = w.ea + 64;
+}
+
+// The unit's dot product with one token's activations: a and bq the int8
+// activations of runs A and B, dsa and dsb their blocks' {d, d*sum}.
+template <int T>
+__device__ __forceinline__ float unit_dot(const Unit &w, const uint4 &a, const uint4 &bq, float2 dsa, float2 dsb)
+{
+    int ia = __dp4a((int)w.qa[0], (int)a.x, 0);
+    ia = __dp4a((int)w.qa[1], (int)a.y, ia);
+    ia = __dp4a((int)w.qa[2], (int)a.z, ia);
+    ia = __dp4a((int)w.qa[3], (int)a.w, ia);
+    int ib = __dp4a((int)w.qb[0], (int)bq.x, 0);
+    ib = __dp4a((int)w.qb[1], (int)bq.y, ib);
+    ib = __dp4a((int)w.qb[2], (int)bq.z, ib);
+    ib = __dp4a((int)w.qb[3], (int)bq.w, ib);
+    float r = w.sa * dsa.x * (float)ia + w.sb * dsb.x * (float)ib;
+    if (Fmt<T>::MIN == MIN_S32) {
+        r += w.ma * dsa.y + w.mb * dsb.y;
+    } else if (Fmt<T>::MIN == MIN_S16) {
+        const int one = 0x01010101;
+        int sa = __dp4a(one, (int)a.x, __dp4a(one, (int)a.y, __dp4a(one, (int)a.z, __dp4a(one, (int)a.w, 0))));
+        int sb = __dp4a(one, (int)bq.x, __dp4a(one, (int)bq.y, __dp4a(one, (int)bq.z, __dp4a(one, (int)bq.w, 0))));
+        r += w.ma * dsa.x * (float)sa + w.mb * dsb.x * (float)sb;
+    }
+    return r;
+}
+
+// ---------------------------------------------------------------- the driver
+
+// Shared-memory stage of one chunk of one row: up to SV 16-byte vectors,
+// VPL of them loaded per lane.
+template <int CBYTES> struct Stage {
+    enum { SV = CBYTES / 16 + 2, VPL = (CBYTES / 16 + 2 + 31) / 32 };
+};
+
+// Issues the loads of the aligned span covering bytes [off, off+len) of the
+// row at rp into v (this lane's share) and returns the span's misalignment.
+// The span may extend up to 15 bytes past the row (and past the matrix)
+// within its last 16-byte granule, which never crosses a page.
+template <int VPL>
+__device__ __forceinline__ int stage_load(const u8 *rp, long long off, int len, int lane, uint4 *v, int &nvec)
+{
+    unsigned long long a = (unsigned long long)(rp + off);
+    unsigned long long a0 = a & ~15ull;
+    nvec = (int)((a + len + 15 - a0) >> 4);
+#pragma unroll
+    for (int i = 0; i < VPL; i++) {
+        int j = lane + 32 * i;
+        if (j < nvec)
+            v[i] = ldg16((const void *)(a0 + 16ull * j));
+    }
+    return (int)(a - a0);
+}
+
+template <int VPL>
+__device__ __forceinline__ void stage_store(uint4 *st, const uint4 *v, int nvec, int lane)
+{
+#pragma unroll
+    for (int i = 0; i < VPL; i++) {
+        int j = lane + 32 * i;
+        if (j < nvec)
+            st[j] = v[i];
+    }
+}
+
+// The launch parameters every matvec kernel takes.
+struct MvArgs {
+    const u8 *W;          // weights (16-byte aligned), or the expert stack
+    long long rowBytes;   // bytes per weight row
+    int rows, cols;       // of one matrix
+    int ks;               // warps per row group: 1, 2 or 4
+    const i8 *xq;         // Q8_1 activations (integer kernels)
+    const float2 *xds;    //   their block scales
+    const float *x;       // f32 activations (float kernels)
+    long long ldx;        //   their row stride in values
+    int ntok;             // tokens (<= NTOK)
+    float *out;           // out[(p + t) * ldOut + row]
+    long long ldOut;
+    const int *ids;       // MoE: expert of problem blockIdx.y, else NULL
+    long long expertBytes;
+    int actDiv;           // activation row of problem p: p / actDiv
+};
+
+// Reduces the R x NTOK sums over the warp, then over the ks warps of the
+// row group (through red), and writes them: out[(p + t) * ldOut + row].
+template <int NTOK, int R>
+__device__ __forceinline__ void mv_store(const MvArgs &a, float *acc, float (*red)[R * NTOK], int row0, int p)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kw = warp % a.ks;
+#pragma unroll
+    for (int k = 0; k < R * NTOK; k++) {
+        float s = acc[k];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            s += __shfl_xor_sync(0xffffffffu, s, o);
+        acc[k] = s;
+    }
+    if (lane == 0) {
+#pragma unroll
+        for (int k = 0; k < R * NTOK; k++)
+            red[warp][k] = acc[k];
+    }
+    __syncthreads();
+    if (kw == 0 && lane < R * NTOK) {
+        const int r = lane / NTOK, t = lane % NTOK;
+        if (row0 + r < a.rows && t < a.ntok) {
+            float s = 0.f;
+            for (int w = warp; w < warp + a.ks; w++)
+                s += red[w][lane];
+            a.out[(long long)(p + t) * a.ldOut + row0 + r] = s;
+        }
+    }
+}
+
+// Runs the staging pipeline over the chunks of the row group's R rows and
+// calls op.chunk(stage rows, misalignments, chunk index, lane, acc) for
+// each chunk the warp owns; then reduces and writes the R x NTOK results.
+template <class Op, int NTOK, int R>
+__device__ __forceinline__ void mv_drive(const MvArgs &a)
+{
+    typedef Stage<Op::CBYTES> S;
+    __shared__ uint4 stage[MV_WARPS][R][S::SV];
+    __shared__ float red[MV_WARPS][R * NTOK];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int ks = a.ks, rg = warp / ks, kw = warp % ks;
+    const int p = blockIdx.y;
+    const u8 *Wp = a.W + (a.ids ? (long long)a.ids[p] * a.expertBytes : 0ll);
+    const int row0 = (blockIdx.x * (MV_WARPS / ks) + rg) * R;
+    const int nchunk = Op::nchunk(a);
+
+    const u8 *rp[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        rp[r] = Wp + (long long)min(row0 + r, a.rows - 1) * a.rowBytes;
+
+    float acc[R * NTOK];
+#pragma unroll
+    for (int k = 0; k < R * NTOK; k++)
+        acc[k] = 0.f;
+
+    uint4 v[R][S::VPL];
+    int nvec[R], mis[R];
+    int c = kw;
+    if (c < nchunk) {
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            mis[r] = stage_load<S::VPL>(rp[r], (long long)c * Op::CBYTES,
+                                        (int)min((long long)Op::CBYTES, a.rowBytes - (long long)c * Op::CBYTES), lane,
+                                        v[r], nvec[r]);
+    }
+    for (; c < nchunk; c += ks) {
+        int cmis[R];
+        __syncwarp();
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            stage_store<S::VPL>(stage[warp][r], v[r], nvec[r], lane);
+            cmis[r] = mis[r];
+        }
+        __syncwarp();
+        const int cn = c + ks;
+        if (cn < nchunk) {
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                mis[r] = stage_load<S::VPL>(rp[r], (long long)cn * Op::CBYTES,
+                                            (int)min((long long)Op::CBYTES, a.rowBytes - (long long)cn * Op::CBYTES),
+                                            lane, v[r], nvec[r]);
+        }
+        const u8 *st[R];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            st[r] = (const u8 *)stage[warp][r] + cmis[r];
+        Op::template chunk<NTOK, R>(a, st, c, lane, p / a.actDiv, acc);
+    }
+
+    mv_store<NTOK, R>(a, acc, red, row0, p);
+}
+
+// ---------------------------------------------------------------- integer chunks
+
+template <int T> struct QuantOp {
+    enum { BV = Fmt<T>::BV, BB = Fmt<T>::BB, CB = CHUNK / BV, UPB = BV / 32, CBYTES = CB * BB };
+
+    static __device__ __forceinline__ int nchunk(const MvArgs &a) { return (a.cols / BV + CB - 1) / CB; }
+
+    // Lane's unit of chunk c for each of the R rows, dotted with NTOK tokens.
+    template <int NTOK, int R>
+    static __device__ __forceinline__ void chunk(const MvArgs &a, const u8 *const *st, int c, int lane, int act0,
+                                                 float *acc)
+    {
+        const int b = lane / UPB, u = lane % UPB;
+        const int blk = c * CB + b;
+        if (blk * BV >= a.cols)
+            return;
+        Unit w[R];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            unit<T>(st[r] + b * BB, u, w[r]);
+        const int ea = blk * BV + w[0].ea, eb = blk * BV + w[0].eb;
+        const int ncols32 = a.cols >> 5;
+#pragma unroll
+        for (int t = 0; t < NTOK; t++) {
+            const long long row = act0 + min(t, a.ntok - 1);
+            const i8 *q = a.xq + row * a.cols;
+            const float2 *ds = a.xds + row * ncols32;
+            const uint4 qa = *(const uint4 *)(q + ea);
+            const uint4 qb = *(const uint4 *)(q + eb);
+            const float2 dsa = ds[ea >> 5], dsb = ds[eb >> 5];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                acc[r * NTOK + t] += unit_dot<T>(w[r], qa, qb, dsa, dsb);
+        }
+    }
+};
+
+// ---------------------------------------------------------------- direct Q4_K / Q5_K
+
+// Q4_K and Q5_K blocks (144 and 176 bytes) are 16-byte aligned, so they
+// skip the stage: lane l of a warp reads its unit (block l/8 of the chunk,
+// unit l%8) straight from global memory, the block header and 16 quant
+// bytes (plus 16 qh bytes for Q5_K) as 16-byte loads (the 8 lanes of a
+// block read 128 contiguous quant bytes), and the loads of the warp's next
+// chunk are issued before the current one is decoded.
+struct K4Regs {
+    uint4 hdr, qs, qh;
+};
+
+template <int T, int NTOK, int R>
+__device__ __forceinline__ void mv_direct_k4(const MvArgs &a)
+{
+    enum { BB = Fmt<T>::BB, CB = 4 };
+    __shared__ float red[MV_WARPS][R * NTOK];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int ks = a.ks, rg = warp / ks, kw = warp % ks;
+    const int p = blockIdx.y;
+    const u8 *Wp = a.W + (a.ids ? (long long)a.ids[p] * a.expertBytes : 0ll);
+    const int row0 = (blockIdx.x * (MV_WARPS / ks) + rg) * R;
+    const int nblk = a.cols >> 8, nchunk = (nblk + CB - 1) / CB;
+    const int b = lane >> 3, u = lane & 7;
+    const int qsOff = k4_qs_off<T>(u), qhOff = k4_qh_off(u);
+    const int act0 = p / a.actDiv, ncols32 = a.cols >> 5;
+
+    const u8 *rp[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        rp[r] = Wp + (long long)min(row0 + r, a.rows - 1) * a.rowBytes;
+
+    float acc[R * NTOK];
+#pragma unroll
+    for (int k = 0; k < R * NTOK; k++)
+        acc[k] = 0.f;
+
+    auto load = [&](int c, K4Regs *k) {
+        const int blk = c * CB + b;
+        if (blk < nblk) {
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const u8 *bp = rp[r] + (long long)blk * BB;
+                k[r].hdr = ldg16(bp);
+                k[r].qs = ldg16(bp + qsOff);
+                k[r].qh = T == T_Q5_K ? ldg16(bp + qhOff) : make_uint4(0, 0, 0, 0);
+            }
+        }
+    };
+    auto compute = [&](int c, const K4Regs *k) {
+        const int blk = c * CB + b;
+        if (blk >= nblk)
+            return;
+        Unit w[R];
+#pragma unroll
+        for (int r = 0; r < R; r++)
+            unit_k4<T>(k[r].hdr, k[r].qs, k[r].qh, u, w[r]);
+        const int ea = blk * 256 + w[0].ea, eb = blk * 256 + w[0].eb;
+#pragma unroll
+        for (int t = 0; t < NTOK; t++) {
+            const long long row = act0 + min(t, a.ntok - 1);
+            const i8 *q = a.xq + row * a.cols;
+            const float2 *ds = a.xds + row * ncols32;
+            const uint4 qa = *(const uint4 *)(q + ea);
+            const uint4 qb = *(const uint4 *)(q + eb);
+            const float2 dsa = ds[ea >> 5], dsb = ds[eb >> 5];
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                acc[r * NTOK + t] += unit_dot<T>(w[r], qa, qb, dsa, dsb);
+        }
+    };
+    // Two register sets in turn (no copies between iterations: a copy of
+    // a register with a load in flight would wait for the load).
+    K4Regs ra[R], rb[R];
+    int c = kw;
+    if (c < nchunk)
+        load(c, ra);
+    for (; c < nchunk; c += 2 * ks) {
+        if (c + ks < nchunk)
+            load(c + ks, rb);
+        compute(c, ra);
+        if (c + ks >= nchunk)
+            break;
+        if (c + 2 * ks < nchunk)
+            load(c + 2 * ks, ra);
+        compute(c + ks, rb);
+    }
+    mv_store<NTOK, R>(a, acc, red, row0, p);
+}
+
+// ---------------------------------------------------------------- float chunks
+
+// F32/F16/BF16 weights times f32 activations. Chunks of FCV values (1 KiB
+// of weights); lane l takes the 8-value pieces at 8l + 256i.
+template <int T> struct FFmt;
+template <> struct FFmt<T_F32> { enum { ES = 4, FCV = 256 }; };
+template <> struct FFmt<T_F16> { enum { ES = 2, FCV = 512 }; };
+template <> struct FFmt<T_BF16> { enum { ES = 2, FCV = 512 }; };
+
+// Eight weights starting at byte p of the stage (2-aligned; 4 for F32).
+template <int T> __device__ __forceinline__ void fdecode8(const u8 *p, float *w)
+{
+    if (T == T_F32) {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            w[i] = __uint_as_float(ld32<4>(p + 4 * i));
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            u16 h = ld16(p + 2 * i);
+            w[i] = T == T_F16 ? h2f(h) : bf2f(h);
+        }
+    }
+}
+
+template <int T> struct FloatOp {
+    enum { ES = FFmt<T>::ES, FCV = FFmt<T>::FCV, CBYTES = FCV * ES, PIECES = FCV / 256 };
+
+    static __device__ __forceinline__ int nchunk(const MvArgs &a) { return (a.cols + FCV - 1) / FCV; }
+
+    template <int NTOK, int R>
+    static __device__ __forceinline__ void chunk(const MvArgs &a, const u8 *const *st, int c, int lane, int act0,
+                                                 float *acc)
+    {
+        const bool vec = ((a.ldx | (long long)a.cols) & 3) == 0 && (((unsigned long long)a.x) & 15) == 0;
+#pragma unroll
+        for (int pc = 0; pc < PIECES; pc++) {
+            const int li = 8 * lane + 256 * pc; // value index within the chunk
+            const int e0 = c * FCV + li;        // within the row
+            if (e0 >= a.cols)
+                continue;
+            const int n = min(8, a.cols - e0);
+            float w[R][8];
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                fdecode8<T>(st[r] + li * ES, w[r]);
+#pragma unroll
+                for (int i = 0; i < 8; i++)
+                    if (i >= n)
+                        w[r][i] = 0.f;
+            }
+#pragma unroll
+            for (int t = 0; t < NTOK; t++) {
+                const float *xr = a.x + (long long)(act0 + min(t, a.ntok - 1)) * a.ldx + e0;
+                float x[8];
+                if (vec && n == 8) {
+                    const float4 x0 = __ldg((const float4 *)xr), x1 = __ldg((const float4 *)xr + 1);
+                    x[0] = x0.x; x[1] = x0.y; x[2] = x0.z; x[3] = x0.w;
+                    x[4] = x1.x; x[5] = x1.y; x[6] = x1.z; x[7] = x1.w;
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+                        x[i] = i < n ? __ldg(xr + i) : 0.f;
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    float s = acc[r * NTOK + t];
+#pragma unroll
+                    for (int i = 0; i < 8; i++)
+                        s = fmaf(w[r][i], x[i], s);
+                    acc[r * NTOK + t] = s;
+                }
+            }
+        }
+    }
+};
+
+// ---------------------------------------------------------------- entry points
+
+// Every matvec kernel takes one MvArgs by value. mv_<type>_<ntok> are the
+// Q8_1 integer kernels, mvf_<type>_<ntok> the float ones; R rows per row
+// group (MV_R). The _r1/_r4 variants of a few types exist for benchmarks.
+#define MV_R 2
+#define MV_KERNEL(NAME, OP, NTOK, R, MINB)                                                        \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, MINB) NAME(const MvArgs a) \
+    {                                                                                         \
+        mv_drive<OP, NTOK, R>(a);                                                             \
+    }
+
+#define MVQ_ALL(NAME, T)                                           \
+    MV_KERNEL(mv_##NAME##_1, QuantOp<T>, 1, MV_R, 8)               \
+    MV_KERNEL(mv_##NAME##_2, QuantOp<T>, 2, MV_R, 6)               \
+    MV_KERNEL(mv_##NAME##_4, QuantOp<T>, 4, MV_R, 4)               \
+    MV_KERNEL(mv_##NAME##_8, QuantOp<T>, 8, MV_R, 3)
+#define MVF_ALL(NAME, T)                                           \
+    MV_KERNEL(mvf_##NAME##_1, FloatOp<T>, 1, MV_R, 8)              \
+    MV_KERNEL(mvf_##NAME##_2, FloatOp<T>, 2, MV_R, 6)              \
+    MV_KERNEL(mvf_##NAME##_4, FloatOp<T>, 4, MV_R, 4)              \
+    MV_KERNEL(mvf_##NAME##_8, FloatOp<T>, 8, MV_R, 3)
+#define MVQ_BENCH(NAME, T)                                         \
+    MV_KERNEL(mv_##NAME##_1_r1, QuantOp<T>, 1, 1, 8)               \
+    MV_KERNEL(mv_##NAME##_1_r4, QuantOp<T>, 1, 4, 6)
+
+// Q4_K and Q5_K: the direct driver.
+#define MVK_KERNEL(NAME, T, NTOK, R, MINB)                                                        \
+    extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, MINB) NAME(const MvArgs a) \
+    {                                                                                         \
+        mv_direct_k4<T, NTOK, R>(a);                                                          \
+    }
+#define MVK_ALL(NAME, T, MINB1, MINB2)                             \
+    MVK_KERNEL(mv_##NAME##_1, T, 1, MV_R, MINB1)                   \
+    MVK_KERNEL(mv_##NAME##_2, T, 2, MV_R, MINB2)                   \
+    MVK_KERNEL(mv_##NAME##_4, T, 4, MV_R, 4)                       \
+    MVK_KERNEL(mv_##NAME##_8, T, 8, MV_R, 3)
+
+MVQ_ALL(q4_0, T_Q4_0)
+MVQ_ALL(q4_1, T_Q4_1)
+MVQ_ALL(q5_0, T_Q5_0)
+MVQ_ALL(q5_1, T_Q5_1)
+MVQ_ALL(q8_0, T_Q8_0)
+MVQ_ALL(q2_k, T_Q2_K)
+MVQ_ALL(q3_k, T_Q3_K)
+MVK_ALL(q4_k, T_Q4_K, 6, 5)
+MVK_ALL(q5_k, T_Q5_K, 5, 4)
+MVQ_ALL(q6_k, T_Q6_K)
+MVF_ALL(f32, T_F32)
+MVF_ALL(f16, T_F16)
+MVF_ALL(bf16, T_BF16)
+MVK_KERNEL(mv_q4_k_1_r1, T_Q4_K, 1, 1, 8)
+MVK_KERNEL(mv_q4_k_1_r4, T_Q4_K, 1, 4, 4)
+MVQ_BENCH(q6_k, T_Q6_K)
+MVQ_BENCH(q8_0, T_Q8_0)
+
+// quantize_q8_1: x f32 [ntok][ldx] -> q int8 [ntok][cols], ds float2
+// [ntok][cols/32] (layout above). One warp per block of 32 values,
+// grid-stride over the ntok*cols/32 blocks.
+extern "C" __global__ void quantize_q8_1(const float *__restrict__ x, long long ldx, int ntok, int cols,
+                                         i8 *__restrict__ q, float2 *__restrict__ ds)
+{
+    const int lane = threadIdx.x & 31;
+    const int nb = cols >> 5;
+    const long long total = (long long)ntok * nb;
+    const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long gb = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); gb < total; gb += warps) {
+        long long t = gb / nb;
+        int j = (int)(gb - t * nb);
+        float v = x[t * ldx + 32 * j + lane];
+        float amax = fabsf(v);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        float d = amax / 127.0f;
+        float id = d != 0.f ? 1.0f / d : 0.f;
+        int qv = (int)roundf(v * id);
+        qv = max(-128, min(127, qv));
+        int sum = qv;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        q[t * cols + 32 * j + lane] = (i8)qv;
+        if (lane == 0)
+            ds[gb] = make_float2(d, (float)sum * d);
+    }
+}

@@ -1,0 +1,571 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	"github.com/atsinfer/ats/cudadrv"
+	"github.com/atsinfer/ats/gguf"
+)
+
+// Weight products on the GPU: the kernels of matvec.cu (activation
+// quantization, integer and float matrix-vector products for decode) and
+// matmul.cu (tensor-core matrix products for prefill, embedding rows, MoE
+// grouping), with launchers that pick the kernel by token count.
+//
+// Every launcher only queues work on its stream: no host synchronisation,
+// no allocation, no host-side reads of device data (expert ids and token
+// ids stay on the device), so a sequence of them can be captured into a
+// CUDA graph. Scratch buffers are the caller's: the *Bytes functions give
+// their sizes.
+
+// Matrix is a weight matrix on the device, in its GGUF block layout: Rows
+// rows of Cols values (Cols along the dot product, a multiple of the type's
+// block size), rows back to back. Data must be 16-byte aligned (GGUF
+// tensors are 32-byte aligned; cuMemAlloc gives 256). For an MoE expert
+// stack, Data is the first expert and the others follow every Bytes().
+type Matrix struct {
+	Type       gguf.Type
+	Data       cudadrv.DevicePtr
+	Rows, Cols int
+}
+
+// RowBytes is the size of one row.
+func (m Matrix) RowBytes() int {
+	info, _ := m.Type.Info()
+	if info.BlockSize == 0 {
+		return 0
+	}
+	return m.Cols / info.BlockSize * info.BlockBytes
+}
+
+// Bytes is the size of the matrix (of one expert of a stack).
+func (m Matrix) Bytes() int { return m.Rows * m.RowBytes() }
+
+// MatVecMaxTokens is the largest token count MatMul computes with the
+// matrix-vector kernels; above it, the tensor-core path.
+const MatVecMaxTokens = 8
+
+// WeightTypes are the weight types the kernels support, in type-id order:
+// those of the CPU path (ops.SupportedTypes).
+var WeightTypes = []gguf.Type{
+	gguf.TypeF32, gguf.TypeF16, gguf.TypeQ4_0, gguf.TypeQ4_1, gguf.TypeQ5_0, gguf.TypeQ5_1, gguf.TypeQ8_0,
+	gguf.TypeQ2_K, gguf.TypeQ3_K, gguf.TypeQ4_K, gguf.TypeQ5_K, gguf.TypeQ6_K, gguf.TypeBF16,
+}
+
+// kernelName is the type's suffix in kernel names.
+func kernelName(t gguf.Type) string {
+	switch t {
+	case gguf.TypeF32:
+		return "f32"
+	case gguf.TypeF16:
+		return "f16"
+	case gguf.TypeBF16:
+		return "bf16"
+	case gguf.TypeQ4_0:
+		return "q4_0"
+	case gguf.TypeQ4_1:
+		return "q4_1"
+	case gguf.TypeQ5_0:
+		return "q5_0"
+	case gguf.TypeQ5_1:
+		return "q5_1"
+	case gguf.TypeQ8_0:
+		return "q8_0"
+	case gguf.TypeQ2_K:
+		return "q2_k"
+	case gguf.TypeQ3_K:
+		return "q3_k"
+	case gguf.TypeQ4_K:
+		return "q4_k"
+	case gguf.TypeQ5_K:
+		return "q5_k"
+	case gguf.TypeQ6_K:
+		return "q6_k"
+	}
+	return ""
+}
+
+// isFloat reports whether t is a float type (its matvec reads f32
+// activations instead of Q8_1).
+func isFloat(t gguf.Type) bool {
+	return t == gguf.TypeF32 || t == gguf.TypeF16 || t == gguf.TypeBF16
+}
+
+// typeKernels are the kernels of one weight type.
+type typeKernels struct {
+	mv      [4]*cudadrv.Function // NTOK 1, 2, 4, 8
+	mvR1    *cudadrv.Function    // NTOK 1 with 1 / 4 rows per row group (benchmarks)
+	mvR4    *cudadrv.Function
+	mm      *cudadrv.Function
+	getRows *cudadrv.Function
+}
+
+// WeightOps holds the weight kernels loaded in one context.
+type WeightOps struct {
+	MatVecModule, MatMulModule *cudadrv.Module
+
+	quantizeQ8_1, convertF16, moeGroup *cudadrv.Function
+	types                              [int(gguf.TypeBF16) + 1]*typeKernels
+	sms                                int // multiprocessors, for the matvec split
+
+	// Benchmark knobs (package tests only): rows per row group of the
+	// one-token matvec (0: the default 2; 1 or 4 where built) and a forced
+	// K split (0: automatic).
+	mvRows, mvKS int
+}
+
+// LoadWeightOps JIT-compiles and loads matvec.cu and matmul.cu for the
+// context's device.
+func LoadWeightOps(ctx *cudadrv.Context) (*WeightOps, error) {
+	sms, err := ctx.Device().Attribute(cudadrv.AttrMultiprocessorCount)
+	if err != nil {
+		return nil, err
+	}
+	w := &WeightOps{sms: max(1, sms)}
+	if w.MatVecModule, err = Load(ctx, "matvec"); err != nil {
+		return nil, err
+	}
+	if w.MatMulModule, err = Load(ctx, "matmul"); err != nil {
+		w.MatVecModule.Unload()
+		return nil, err
+	}
+	mv := map[string]**cudadrv.Function{"quantize_q8_1": &w.quantizeQ8_1}
+	mm := map[string]**cudadrv.Function{"convert_f16": &w.convertF16, "moe_group": &w.moeGroup}
+	for _, t := range WeightTypes {
+		k := new(typeKernels)
+		w.types[t] = k
+		n := kernelName(t)
+		prefix := "mv_"
+		if isFloat(t) {
+			prefix = "mvf_"
+		}
+		for i, nt := range []int{1, 2, 4, 8} {
+			mv[fmt.Sprintf("%s%s_%d", prefix, n, nt)] = &k.mv[i]
+		}
+		if t == gguf.TypeQ4_K || t == gguf.TypeQ6_K || t == gguf.TypeQ8_0 {
+			mv["mv_"+n+"_1_r1"] = &k.mvR1
+			mv["mv_"+n+"_1_r4"] = &k.mvR4
+		}
+		mm["mm_"+n] = &k.mm
+		mm["get_rows_"+n] = &k.getRows
+	}
+	err = lookup(w.MatVecModule, mv)
+	if err == nil {
+		err = lookup(w.MatMulModule, mm)
+	}
+	if err != nil {
+		w.Unload()
+		return nil, err
+	}
+	return w, nil
+}
+
+// Unload unloads both modules.
+func (w *WeightOps) Unload() error {
+	err1 := w.MatVecModule.Unload()
+	err2 := w.MatMulModule.Unload()
+	if err1 != nil {
+		return err1
+	}
+	return err2
+}
+
+func (w *WeightOps) kernels(m Matrix) (*typeKernels, error) {
+	var k *typeKernels
+	if int(m.Type) < len(w.types) {
+		k = w.types[m.Type]
+	}
+	if k == nil {
+		return nil, fmt.Errorf("kernels: no GPU weight kernels for type %s", m.Type)
+	}
+	info, _ := m.Type.Info()
+	switch {
+	case m.Rows <= 0 || m.Cols <= 0:
+		return nil, fmt.Errorf("kernels: %s matrix of %dx%d", m.Type, m.Rows, m.Cols)
+	case m.Cols%info.BlockSize != 0:
+		return nil, fmt.Errorf("kernels: %s matrix has %d columns, not a multiple of the block size %d", m.Type, m.Cols, info.BlockSize)
+	case m.Data%16 != 0:
+		return nil, fmt.Errorf("kernels: %s matrix at %#x is not 16-byte aligned", m.Type, uint64(m.Data))
+	}
+	return k, nil
+}
+
+// ---- activations
+
+// Q8_1Bytes is the size of nTok rows of cols activations in the GPU Q8_1
+// layout (matvec.cu): int8 quants [nTok][cols], then from the next 16-byte
+// boundary float32 pairs {d, d*sum} [nTok][cols/32].
+func Q8_1Bytes(nTok, cols int) int { return align16(nTok*cols) + nTok*cols/32*8 }
+
+func align16(n int) int { return (n + 15) &^ 15 }
+
+// QuantizeQ8_1 queues the quantization of x (nTok rows of cols f32 values,
+// ldx values apart; cols a multiple of 32) into dst (Q8_1Bytes(nTok, cols)).
+func (w *WeightOps) QuantizeQ8_1(s *cudadrv.Stream, x cudadrv.DevicePtr, ldx, nTok, cols int, dst cudadrv.DevicePtr) error {
+	if cols%32 != 0 || nTok < 1 || ldx < cols {
+		return fmt.Errorf("kernels: quantize_q8_1 of %d rows of %d (stride %d): cols must be a multiple of 32", nTok, cols, ldx)
+	}
+	blocks := nTok * cols / 32 // one warp each, 8 per CTA
+	return launch(w.quantizeQ8_1, s, grid1(cudadrv.Blocks(blocks, 8), 1), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
+		a.Ptr(x).I64(int64(ldx)).I32(int32(nTok)).I32(int32(cols)).Ptr(dst).Ptr(dst.Add(align16(nTok * cols)))
+	})
+}
+
+// F16Stride is the row stride, in values, of f16 activations made by
+// ConvertF16 for cols values: cols rounded up to 32 (zero-padded).
+func F16Stride(cols int) int { return (cols + 31) &^ 31 }
+
+// F16Bytes is the size of nRows rows of f16 activations of cols values.
+func F16Bytes(nRows, cols int) int { return nRows * F16Stride(cols) * 2 }
+
+// ConvertF16 queues the conversion of x (nTok rows of cols f32 values, ldx
+// apart) to f16 rows of F16Stride(cols) values at dst, saturating at
+// +-65504.
+func (w *WeightOps) ConvertF16(s *cudadrv.Stream, x cudadrv.DevicePtr, ldx, nTok, cols int, dst cudadrv.DevicePtr) error {
+	return w.convert(s, x, ldx, nTok, cols, 0, 1, dst)
+}
+
+// convert is ConvertF16 with an optional gather: row i of dst is row
+// perm[i]/actDiv of x.
+func (w *WeightOps) convert(s *cudadrv.Stream, x cudadrv.DevicePtr, ldx, nRows, cols int, perm cudadrv.DevicePtr, actDiv int, dst cudadrv.DevicePtr) error {
+	if nRows < 1 || cols < 1 || ldx < cols {
+		return fmt.Errorf("kernels: convert_f16 of %d rows of %d (stride %d)", nRows, cols, ldx)
+	}
+	ldh := F16Stride(cols)
+	return launch(w.convertF16, s, grid1(nRows*ldh/2, 256), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
+		a.Ptr(x).I64(int64(ldx)).I32(int32(cols)).Ptr(perm).I32(int32(actDiv)).I32(int32(nRows)).Ptr(dst).I32(int32(ldh))
+	})
+}
+
+// ---- matrix-vector products
+
+// mvArgs mirrors struct MvArgs of matvec.cu (112 bytes, natural alignment).
+type mvArgs struct {
+	w              cudadrv.DevicePtr
+	rowBytes       int64
+	rows, cols, ks int32
+	xq, xds, x     cudadrv.DevicePtr
+	ldx            int64
+	ntok           int32
+	out            cudadrv.DevicePtr
+	ldOut          int64
+	ids            cudadrv.DevicePtr
+	expertBytes    int64
+	actDiv         int32
+}
+
+func (p *mvArgs) encode(b *[112]byte) {
+	le := binary.LittleEndian
+	le.PutUint64(b[0:], uint64(p.w))
+	le.PutUint64(b[8:], uint64(p.rowBytes))
+	le.PutUint32(b[16:], uint32(p.rows))
+	le.PutUint32(b[20:], uint32(p.cols))
+	le.PutUint32(b[24:], uint32(p.ks))
+	le.PutUint32(b[28:], 0)
+	le.PutUint64(b[32:], uint64(p.xq))
+	le.PutUint64(b[40:], uint64(p.xds))
+	le.PutUint64(b[48:], uint64(p.x))
+	le.PutUint64(b[56:], uint64(p.ldx))
+	le.PutUint32(b[64:], uint32(p.ntok))
+	le.PutUint32(b[68:], 0)
+	le.PutUint64(b[72:], uint64(p.out))
+	le.PutUint64(b[80:], uint64(p.ldOut))
+	le.PutUint64(b[88:], uint64(p.ids))
+	le.PutUint64(b[96:], uint64(p.expertBytes))
+	le.PutUint32(b[104:], uint32(p.actDiv))
+	le.PutUint32(b[108:], 0)
+}
+
+const mvWarps = 4 // MV_WARPS
+
+// mvLaunch picks the kernel for nTok (<= 8) tokens and the K split, and
+// queues problems matvecs of p.rows rows.
+func (w *WeightOps) mvLaunch(s *cudadrv.Stream, k *typeKernels, m Matrix, p *mvArgs, nTok, problems int) error {
+	var f *cudadrv.Function
+	ntok := 1
+	for i, nt := range []int{1, 2, 4, 8} {
+		if nTok <= nt {
+			f, ntok = k.mv[i], nt
+			break
+		}
+	}
+	if f == nil {
+		return fmt.Errorf("kernels: matvec of %d tokens (at most %d)", nTok, MatVecMaxTokens)
+	}
+	rows := 2 // MV_R
+	if ntok == 1 {
+		switch {
+		case w.mvRows == 1 && k.mvR1 != nil:
+			f, rows = k.mvR1, 1
+		case w.mvRows == 4 && k.mvR4 != nil:
+			f, rows = k.mvR4, 4
+		}
+	}
+	// Chunks of a row: 1024 values for the quantized types, 1 KiB of
+	// weights for the float ones.
+	chunkVals := 1024
+	switch m.Type {
+	case gguf.TypeF32:
+		chunkVals = 256
+	case gguf.TypeF16, gguf.TypeBF16:
+		chunkVals = 512
+	}
+	nchunk := (m.Cols + chunkVals - 1) / chunkVals
+	groups := (m.Rows + rows - 1) / rows * problems
+	ks := w.mvKS
+	if ks == 0 {
+		ks = mvSplit(groups, nchunk, w.sms, m.Type == gguf.TypeQ4_K || m.Type == gguf.TypeQ5_K)
+	}
+	p.ks = int32(ks)
+	perCTA := mvWarps / ks * rows
+	grid := cudadrv.Dim3{X: uint32((m.Rows + perCTA - 1) / perCTA), Y: uint32(problems), Z: 1}
+	var b [112]byte
+	p.encode(&b)
+	return launch(f, s, grid, cudadrv.D1(32*mvWarps), 0, func(a *cudadrv.Args) { a.Bytes(b[:]) })
+}
+
+// mvSplit picks the number of warps that share a row (1, 2 or 4) for
+// groups row groups of nchunk chunks on sms multiprocessors. Measured on
+// an H200 (docs/bench/gpu-kernels.md): with enough row groups to give every
+// multiprocessor 24 warps, whole rows per warp stream best; otherwise rows
+// split only as far as it takes to reach half that, since an uneven split
+// (5 chunks over 2 or 4 warps) idles warps. Long rows (over 8 chunks) of
+// the staged kernels split 4 ways (their loads run only one chunk ahead);
+// the direct Q4_K/Q5_K kernels (direct) keep whole rows there too.
+func mvSplit(groups, nchunk, sms int, direct bool) int {
+	target := 24 * sms
+	ks := 1
+	switch {
+	case groups >= target:
+	case nchunk <= 8 || direct:
+		for ks < mvWarps && groups*ks < target/2 {
+			ks *= 2
+		}
+	default:
+		ks = mvWarps
+	}
+	for ks > 1 && ks > nchunk {
+		ks /= 2
+	}
+	return ks
+}
+
+// MatVecQ8_1 queues out[t][r] = W[r] . xq[t] for t < nTok <= 8 on the
+// integer path: m a quantized type, xq nTok rows of m.Cols activations
+// from QuantizeQ8_1, out rows ldOut floats apart.
+func (w *WeightOps) MatVecQ8_1(s *cudadrv.Stream, m Matrix, xq cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr, ldOut int) error {
+	k, err := w.kernels(m)
+	if err != nil {
+		return err
+	}
+	if isFloat(m.Type) {
+		return fmt.Errorf("kernels: MatVecQ8_1 of %s weights: use MatVecF32", m.Type)
+	}
+	p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
+		xq: xq, xds: xq.Add(align16(nTok * m.Cols)), ntok: int32(nTok), out: out, ldOut: int64(ldOut), actDiv: 1}
+	return w.mvLaunch(s, k, m, &p, nTok, 1)
+}
+
+// MatVecF32 queues out[t][r] = W[r] . x[t] for t < nTok <= 8 for float
+// weights (F32, F16, BF16) and f32 activations x, ldx values apart.
+func (w *WeightOps) MatVecF32(s *cudadrv.Stream, m Matrix, x cudadrv.DevicePtr, ldx, nTok int, out cudadrv.DevicePtr, ldOut int) error {
+	k, err := w.kernels(m)
+	if err != nil {
+		return err
+	}
+	if !isFloat(m.Type) {
+		return fmt.Errorf("kernels: MatVecF32 of %s weights: quantize the activations and use MatVecQ8_1", m.Type)
+	}
+	p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
+		x: x, ldx: int64(ldx), ntok: int32(nTok), out: out, ldOut: int64(ldOut), actDiv: 1}
+	return w.mvLaunch(s, k, m, &p, nTok, 1)
+}
+
+// ---- tensor-core matrix products
+
+const mmTile = 128 // MM_BM = MM_BN
+
+// MatMulF16 queues out[t][r] = W[r] . xh[t] for all t < nTok on the tensor
+// cores: xh nTok rows of f16 activations from ConvertF16 (stride
+// F16Stride(m.Cols)), any weight type.
+func (w *WeightOps) MatMulF16(s *cudadrv.Stream, m Matrix, xh cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr, ldOut int) error {
+	k, err := w.kernels(m)
+	if err != nil {
+		return err
+	}
+	if nTok < 1 {
+		return fmt.Errorf("kernels: matmul of %d tokens", nTok)
+	}
+	grid := cudadrv.Dim3{X: uint32(cudadrv.Blocks(m.Rows, mmTile)), Y: uint32(cudadrv.Blocks(nTok, mmTile)), Z: 1}
+	return w.mmLaunch(s, k, m, grid, 0, xh, nTok, 0, 0, 0, out, ldOut)
+}
+
+func (w *WeightOps) mmLaunch(s *cudadrv.Stream, k *typeKernels, m Matrix, grid cudadrv.Dim3, expertBytes int, xh cudadrv.DevicePtr, nTok int, tiles, ntiles, perm, out cudadrv.DevicePtr, ldOut int) error {
+	return launch(k.mm, s, grid, cudadrv.D1(256), 0, func(a *cudadrv.Args) {
+		a.Ptr(m.Data).I64(int64(m.RowBytes())).I32(int32(m.Rows)).I32(int32(m.Cols)).I64(int64(expertBytes)).
+			Ptr(xh).I32(int32(F16Stride(m.Cols))).I32(int32(nTok)).Ptr(tiles).Ptr(ntiles).Ptr(perm).Ptr(out).I64(int64(ldOut))
+	})
+}
+
+// ---- the dispatcher
+
+// MatMulScratchBytes is the scratch MatMul needs for nTok tokens.
+func MatMulScratchBytes(m Matrix, nTok int) int {
+	switch {
+	case nTok > MatVecMaxTokens:
+		return F16Bytes(nTok, m.Cols)
+	case isFloat(m.Type):
+		return 0
+	}
+	return Q8_1Bytes(nTok, m.Cols)
+}
+
+// MatMul queues out[t][r] = W[r] . x[t] for t < nTok: x holds nTok rows of
+// m.Cols f32 activations ldx values apart, out nTok rows ldOut floats
+// apart. Up to MatVecMaxTokens tokens it quantizes x to Q8_1 in scratch
+// and runs the integer matvec (float weights: the float matvec on x), above
+// it converts x to f16 in scratch and runs the tensor-core kernel. scratch:
+// MatMulScratchBytes(m, nTok) bytes, 16-byte aligned.
+func (w *WeightOps) MatMul(s *cudadrv.Stream, m Matrix, x cudadrv.DevicePtr, ldx, nTok int, out cudadrv.DevicePtr, ldOut int, scratch cudadrv.DevicePtr) error {
+	switch {
+	case nTok > MatVecMaxTokens:
+		if err := w.ConvertF16(s, x, ldx, nTok, m.Cols, scratch); err != nil {
+			return err
+		}
+		return w.MatMulF16(s, m, scratch, nTok, out, ldOut)
+	case isFloat(m.Type):
+		return w.MatVecF32(s, m, x, ldx, nTok, out, ldOut)
+	}
+	if err := w.QuantizeQ8_1(s, x, ldx, nTok, m.Cols, scratch); err != nil {
+		return err
+	}
+	return w.MatVecQ8_1(s, m, scratch, nTok, out, ldOut)
+}
+
+// ---- embedding rows
+
+// GetRows queues out[i][0:m.Cols] = row ids[i] of m, dequantized to f32,
+// for i < n: ids is a device array of n int32 row indices (each in
+// [0, m.Rows)), out rows ldOut floats apart. The values are bit-identical
+// to ops' Dequantize.
+func (w *WeightOps) GetRows(s *cudadrv.Stream, m Matrix, ids cudadrv.DevicePtr, n int, out cudadrv.DevicePtr, ldOut int) error {
+	k, err := w.kernels(m)
+	if err != nil {
+		return err
+	}
+	if n < 1 {
+		return fmt.Errorf("kernels: get_rows of %d rows", n)
+	}
+	threads := min(256, max(32, (m.Cols/16+31)&^31))
+	return launch(k.getRows, s, cudadrv.D1(min(n, 65535)), cudadrv.D1(threads), 0, func(a *cudadrv.Args) {
+		a.Ptr(m.Data).I64(int64(m.RowBytes())).I32(int32(m.Cols)).Ptr(ids).I32(int32(n)).Ptr(out).I64(int64(ldOut))
+	})
+}
+
+// ---- mixture of experts
+
+// MoE describes an expert product: the stack holds NExpert matrices (each
+// of Matrix's shape) back to back; token t chose the K experts
+// ids[t*K : t*K+K] (a device array of nTok*K int32). Slot p = t*K + j is
+// token t's j-th choice. With PerSlot the input of slot p is row p of x
+// (nTok*K rows: the down projection after a per-expert activation),
+// otherwise row t (the K slots of a token share its input: gate and up).
+type MoE struct {
+	Matrix
+	NExpert int
+	K       int
+	PerSlot bool
+}
+
+// MoEMatVecMaxTokens is the largest token count MoEMatMul computes with
+// the matrix-vector kernels, one problem per slot.
+const MoEMatVecMaxTokens = 8
+
+func (e MoE) inputRows(nTok int) int {
+	if e.PerSlot {
+		return nTok * e.K
+	}
+	return nTok
+}
+
+// moeLayout returns the offsets in the grouped path's scratch of perm
+// (nslots int32), tiles (maxTiles int4), ntiles (int32) and the f16
+// activations, and the total size.
+func (e MoE) moeLayout(nTok int) (perm, tiles, ntiles, xh, total, maxTiles int) {
+	nslots := nTok * e.K
+	maxTiles = cudadrv.Blocks(nslots, mmTile) + min(e.NExpert, nslots)
+	perm = 0
+	tiles = align16(4 * nslots)
+	ntiles = tiles + 16*maxTiles
+	xh = ntiles + 16
+	total = xh + F16Bytes(nslots, e.Cols)
+	return
+}
+
+// MoEScratchBytes is the scratch MoEMatMul needs for nTok tokens.
+func MoEScratchBytes(e MoE, nTok int) int {
+	if nTok > MoEMatVecMaxTokens {
+		_, _, _, _, total, _ := e.moeLayout(nTok)
+		return total
+	}
+	if isFloat(e.Type) {
+		return 0
+	}
+	return Q8_1Bytes(e.inputRows(nTok), e.Cols)
+}
+
+// maxMoEExperts bounds NExpert: moe_group keeps 3 ints per expert in 48 KiB
+// of shared memory.
+const maxMoEExperts = 4096
+
+// MoEMatMul queues, for every slot p = t*K + j of nTok tokens, out[p][r] =
+// W_e[r] . input(p) with e = ids[p]: only the chosen experts' weights are
+// read. x holds the inputs (e.PerSlot: nTok*K rows, else nTok rows) of
+// e.Cols f32 values ldx apart; out has nTok*K rows ldOut floats apart.
+// Ids outside [0, NExpert) leave their slot's output unwritten. Up to
+// MoEMatVecMaxTokens tokens every slot is a matvec (integer for quantized
+// weights); above, the slots are grouped by expert on the device
+// (moe_group) and each expert's group runs through the tensor-core kernel.
+// scratch: MoEScratchBytes(e, nTok), 16-byte aligned.
+func (w *WeightOps) MoEMatMul(s *cudadrv.Stream, e MoE, ids cudadrv.DevicePtr, x cudadrv.DevicePtr, ldx, nTok int, out cudadrv.DevicePtr, ldOut int, scratch cudadrv.DevicePtr) error {
+	k, err := w.kernels(e.Matrix)
+	if err != nil {
+		return err
+	}
+	if e.K < 1 || e.NExpert < 1 || e.NExpert > maxMoEExperts || nTok < 1 {
+		return fmt.Errorf("kernels: MoE of %d experts, %d per token, %d tokens", e.NExpert, e.K, nTok)
+	}
+	actDiv := e.K
+	if e.PerSlot {
+		actDiv = 1
+	}
+	nslots := nTok * e.K
+	if nTok <= MoEMatVecMaxTokens {
+		p := mvArgs{w: e.Data, rowBytes: int64(e.RowBytes()), rows: int32(e.Rows), cols: int32(e.Cols),
+			ntok: 1, out: out, ldOut: int64(ldOut), ids: ids, expertBytes: int64(e.Bytes()), actDiv: int32(actDiv)}
+		if isFloat(e.Type) {
+			p.x, p.ldx = x, int64(ldx)
+		} else {
+			rows := e.inputRows(nTok)
+			if err := w.QuantizeQ8_1(s, x, ldx, rows, e.Cols, scratch); err != nil {
+				return err
+			}
+			p.xq, p.xds = scratch, scratch.Add(align16(rows*e.Cols))
+		}
+		return w.mvLaunch(s, k, e.Matrix, &p, 1, nslots)
+	}
+	permOff, tilesOff, ntilesOff, xhOff, _, maxTiles := e.moeLayout(nTok)
+	perm, tiles, ntiles, xh := scratch.Add(permOff), scratch.Add(tilesOff), scratch.Add(ntilesOff), scratch.Add(xhOff)
+	err = launch(w.moeGroup, s, cudadrv.D1(1), cudadrv.D1(1024), 12*e.NExpert, func(a *cudadrv.Args) {
+		a.Ptr(ids).I32(int32(nslots)).I32(int32(e.NExpert)).I32(mmTile).Ptr(perm).Ptr(tiles).Ptr(ntiles)
+	})
+	if err != nil {
+		return err
+	}
+	if err := w.convert(s, x, ldx, nslots, e.Cols, perm, actDiv, xh); err != nil {
+		return err
+	}
+	grid := cudadrv.Dim3{X: uint32(cudadrv.Blocks(e.Rows, mmTile)), Y: uint32(maxTiles), Z: 1}
+	return w.mmLaunch(s, k, e.Matrix, grid, e.Bytes(), xh, nslots, tiles, ntiles, perm, out, ldOut)
+}

@@ -1,0 +1,793 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/atsinfer/ats/cudadrv"
+	"github.com/atsinfer/ats/gguf"
+	"github.com/atsinfer/ats/ops"
+)
+
+// The weight kernels against the CPU, like llama.cpp's test-backend-ops: a
+// table of op x weight type x shape, each run on fresh random inputs into
+// NaN-poisoned outputs (with a poisoned pad after every output row, which
+// must survive) and compared by normalised mean squared error
+// (sum (gpu-ref)^2 / sum ref^2; see woCheck for few outputs) with a bound
+// per op. Subtests are named
+// op=<op>/type=<type>/rows=<r>/cols=<c>/ntok=<n>[/<variant>], so -run
+// selects any slice of the table, e.g.
+//
+//	go test ./cudadrv/kernels -run 'TestWeightOps/op=matvec/type=Q4_K'
+//
+// Ops and their references (float64 sums over ops' dequantized weights):
+//
+//	quantize  GPU Q8_1 vs ops.Quantize(Q8_1): quants and scales equal
+//	matvec    MatMul with ntok <= 8: quantized types against the GPU's own
+//	          Q8_1 activations (the integer path is exact up to float32
+//	          sums: bound 1e-8) and, loosely, against the f32 activations
+//	          (activation quantization noise: 5e-4); float types against
+//	          the f32 activations (1e-9)
+//	matmul    MatMul with ntok > 8 (f16 tensor cores) against the f32
+//	          activations: 1e-4
+//	getrows   GetRows against ops.DequantizeRow: bit-identical
+//	moe       MoEMatMul, decode (ntok <= 8, matvec) and grouped (tensor
+//	          cores), shared and per-slot inputs, same bounds
+//	graph     MatMul and MoEMatMul captured into a CUDA graph and replayed:
+//	          identical to direct launches
+//
+// The seed is random per run and logged; WEIGHTOPS_SEED=<n> repeats a run.
+// Without a CUDA driver and device the tests skip and say why.
+
+const (
+	woBoundQuant = 1e-8 // integer matvec vs its own Q8_1 activations
+	woBoundAct   = 5e-4 // integer matvec vs unquantized activations
+	woBoundFloat = 1e-9 // float matvec (float32 FMA over float32 inputs)
+	woBoundF16   = 1e-4 // tensor-core path (f16 weights and activations)
+	woPoison     = 0x7fc00bad
+)
+
+var woFix struct {
+	once sync.Once
+	ctx  *cudadrv.Context
+	info cudadrv.DeviceInfo
+	w    *WeightOps
+	jit  time.Duration
+	err  error
+	seed uint64
+}
+
+// woSetup returns the shared context and loaded kernels, or skips.
+func woSetup(tb testing.TB) (*cudadrv.Context, *WeightOps) {
+	tb.Helper()
+	if ok, reason := cudadrv.Available(); !ok {
+		tb.Skip("skipping GPU weight-kernel test: " + reason)
+	}
+	woFix.once.Do(func() {
+		d, err := cudadrv.GetDevice(0)
+		if err != nil {
+			woFix.err = err
+			return
+		}
+		if woFix.info, err = d.Info(); err != nil {
+			woFix.err = err
+			return
+		}
+		if woFix.ctx, err = d.RetainPrimaryContext(); err != nil {
+			woFix.err = err
+			return
+		}
+		t0 := time.Now()
+		woFix.w, woFix.err = LoadWeightOps(woFix.ctx)
+		woFix.jit = time.Since(t0)
+		woFix.seed = rand.Uint64()
+		if s := os.Getenv("WEIGHTOPS_SEED"); s != "" {
+			woFix.seed, _ = strconv.ParseUint(s, 10, 64)
+		}
+	})
+	if woFix.err != nil {
+		tb.Fatalf("loading the weight kernels: %v", woFix.err)
+	}
+	return woFix.ctx, woFix.w
+}
+
+func woRand(salt string) *rand.Rand {
+	var h uint64 = 14695981039346656037
+	for i := 0; i < len(salt); i++ {
+		h = (h ^ uint64(salt[i])) * 1099511628211
+	}
+	return rand.New(rand.NewPCG(woFix.seed, h))
+}
+
+// ---- device buffers
+
+type woBuf struct {
+	p cudadrv.DevicePtr
+	n int
+}
+
+func woAlloc(tb testing.TB, ctx *cudadrv.Context, n int) woBuf {
+	tb.Helper()
+	p, err := ctx.Alloc(max(n, 16))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { ctx.Free(p) })
+	return woBuf{p, n}
+}
+
+func woUpload(tb testing.TB, ctx *cudadrv.Context, b []byte) woBuf {
+	tb.Helper()
+	d := woAlloc(tb, ctx, len(b))
+	if err := ctx.CopyHtoD(d.p, b); err != nil {
+		tb.Fatal(err)
+	}
+	return d
+}
+
+func woDownload(tb testing.TB, ctx *cudadrv.Context, d woBuf) []byte {
+	tb.Helper()
+	if err := ctx.Synchronize(); err != nil {
+		tb.Fatal(err)
+	}
+	b := make([]byte, d.n)
+	if err := ctx.CopyDtoH(b, d.p); err != nil {
+		tb.Fatal(err)
+	}
+	return b
+}
+
+// woPoisoned allocates n float32s of NaN poison.
+func woPoisoned(tb testing.TB, ctx *cudadrv.Context, n int) woBuf {
+	tb.Helper()
+	d := woAlloc(tb, ctx, 4*n)
+	if err := ctx.MemsetD32(d.p, woPoison, n); err != nil {
+		tb.Fatal(err)
+	}
+	return d
+}
+
+func woF32s(v []float32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	return b
+}
+
+func woI32s(v []int32) []byte {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], uint32(x))
+	}
+	return b
+}
+
+// woGauss returns n normal values; every row of cols gets its own scale,
+// so blocks see varied magnitudes.
+func woGauss(r *rand.Rand, n, cols int) []float32 {
+	v := make([]float32, n)
+	var s float64
+	for i := range v {
+		if i%cols == 0 {
+			s = math.Exp(r.NormFloat64())
+		}
+		v[i] = float32(r.NormFloat64() * s)
+	}
+	return v
+}
+
+// ---- weights, cached per (type, rows, cols, experts)
+
+type woWeight struct {
+	m   Matrix
+	raw []byte
+	deq []float32 // rows*experts x cols, ops' dequantization
+}
+
+var woWeights = map[string]*woWeight{}
+
+func woGetWeight(tb testing.TB, ctx *cudadrv.Context, t gguf.Type, rows, cols, experts int) *woWeight {
+	tb.Helper()
+	key := fmt.Sprint(t, rows, cols, experts)
+	if w, ok := woWeights[key]; ok {
+		return w
+	}
+	m := Matrix{Type: t, Rows: rows, Cols: cols}
+	rb := m.RowBytes()
+	n := rows * experts
+	src := woGauss(woRand("w"+key), n*cols, cols)
+	raw := make([]byte, n*rb)
+	deq := make([]float32, n*cols)
+	woParallel(n, func(r int) {
+		if err := ops.Quantize(t, raw[r*rb:(r+1)*rb], src[r*cols:(r+1)*cols]); err != nil {
+			panic(err)
+		}
+		if err := ops.DequantizeRow(t, deq[r*cols:(r+1)*cols], raw[r*rb:(r+1)*rb]); err != nil {
+			panic(err)
+		}
+	})
+	p, err := ctx.Alloc(len(raw))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := ctx.CopyHtoD(p, raw); err != nil {
+		tb.Fatal(err)
+	}
+	m.Data = p
+	w := &woWeight{m: m, raw: raw, deq: deq}
+	woWeights[key] = w
+	return w
+}
+
+func woFreeWeights(ctx *cudadrv.Context) {
+	for k, w := range woWeights {
+		ctx.Free(w.m.Data)
+		delete(woWeights, k)
+	}
+}
+
+// woParallel runs f(0..n-1) on all cores.
+func woParallel(n int, f func(i int)) {
+	nw := min(n, runtime.NumCPU())
+	var wg sync.WaitGroup
+	for w := range nw {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < n; i += nw {
+				f(i)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// ---- checks
+
+// woCheck compares the nRows x rows outputs in got (rows ldOut floats
+// apart; the pad after each row must still be poison) with the reference
+// and fails above bound. It returns the normalised error
+// sum (gpu-ref)^2 / max(sum ref^2, sum_outputs sum_k (w_k x_k)^2): the
+// plain NMSE wherever there are many outputs, and for a handful of
+// outputs, whose dot products may cancel far below the size of their
+// terms, the error relative to the terms, which rounding and activation
+// quantization errors scale with.
+func woCheck(tb testing.TB, what string, got []byte, ldOut, rows int, ref woRef, bound float64) float64 {
+	tb.Helper()
+	nRows := len(ref.v) / rows
+	var num, den, terms float64
+	bad := 0
+	for t := 0; t < nRows; t++ {
+		for c := 0; c < ldOut; c++ {
+			bits := binary.LittleEndian.Uint32(got[4*(t*ldOut+c):])
+			if c >= rows {
+				if bits != woPoison && bad < 5 {
+					tb.Errorf("%s: pad [%d][%d] overwritten (%#x)", what, t, c, bits)
+					bad++
+				}
+				continue
+			}
+			g := float64(math.Float32frombits(bits))
+			r := ref.v[t*rows+c]
+			terms += ref.terms[t*rows+c]
+			if math.IsNaN(g) || math.IsInf(g, 0) {
+				if bad < 5 {
+					tb.Errorf("%s: out[%d][%d] = %v (ref %v)", what, t, c, g, r)
+				}
+				bad++
+				continue
+			}
+			num += (g - r) * (g - r)
+			den += r * r
+		}
+	}
+	nmse := num / max(den, terms, 1e-300)
+	if bad > 0 {
+		tb.Fatalf("%s: %d bad outputs", what, bad)
+	}
+	if nmse > bound {
+		tb.Errorf("%s: NMSE %.3g above %.1g", what, nmse, bound)
+	}
+	return nmse
+}
+
+// woQ8 decodes GPU Q8_1 activations (nRows x cols) to float64 values.
+func woQ8(b []byte, nRows, cols int) []float64 {
+	ds := b[align16(nRows*cols):]
+	v := make([]float64, nRows*cols)
+	for i := range v {
+		d := math.Float32frombits(binary.LittleEndian.Uint32(ds[8*(i/32):]))
+		v[i] = float64(int8(b[i])) * float64(d)
+	}
+	return v
+}
+
+// woRef holds reference outputs and, per output, the sum of its squared
+// terms.
+type woRef struct{ v, terms []float64 }
+
+// woDot computes ref[t*rows + r] = sum_k deq[wrow(t, r)][k] * x[xrow(t)][k].
+func woDot(deq []float32, cols int, x []float64, ldx int, nOut, rows int, wrow func(t, r int) int, xrow func(t int) int) woRef {
+	ref := woRef{make([]float64, nOut*rows), make([]float64, nOut*rows)}
+	woParallel(nOut*rows, func(i int) {
+		t, r := i/rows, i%rows
+		w := deq[wrow(t, r)*cols:][:cols]
+		xv := x[xrow(t)*ldx:][:cols]
+		var s, s2 float64
+		for k, wv := range w {
+			p := float64(wv) * xv[k]
+			s += p
+			s2 += p * p
+		}
+		ref.v[i], ref.terms[i] = s, s2
+	})
+	return ref
+}
+
+func woF64(v []float32) []float64 {
+	o := make([]float64, len(v))
+	for i, x := range v {
+		o[i] = float64(x)
+	}
+	return o
+}
+
+// ---- the table
+
+type woCase struct {
+	op               string
+	typ              gguf.Type
+	rows, cols, ntok int
+	variant          string // matvec: "ks=N", "r=N"; moe: "k=K/perslot=B"
+}
+
+func (c woCase) name() string {
+	s := fmt.Sprintf("op=%s/type=%s/rows=%d/cols=%d/ntok=%d", c.op, c.typ, c.rows, c.cols, c.ntok)
+	if c.op == "quantize" {
+		s = fmt.Sprintf("op=quantize/ntok=%d/cols=%d", c.ntok, c.cols)
+	}
+	if c.variant != "" {
+		s += "/" + c.variant
+	}
+	return s
+}
+
+func woColsFor(t gguf.Type) []int {
+	info, _ := t.Info()
+	switch {
+	case info.BlockSize == 256:
+		return []int{256, 1280, 5120}
+	case info.BlockSize == 32:
+		return []int{32, 1056, 5120}
+	}
+	return []int{32, 100, 1000, 5120}
+}
+
+func woCases() []woCase {
+	var cs []woCase
+	for _, sh := range [][2]int{{1, 32}, {3, 96}, {8, 5120}, {300, 4096}} {
+		cs = append(cs, woCase{op: "quantize", ntok: sh[0], cols: sh[1]})
+	}
+	for _, t := range WeightTypes {
+		cols := woColsFor(t)
+		for _, rows := range []int{1, 7, 33, 4096 + 13} {
+			for _, c := range cols {
+				if rows > 33 && c > 1280 {
+					continue
+				}
+				for _, n := range []int{1, 2, 3, 8} {
+					if rows > 33 && (n == 2 || n == 3) {
+						continue
+					}
+					cs = append(cs, woCase{op: "matvec", typ: t, rows: rows, cols: c, ntok: n})
+				}
+				for _, n := range []int{9, 64, 300} {
+					if rows*c*n > 200_000_000 {
+						continue
+					}
+					cs = append(cs, woCase{op: "matmul", typ: t, rows: rows, cols: c, ntok: n})
+				}
+			}
+		}
+		// The K split and row-group variants of the matvec.
+		big := cols[len(cols)-1]
+		for _, ks := range []int{1, 2, 4} {
+			cs = append(cs, woCase{op: "matvec", typ: t, rows: 33, cols: big, ntok: 1, variant: fmt.Sprintf("ks=%d", ks)})
+			cs = append(cs, woCase{op: "matvec", typ: t, rows: 33, cols: big, ntok: 8, variant: fmt.Sprintf("ks=%d", ks)})
+		}
+		if t == gguf.TypeQ4_K || t == gguf.TypeQ6_K || t == gguf.TypeQ8_0 {
+			for _, r := range []int{1, 4} {
+				cs = append(cs, woCase{op: "matvec", typ: t, rows: 33, cols: big, ntok: 1, variant: fmt.Sprintf("r=%d", r)})
+				cs = append(cs, woCase{op: "matvec", typ: t, rows: 4096 + 13, cols: cols[1], ntok: 1, variant: fmt.Sprintf("r=%d", r)})
+			}
+		}
+		for _, c := range cols[:2] {
+			cs = append(cs, woCase{op: "getrows", typ: t, rows: 33, cols: c, ntok: 20})
+		}
+		for _, n := range []int{1, 5, 40, 300} {
+			for _, perSlot := range []bool{false, true} {
+				cs = append(cs, woCase{op: "moe", typ: t, rows: 33, cols: cols[1], ntok: n, variant: fmt.Sprintf("k=4/perslot=%v", perSlot)})
+			}
+		}
+		cs = append(cs, woCase{op: "graph", typ: t, rows: 33, cols: cols[1], ntok: 1})
+	}
+	return cs
+}
+
+func TestWeightOps(t *testing.T) {
+	ctx, w := woSetup(t)
+	t.Logf("%s (CC %d.%d, %d SMs): weight kernels loaded (JIT) in %v; seed %d (WEIGHTOPS_SEED)",
+		woFix.info.Name, woFix.info.Major, woFix.info.Minor, woFix.info.Multiprocessors, woFix.jit, woFix.seed)
+	t.Cleanup(func() { woFreeWeights(ctx) })
+	type worst struct {
+		nmse float64
+		name string
+	}
+	summary := map[string]*worst{}
+	var mu sync.Mutex
+	note := func(key string, nmse float64, name string) {
+		mu.Lock()
+		defer mu.Unlock()
+		if summary[key] == nil || nmse > summary[key].nmse {
+			summary[key] = &worst{nmse, name}
+		}
+	}
+	counts := map[string][2]int{}
+	for _, c := range woCases() {
+		ok := t.Run(c.name(), func(t *testing.T) {
+			switch c.op {
+			case "quantize":
+				woTestQuantize(t, ctx, w, c)
+			case "matvec", "matmul":
+				woTestMatMul(t, ctx, w, c, note)
+			case "getrows":
+				woTestGetRows(t, ctx, w, c)
+			case "moe":
+				woTestMoE(t, ctx, w, c, note)
+			case "graph":
+				woTestGraph(t, ctx, w, c)
+			}
+		})
+		k := c.op
+		if c.op != "quantize" {
+			k = c.op + "/" + c.typ.String()
+		}
+		n := counts[k]
+		n[0]++
+		if !ok {
+			n[1]++
+		}
+		counts[k] = n
+	}
+	// The summary: cases and failures per op and type, worst NMSE per check.
+	var keys []string
+	for _, op := range []string{"quantize", "matvec", "matmul", "getrows", "moe", "graph"} {
+		if op == "quantize" {
+			keys = append(keys, op)
+			continue
+		}
+		for _, typ := range WeightTypes {
+			keys = append(keys, op+"/"+typ.String())
+		}
+	}
+	var lines []string
+	for _, k := range keys {
+		n, ok := counts[k]
+		if !ok {
+			continue
+		}
+		line := fmt.Sprintf("%-16s cases %3d failed %d", k, n[0], n[1])
+		for _, chk := range []string{"q8", "act", "f32", "f16"} {
+			if s := summary[k+"/"+chk]; s != nil {
+				line += fmt.Sprintf("  %s %.1e", chk, s.nmse)
+			}
+		}
+		lines = append(lines, line)
+	}
+	t.Logf("op table (worst NMSE per check: q8 = vs the GPU's Q8_1 activations, act = vs f32 activations through Q8_1, f32 = float path, f16 = tensor cores):\n%s",
+		joinLines(lines))
+}
+
+func joinLines(l []string) string {
+	s := ""
+	for _, x := range l {
+		s += x + "\n"
+	}
+	return s
+}
+
+func woTestQuantize(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase) {
+	ldx := c.cols + 3
+	x := woGauss(woRand(c.name()), c.ntok*ldx, ldx)
+	xd := woUpload(t, ctx, woF32s(x))
+	q := woAlloc(t, ctx, Q8_1Bytes(c.ntok, c.cols))
+	if err := ctx.MemsetD8(q.p, 0xa5, q.n); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.QuantizeQ8_1(nil, xd.p, ldx, c.ntok, c.cols, q.p); err != nil {
+		t.Fatal(err)
+	}
+	got := woDownload(t, ctx, q)
+	ds := got[align16(c.ntok*c.cols):]
+	ref := make([]byte, c.cols/32*36)
+	for tk := 0; tk < c.ntok; tk++ {
+		if err := ops.Quantize(gguf.TypeQ8_1, ref, x[tk*ldx:tk*ldx+c.cols]); err != nil {
+			t.Fatal(err)
+		}
+		for b := 0; b < c.cols/32; b++ {
+			blk := ref[36*b:]
+			gi := tk*c.cols/32 + b
+			d := math.Float32frombits(binary.LittleEndian.Uint32(ds[8*gi:]))
+			s := math.Float32frombits(binary.LittleEndian.Uint32(ds[8*gi+4:]))
+			if h := ops.F32ToF16(d); h != binary.LittleEndian.Uint16(blk) {
+				t.Fatalf("token %d block %d: d = %v (f16 %#x), ops has f16 %#x", tk, b, d, h, binary.LittleEndian.Uint16(blk))
+			}
+			sum := 0
+			for j := 0; j < 32; j++ {
+				g := got[tk*c.cols+32*b+j]
+				if g != blk[4+j] {
+					t.Fatalf("token %d value %d: q = %d, ops has %d", tk, 32*b+j, int8(g), int8(blk[4+j]))
+				}
+				sum += int(int8(g))
+			}
+			if s != float32(sum)*d {
+				t.Fatalf("token %d block %d: d*sum = %v, want %v", tk, b, s, float32(sum)*d)
+			}
+		}
+	}
+}
+
+func woTestMatMul(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, note func(string, float64, string)) {
+	wt := woGetWeight(t, ctx, c.typ, c.rows, c.cols, 1)
+	m := wt.m
+	ldx := c.cols + 4
+	if c.ntok%2 == 0 {
+		ldx = c.cols + 3
+	}
+	ldOut := c.rows + 3
+	x := woGauss(woRand(c.name()), c.ntok*ldx, ldx)
+	xd := woUpload(t, ctx, woF32s(x))
+	out := woPoisoned(t, ctx, c.ntok*ldOut)
+	scratch := woAlloc(t, ctx, MatMulScratchBytes(m, c.ntok))
+	switch c.variant {
+	case "ks=1", "ks=2", "ks=4":
+		w.mvKS = int(c.variant[3] - '0')
+	case "r=1", "r=4":
+		w.mvRows = int(c.variant[2] - '0')
+	}
+	err := w.MatMul(nil, m, xd.p, ldx, c.ntok, out.p, ldOut, scratch.p)
+	w.mvKS, w.mvRows = 0, 0
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := woDownload(t, ctx, out)
+	key := c.op + "/" + c.typ.String()
+	wrow := func(_, r int) int { return r }
+	xrow := func(t int) int { return t }
+	refAct := woDot(wt.deq, c.cols, woF64(x), ldx, c.ntok, c.rows, wrow, xrow)
+	switch {
+	case c.op == "matmul":
+		note(key+"/f16", woCheck(t, "vs f32 activations", got, ldOut, c.rows, refAct, woBoundF16), c.name())
+	case isFloat(c.typ):
+		note(key+"/f32", woCheck(t, "vs f32 activations", got, ldOut, c.rows, refAct, woBoundFloat), c.name())
+	default:
+		xq := woQ8(woDownload(t, ctx, woBuf{scratch.p, Q8_1Bytes(c.ntok, c.cols)}), c.ntok, c.cols)
+		refQ := woDot(wt.deq, c.cols, xq, c.cols, c.ntok, c.rows, wrow, xrow)
+		note(key+"/q8", woCheck(t, "vs GPU Q8_1 activations", got, ldOut, c.rows, refQ, woBoundQuant), c.name())
+		note(key+"/act", woCheck(t, "vs f32 activations", got, ldOut, c.rows, refAct, woBoundAct), c.name())
+	}
+}
+
+func woTestGetRows(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase) {
+	wt := woGetWeight(t, ctx, c.typ, c.rows, c.cols, 1)
+	r := woRand(c.name())
+	ids := make([]int32, c.ntok)
+	for i := range ids {
+		ids[i] = int32(r.IntN(c.rows))
+	}
+	ids[0], ids[len(ids)-1] = 0, int32(c.rows-1)
+	idd := woUpload(t, ctx, woI32s(ids))
+	ldOut := c.cols + 3
+	out := woPoisoned(t, ctx, c.ntok*ldOut)
+	if err := w.GetRows(nil, wt.m, idd.p, c.ntok, out.p, ldOut); err != nil {
+		t.Fatal(err)
+	}
+	got := woDownload(t, ctx, out)
+	for i, id := range ids {
+		for j := 0; j < ldOut; j++ {
+			bits := binary.LittleEndian.Uint32(got[4*(i*ldOut+j):])
+			want := uint32(woPoison)
+			if j < c.cols {
+				want = math.Float32bits(wt.deq[int(id)*c.cols+j])
+			}
+			if bits != want {
+				t.Fatalf("row %d (id %d) value %d: %#x (%v), want %#x (%v)", i, id, j, bits,
+					math.Float32frombits(bits), want, math.Float32frombits(want))
+			}
+		}
+	}
+}
+
+func woMoEIDs(r *rand.Rand, nTok, k, nExp int) []int32 {
+	ids := make([]int32, nTok*k)
+	for tk := 0; tk < nTok; tk++ {
+		perm := r.Perm(nExp)
+		for j := 0; j < k; j++ {
+			ids[tk*k+j] = int32(perm[j])
+		}
+	}
+	return ids
+}
+
+const woExperts = 6
+
+func woTestMoE(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, note func(string, float64, string)) {
+	const k = 4
+	perSlot := c.variant == "k=4/perslot=true"
+	wt := woGetWeight(t, ctx, c.typ, c.rows, c.cols, woExperts)
+	e := MoE{Matrix: wt.m, NExpert: woExperts, K: k, PerSlot: perSlot}
+	r := woRand(c.name())
+	ids := woMoEIDs(r, c.ntok, k, woExperts)
+	inRows := e.inputRows(c.ntok)
+	ldx := c.cols + 4
+	x := woGauss(r, inRows*ldx, ldx)
+	xd := woUpload(t, ctx, woF32s(x))
+	idd := woUpload(t, ctx, woI32s(ids))
+	ldOut := c.rows + 3
+	nslots := c.ntok * k
+	out := woPoisoned(t, ctx, nslots*ldOut)
+	scratch := woAlloc(t, ctx, MoEScratchBytes(e, c.ntok))
+	if err := w.MoEMatMul(nil, e, idd.p, xd.p, ldx, c.ntok, out.p, ldOut, scratch.p); err != nil {
+		t.Fatal(err)
+	}
+	got := woDownload(t, ctx, out)
+	wrow := func(p, row int) int { return int(ids[p])*c.rows + row }
+	xrow := func(p int) int {
+		if perSlot {
+			return p
+		}
+		return p / k
+	}
+	key := "moe/" + c.typ.String()
+	refAct := woDot(wt.deq, c.cols, woF64(x), ldx, nslots, c.rows, wrow, xrow)
+	switch {
+	case c.ntok > MoEMatVecMaxTokens:
+		note(key+"/f16", woCheck(t, "vs f32 activations", got, ldOut, c.rows, refAct, woBoundF16), c.name())
+	case isFloat(c.typ):
+		note(key+"/f32", woCheck(t, "vs f32 activations", got, ldOut, c.rows, refAct, woBoundFloat), c.name())
+	default:
+		xq := woQ8(woDownload(t, ctx, woBuf{scratch.p, Q8_1Bytes(inRows, c.cols)}), inRows, c.cols)
+		refQ := woDot(wt.deq, c.cols, xq, c.cols, nslots, c.rows, wrow, xrow)
+		note(key+"/q8", woCheck(t, "vs GPU Q8_1 activations", got, ldOut, c.rows, refQ, woBoundQuant), c.name())
+		note(key+"/act", woCheck(t, "vs f32 activations", got, ldOut, c.rows, refAct, woBoundAct), c.name())
+	}
+}
+
+// woTestGraph captures a decode matvec, a prefill matmul and both MoE paths
+// on a stream, replays the graph into fresh poison and compares with direct
+// launches: nothing in the launchers depends on the host between replays.
+func woTestGraph(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase) {
+	wt := woGetWeight(t, ctx, c.typ, c.rows, c.cols, 1)
+	we := woGetWeight(t, ctx, c.typ, c.rows, c.cols, woExperts)
+	e := MoE{Matrix: we.m, NExpert: woExperts, K: 2}
+	r := woRand(c.name())
+	const nBig = 40
+	x := woGauss(r, nBig*c.cols, c.cols)
+	xd := woUpload(t, ctx, woF32s(x))
+	idd := woUpload(t, ctx, woI32s(woMoEIDs(r, nBig, 2, woExperts)))
+	type job struct {
+		n       int
+		moe     bool
+		scratch woBuf
+		out     woBuf
+	}
+	jobs := []*job{{n: 1}, {n: nBig}, {n: 1, moe: true}, {n: nBig, moe: true}}
+	for _, j := range jobs {
+		if j.moe {
+			j.scratch = woAlloc(t, ctx, MoEScratchBytes(e, j.n))
+			j.out = woAlloc(t, ctx, 4*j.n*2*c.rows)
+		} else {
+			j.scratch = woAlloc(t, ctx, MatMulScratchBytes(wt.m, j.n))
+			j.out = woAlloc(t, ctx, 4*j.n*c.rows)
+		}
+	}
+	run := func(s *cudadrv.Stream) error {
+		for _, j := range jobs {
+			var err error
+			if j.moe {
+				err = w.MoEMatMul(s, e, idd.p, xd.p, c.cols, j.n, j.out.p, c.rows, j.scratch.p)
+			} else {
+				err = w.MatMul(s, wt.m, xd.p, c.cols, j.n, j.out.p, c.rows, j.scratch.p)
+			}
+			if err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	poison := func() {
+		for _, j := range jobs {
+			if err := ctx.MemsetD32(j.out.p, woPoison, j.out.n/4); err != nil {
+				t.Fatal(err)
+			}
+		}
+		// The memsets run on the legacy stream, which a non-blocking
+		// stream does not wait for.
+		if err := ctx.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	poison()
+	if err := run(nil); err != nil {
+		t.Fatal(err)
+	}
+	var direct [][]byte
+	for _, j := range jobs {
+		direct = append(direct, woDownload(t, ctx, j.out))
+	}
+	s, err := ctx.NewStream(cudadrv.StreamNonBlocking, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	g, err := s.Capture(cudadrv.CaptureRelaxed, func() error { return run(s) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Destroy()
+	ge, err := g.Instantiate(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ge.Destroy()
+	for rep := 0; rep < 2; rep++ {
+		poison()
+		if err := ge.Launch(s); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Synchronize(); err != nil {
+			t.Fatal(err)
+		}
+		for i, j := range jobs {
+			if got := woDownload(t, ctx, j.out); string(got) != string(direct[i]) {
+				t.Fatalf("replay %d, job %d (ntok %d, moe %v): differs from the direct launch", rep, i, j.n, j.moe)
+			}
+		}
+	}
+}
+
+// TestMVSplit pins the K-split choices measured best on an H200 (132 SMs,
+// 2 rows per row group; run 3 of docs/bench/gpu-kernels.md): see mvSplit.
+func TestMVSplit(t *testing.T) {
+	cases := []struct {
+		name           string
+		groups, nchunk int
+		direct         bool
+		want           int
+	}{
+		{"ffn_up 17408x5120", 8704, 5, false, 1},
+		{"attn_q 5120x5120", 2560, 5, false, 1},
+		{"attn_k 1024x5120", 512, 5, false, 4},
+		{"ffn_down 5120x17408, staged (Q6_K)", 2560, 17, false, 4},
+		{"ffn_down 5120x17408, direct (Q4_K)", 2560, 17, true, 1},
+		{"attn_k 1024x5120, direct (Q4_K)", 512, 5, true, 4},
+		{"moe gate 768x2048, 8 slots", 3072, 2, true, 1},
+		{"moe down 2048x768, 8 slots", 8192, 1, false, 1},
+		{"tiny 1x256", 1, 1, false, 1},
+		{"33x5120", 17, 5, false, 4},
+	}
+	for _, c := range cases {
+		if got := mvSplit(c.groups, c.nchunk, 132, c.direct); got != c.want {
+			t.Errorf("%s: mvSplit(%d, %d, direct=%v) = %d, want %d", c.name, c.groups, c.nchunk, c.direct, got, c.want)
+		}
+	}
+}
