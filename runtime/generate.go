@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/atsinfer/ats/runtime/chat"
@@ -85,6 +86,15 @@ func (s *Session) RenderChat(msgs []chat.Message, opt chat.Options) (string, err
 		opt.EOS = s.Tok.TokenText(s.Tok.EOS())
 	}
 	return s.Template.Render(msgs, opt)
+}
+
+// EncodeChat tokenizes a prompt rendered by the chat template: special
+// tokens are parsed, and BOS is added only when the tokenizer wants one and
+// the template did not already write it.
+func (s *Session) EncodeChat(text string) []int {
+	tok := s.Tok
+	addBOS := tok.AddBOS() && tok.BOS() >= 0 && !strings.HasPrefix(text, tok.TokenText(tok.BOS()))
+	return tok.Encode(text, addBOS, true)
 }
 
 // GenerateOptions control one generation.

@@ -74,7 +74,10 @@ stderr. Without -p the prompt is read from standard input.`,
 					}
 				}
 				// A chat-rendered prompt carries its own special tokens.
-				ids := s.Tok.Encode(text, s.Tok.AddBOS(), !raw)
+				ids := s.Tok.Encode(text, s.Tok.AddBOS(), false)
+				if !raw {
+					ids = s.EncodeChat(text)
+				}
 				if len(ids) == 0 {
 					return errors.New("run: the prompt is empty")
 				}

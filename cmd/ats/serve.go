@@ -1,0 +1,143 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/server"
+)
+
+func init() {
+	register(func() *cobra.Command {
+		var (
+			modelPath, host, apiKey, alias string
+			port, ctxSize, thrds, queue    int
+			grace                          time.Duration
+			verbose                        bool
+			sf                             samplingFlags
+		)
+		cmd := &cobra.Command{
+			Use:   "serve -m MODEL [--host 127.0.0.1] [--port 8080]",
+			Short: "Serve a model over HTTP with OpenAI's API",
+			Long: `serve answers OpenAI-style requests: POST /v1/chat/completions (streamed or
+not, with tools and reasoning), POST /v1/completions, GET /v1/models, and
+GET /health and GET /metrics (Prometheus).
+
+Requests take turns on the model; up to --queue of them wait while one is
+generated, and more get 503. A request that continues the previous
+conversation reuses its KV cache. The sampling flags set the defaults for
+requests that leave a setting out.
+
+Beyond loopback, set --api-key (or $ATS_API_KEY): clients then send
+"Authorization: Bearer KEY". On SIGINT or SIGTERM the server stops taking
+requests, lets running ones finish for --shutdown-grace, cancels the rest
+and exits; a second Ctrl-C quits at once.`,
+			Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				if modelPath == "" {
+					return errors.New("serve: -m MODEL is required")
+				}
+				if apiKey == "" {
+					apiKey = os.Getenv("ATS_API_KEY")
+				}
+				cfg, err := sf.config()
+				if err != nil {
+					return err
+				}
+				if len(sf.stop) > 0 {
+					return errors.New("serve: --stop is per request; send \"stop\" in the request instead")
+				}
+				stderr := cmd.ErrOrStderr()
+				level := slog.LevelWarn
+				if verbose {
+					level = slog.LevelInfo
+				}
+				log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+				warn := func(s string) { fmt.Fprintln(stderr, "ats: warning:", s) }
+
+				sess, err := loadSession(modelPath, runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds}, stderr, warn)
+				if err != nil {
+					return err
+				}
+				defer sess.Model.Close()
+				defer sess.Close()
+				srv, err := server.New(sess, server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log})
+				if err != nil {
+					return err
+				}
+				ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+				if err != nil {
+					return fmt.Errorf("serve: %w", err)
+				}
+				if apiKey == "" && !loopback(host) {
+					warn(fmt.Sprintf("serving on %s without --api-key: anyone who can reach this port can use the model", host))
+				}
+				// Catch the signals before saying we serve, so whoever waits
+				// for that line can stop us gracefully at once.
+				ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+				defer stop()
+				fmt.Fprintf(stderr, "ats: serving on http://%s (OpenAI API at http://%s/v1; tool calls: %s; queue %d)\n",
+					ln.Addr(), ln.Addr(), srv.ToolFormat(), queue)
+				served := make(chan error, 1)
+				go func() { served <- srv.Serve(ln) }()
+				select {
+				case err := <-served:
+					srv.Close()
+					return fmt.Errorf("serve: %w", err)
+				case <-ctx.Done():
+				}
+				// From now on a second signal kills the process the
+				// default way: the way out when the grace period is long.
+				stop()
+				fmt.Fprintf(stderr, "ats: shutting down: finishing running requests for up to %s (Ctrl-C again to quit now)\n", grace)
+				sctx, cancel := context.WithTimeout(context.Background(), grace)
+				defer cancel()
+				if err := srv.Shutdown(sctx); errors.Is(err, context.DeadlineExceeded) {
+					fmt.Fprintln(stderr, "ats: cancelled the requests still running")
+				} else if err != nil {
+					return fmt.Errorf("serve: shutdown: %w", err)
+				}
+				if err := <-served; err != nil {
+					return fmt.Errorf("serve: %w", err)
+				}
+				fmt.Fprintln(stderr, "ats: stopped")
+				return nil
+			},
+		}
+		f := cmd.Flags()
+		f.StringVarP(&modelPath, "model", "m", "", "GGUF model file")
+		f.StringVar(&host, "host", "127.0.0.1", "address to listen on (0.0.0.0: every interface)")
+		f.IntVar(&port, "port", 8080, "port to listen on (0: any free port)")
+		f.StringVar(&apiKey, "api-key", "", "require this key as \"Authorization: Bearer KEY\" (default $ATS_API_KEY)")
+		f.StringVar(&alias, "alias", "", "model id in the API (default: the file name without .gguf)")
+		f.IntVarP(&ctxSize, "ctx-size", "c", 0, "context size in tokens (0: the model's, at most 4096)")
+		f.IntVarP(&thrds, "threads", "t", 0, "CPU threads (0: all cores)")
+		f.IntVar(&queue, "queue", 16, "requests that may wait while one is generated; more get 503")
+		f.DurationVar(&grace, "shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long running requests may take to finish before they are cancelled")
+		f.BoolVarP(&verbose, "verbose", "v", false, "log every request and generation")
+		sf.register(f)
+		// Stop strings belong to a request ("stop"), not to the server.
+		f.MarkHidden("stop")
+		return cmd
+	})
+}
+
+// loopback reports whether host only accepts local connections.
+func loopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}

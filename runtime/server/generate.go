@@ -1,0 +1,692 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/chat"
+)
+
+// writeJSON sends v as the whole response.
+func writeJSON(w http.ResponseWriter, code int, v any, timeout time.Duration) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeError(w, internalError(fmt.Errorf("encoding the response: %w", err)))
+		return
+	}
+	http.NewResponseController(w).SetWriteDeadline(time.Now().Add(timeout))
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	w.Write(append(b, '\n'))
+}
+
+// sse writes a server-sent event stream. Each write gets its own deadline,
+// so a client that stops reading is dropped instead of holding the model.
+type sse struct {
+	w       http.ResponseWriter
+	rc      *http.ResponseController
+	timeout time.Duration
+	started bool
+}
+
+func newSSE(w http.ResponseWriter, timeout time.Duration) *sse {
+	return &sse{w: w, rc: http.NewResponseController(w), timeout: timeout}
+}
+
+func (e *sse) start() {
+	if e.started {
+		return
+	}
+	e.started = true
+	h := e.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Connection", "keep-alive")
+	h.Set("X-Accel-Buffering", "no") // nginx: do not buffer the stream
+	e.w.WriteHeader(http.StatusOK)
+}
+
+func (e *sse) data(b []byte) error {
+	e.start()
+	e.rc.SetWriteDeadline(time.Now().Add(e.timeout)) // unsupported by some writers (tests): fine
+	var buf bytes.Buffer
+	buf.Grow(len(b) + 8)
+	buf.WriteString("data: ")
+	buf.Write(b)
+	buf.WriteString("\n\n")
+	if _, err := e.w.Write(buf.Bytes()); err != nil {
+		return fmt.Errorf("writing to the client: %w", err)
+	}
+	if err := e.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return fmt.Errorf("flushing to the client: %w", err)
+	}
+	return nil
+}
+
+func (e *sse) send(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	return e.data(b)
+}
+
+func (e *sse) sendError(ae *apiError) error {
+	return e.send(map[string]*apiError{"error": ae})
+}
+
+func (e *sse) done() error { return e.data([]byte("[DONE]")) }
+
+// generation is one request's prompt and settings, and how its output is
+// written (chat or completion, streamed or not).
+type generation struct {
+	endpoint string
+	received time.Time
+	prompt   []int
+	opt      runtime.GenerateOptions
+	out      output
+
+	// Set by the worker.
+	res *runtime.GenerateResult
+	err error
+}
+
+// output writes a generation's response. begin runs when the request's
+// turn comes and text receives the generated text as it becomes final,
+// both on the worker; end gets the result, or the error that stopped the
+// generation, on the request's goroutine once the worker is done with it.
+type output interface {
+	begin() error
+	text(piece string) error
+	end(res *runtime.GenerateResult, err error)
+}
+
+// generate queues g and writes its response. It returns when the response
+// is complete, the client has gone, or the server has cancelled it.
+func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *generation) {
+	// The job's context ends when the client goes or the server gives up
+	// on running requests (shutdown past its grace period).
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	stop := context.AfterFunc(s.base, cancel)
+	defer stop()
+
+	j := &job{ctx: ctx}
+	j.run = func() { s.runJob(ctx, j, g) }
+	if err := s.q.submit(j); err != nil {
+		msg := fmt.Sprintf("the server is busy: %d requests are already waiting; try again shortly", s.cfg.QueueLimit)
+		if errors.Is(err, errShuttingDown) {
+			msg = "the server is shutting down"
+		}
+		writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Message: msg})
+		return
+	}
+	if !s.q.wait(j) {
+		// Left the queue before its turn: the client went away, or the
+		// server is stopping while the client still listens.
+		s.met.cancelled.Inc()
+		if s.base.Err() != nil && r.Context().Err() == nil {
+			writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Message: "the server is shutting down"})
+		}
+		return
+	}
+	// The end of the response is written here, after the worker has moved
+	// on, so the next request need not wait for it.
+	if g.err != nil && ctx.Err() != nil && s.base.Err() == nil {
+		return // the client is gone: nobody to tell
+	}
+	g.out.end(g.res, g.err)
+}
+
+// runJob runs on the worker: the only place the session is used. It
+// streams the text as it comes and leaves the result in g.
+func (s *Server) runJob(ctx context.Context, j *job, g *generation) {
+	s.met.queueWait.Observe(j.started.Sub(j.enqueued).Seconds())
+	defer func() {
+		if p := recover(); p != nil {
+			s.q.onPanic(p)
+			g.res, g.err = nil, fmt.Errorf("internal error: %v", p)
+		}
+	}()
+	if err := ctx.Err(); err != nil {
+		s.met.cancelled.Inc()
+		g.err = err
+		return
+	}
+	if err := g.out.begin(); err != nil {
+		s.met.cancelled.Inc()
+		g.err = err
+		return
+	}
+	var first time.Time
+	opt := g.opt
+	opt.OnText = g.out.text
+	opt.OnToken = func(int) {
+		if first.IsZero() {
+			first = time.Now()
+		}
+		if s.testHookToken != nil {
+			s.testHookToken()
+		}
+	}
+	res, err := s.gen(ctx, g.prompt, opt)
+	g.res, g.err = res, err
+	if res != nil {
+		s.met.observeGeneration(res, g.received, first)
+		s.cfg.Log.Info("generation", "endpoint", g.endpoint, "prompt_tokens", res.PromptTokens, "cached_tokens", res.CachedTokens,
+			"generated", len(res.Tokens), "stop", res.StopReason,
+			"prefill_tps", fmt.Sprintf("%.1f", res.PrefillRate()), "decode_tps", fmt.Sprintf("%.1f", res.DecodeRate()))
+	}
+	if err != nil && (ctx.Err() != nil || isWriteError(err)) {
+		// The client left (or the server gave up on the request).
+		s.met.cancelled.Inc()
+	}
+}
+
+// writeErr marks errors from writing to the client.
+type writeErr struct{ error }
+
+func (e writeErr) Unwrap() error { return e.error }
+
+func isWriteError(err error) bool {
+	var we writeErr
+	return errors.As(err, &we)
+}
+
+// errorFor explains why a generation stopped early.
+func (s *Server) errorFor(err error) *apiError {
+	switch {
+	case s.base.Err() != nil:
+		return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Message: "the server is shutting down; the request was cancelled"}
+	case errors.Is(err, runtime.ErrContextFull):
+		return withCode(badRequest("messages", "%v", err), "context_length_exceeded")
+	}
+	return asAPIError(err)
+}
+
+func usageOf(res *runtime.GenerateResult) *usage {
+	u := &usage{PromptTokens: res.PromptTokens, CompletionTokens: len(res.Tokens)}
+	u.TotalTokens = u.PromptTokens + u.CompletionTokens
+	u.PromptTokensDetails.CachedTokens = res.CachedTokens
+	return u
+}
+
+func timingsOf(res *runtime.GenerateResult) *timings {
+	return &timings{
+		CacheN:             res.CachedTokens,
+		PromptN:            res.PromptTokens - res.CachedTokens,
+		PromptMS:           float64(res.Prefill) / 1e6,
+		PromptPerSecond:    res.PrefillRate(),
+		PredictedN:         len(res.Tokens),
+		PredictedMS:        float64(res.Decode) / 1e6,
+		PredictedPerSecond: res.DecodeRate(),
+	}
+}
+
+// checkLength rejects a prompt the context cannot hold, or a max_tokens
+// it cannot hold with the prompt.
+func (s *Server) checkLength(prompt []int, max int, maxParam string) *apiError {
+	n, ctx := len(prompt), s.sess.Ctx.CtxSize()
+	if n >= ctx {
+		return withCode(badRequest("messages", "the prompt has %d tokens, but the context holds %d (and needs room for at least one generated token); shorten the prompt or start the server with a larger --ctx-size", n, ctx), "context_length_exceeded")
+	}
+	if max > 0 && n+max > ctx {
+		return withCode(badRequest(maxParam, "%s is %d, but the context holds %d tokens and the prompt uses %d, so at most %d can be generated", maxParam, max, ctx, n, ctx-n), "context_length_exceeded")
+	}
+	return nil
+}
+
+// render applies the chat template. The template was loaded by New and is
+// safe for concurrent use, so handlers render before queueing and a bad
+// conversation is rejected without waiting for the model.
+func (s *Server) render(msgs []chat.Message, opt chat.Options) (string, error) {
+	tok := s.sess.Tok
+	if tok.BOS() >= 0 {
+		opt.BOS = tok.TokenText(tok.BOS())
+	}
+	if tok.EOS() >= 0 {
+		opt.EOS = tok.TokenText(tok.EOS())
+	}
+	return s.tmpl.Render(msgs, opt)
+}
+
+// reservedVars are template variables a request may not set through
+// chat_template_kwargs, since the server sets them.
+var reservedVars = map[string]bool{
+	"messages": true, "tools": true, "add_generation_prompt": true,
+	"bos_token": true, "eos_token": true, "raise_exception": true, "strftime_now": true, "tojson": true,
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	received := time.Now()
+	var req chatRequest
+	if e := s.readBody(w, r, &req); e != nil {
+		writeError(w, e)
+		return
+	}
+	g, e := s.chatGeneration(w, &req, received)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	s.generate(w, r, g)
+}
+
+// readBody decodes the request body under the read timeout.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, v any) *apiError {
+	rc := http.NewResponseController(w)
+	rc.SetReadDeadline(time.Now().Add(s.cfg.ReadTimeout))
+	e := decodeBody(w, r, s.cfg.MaxBodyBytes, v)
+	if e != nil {
+		// The body may be unread (too large, too slow): close the
+		// connection after the error rather than wait for the rest.
+		w.Header().Set("Connection", "close")
+		return e
+	}
+	// No deadline while generating: an expired one would make the server
+	// think the client left.
+	rc.SetReadDeadline(time.Time{})
+	return nil
+}
+
+func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, received time.Time) (*generation, *apiError) {
+	if e := req.common(); e != nil {
+		return nil, e
+	}
+	msgs, e := chatMessages(req.Messages)
+	if e != nil {
+		return nil, e
+	}
+	if req.Logprobs != nil && *req.Logprobs || req.TopLogprobs != nil {
+		return nil, badRequest("logprobs", "logprobs are not supported by ats")
+	}
+	if req.ResponseFormat != nil {
+		var rf struct {
+			Type string `json:"type"`
+		}
+		if err := json.Unmarshal(*req.ResponseFormat, &rf); err != nil {
+			return nil, badRequest("response_format", "response_format must be an object with a \"type\"")
+		}
+		if rf.Type != "text" && rf.Type != "" {
+			return nil, badRequest("response_format", "response_format %q is not supported: ats has no constrained decoding yet; only \"text\"", rf.Type)
+		}
+	}
+	useTools, e := toolChoice(req.ToolChoice)
+	if e != nil {
+		return nil, e
+	}
+	tools, names, e := chatTools(req.Tools)
+	if e != nil {
+		return nil, e
+	}
+	if !useTools {
+		tools, names = nil, nil
+	}
+	vars := map[string]any{}
+	for k, raw := range req.ChatTemplateKwargs {
+		if reservedVars[k] {
+			return nil, badRequest("chat_template_kwargs", "chat_template_kwargs may not set %q; the server sets it", k)
+		}
+		var v any
+		if err := json.Unmarshal(raw, &v); err != nil {
+			return nil, badRequest("chat_template_kwargs", "chat_template_kwargs[%q]: %v", k, err)
+		}
+		vars[k] = v
+	}
+	if req.ReasoningEffort != nil {
+		switch *req.ReasoningEffort {
+		case "none":
+			// Only where the request did not say otherwise.
+			if _, set := vars["enable_thinking"]; !set {
+				vars["enable_thinking"] = false
+			}
+		case "minimal", "low", "medium", "high":
+			// The templates ats knows have no levels: thinking stays on.
+		default:
+			return nil, badRequest("reasoning_effort", "reasoning_effort %q: use none, minimal, low, medium or high", *req.ReasoningEffort)
+		}
+	}
+	prompt, err := s.render(msgs, chat.Options{AddGenerationPrompt: true, Tools: tools, Vars: vars})
+	if err != nil {
+		var te *chat.TemplateError
+		if errors.As(err, &te) {
+			return nil, badRequest("messages", "the model's chat template rejects this conversation: %s", te.Msg)
+		}
+		return nil, internalError(fmt.Errorf("rendering the chat template: %w", err))
+	}
+	if s.testHookPrompt != nil {
+		s.testHookPrompt(prompt)
+	}
+	ids := s.sess.EncodeChat(prompt)
+	maxParam, maxV := "max_tokens", req.MaxTokens
+	if req.MaxCompletionTokens != nil {
+		maxParam, maxV = "max_completion_tokens", req.MaxCompletionTokens
+	}
+	max, e := maxTokens(maxParam, maxV, 0)
+	if e != nil {
+		return nil, e
+	}
+	if e := s.checkLength(ids, max, maxParam); e != nil {
+		return nil, e
+	}
+	cfg, e := req.samplerConfig(*s.cfg.Sampling, s.nVocab)
+	if e != nil {
+		return nil, e
+	}
+	out := &chatOutput{
+		s: s, w: w, stream: req.Stream,
+		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+		parser:       NewStreamParser(ParseOptions{Format: s.format, Tools: names, ThinkingOpen: ThinkingOpen(prompt)}),
+		id:           newID("chatcmpl-"),
+		created:      received.Unix(),
+	}
+	if req.Stream {
+		out.sse = newSSE(w, s.cfg.WriteTimeout)
+	}
+	return &generation{endpoint: "chat", received: received, prompt: ids, out: out,
+		opt: runtime.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop}}, nil
+}
+
+// chatOutput writes a chat completion.
+type chatOutput struct {
+	s            *Server
+	w            http.ResponseWriter
+	stream       bool
+	includeUsage bool
+	sse          *sse
+	parser       *StreamParser
+	id           string
+	created      int64
+}
+
+func (o *chatOutput) chunk(choices []chatChoice) *chatCompletion {
+	return &chatCompletion{ID: o.id, Object: "chat.completion.chunk", Created: o.created, Model: o.s.cfg.ModelName,
+		SystemFingerprint: o.s.fp, Choices: choices}
+}
+
+func (o *chatOutput) begin() error {
+	if !o.stream {
+		return nil
+	}
+	err := o.sse.send(o.chunk([]chatChoice{{Delta: &deltaOut{Role: "assistant", Content: strPtr("")}}}))
+	if err != nil {
+		return writeErr{err}
+	}
+	return nil
+}
+
+func (o *chatOutput) text(piece string) error {
+	if !o.stream {
+		o.parser.text.WriteString(piece)
+		return nil
+	}
+	return o.sendDelta(o.parser.Push(piece))
+}
+
+func (o *chatOutput) sendDelta(d Delta) error {
+	if d.Empty() {
+		return nil
+	}
+	delta := &deltaOut{}
+	if d.Reasoning != "" {
+		delta.ReasoningContent = strPtr(d.Reasoning)
+	}
+	if d.Content != "" {
+		delta.Content = strPtr(d.Content)
+	}
+	for i, c := range d.ToolCalls {
+		idx := d.FirstIndex + i
+		delta.ToolCalls = append(delta.ToolCalls, toolCallOut{Index: &idx, ID: c.ID, Type: "function",
+			Function: functionOut{Name: c.Function.Name, Arguments: c.Function.Arguments}})
+	}
+	if err := o.sse.send(o.chunk([]chatChoice{{Delta: delta}})); err != nil {
+		return writeErr{err}
+	}
+	return nil
+}
+
+func finishReason(res *runtime.GenerateResult, toolCalls int) string {
+	if res.StopReason == runtime.StopLength {
+		return "length"
+	}
+	if toolCalls > 0 {
+		return "tool_calls"
+	}
+	return "stop"
+}
+
+func (o *chatOutput) end(res *runtime.GenerateResult, err error) {
+	if !o.stream {
+		if err != nil {
+			if o.s.base.Err() == nil && errors.Is(err, context.Canceled) {
+				return // the client left
+			}
+			writeError(o.w, o.s.errorFor(err))
+			return
+		}
+		o.parser.Finish()
+		parsed := o.parser.Result()
+		msg := &messageOut{Role: "assistant", ReasoningContent: parsed.Reasoning}
+		if parsed.Content != "" || len(parsed.ToolCalls) == 0 {
+			msg.Content = strPtr(parsed.Content)
+		}
+		for _, c := range parsed.ToolCalls {
+			msg.ToolCalls = append(msg.ToolCalls, toolCallOut{ID: c.ID, Type: "function",
+				Function: functionOut{Name: c.Function.Name, Arguments: c.Function.Arguments}})
+		}
+		resp := &chatCompletion{ID: o.id, Object: "chat.completion", Created: o.created, Model: o.s.cfg.ModelName,
+			SystemFingerprint: o.s.fp, Usage: usageOf(res), Timings: timingsOf(res),
+			Choices: []chatChoice{{Message: msg, FinishReason: strPtr(finishReason(res, len(parsed.ToolCalls)))}}}
+		writeJSON(o.w, http.StatusOK, resp, o.s.cfg.WriteTimeout)
+		return
+	}
+	if err != nil {
+		if isWriteError(err) || o.s.base.Err() == nil && errors.Is(err, context.Canceled) {
+			return // the client left
+		}
+		if !o.sse.started {
+			writeError(o.w, o.s.errorFor(err))
+			return
+		}
+		o.sse.sendError(o.s.errorFor(err))
+		return
+	}
+	if o.sendDelta(o.parser.Finish()) != nil {
+		return
+	}
+	last := o.chunk([]chatChoice{{Delta: &deltaOut{}, FinishReason: strPtr(finishReason(res, len(o.parser.Result().ToolCalls)))}})
+	last.Timings = timingsOf(res)
+	if o.sse.send(last) != nil {
+		return
+	}
+	if o.includeUsage {
+		u := o.chunk([]chatChoice{})
+		u.Usage = usageOf(res)
+		if o.sse.send(u) != nil {
+			return
+		}
+	}
+	o.sse.done()
+}
+
+func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
+	received := time.Now()
+	var req completionRequest
+	if e := s.readBody(w, r, &req); e != nil {
+		writeError(w, e)
+		return
+	}
+	g, e := s.completionGeneration(w, &req, received)
+	if e != nil {
+		writeError(w, e)
+		return
+	}
+	s.generate(w, r, g)
+}
+
+// completionPrompt reads "prompt": a string, one string in an array, token
+// ids, or one array of token ids in an array. It returns the tokens and
+// the text (for echo).
+func (s *Server) completionPrompt(raw json.RawMessage) ([]int, string, *apiError) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
+		return nil, "", badRequest("prompt", "prompt is missing")
+	}
+	var text string
+	if err := json.Unmarshal(raw, &text); err == nil {
+		return s.sess.EncodeChat(text), text, nil
+	}
+	var texts []string
+	if err := json.Unmarshal(raw, &texts); err == nil {
+		if len(texts) != 1 {
+			return nil, "", badRequest("prompt", "prompt has %d strings; ats completes one prompt per request", len(texts))
+		}
+		return s.sess.EncodeChat(texts[0]), texts[0], nil
+	}
+	var ids []int
+	if err := json.Unmarshal(raw, &ids); err != nil {
+		var batches [][]int
+		if err := json.Unmarshal(raw, &batches); err != nil || len(batches) != 1 {
+			return nil, "", badRequest("prompt", "prompt must be a string, an array with one string, or an array of token ids")
+		}
+		ids = batches[0]
+	}
+	for _, id := range ids {
+		if id < 0 || id >= s.nVocab {
+			return nil, "", badRequest("prompt", "prompt token %d is outside the vocabulary [0, %d)", id, s.nVocab)
+		}
+	}
+	return ids, s.sess.Tok.Decode(ids), nil
+}
+
+// defaultCompletionTokens is OpenAI's default max_tokens for
+// /v1/completions.
+const defaultCompletionTokens = 16
+
+func (s *Server) completionGeneration(w http.ResponseWriter, req *completionRequest, received time.Time) (*generation, *apiError) {
+	if e := req.common(); e != nil {
+		return nil, e
+	}
+	if req.Suffix != nil && *req.Suffix != "" {
+		return nil, badRequest("suffix", "suffix (fill in the middle) is not supported by ats")
+	}
+	if req.BestOf != nil && *req.BestOf != 1 {
+		return nil, badRequest("best_of", "best_of must be 1 or absent")
+	}
+	if l := bytes.TrimSpace(req.Logprobs); len(l) > 0 && !bytes.Equal(l, []byte("null")) {
+		return nil, badRequest("logprobs", "logprobs are not supported by ats")
+	}
+	ids, text, e := s.completionPrompt(req.Prompt)
+	if e != nil {
+		return nil, e
+	}
+	if len(ids) == 0 {
+		return nil, badRequest("prompt", "the prompt is empty")
+	}
+	max, e := maxTokens("max_tokens", req.MaxTokens, defaultCompletionTokens)
+	if e != nil {
+		return nil, e
+	}
+	if e := s.checkLength(ids, max, "max_tokens"); e != nil {
+		if e.Param != nil && *e.Param == "messages" {
+			e.Param = strPtr("prompt")
+		}
+		return nil, e
+	}
+	cfg, e := req.samplerConfig(*s.cfg.Sampling, s.nVocab)
+	if e != nil {
+		return nil, e
+	}
+	out := &completionOutput{s: s, w: w, stream: req.Stream,
+		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+		id:           newID("cmpl-"), created: received.Unix()}
+	if req.Echo {
+		out.echo = text
+	}
+	if req.Stream {
+		out.sse = newSSE(w, s.cfg.WriteTimeout)
+	}
+	return &generation{endpoint: "completion", received: received, prompt: ids, out: out,
+		opt: runtime.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop}}, nil
+}
+
+// completionOutput writes a text completion.
+type completionOutput struct {
+	s            *Server
+	w            http.ResponseWriter
+	stream       bool
+	includeUsage bool
+	sse          *sse
+	echo         string
+	id           string
+	created      int64
+	buf          strings.Builder
+}
+
+func (o *completionOutput) chunk(text string, finish *string) *textCompletion {
+	return &textCompletion{ID: o.id, Object: "text_completion", Created: o.created, Model: o.s.cfg.ModelName,
+		SystemFingerprint: o.s.fp, Choices: []completionChoice{{Text: text, FinishReason: finish}}}
+}
+
+func (o *completionOutput) begin() error {
+	if !o.stream || o.echo == "" {
+		return nil
+	}
+	if err := o.sse.send(o.chunk(o.echo, nil)); err != nil {
+		return writeErr{err}
+	}
+	return nil
+}
+
+func (o *completionOutput) text(piece string) error {
+	if !o.stream {
+		o.buf.WriteString(piece)
+		return nil
+	}
+	if err := o.sse.send(o.chunk(piece, nil)); err != nil {
+		return writeErr{err}
+	}
+	return nil
+}
+
+func (o *completionOutput) end(res *runtime.GenerateResult, err error) {
+	if err != nil {
+		if isWriteError(err) || o.s.base.Err() == nil && errors.Is(err, context.Canceled) {
+			return
+		}
+		if o.stream && o.sse.started {
+			o.sse.sendError(o.s.errorFor(err))
+			return
+		}
+		writeError(o.w, o.s.errorFor(err))
+		return
+	}
+	finish := strPtr(finishReason(res, 0))
+	if !o.stream {
+		resp := o.chunk(o.echo+o.buf.String(), finish)
+		resp.Usage, resp.Timings = usageOf(res), timingsOf(res)
+		writeJSON(o.w, http.StatusOK, resp, o.s.cfg.WriteTimeout)
+		return
+	}
+	last := o.chunk("", finish)
+	last.Timings = timingsOf(res)
+	if o.sse.send(last) != nil {
+		return
+	}
+	if o.includeUsage {
+		u := o.chunk("", nil)
+		u.Choices = []completionChoice{}
+		u.Usage = usageOf(res)
+		if o.sse.send(u) != nil {
+			return
+		}
+	}
+	o.sse.done()
+}

@@ -1,0 +1,182 @@
+package server
+
+import (
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/atsinfer/ats/runtime"
+)
+
+// Placement says where the model's weights live, for /metrics. The engine
+// reports what it decided; today everything is on the CPU.
+type Placement struct {
+	// Backend names what computes: "cpu", or "cuda" / "cpu+cuda" once
+	// the GPU backend places weights.
+	Backend string
+	// WeightBytes is the size of the weights on each device ("cpu",
+	// "gpu"); devices missing from the map hold none.
+	WeightBytes map[string]int64
+	// PromotedBytes is the size of CPU weights copied to the GPU for the
+	// last decode step (dynamic promotion), when the engine does that.
+	PromotedBytes int64
+}
+
+// GPUStat is one GPU's figures (NVML) for /metrics.
+type GPUStat struct {
+	Index            int
+	Name             string
+	MemoryUsedBytes  int64
+	MemoryTotalBytes int64
+	Utilization      float64 // busy fraction, 0..1
+	PCIeRxBytesPerS  float64 // host to device
+	PCIeTxBytesPerS  float64 // device to host
+}
+
+// CPUPlacement is the placement of a model run wholly on the CPU.
+func CPUPlacement(m *runtime.Model) func() Placement {
+	bytes := m.WeightBytes()
+	return func() Placement {
+		return Placement{Backend: "cpu", WeightBytes: map[string]int64{"cpu": bytes, "gpu": 0}}
+	}
+}
+
+// metrics are the server's Prometheus series, on a registry of its own so
+// several servers (tests) never collide.
+type metrics struct {
+	reg *prometheus.Registry
+
+	requests        *prometheus.CounterVec   // endpoint, code
+	requestDuration *prometheus.HistogramVec // endpoint
+	queueWait       prometheus.Histogram
+	ttft            prometheus.Histogram
+	tpot            prometheus.Histogram
+	promptTokens    prometheus.Counter
+	cachedTokens    prometheus.Counter
+	genTokens       prometheus.Counter
+	prefillSeconds  prometheus.Counter
+	decodeSeconds   prometheus.Counter
+	prefillRate     prometheus.Gauge
+	decodeRate      prometheus.Gauge
+	queueLength     prometheus.Gauge
+	running         prometheus.Gauge
+	cancelled       prometheus.Counter
+	contextTokens   prometheus.Gauge
+}
+
+func newMetrics(cfg *Config, ctxSize int) *metrics {
+	reg := prometheus.NewRegistry()
+	m := &metrics{reg: reg}
+	// Token latencies span a tiny CPU model (sub-millisecond) to a large
+	// model spilling to the CPU (seconds).
+	latency := prometheus.ExponentialBuckets(0.0005, 2, 18) // 0.5 ms .. 65 s
+	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ats_requests_total", Help: "HTTP requests by endpoint and status code.",
+	}, []string{"endpoint", "code"})
+	m.requestDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "ats_request_duration_seconds", Help: "Time from receiving a request to its last byte.", Buckets: latency,
+	}, []string{"endpoint"})
+	m.queueWait = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "ats_queue_wait_seconds", Help: "Time a generation request waited for the model.", Buckets: latency})
+	m.ttft = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "ats_time_to_first_token_seconds", Help: "Time from receiving a request to its first generated token, queueing included.", Buckets: latency})
+	m.tpot = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "ats_time_per_output_token_seconds", Help: "Decode time per generated token after the first.", Buckets: latency})
+	m.promptTokens = prometheus.NewCounter(prometheus.CounterOpts{Name: "ats_prompt_tokens_total", Help: "Prompt tokens of generation requests."})
+	m.cachedTokens = prometheus.NewCounter(prometheus.CounterOpts{Name: "ats_prompt_tokens_cached_total", Help: "Prompt tokens whose KV cache was reused from an earlier request."})
+	m.genTokens = prometheus.NewCounter(prometheus.CounterOpts{Name: "ats_generated_tokens_total", Help: "Tokens generated."})
+	m.prefillSeconds = prometheus.NewCounter(prometheus.CounterOpts{Name: "ats_prefill_seconds_total", Help: "Time spent evaluating prompts."})
+	m.decodeSeconds = prometheus.NewCounter(prometheus.CounterOpts{Name: "ats_decode_seconds_total", Help: "Time spent generating tokens."})
+	m.prefillRate = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_prefill_tokens_per_second", Help: "Prompt evaluation speed of the last request."})
+	m.decodeRate = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_decode_tokens_per_second", Help: "Generation speed of the last request."})
+	m.queueLength = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_queue_length", Help: "Requests waiting for the model."})
+	m.running = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_requests_running", Help: "Requests being generated (0 or 1)."})
+	m.cancelled = prometheus.NewCounter(prometheus.CounterOpts{Name: "ats_generations_cancelled_total", Help: "Generations stopped because the client left or the server shut down."})
+	m.contextTokens = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_context_tokens", Help: "Tokens held in the KV cache."})
+	queueLimit := prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_queue_limit", Help: "Requests that may wait for the model before new ones get 503."})
+	queueLimit.Set(float64(cfg.QueueLimit))
+	ctxGauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_context_size", Help: "Tokens the KV cache can hold."})
+	ctxGauge.Set(float64(ctxSize))
+
+	reg.MustRegister(m.requests, m.requestDuration, m.queueWait, m.ttft, m.tpot,
+		m.promptTokens, m.cachedTokens, m.genTokens, m.prefillSeconds, m.decodeSeconds,
+		m.prefillRate, m.decodeRate, m.queueLength, m.running, m.cancelled, m.contextTokens,
+		queueLimit, ctxGauge,
+		&placementCollector{placement: cfg.Placement, gpus: cfg.GPUStats},
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// observeGeneration records one finished (or stopped) generation.
+func (m *metrics) observeGeneration(res *runtime.GenerateResult, received time.Time, firstToken time.Time) {
+	m.promptTokens.Add(float64(res.PromptTokens))
+	m.cachedTokens.Add(float64(res.CachedTokens))
+	m.genTokens.Add(float64(len(res.Tokens)))
+	m.prefillSeconds.Add(res.Prefill.Seconds())
+	m.decodeSeconds.Add(res.Decode.Seconds())
+	m.contextTokens.Set(float64(res.ContextTokens))
+	if r := res.PrefillRate(); r > 0 {
+		m.prefillRate.Set(r)
+	}
+	if r := res.DecodeRate(); r > 0 {
+		m.decodeRate.Set(r)
+		m.tpot.Observe(1 / r)
+	}
+	if !firstToken.IsZero() {
+		m.ttft.Observe(firstToken.Sub(received).Seconds())
+	}
+}
+
+// placementCollector reads the placement and the GPU figures at scrape
+// time, so they are current without a polling goroutine. The GPU backend
+// plugs in through Config.GPUStats.
+type placementCollector struct {
+	placement func() Placement
+	gpus      func() []GPUStat
+}
+
+var (
+	descBackend  = prometheus.NewDesc("ats_backend_info", "The compute backend in use (value 1).", []string{"backend"}, nil)
+	descWeights  = prometheus.NewDesc("ats_weight_bytes", "Bytes of model weights placed on each device.", []string{"device"}, nil)
+	descPromoted = prometheus.NewDesc("ats_promoted_weight_bytes", "Bytes of CPU weights promoted to the GPU for the last decode step.", nil, nil)
+	descGPUCount = prometheus.NewDesc("ats_gpus", "GPUs ats uses.", nil, nil)
+	descGPUUsed  = prometheus.NewDesc("ats_gpu_memory_used_bytes", "GPU memory in use.", []string{"gpu", "name"}, nil)
+	descGPUTotal = prometheus.NewDesc("ats_gpu_memory_total_bytes", "GPU memory in total.", []string{"gpu", "name"}, nil)
+	descGPUUtil  = prometheus.NewDesc("ats_gpu_utilization_ratio", "Fraction of time the GPU was busy.", []string{"gpu", "name"}, nil)
+	descPCIeRx   = prometheus.NewDesc("ats_gpu_pcie_rx_bytes_per_second", "PCIe throughput from host to GPU.", []string{"gpu", "name"}, nil)
+	descPCIeTx   = prometheus.NewDesc("ats_gpu_pcie_tx_bytes_per_second", "PCIe throughput from GPU to host.", []string{"gpu", "name"}, nil)
+)
+
+func (c *placementCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descBackend, descWeights, descPromoted, descGPUCount, descGPUUsed, descGPUTotal, descGPUUtil, descPCIeRx, descPCIeTx} {
+		ch <- d
+	}
+}
+
+func (c *placementCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.placement != nil {
+		p := c.placement()
+		ch <- prometheus.MustNewConstMetric(descBackend, prometheus.GaugeValue, 1, p.Backend)
+		for dev, n := range p.WeightBytes {
+			ch <- prometheus.MustNewConstMetric(descWeights, prometheus.GaugeValue, float64(n), dev)
+		}
+		ch <- prometheus.MustNewConstMetric(descPromoted, prometheus.GaugeValue, float64(p.PromotedBytes))
+	}
+	var gpus []GPUStat
+	if c.gpus != nil {
+		gpus = c.gpus()
+	}
+	ch <- prometheus.MustNewConstMetric(descGPUCount, prometheus.GaugeValue, float64(len(gpus)))
+	for _, g := range gpus {
+		l := []string{strconv.Itoa(g.Index), g.Name}
+		ch <- prometheus.MustNewConstMetric(descGPUUsed, prometheus.GaugeValue, float64(g.MemoryUsedBytes), l...)
+		ch <- prometheus.MustNewConstMetric(descGPUTotal, prometheus.GaugeValue, float64(g.MemoryTotalBytes), l...)
+		ch <- prometheus.MustNewConstMetric(descGPUUtil, prometheus.GaugeValue, g.Utilization, l...)
+		ch <- prometheus.MustNewConstMetric(descPCIeRx, prometheus.GaugeValue, g.PCIeRxBytesPerS, l...)
+		ch <- prometheus.MustNewConstMetric(descPCIeTx, prometheus.GaugeValue, g.PCIeTxBytesPerS, l...)
+	}
+}

@@ -1,0 +1,160 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+)
+
+// A Session evaluates one sequence at a time, so requests take turns: the
+// handlers put jobs in a queue and one worker goroutine, the only one that
+// touches the session, runs them in order. A full queue turns requests
+// away (503) before anything is promised; once a job is accepted it runs,
+// unless its client leaves first.
+
+var (
+	errQueueFull    = errors.New("queue full")
+	errShuttingDown = errors.New("server is shutting down")
+)
+
+// job is one request's turn on the session.
+type job struct {
+	ctx      context.Context
+	run      func() // called on the worker goroutine
+	done     chan struct{}
+	enqueued time.Time
+	started  time.Time
+}
+
+// queue holds the jobs waiting for the worker.
+type queue struct {
+	mu      sync.Mutex
+	waiting []*job
+	busy    bool // the worker is running a job
+	limit   int  // jobs that may wait while one runs
+	closed  bool
+	wake    chan struct{} // a job arrived, or the queue closed
+	exited  chan struct{} // the worker has returned
+	onLen   func(waiting int, busy bool)
+	onPanic func(any)
+}
+
+func newQueue(limit int, onLen func(waiting int, busy bool)) *queue {
+	if onLen == nil {
+		onLen = func(int, bool) {}
+	}
+	q := &queue{limit: limit, wake: make(chan struct{}, 1), exited: make(chan struct{}), onLen: onLen}
+	go q.work()
+	return q
+}
+
+// submit accepts j or says why not.
+func (q *queue) submit(j *job) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.closed {
+		return errShuttingDown
+	}
+	// With limit 0 a request is accepted only when the worker is idle.
+	if len(q.waiting) >= q.limit && (q.busy || len(q.waiting) > 0) {
+		return errQueueFull
+	}
+	j.done = make(chan struct{})
+	j.enqueued = time.Now()
+	q.waiting = append(q.waiting, j)
+	q.onLen(len(q.waiting), q.busy)
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// wait blocks until j has run. If j's context ends while it still waits,
+// wait takes it out of the queue and returns false at once: the worker
+// will never touch it.
+func (q *queue) wait(j *job) bool {
+	select {
+	case <-j.done:
+		return true
+	case <-j.ctx.Done():
+	}
+	q.mu.Lock()
+	for i, w := range q.waiting {
+		if w == j {
+			q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
+			q.onLen(len(q.waiting), q.busy)
+			q.mu.Unlock()
+			return false
+		}
+	}
+	q.mu.Unlock()
+	// The worker has it: it sees the cancelled context and ends soon.
+	<-j.done
+	return true
+}
+
+// work runs jobs until the queue is closed and empty.
+func (q *queue) work() {
+	defer close(q.exited)
+	for {
+		q.mu.Lock()
+		if len(q.waiting) == 0 {
+			closed := q.closed
+			q.mu.Unlock()
+			if closed {
+				return
+			}
+			<-q.wake
+			continue
+		}
+		j := q.waiting[0]
+		q.waiting = q.waiting[1:]
+		q.busy = true
+		q.onLen(len(q.waiting), q.busy)
+		q.mu.Unlock()
+
+		j.started = time.Now()
+		func() {
+			// A panic in a job must not take the worker, and with it
+			// every later request, down; the job's own code reports it
+			// to its client (see Server.runJob), this is the backstop.
+			defer func() {
+				if r := recover(); r != nil && q.onPanic != nil {
+					q.onPanic(r)
+				}
+			}()
+			j.run()
+		}()
+
+		// Idle before the handler learns the job is done: a client that
+		// sends its next request as soon as it has the answer must find
+		// the model free, not a full queue.
+		q.mu.Lock()
+		q.busy = false
+		q.onLen(len(q.waiting), q.busy)
+		q.mu.Unlock()
+		close(j.done)
+	}
+}
+
+// close stops accepting jobs; the worker finishes those accepted and
+// returns. done is closed when it has.
+func (q *queue) close() (done <-chan struct{}) {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+	return q.exited
+}
+
+// length reports the jobs waiting and whether one runs.
+func (q *queue) length() (int, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.waiting), q.busy
+}

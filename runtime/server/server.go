@@ -1,0 +1,432 @@
+// Package server serves a model over HTTP with OpenAI's API:
+// /v1/chat/completions (streamed as server-sent events or not),
+// /v1/completions, /v1/models, plus /health and Prometheus /metrics.
+//
+// One model, one Session: requests take turns through a queue with a
+// limit (503 beyond it), and since a Session keeps the KV cache of the
+// previous request, a request that extends the previous conversation only
+// evaluates its new tokens. Replies of reasoning models are split into
+// reasoning_content and content, and tool calls are parsed from the text
+// in the format of the model's family (see Parse).
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/chat"
+	"github.com/atsinfer/ats/runtime/sampler"
+)
+
+// Config configures a Server. The zero value works (with the defaults
+// below) except where noted.
+type Config struct {
+	// ModelName is the model's id in /v1/models and in responses
+	// (default: the file name without .gguf).
+	ModelName string
+	// APIKey, when set, must come with every request but /health, as
+	// "Authorization: Bearer KEY".
+	APIKey string
+	// QueueLimit is how many requests may wait while one is generated;
+	// more get 503. 0 accepts a request only when the model is idle.
+	QueueLimit int
+	// Sampling holds the defaults for fields a request leaves out (zero:
+	// sampler.DefaultConfig()).
+	Sampling *sampler.Config
+	// MaxBodyBytes bounds a request body (default 8 MiB).
+	MaxBodyBytes int64
+	// ReadHeaderTimeout and ReadTimeout bound reading a request's headers
+	// and its body (defaults 10 s and 60 s); WriteTimeout bounds each write
+	// of a response, so a client that stops reading cannot hold the model
+	// (default 60 s); IdleTimeout closes idle keep-alive connections
+	// (default 120 s).
+	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
+	// Placement and GPUStats feed the placement and GPU series of
+	// /metrics; they are called at scrape time. Placement defaults to
+	// everything on the CPU; GPUStats to no GPU.
+	Placement func() Placement
+	GPUStats  func() []GPUStat
+	// Log receives a line per request and the server's notes (default:
+	// discard).
+	Log *slog.Logger
+}
+
+// Server is an OpenAI-compatible HTTP server for one Session.
+type Server struct {
+	cfg     Config
+	sess    *runtime.Session
+	tmpl    *chat.Template
+	format  ToolFormat
+	nVocab  int
+	created int64
+	fp      string // system_fingerprint
+
+	q       *queue
+	met     *metrics
+	handler http.Handler
+
+	// base is the parent of every generation's context: cancelling it
+	// stops them all (shutdown past its grace period).
+	base      context.Context
+	cancelAll context.CancelFunc
+	shutting  atomic.Bool
+
+	mu      sync.Mutex
+	httpSrv *http.Server
+
+	// gen is the session's Generate; tests replace it to make the model
+	// say something in particular (a tool call, reasoning).
+	gen func(context.Context, []int, runtime.GenerateOptions) (*runtime.GenerateResult, error)
+	// testHookToken, when set, runs on the worker after each sampled
+	// token; tests use it to slow generation down or watch it.
+	testHookToken func()
+	// testHookPrompt, when set, sees each rendered chat prompt.
+	testHookPrompt func(string)
+}
+
+// New makes a server for sess, which it owns from now on: nothing else
+// may use the session until Close. It loads the chat template now, so a
+// model without a usable one fails here rather than on the first request.
+func New(sess *runtime.Session, cfg Config) (*Server, error) {
+	if cfg.ModelName == "" {
+		cfg.ModelName = strings.TrimSuffix(filepath.Base(sess.Model.File.Path), ".gguf")
+	}
+	if cfg.QueueLimit < 0 {
+		return nil, fmt.Errorf("server: queue limit %d is negative", cfg.QueueLimit)
+	}
+	def := sampler.DefaultConfig()
+	if cfg.Sampling != nil {
+		def = *cfg.Sampling
+	}
+	cfg.Sampling = &def
+	setDefault := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	setDefault(&cfg.ReadHeaderTimeout, 10*time.Second)
+	setDefault(&cfg.ReadTimeout, 60*time.Second)
+	setDefault(&cfg.WriteTimeout, 60*time.Second)
+	setDefault(&cfg.IdleTimeout, 120*time.Second)
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 8 << 20
+	}
+	if cfg.Placement == nil {
+		cfg.Placement = CPUPlacement(sess.Model)
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	nVocab := sess.Model.Hyper().NVocab
+	if _, err := sampler.New(def, nVocab); err != nil {
+		return nil, fmt.Errorf("server: default sampling: %w", err)
+	}
+	// Rendering a conversation loads the template (and reports a fallback
+	// through the session's warn function).
+	if _, err := sess.RenderChat([]chat.Message{{Role: "user", Content: "hi"}}, chat.Options{AddGenerationPrompt: true}); err != nil {
+		return nil, fmt.Errorf("server: chat template: %w", err)
+	}
+	s := &Server{
+		cfg:     cfg,
+		sess:    sess,
+		tmpl:    sess.Template,
+		format:  DetectToolFormat(sess.Template.Source()),
+		nVocab:  nVocab,
+		created: time.Now().Unix(),
+		fp:      fingerprint(sess.Model),
+	}
+	if fi, err := os.Stat(sess.Model.File.Path); err == nil {
+		s.created = fi.ModTime().Unix()
+	}
+	s.gen = sess.Generate
+	s.base, s.cancelAll = context.WithCancel(context.Background())
+	s.met = newMetrics(&cfg, sess.Ctx.CtxSize())
+	s.q = newQueue(cfg.QueueLimit, func(waiting int, busy bool) {
+		s.met.queueLength.Set(float64(waiting))
+		if busy {
+			s.met.running.Set(1)
+		} else {
+			s.met.running.Set(0)
+		}
+	})
+	s.q.onPanic = func(r any) {
+		cfg.Log.Error("panic in generation", "panic", r, "stack", string(debug.Stack()))
+	}
+	s.handler = s.routes()
+	return s, nil
+}
+
+// fingerprint is the system_fingerprint of responses: what produced them
+// (ats and the architecture; the placement will join it once it varies).
+func fingerprint(m *runtime.Model) string {
+	return "ats-" + m.Hyper().Arch
+}
+
+// ToolFormat is the tool-call format the server parses replies with.
+func (s *Server) ToolFormat() ToolFormat { return s.format }
+
+// Handler returns the server's HTTP handler (for httptest, or to mount
+// elsewhere). Serve uses it too.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Serve accepts connections on ln until Shutdown or Close. It returns nil
+// after a shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	hs := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+		IdleTimeout:       s.cfg.IdleTimeout,
+		MaxHeaderBytes:    1 << 20,
+		BaseContext:       func(net.Listener) context.Context { return s.base },
+		ErrorLog:          slog.NewLogLogger(s.cfg.Log.Handler(), slog.LevelWarn),
+	}
+	s.mu.Lock()
+	if s.shutting.Load() {
+		s.mu.Unlock()
+		return errShuttingDown
+	}
+	s.httpSrv = hs
+	s.mu.Unlock()
+	err := hs.Serve(ln)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops accepting requests and lets those accepted (running or
+// queued) finish until ctx ends; then it cancels what is left, closes the
+// connections and waits for the model to be idle. It returns ctx's error
+// when it had to cancel.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.shutting.Store(true)
+	workerDone := s.q.close()
+	s.mu.Lock()
+	hs := s.httpSrv
+	s.mu.Unlock()
+	var err error
+	if hs != nil {
+		err = hs.Shutdown(ctx)
+	}
+	if err == nil {
+		select {
+		case <-workerDone:
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	}
+	if err != nil {
+		s.cancelAll()
+		if hs != nil {
+			// The cancelled requests end within a token; let their
+			// handlers tell the clients why before the connections close.
+			ctx2, cancel := context.WithTimeout(context.Background(), time.Second)
+			hs.Shutdown(ctx2)
+			cancel()
+			hs.Close()
+		}
+	}
+	<-workerDone
+	s.cancelAll()
+	return err
+}
+
+// Close cancels every request at once and stops the server.
+func (s *Server) Close() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := s.Shutdown(ctx)
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	return err
+}
+
+// route is the handlers of one path, by method.
+type route map[string]http.HandlerFunc
+
+func (s *Server) routes() http.Handler {
+	metricsHandler := promhttp.HandlerFor(s.met.reg, promhttp.HandlerOpts{})
+	chatR := route{http.MethodPost: s.handleChat}
+	complR := route{http.MethodPost: s.handleCompletion}
+	modelsR := route{http.MethodGet: s.handleModels}
+	healthR := route{http.MethodGet: s.handleHealth}
+	table := map[string]route{
+		// The paths without /v1 are aliases, as llama.cpp's server has
+		// them, for clients configured with a bare base URL.
+		"/v1/chat/completions": chatR, "/chat/completions": chatR,
+		"/v1/completions": complR, "/completions": complR,
+		"/v1/models": modelsR, "/models": modelsR,
+		"/health": healthR, "/v1/health": healthR,
+		"/metrics": {http.MethodGet: metricsHandler.ServeHTTP},
+	}
+	endpoints := map[string]string{}
+	for p := range table {
+		endpoints[p] = strings.TrimPrefix(p, "/v1")
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		rec := &statusRecorder{ResponseWriter: w}
+		endpoint := "other"
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					panic(p)
+				}
+				s.cfg.Log.Error("panic in handler", "path", r.URL.Path, "panic", p, "stack", string(debug.Stack()))
+				if !rec.wrote {
+					writeError(rec, internalError(fmt.Errorf("internal error: %v", p)))
+				}
+			}
+			code := rec.code
+			if code == 0 {
+				code = http.StatusOK
+			}
+			s.met.requests.WithLabelValues(endpoint, fmt.Sprint(code)).Inc()
+			s.met.requestDuration.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
+			s.cfg.Log.Info("request", "method", r.Method, "path", r.URL.Path, "status", code, "duration", time.Since(start).Round(time.Microsecond))
+		}()
+
+		path := r.URL.Path
+		rt, ok := table[path]
+		var model string
+		if !ok {
+			// /v1/models/{id}
+			if id, found := strings.CutPrefix(path, "/v1/models/"); found && id != "" {
+				rt, ok, model = modelsR, true, id
+				endpoint = "/models/{id}"
+			}
+		} else {
+			endpoint = endpoints[path]
+		}
+		if !ok {
+			writeError(rec, &apiError{Status: http.StatusNotFound, Type: typeNotFound,
+				Message: fmt.Sprintf("no such endpoint: %s %s (ats serves /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics)", r.Method, path)})
+			return
+		}
+		method := r.Method
+		if method == http.MethodHead {
+			method = http.MethodGet
+		}
+		h, ok := rt[method]
+		if !ok {
+			var allowed []string
+			for m := range rt {
+				allowed = append(allowed, m)
+			}
+			rec.Header().Set("Allow", strings.Join(allowed, ", "))
+			writeError(rec, &apiError{Status: http.StatusMethodNotAllowed, Type: typeInvalidRequest,
+				Message: fmt.Sprintf("%s does not accept %s; use %s", path, r.Method, strings.Join(allowed, " or "))})
+			return
+		}
+		if endpoint != "/health" && !s.authorized(r) {
+			writeError(rec, withCode(&apiError{Status: http.StatusUnauthorized, Type: typeAuthentication,
+				Message: "invalid or missing API key: send it as \"Authorization: Bearer KEY\""}, "invalid_api_key"))
+			return
+		}
+		if model != "" {
+			r = r.WithContext(context.WithValue(r.Context(), modelIDKey{}, model))
+		}
+		h(rec, r)
+	})
+}
+
+type modelIDKey struct{}
+
+func (s *Server) authorized(r *http.Request) bool {
+	if s.cfg.APIKey == "" {
+		return true
+	}
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(s.cfg.APIKey)) == 1
+}
+
+// statusRecorder remembers the status code for the metrics and the log.
+// Unwrap lets http.ResponseController reach the connection (Flush,
+// deadlines).
+type statusRecorder struct {
+	http.ResponseWriter
+	code  int
+	wrote bool
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	if !r.wrote {
+		r.code, r.wrote = code, true
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	if !r.wrote {
+		r.code, r.wrote = http.StatusOK, true
+	}
+	return r.ResponseWriter.Write(b)
+}
+
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	waiting, busy := s.q.length()
+	status, code := "ok", http.StatusOK
+	if s.shutting.Load() {
+		status, code = "shutting down", http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, map[string]any{"status": status, "model": s.cfg.ModelName, "queue": waiting, "busy": busy}, s.cfg.WriteTimeout)
+}
+
+func (s *Server) modelInfo() modelOut {
+	h := s.sess.Model.Hyper()
+	return modelOut{ID: s.cfg.ModelName, Object: "model", Created: s.created, OwnedBy: "ats",
+		Meta: map[string]any{
+			"arch":        h.Arch,
+			"n_ctx":       s.sess.Ctx.CtxSize(),
+			"n_ctx_train": h.NCtxTrain,
+			"n_vocab":     h.NVocab,
+			"size":        s.sess.Model.WeightBytes(),
+			"tool_format": s.format.String(),
+			"chat_family": s.tmpl.Family(),
+			"queue_limit": s.cfg.QueueLimit,
+		}}
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
+	if id, ok := r.Context().Value(modelIDKey{}).(string); ok {
+		if id != s.cfg.ModelName {
+			writeError(w, withCode(&apiError{Status: http.StatusNotFound, Type: typeInvalidRequest,
+				Message: fmt.Sprintf("the model %q does not exist; this server serves %q", id, s.cfg.ModelName)}, "model_not_found"))
+			return
+		}
+		writeJSON(w, http.StatusOK, s.modelInfo(), s.cfg.WriteTimeout)
+		return
+	}
+	writeJSON(w, http.StatusOK, modelList{Object: "list", Data: []modelOut{s.modelInfo()}}, s.cfg.WriteTimeout)
+}
+
+// newID makes a response id like OpenAI's.
+func newID(prefix string) string {
+	var b [12]byte
+	rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
