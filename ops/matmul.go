@@ -55,14 +55,9 @@ func (m Matrix) QuantizeActs(p *Pool, x []float32, nTok int, scratch []byte) []b
 func (m Matrix) MulQ(p *Pool, xq []byte, nTok int, out []float32, ldOut int) {
 	ab := m.Kernel.ActRowBytes(m.Cols)
 	rb := m.Kernel.RowBytes(m.Cols)
-	dot := m.Kernel.Dot
-	p.Run(m.Rows, 8, func(lo, hi int) {
-		for r := lo; r < hi; r++ {
-			w := m.Data[r*rb : (r+1)*rb]
-			for t := 0; t < nTok; t++ {
-				out[t*ldOut+r] = dot(m.Cols, w, xq[t*ab:(t+1)*ab])
-			}
-		}
+	mul := m.Kernel.mul
+	p.RunChunks(m.Rows, chunkRows(rb, nTok), func(lo, hi int) {
+		mul(m.Cols, m.Data[lo*rb:hi*rb], rb, hi-lo, xq, ab, nTok, out[lo:], ldOut)
 	})
 }
 
@@ -74,3 +69,53 @@ func (m Matrix) Mul(p *Pool, x []float32, nTok int, out []float32, ldOut int, sc
 
 // DequantizeRow decodes row r into dst (len Cols).
 func (m Matrix) DequantizeRow(r int, dst []float32) { m.Kernel.Dequantize(dst[:m.Cols], m.Row(r)) }
+
+// MulQGroup computes out_i[t*ldOut_i + r] = W_i[r]·x[t] for several
+// matrices over the same quantized activations (all with the same Cols and
+// activation format, as for Q, K and V), splitting their rows together over
+// the pool: one dispatch and one barrier instead of one per matrix.
+func MulQGroup(p *Pool, ms []Matrix, xq []byte, nTok int, outs [][]float32, ldOuts []int) {
+	if len(ms) == 0 {
+		return
+	}
+	ab := ms[0].Kernel.ActRowBytes(ms[0].Cols)
+	total := 0
+	for _, m := range ms {
+		if m.Cols != ms[0].Cols || m.Kernel.ActType != ms[0].Kernel.ActType {
+			panic("ops: MulQGroup: matrices differ in columns or activation format")
+		}
+		total += m.Rows
+	}
+	p.RunChunks(total, chunkRows(ms[0].Kernel.RowBytes(ms[0].Cols), nTok), func(lo, hi int) {
+		base := 0
+		for i, m := range ms {
+			a, b := max(lo-base, 0), min(hi-base, m.Rows)
+			if a < b {
+				rb := m.Kernel.RowBytes(m.Cols)
+				m.Kernel.mul(m.Cols, m.Data[a*rb:b*rb], rb, b-a, xq, ab, nTok, outs[i][a:], ldOuts[i])
+			}
+			base += m.Rows
+		}
+	})
+}
+
+// chunkBytes is about the weight traffic of one chunk of a product handed
+// to a thread: some microseconds of work, against a hand-off of about one.
+const chunkBytes = 64 << 10
+
+// rowBlockBytes is the weight bytes a kernel keeps in the L1/L2 cache while
+// several token groups pass over them (see the amd64 mul).
+const rowBlockBytes = 16 << 10
+
+// chunkRows is the smallest chunk of rows (of rb bytes) for nTok tokens
+// that the pool hands a thread (RunChunks starts bigger and ends there).
+// The work per row grows with the tokens (a 4-token pass costs about two
+// 1-token passes), so prefill chunks have fewer rows, but never fewer than
+// a cache block: the activations are read once per block.
+func chunkRows(rb, nTok int) int {
+	size := max(8, chunkBytes/(rb*max(1, nTok/2)))
+	if nTok > 1 {
+		size = max(size, rowBlockBytes/rb)
+	}
+	return size
+}

@@ -52,8 +52,11 @@ func Scale(x []float32, s float32) {
 // SiLU is x·sigmoid(x), as ggml_silu_f32 computes it.
 func SiLU(x float32) float32 { return x / (1 + float32(math.Exp(float64(-x)))) }
 
-// SwiGLU writes out[i] = silu(gate[i]) * up[i].
-func SwiGLU(out, gate, up []float32) {
+// SwiGLU writes out[i] = silu(gate[i]) * up[i], with the active CPU
+// level's kernel (swigluGeneric is the reference).
+func SwiGLU(out, gate, up []float32) { swigluKernel(out, gate, up) }
+
+func swigluGeneric(out, gate, up []float32) {
 	up = up[:len(gate)]
 	out = out[:len(gate)]
 	for i, g := range gate {

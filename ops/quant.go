@@ -1,8 +1,9 @@
 package ops
 
-// The CPU quantization formats: one Kernel per weight type, each the pure-Go
-// reference (and fallback) for the assembly kernels, computing the way
-// llama.cpp's CPU backend does.
+// The CPU quantization formats: one Kernel per weight type. The functions in
+// quant*.go are the pure-Go reference (LevelGeneric, and the fallback) of
+// the assembly kernels, computing the way llama.cpp's generic CPU code does;
+// cpu.go switches the Kernel values to the assembly of the CPU's level.
 //
 // Floating-point note: Go may fuse x*y+z into one FMA on some architectures
 // (arm64, ppc64, s390x, riscv64) but not on amd64. ggml's scalar C code
@@ -43,6 +44,10 @@ type Kernel struct {
 	// activations already in ActType format, computed the way llama.cpp's
 	// generic ggml_vec_dot_<type>_<acttype> does it.
 	Dot func(n int, w []byte, x []byte) float32
+
+	// mul is Dot over rows × tokens (see mulFunc); assembly levels compute
+	// several tokens per pass over a weight row.
+	mul mulFunc
 
 	actBlockSize, actBlockBytes int
 }
@@ -141,6 +146,7 @@ func buildKernels() map[gguf.Type]*Kernel {
 			Dequantize:    codecs[s.t].dequant,
 			QuantizeAct:   actQuantizers[s.act],
 			Dot:           s.dot,
+			mul:           genericImpl(s.t).mul,
 			actBlockSize:  actInfo.BlockSize,
 			actBlockBytes: actInfo.BlockBytes,
 		}

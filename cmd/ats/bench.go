@@ -1,0 +1,433 @@
+package main
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/atsinfer/ats/ops"
+	"github.com/atsinfer/ats/runtime"
+)
+
+// benchResult is one test of `ats bench`, with llama-bench's JSON field
+// names so the two tools' outputs can be compared by the same scripts.
+type benchResult struct {
+	Build        string    `json:"build_commit"`
+	CPUInfo      string    `json:"cpu_info"`
+	CPULevel     string    `json:"cpu_level"`
+	Backend      string    `json:"backends"`
+	ModelFile    string    `json:"model_filename"`
+	ModelType    string    `json:"model_type"`
+	ModelSize    int64     `json:"model_size"`
+	ModelParams  int64     `json:"model_n_params"`
+	NBatch       int       `json:"n_batch"`
+	NThreads     int       `json:"n_threads"`
+	NPrompt      int       `json:"n_prompt"`
+	NGen         int       `json:"n_gen"`
+	Test         string    `json:"test"`
+	Time         string    `json:"test_time"`
+	AvgNs        int64     `json:"avg_ns"`
+	StddevNs     int64     `json:"stddev_ns"`
+	AvgTs        float64   `json:"avg_ts"`
+	StddevTs     float64   `json:"stddev_ts"`
+	SamplesNs    []int64   `json:"samples_ns"`
+	SamplesTs    []float64 `json:"samples_ts"`
+	WeightGBps   float64   `json:"weight_gbps,omitempty"` // tg only: weight bytes read per second
+	modelPretty  string
+	sizeReadable string
+}
+
+// benchOptions are the flags of `ats bench`.
+type benchOptions struct {
+	models   []string
+	prompts  []int
+	gens     []int
+	threads  []int
+	reps     int
+	batch    int
+	output   string
+	noWarmup bool
+	progress bool
+	backend  string // cpu, gpu or auto (runtime.ContextOptions.Backend)
+}
+
+func init() {
+	register(func() *cobra.Command {
+		var o benchOptions
+		var prompts, gens, threads string
+		cmd := &cobra.Command{
+			Use:   "bench -m MODEL [-p 512] [-n 128] [-r 5] [-t THREADS] [-o md|json|csv]",
+			Short: "Measure prompt processing and generation speed, like llama-bench",
+			Long: `bench measures tokens per second of prompt processing (pp: N random
+tokens in one batch from an empty cache) and of text generation (tg: N
+tokens one at a time from an empty cache), each repeated -r times after one
+warm-up run, and reports the mean and standard deviation over the
+repetitions, the way llama-bench does (its output formats and JSON field
+names too, so the two tools' results can be put side by side).
+
+-p, -n and -t take comma-separated lists; -p 0 or -n 0 skips that test.`,
+			Args: cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				var err error
+				if o.prompts, err = parseIntList("-p", prompts, 0); err != nil {
+					return err
+				}
+				if o.gens, err = parseIntList("-n", gens, 0); err != nil {
+					return err
+				}
+				if o.threads, err = parseIntList("-t", threads, 1); err != nil {
+					return err
+				}
+				if len(o.models) == 0 {
+					return fmt.Errorf("bench: -m MODEL is required")
+				}
+				if o.reps < 1 {
+					return fmt.Errorf("bench: -r %d: need at least one repetition", o.reps)
+				}
+				switch o.output {
+				case "md", "json", "csv":
+				default:
+					return fmt.Errorf("bench: -o %q: want md, json or csv", o.output)
+				}
+				return runBench(cmd.OutOrStdout(), cmd.ErrOrStderr(), o)
+			},
+		}
+		f := cmd.Flags()
+		f.StringSliceVarP(&o.models, "model", "m", nil, "GGUF model file (repeat or comma-separate for several)")
+		f.StringVarP(&prompts, "n-prompt", "p", "512", "prompt lengths to test (comma separated; 0: none)")
+		f.StringVarP(&gens, "n-gen", "n", "128", "generation lengths to test (comma separated; 0: none)")
+		f.StringVarP(&threads, "threads", "t", strconv.Itoa(ops.DefaultThreads()), "CPU threads (comma separated)")
+		f.IntVarP(&o.reps, "repetitions", "r", 5, "repetitions of each test")
+		f.IntVarP(&o.batch, "batch-size", "b", 512, "most prompt tokens computed together")
+		f.StringVarP(&o.output, "output", "o", "md", "output format: md, json or csv")
+		f.BoolVar(&o.noWarmup, "no-warmup", false, "skip the warm-up run")
+		f.BoolVar(&o.progress, "progress", false, "print each run to stderr as it finishes")
+		f.StringVar(&o.backend, "backend", runtime.BackendAuto, "cpu, gpu (every op on the GPU) or auto (the GPU when usable)")
+		return cmd
+	})
+}
+
+// parseIntList reads "512,1024"; every value must be >= lo.
+func parseIntList(flag, s string, lo int) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		v, err := strconv.Atoi(f)
+		if err != nil || v < lo {
+			return nil, fmt.Errorf("bench: %s: %q is not a number >= %d", flag, f, lo)
+		}
+		out = append(out, v)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("bench: %s: no values", flag)
+	}
+	return out, nil
+}
+
+func runBench(stdout, stderr io.Writer, o benchOptions) error {
+	if n := ops.CPUNote(); n != "" {
+		fmt.Fprintln(stderr, "note:", n)
+	}
+	var results []benchResult
+	md := o.output == "md"
+	if md {
+		printMarkdownHeader(stdout)
+	}
+	for _, path := range o.models {
+		m, err := runtime.Open(path)
+		if err != nil {
+			return err
+		}
+		info := describeModel(m, path)
+		for _, th := range o.threads {
+			var tests []benchResult
+			for _, p := range o.prompts {
+				if p > 0 {
+					tests = append(tests, benchResult{NPrompt: p, Test: fmt.Sprintf("pp%d", p)})
+				}
+			}
+			for _, n := range o.gens {
+				if n > 0 {
+					tests = append(tests, benchResult{NGen: n, Test: fmt.Sprintf("tg%d", n)})
+				}
+			}
+			for _, r := range tests {
+				fillCommon(&r, info, th, o.batch)
+				if err := benchOne(m, &r, o, stderr); err != nil {
+					m.Close()
+					return err
+				}
+				if md {
+					printMarkdownRow(stdout, &r)
+				}
+				results = append(results, r)
+			}
+		}
+		m.Close()
+	}
+	switch o.output {
+	case "json":
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if results == nil {
+			results = []benchResult{}
+		}
+		return enc.Encode(results)
+	case "csv":
+		return writeCSV(stdout, results)
+	}
+	if md {
+		fmt.Fprintf(stdout, "\nbuild: %s (%s), CPU kernels: %s\n", results0(results).Build, goVersion(), ops.CPULevel())
+	}
+	return nil
+}
+
+func results0(r []benchResult) benchResult {
+	if len(r) == 0 {
+		return benchResult{Build: buildCommit()}
+	}
+	return r[0]
+}
+
+// modelInfo is what the report says about a model.
+type modelInfo struct {
+	file, pretty, typ string
+	size, params      int64
+	weightBytes       int64
+}
+
+func describeModel(m *runtime.Model, path string) modelInfo {
+	var size, params int64
+	for _, t := range m.File.Tensors {
+		size += int64(t.Size)
+		params += int64(t.Elements())
+	}
+	h := m.Hyper()
+	ft := "?"
+	if v, err := m.File.Uint("general.file_type"); err == nil {
+		ft = fileTypeName(v)
+	}
+	label := sizeLabel(m, params)
+	return modelInfo{
+		file:        path,
+		typ:         fmt.Sprintf("%s %s %s", h.Arch, label, ft),
+		pretty:      fmt.Sprintf("%s %s %s", h.Arch, label, ft),
+		size:        size,
+		params:      params,
+		weightBytes: m.WeightBytes(),
+	}
+}
+
+// sizeLabel is the model's size as llama-bench prints it (0.6B, 14B, 30B):
+// general.size_label when the file has one, else the parameter count in
+// billions, whole ones rounded down (llama.cpp names by architecture size
+// class, which rounding down matches for the usual models).
+func sizeLabel(m *runtime.Model, params int64) string {
+	if s, err := m.File.String("general.size_label"); err == nil && s != "" {
+		return s
+	}
+	b := float64(params) / 1e9
+	if b >= 1 {
+		return fmt.Sprintf("%.0fB", math.Floor(b))
+	}
+	return fmt.Sprintf("%.1fB", b)
+}
+
+// fileTypeName is llama.cpp's name of general.file_type (llama_ftype).
+func fileTypeName(v uint64) string {
+	names := map[uint64]string{
+		0: "all F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1",
+		10: "Q2_K - Medium", 11: "Q3_K - Small", 12: "Q3_K - Medium", 13: "Q3_K - Large",
+		14: "Q4_K - Small", 15: "Q4_K - Medium", 16: "Q5_K - Small", 17: "Q5_K - Medium",
+		18: "Q6_K", 32: "BF16",
+	}
+	if n, ok := names[v]; ok {
+		return n
+	}
+	return fmt.Sprintf("ftype %d", v)
+}
+
+func fillCommon(r *benchResult, info modelInfo, threads, batch int) {
+	r.Build = buildCommit()
+	r.CPUInfo = cpuName()
+	r.CPULevel = ops.CPULevel().String()
+	r.Backend = "CPU"
+	r.ModelFile = info.file
+	r.ModelType = info.typ
+	r.ModelSize = info.size
+	r.ModelParams = info.params
+	r.NBatch = batch
+	r.NThreads = threads
+	r.Time = time.Now().UTC().Format(time.RFC3339)
+	r.modelPretty = info.pretty
+	if r.NGen > 0 {
+		r.WeightGBps = float64(info.weightBytes) / 1e9 // times tokens/s below
+	}
+}
+
+// benchOne runs one test: a warm-up, then o.reps timed runs, each from an
+// empty cache with fresh random tokens.
+func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer) error {
+	h := m.Hyper()
+	ctxSize := r.NPrompt + r.NGen
+	c, err := m.NewContext(runtime.ContextOptions{Threads: r.NThreads, CtxSize: ctxSize, Batch: o.batch, Backend: o.backend})
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if c.Backend() == runtime.BackendGPU {
+		r.Backend = "CUDA" // llama-bench's name for it
+	}
+	rng := rand.New(rand.NewPCG(uint64(ctxSize), uint64(r.NThreads)))
+	tokens := func(n int) []int {
+		t := make([]int, n)
+		for i := range t {
+			t[i] = rng.IntN(h.NVocab)
+		}
+		return t
+	}
+	run := func(warm bool) (time.Duration, error) {
+		if err := c.Truncate(0); err != nil {
+			return 0, err
+		}
+		if r.NPrompt > 0 {
+			toks := tokens(r.NPrompt)
+			start := time.Now()
+			if _, err := c.EvalView(toks, false); err != nil {
+				return 0, err
+			}
+			return time.Since(start), nil
+		}
+		n := r.NGen
+		if warm {
+			n = 1 // llama-bench warms generation up with one token
+		}
+		toks := tokens(n)
+		start := time.Now()
+		for _, t := range toks {
+			if _, err := c.EvalView([]int{t}, false); err != nil {
+				return 0, err
+			}
+		}
+		return time.Since(start), nil
+	}
+	if !o.noWarmup {
+		if _, err := run(true); err != nil {
+			return err
+		}
+	}
+	nTok := r.NPrompt + r.NGen
+	for i := 0; i < o.reps; i++ {
+		debug.FreeOSMemory() // no collector work from earlier runs inside the timing
+		d, err := run(false)
+		if err != nil {
+			return err
+		}
+		r.SamplesNs = append(r.SamplesNs, d.Nanoseconds())
+		r.SamplesTs = append(r.SamplesTs, float64(nTok)/d.Seconds())
+		if o.progress {
+			fmt.Fprintf(stderr, "%s t=%d run %d/%d: %.2f t/s\n", r.Test, r.NThreads, i+1, o.reps, float64(nTok)/d.Seconds())
+		}
+	}
+	ns := make([]float64, len(r.SamplesNs))
+	for i, v := range r.SamplesNs {
+		ns[i] = float64(v)
+	}
+	avgNs, sdNs := meanStddev(ns)
+	r.AvgNs, r.StddevNs = int64(avgNs), int64(sdNs)
+	r.AvgTs, r.StddevTs = meanStddev(r.SamplesTs)
+	if r.NGen > 0 {
+		r.WeightGBps *= r.AvgTs
+	}
+	return nil
+}
+
+// meanStddev is the mean and the sample standard deviation (n-1), as
+// llama-bench reports them; one sample has deviation 0.
+func meanStddev(v []float64) (mean, sd float64) {
+	for _, x := range v {
+		mean += x
+	}
+	mean /= float64(len(v))
+	if len(v) < 2 {
+		return mean, 0
+	}
+	for _, x := range v {
+		sd += (x - mean) * (x - mean)
+	}
+	return mean, math.Sqrt(sd / float64(len(v)-1))
+}
+
+func printMarkdownHeader(w io.Writer) {
+	fmt.Fprintln(w, "| model | size | params | backend | threads | test | t/s |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | --- | ---: | ---: | ---: |")
+}
+
+func printMarkdownRow(w io.Writer, r *benchResult) {
+	backend := "CPU (" + r.CPULevel + ")"
+	if r.Backend != "CPU" {
+		backend = r.Backend
+	}
+	fmt.Fprintf(w, "| %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f ± %.2f |\n",
+		r.modelPretty, float64(r.ModelSize)/(1<<30), float64(r.ModelParams)/1e9, backend, r.NThreads, r.Test, r.AvgTs, r.StddevTs)
+}
+
+func writeCSV(w io.Writer, rs []benchResult) error {
+	cw := csv.NewWriter(w)
+	cw.Write([]string{"build_commit", "cpu_info", "cpu_level", "backends", "model_filename", "model_type", "model_size", "model_n_params",
+		"n_batch", "n_threads", "n_prompt", "n_gen", "test", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts"})
+	for _, r := range rs {
+		cw.Write([]string{r.Build, r.CPUInfo, r.CPULevel, r.Backend, r.ModelFile, r.ModelType,
+			strconv.FormatInt(r.ModelSize, 10), strconv.FormatInt(r.ModelParams, 10),
+			strconv.Itoa(r.NBatch), strconv.Itoa(r.NThreads), strconv.Itoa(r.NPrompt), strconv.Itoa(r.NGen), r.Test, r.Time,
+			strconv.FormatInt(r.AvgNs, 10), strconv.FormatInt(r.StddevNs, 10),
+			strconv.FormatFloat(r.AvgTs, 'f', 6, 64), strconv.FormatFloat(r.StddevTs, 'f', 6, 64)})
+	}
+	cw.Flush()
+	return cw.Error()
+}
+
+func buildCommit() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 7 {
+				return s.Value[:7]
+			}
+		}
+	}
+	return version
+}
+
+func goVersion() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		return bi.GoVersion
+	}
+	return "go"
+}
+
+// cpuName is the CPU model from /proc/cpuinfo where there is one.
+func cpuName() string {
+	b, err := os.ReadFile("/proc/cpuinfo")
+	if err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+				return strings.TrimSpace(v)
+			}
+		}
+	}
+	return filepath.Base(os.Args[0])
+}

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/atsinfer/ats/tools/synth"
+)
+
+// tinyModel writes a small synthetic model for the bench tests.
+func tinyModel(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "tiny.gguf")
+	if _, err := synth.Write(path, synth.Options{Preset: "tiny-qwen3", Layout: "q4_k_m", Seed: 3}); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+func TestBenchJSON(t *testing.T) {
+	m := tinyModel(t)
+	out, _, err := runATS(t, "bench", "-m", m, "-p", "16", "-n", "4", "-r", "3", "-t", "1,2", "-o", "json", "--backend", "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs []map[string]any
+	if err := json.Unmarshal([]byte(out), &rs); err != nil {
+		t.Fatalf("not a JSON array: %v\n%s", err, out)
+	}
+	if len(rs) != 4 {
+		t.Fatalf("%d results, want 4 (pp and tg at 1 and 2 threads)", len(rs))
+	}
+	for _, r := range rs {
+		for _, k := range []string{"test", "n_prompt", "n_gen", "avg_ts", "stddev_ts", "n_threads", "samples_ts", "model_size", "model_n_params"} {
+			if _, ok := r[k]; !ok {
+				t.Errorf("result lacks %q: %v", k, r)
+			}
+		}
+		switch r["test"] {
+		case "pp16":
+			if r["n_prompt"] != 16.0 || r["n_gen"] != 0.0 {
+				t.Errorf("pp16: n_prompt %v n_gen %v", r["n_prompt"], r["n_gen"])
+			}
+		case "tg4":
+			if r["n_prompt"] != 0.0 || r["n_gen"] != 4.0 {
+				t.Errorf("tg4: n_prompt %v n_gen %v", r["n_prompt"], r["n_gen"])
+			}
+		default:
+			t.Errorf("unexpected test %v", r["test"])
+		}
+		if ts, _ := r["avg_ts"].(float64); !(ts > 0) {
+			t.Errorf("%v: avg_ts %v", r["test"], r["avg_ts"])
+		}
+		if s, _ := r["samples_ts"].([]any); len(s) != 3 {
+			t.Errorf("%v: %d samples, want 3", r["test"], len(s))
+		}
+	}
+}
+
+func TestBenchMarkdownAndCSV(t *testing.T) {
+	m := tinyModel(t)
+	out, _, err := runATS(t, "bench", "-m", m, "-p", "8", "-n", "2", "-r", "2", "-t", "1", "--backend", "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| model |", "| pp8 |", "| tg2 |", " ± "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("markdown lacks %q:\n%s", want, out)
+		}
+	}
+	out, _, err = runATS(t, "bench", "-m", m, "-p", "8", "-n", "0", "-r", "1", "-t", "1", "-o", "csv", "--backend", "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(strings.NewReader(out)).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 2 || rows[0][12] != "test" || rows[1][12] != "pp8" {
+		t.Errorf("csv: %q", rows)
+	}
+}
+
+func TestBenchErrors(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"bench"}, "-m MODEL"},
+		{[]string{"bench", "-m", "x.gguf", "-o", "xml"}, "want md, json or csv"},
+		{[]string{"bench", "-m", "x.gguf", "-r", "0"}, "repetition"},
+		{[]string{"bench", "-m", "x.gguf", "-p", "abc"}, "-p"},
+		{[]string{"bench", "-m", "x.gguf", "-t", "0"}, "-t"},
+		{[]string{"bench", "-m", filepath.Join(t.TempDir(), "missing.gguf"), "--backend", "cpu"}, "missing.gguf"},
+	} {
+		_, _, err := runATS(t, c.args...)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%v: error %v, want one mentioning %q", c.args, err, c.want)
+		}
+	}
+}

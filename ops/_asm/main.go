@@ -1,0 +1,80 @@
+// Command _asm generates ats's amd64 CPU kernels (../dot_amd64.s and the
+// Go declarations in ../dot_decl_amd64.go, the dispatch in ../dot_dispatch_amd64.go) with avo. It is a module of its
+// own so that the main module does not depend on avo:
+//
+//	cd ops/_asm && go generate
+//
+// Every kernel has a pure-Go twin in package ops (quant*.go) that is the
+// reference: the generated code must agree with it, bit for bit where the
+// arithmetic is integer and within float rounding elsewhere; ops's tests
+// check that on random data for every CPU level.
+//
+// Three instruction-set levels are generated from the same code:
+//
+//	AVX2    256-bit AVX2 + FMA + F16C (VPMADDUBSW / VPMADDWD for the int8 dots)
+//	AVX512  512-bit AVX-512 F/BW/VL/DQ, same integer method
+//	VNNI    AVX-512 + AVX512_VNNI (VPDPBUSD / VPDPWSSD)
+//
+// avo v0.5.0's instruction table predates AVX512_VNNI, so VPDPBUSD and
+// VPDPWSSD are emitted as raw IR instructions (see vnni.go); Go's assembler
+// encodes them (EVEX). The VEX-encoded AVX-VNNI forms, which CPUs without
+// AVX-512 (Intel client cores) would need, have no Go assembler mnemonic;
+// such CPUs run the AVX2 kernels.
+package main
+
+//go:generate go run . -out ../dot_amd64.s -stubs ../dot_decl_amd64.go -pkg ops -dispatch ../dot_dispatch_amd64.go
+
+import (
+	"flag"
+	"log"
+	"os"
+
+	. "github.com/mmcloughlin/avo/build"
+)
+
+var dispatch = flag.String("dispatch", "", "write the Go dispatch of the row×token kernels here")
+
+// While working on one kernel, ISA=AVX2|AVX512|VNNI, FAMILY=Q4K|Q5K|Q6K|Q80|Q40
+// and TOK=n restrict what is generated (the output is then incomplete:
+// never commit it).
+func isas() []isa {
+	if v := os.Getenv("ISA"); v != "" {
+		for _, s := range []isa{isaAVX2, isaAVX512, isaVNNI} {
+			if s.name == v {
+				return []isa{s}
+			}
+		}
+	}
+	return []isa{isaAVX2, isaAVX512, isaVNNI}
+}
+
+func main() {
+	flag.Parse()
+	ConstraintExpr("amd64,!noasm")
+	for _, s := range isas() {
+		for _, t := range s.tokens() {
+			for _, f := range []struct {
+				name string
+				gen  func(isa, int)
+			}{{"Q4K", genQ4K}, {"Q5K", genQ5K}, {"Q6K", genQ6K}, {"Q80", genQ8_0}, {"Q40", genQ4_0}} {
+				if fam := os.Getenv("FAMILY"); fam == "" || fam == f.name {
+					f.gen(s, t)
+				}
+			}
+		}
+		genF32(s)
+		genF16(s)
+		genQuantQ8K(s)
+		genQuantQ8_0(s)
+		genSwiGLU(s)
+		genExpShift(s)
+		genCvtF16(s)
+		genScaleRoundF16(s)
+	}
+	Generate()
+	if *dispatch != "" {
+		if err := writeDispatch(*dispatch); err != nil {
+			log.Fatal(err)
+		}
+	}
+}

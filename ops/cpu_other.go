@@ -1,0 +1,18 @@
+//go:build noasm || !amd64
+
+package ops
+
+import "github.com/atsinfer/ats/gguf"
+
+// archLevels: without assembly only the pure-Go kernels exist.
+var archLevels = []Level{LevelGeneric}
+
+func archImpl(Level, gguf.Type) impl { return impl{} }
+
+func archFloat(Level) (rowsFunc, axpyFunc) { return nil, nil }
+
+func archVMath(Level) (swigluFunc, expShiftFunc) { return nil, nil }
+
+func archCvtF16(Level) (func(dst []uint16, src []float32), func(x []float32, scale float32)) {
+	return nil, nil
+}
