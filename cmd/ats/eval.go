@@ -65,13 +65,11 @@ ats's numerics are checked against llama.cpp's.`,
 					return fmt.Errorf("eval: --n-gen %d is negative", nGen)
 				}
 				switch backend {
-				case "cpu", "auto":
-				case "gpu":
-					return fmt.Errorf("eval: --backend gpu: this build of ats has no GPU backend yet; use --backend cpu")
+				case runtime.BackendCPU, runtime.BackendGPU, runtime.BackendAuto:
 				default:
 					return fmt.Errorf("eval: --backend %q: want cpu, gpu or auto", backend)
 				}
-				opt := runtime.ContextOptions{Threads: threads, CtxSize: ctxSize}
+				opt := runtime.ContextOptions{Threads: threads, CtxSize: ctxSize, Backend: backend}
 				switch kvType {
 				case "f16":
 				case "f32":
@@ -115,8 +113,12 @@ ats's numerics are checked against llama.cpp's.`,
 					next = ops.Argmax(l)
 				}
 				tDecode := time.Since(start)
-				fmt.Fprintf(cmd.ErrOrStderr(), "%s\nprefill: %d tokens in %v (%.1f t/s); decode: %d tokens in %v; %d threads\n",
-					m, len(prompt), tPrefill.Round(time.Microsecond), float64(len(prompt))/tPrefill.Seconds(), nGen, tDecode.Round(time.Microsecond), c.Threads())
+				where := fmt.Sprintf("%d threads", c.Threads())
+				if c.Backend() == runtime.BackendGPU {
+					where = "on the GPU"
+				}
+				fmt.Fprintf(cmd.ErrOrStderr(), "%s\nprefill: %d tokens in %v (%.1f t/s); decode: %d tokens in %v; %s\n",
+					m, len(prompt), tPrefill.Round(time.Microsecond), float64(len(prompt))/tPrefill.Seconds(), nGen, tDecode.Round(time.Microsecond), where)
 				if out == "" {
 					fmt.Fprintln(cmd.OutOrStdout(), "generated:", res.Generated)
 					return nil

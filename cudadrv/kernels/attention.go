@@ -1,0 +1,228 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+
+	"github.com/atsinfer/ats/cudadrv"
+)
+
+// Attention holds the kernels of attention.cu (KV-cache writes, flash
+// attention over an f16 cache, the split-K combine) loaded in one context.
+type Attention struct {
+	Module  *cudadrv.Module
+	store   *cudadrv.Function
+	combine *cudadrv.Function
+	attn    map[int]*cudadrv.Function // by values per lane: ceil(headSize/32)
+	// optin is the shared memory a block of the attention kernels may use
+	// (the device's opt-in limit, granted at load): decode takes larger
+	// tiles with it.
+	optin int
+}
+
+// LoadAttention loads attention.cu's PTX for the context's device.
+func LoadAttention(ctx *cudadrv.Context) (*Attention, error) {
+	m, err := Load(ctx, "attention")
+	if err != nil {
+		return nil, err
+	}
+	k := &Attention{Module: m, attn: map[int]*cudadrv.Function{}}
+	if err := lookup(m, map[string]**cudadrv.Function{"kv_store_f16": &k.store, "attn_combine": &k.combine}); err != nil {
+		_ = m.Unload()
+		return nil, err
+	}
+	optin, err := ctx.Device().Attribute(cudadrv.AttrMaxSharedMemoryPerBlockOptin)
+	if err != nil {
+		_ = m.Unload()
+		return nil, err
+	}
+	k.optin = max(attnShared, optin)
+	for _, d := range attnDPL {
+		f, err := m.Function(fmt.Sprintf("attn_f16_d%d", d))
+		if err == nil && k.optin > attnShared {
+			// Opting in once, at load, keeps the launches capturable.
+			err = f.SetAttribute(cudadrv.FuncMaxDynamicSharedSizeBytes, k.optin)
+		}
+		if err != nil {
+			_ = m.Unload()
+			return nil, err
+		}
+		k.attn[d] = f
+	}
+	return k, nil
+}
+
+// Unload unloads the module.
+func (k *Attention) Unload() error { return k.Module.Unload() }
+
+// attnDPL are the instantiated values per lane (head sizes up to 32*d).
+var attnDPL = []int{1, 2, 3, 4, 8}
+
+// The kernel's fixed shape (attention.cu): query rows per block, threads.
+const (
+	attnRows    = 16
+	attnThreads = 128
+	// attnShared is the shared memory a block may use without opting in.
+	attnShared = 48 << 10
+)
+
+// Store queues writing nTok rows of keys and values (k, v: [nTok][width]
+// float) as f16 into rows pos0.. of the caches kc, vc ([ctx][width] f16),
+// pos0 read on the device from an int32.
+func (k *Attention) Store(s *cudadrv.Stream, kc, vc, kSrc, vSrc cudadrv.DevicePtr, width int, pos0 cudadrv.DevicePtr, nTok int) error {
+	n := width * nTok
+	if n == 0 {
+		return nil
+	}
+	return launch(k.store, s, grid1(n, 256), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
+		a.Ptr(kc).Ptr(vc).Ptr(kSrc).Ptr(vSrc).I32(int32(width)).Ptr(pos0).I32(int32(nTok))
+	})
+}
+
+// AttnArgs describe one attention launch: causal GQA of NTok query rows at
+// positions pos0.. over cache rows 0..pos0+t.
+type AttnArgs struct {
+	Out, Q cudadrv.DevicePtr // [NTok][NHeads*HeadSize] float
+	K, V   cudadrv.DevicePtr // the layer's cache, [ctx][NKV*HeadSize] f16
+	Pos0   cudadrv.DevicePtr // device int32
+
+	NTok, NHeads, NKV, HeadSize int
+	Scale                       float32
+
+	// Splits > 1 divides the cache positions into chunks of Chunk, one
+	// block column each, combined afterwards (split-K, for decode over
+	// long contexts); Part and ML are their scratch (AttnScratch). Splits
+	// and Chunk must cover every position that can be attended, up to the
+	// cache size: a graph captured with them replays at any position.
+	Splits, Chunk int
+	Part, ML      cudadrv.DevicePtr
+
+	// Q8, when set, also receives Out in the Q8_1 layout of QuantizeQ8_1
+	// (Q8_1Bytes(NTok, NHeads*HeadSize); HeadSize % 32 == 0): the input of
+	// the output projection, without a launch of its own.
+	Q8 cudadrv.DevicePtr
+}
+
+// AttnScratch is the bytes of Part and ML for a launch of nTok rows and
+// the given splits.
+func AttnScratch(nTok, nHeads, headSize, splits int) (part, ml int) {
+	rows := splits * nTok * nHeads
+	return 4 * rows * headSize, 8 * rows
+}
+
+// DecodeSplits chooses the split-K layout for decoding over a cache of ctx
+// positions: about two blocks per multiprocessor when the cache is full,
+// chunks of at least 64 positions. Short contexts leave the later splits
+// empty; they exit at once.
+func DecodeSplits(ctx, nKV, multiprocessors int) (splits, chunk int) {
+	want := max(1, 2*multiprocessors/max(1, nKV))
+	chunk = max(64, (ctx+want-1)/want)
+	chunk = (chunk + 63) &^ 63
+	return (ctx + chunk - 1) / chunk, chunk
+}
+
+// attnPlan is the launch shape of a head size and group.
+type attnPlan struct {
+	dpl, hb, bk, tpr, shared int
+}
+
+// planAttention picks the kernel variant, heads per block and tile for
+// nTok query rows. Tiles fit 48 KiB of shared memory (several blocks per
+// multiprocessor for prefill), except for decode, which has few blocks and
+// a serial walk over the cache per block: it takes the largest tile that
+// fits limit, the fewer the tiles the shorter the walk.
+func planAttention(nHeads, nKV, hs, nTok, limit int) (attnPlan, error) {
+	if hs <= 0 || hs%4 != 0 || hs > 32*attnDPL[len(attnDPL)-1] || nKV <= 0 || nHeads%nKV != 0 {
+		return attnPlan{}, fmt.Errorf("kernels: attention of %d heads over %d KV heads of %d: head size must be a multiple of 4 up to 256", nHeads, nKV, hs)
+	}
+	var p attnPlan
+	for _, d := range attnDPL {
+		if 32*d >= hs {
+			p.dpl = d
+			break
+		}
+	}
+	// Heads per block: the largest divisor of the group that fits the rows,
+	// so a block's K/V tile serves as many heads as possible.
+	group := nHeads / nKV
+	for hb := min(group, attnRows); hb >= 1; hb-- {
+		if group%hb == 0 {
+			p.hb = hb
+			break
+		}
+	}
+	// A block has min(nTok, rows/hb) tokens of hb heads; with at most 8
+	// rows, 16 threads share each row's scores.
+	p.tpr = 8
+	if min(nTok, attnRows/p.hb)*p.hb <= attnRows/2 {
+		p.tpr = 16
+	}
+	budget := attnShared
+	if nTok == 1 {
+		budget = limit
+	}
+	for _, bk := range []int{64, 32, 16, 8} {
+		floats := attnRows*(hs+1) + bk*(hs+1) + bk*hs + attnRows*bk + 3*attnRows
+		if 4*floats <= budget {
+			p.bk, p.shared = bk, 4*floats
+			break
+		}
+	}
+	if p.bk == 0 {
+		return attnPlan{}, fmt.Errorf("kernels: attention head size %d needs more shared memory than %d bytes", hs, budget)
+	}
+	return p, nil
+}
+
+// Run queues the attention of a.NTok query rows. With a.Splits > 1 it
+// queues the split kernel and the combine.
+func (k *Attention) Run(s *cudadrv.Stream, a *AttnArgs) error {
+	if a.NTok == 0 {
+		return nil
+	}
+	p, err := planAttention(a.NHeads, a.NKV, a.HeadSize, a.NTok, k.optin)
+	if err != nil {
+		return err
+	}
+	splits, chunk := a.Splits, a.Chunk
+	if splits <= 1 {
+		splits, chunk = 1, math.MaxInt32
+	} else if chunk <= 0 || a.Part == 0 || a.ML == 0 {
+		return fmt.Errorf("kernels: split attention needs a chunk size and scratch")
+	}
+	tb := attnRows / p.hb
+	grid := cudadrv.Dim3{X: uint32(cudadrv.Blocks(a.NTok, tb)), Y: uint32(a.NHeads / p.hb), Z: uint32(splits)}
+	var q8, q8ds cudadrv.DevicePtr
+	if a.Q8 != 0 {
+		if a.HeadSize%32 != 0 {
+			return fmt.Errorf("kernels: Q8_1 output of attention with heads of %d", a.HeadSize)
+		}
+		q8, q8ds = a.Q8, a.Q8.Add(align16(a.NTok*a.NHeads*a.HeadSize))
+	}
+	// struct AttnParams of attention.cu: 7 pointers, a float, 9 ints and 2
+	// more pointers (the 9th int ends where the 8-byte aligned pointers
+	// begin, at 96).
+	var b [112]byte
+	for i, ptr := range []cudadrv.DevicePtr{a.Out, a.Part, a.ML, a.Q, a.K, a.V, a.Pos0} {
+		binary.LittleEndian.PutUint64(b[8*i:], uint64(ptr))
+	}
+	binary.LittleEndian.PutUint32(b[56:], math.Float32bits(a.Scale))
+	for i, v := range []int{a.NTok, a.NHeads, a.NKV, a.HeadSize, p.hb, p.bk, p.tpr, chunk, splits} {
+		binary.LittleEndian.PutUint32(b[60+4*i:], uint32(int32(v)))
+	}
+	binary.LittleEndian.PutUint64(b[96:], uint64(q8))
+	binary.LittleEndian.PutUint64(b[104:], uint64(q8ds))
+	if err := launch(k.attn[p.dpl], s, grid, cudadrv.D1(attnThreads), p.shared, func(args *cudadrv.Args) {
+		args.Bytes(b[:])
+	}); err != nil {
+		return err
+	}
+	if splits == 1 {
+		return nil
+	}
+	rows := a.NTok * a.NHeads
+	return launch(k.combine, s, cudadrv.D1(rows), cudadrv.D1(min(1024, (a.HeadSize+31)&^31)), 0, func(args *cudadrv.Args) {
+		args.Ptr(a.Out).Ptr(a.Part).Ptr(a.ML).I32(int32(splits)).I32(int32(rows)).I32(int32(a.HeadSize)).Ptr(q8).Ptr(q8ds)
+	})
+}

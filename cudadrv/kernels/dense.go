@@ -1,0 +1,81 @@
+package kernels
+
+import (
+	"github.com/atsinfer/ats/cudadrv"
+)
+
+// Dense holds the kernels of dense.cu: the reference products of float32
+// weights with float32 activations, loaded in one context.
+type Dense struct {
+	Module    *cudadrv.Module
+	matmul    *cudadrv.Function
+	getRows   *cudadrv.Function
+	moeMatmul *cudadrv.Function
+}
+
+// LoadDense loads dense.cu's PTX for the context's device.
+func LoadDense(ctx *cudadrv.Context) (*Dense, error) {
+	m, err := Load(ctx, "dense")
+	if err != nil {
+		return nil, err
+	}
+	k := &Dense{Module: m}
+	if err := lookup(m, map[string]**cudadrv.Function{
+		"dense_matmul_f32":     &k.matmul,
+		"dense_get_rows_f32":   &k.getRows,
+		"dense_moe_matmul_f32": &k.moeMatmul,
+	}); err != nil {
+		_ = m.Unload()
+		return nil, err
+	}
+	return k, nil
+}
+
+// Unload unloads the module.
+func (k *Dense) Unload() error { return k.Module.Unload() }
+
+// denseWarps is the warps per block of the products (one output row each).
+const denseWarps = 4
+
+func denseGrid(warps int) cudadrv.Dim3 {
+	return cudadrv.D1(max(1, min(cudadrv.Blocks(warps, denseWarps), 1<<16)))
+}
+
+// MatMul queues out[t*ldOut + r] = W[r]·x[t] for r < rows, t < nTok: W is
+// [rows][cols] float, x [nTok][cols].
+func (k *Dense) MatMul(s *cudadrv.Stream, out, w, x cudadrv.DevicePtr, rows, cols, nTok, ldOut int) error {
+	if rows == 0 || nTok == 0 {
+		return nil
+	}
+	return launch(k.matmul, s, denseGrid(rows), cudadrv.D1(32*denseWarps), 0, func(a *cudadrv.Args) {
+		a.Ptr(out).Ptr(w).Ptr(x).I32(int32(rows)).I32(int32(cols)).I32(int32(nTok)).I32(int32(ldOut))
+	})
+}
+
+// GetRows queues out[t] = W[ids[t]] for t < nTok (ids: device int32).
+func (k *Dense) GetRows(s *cudadrv.Stream, out, w, ids cudadrv.DevicePtr, cols, nTok int) error {
+	n := cols * nTok
+	if n == 0 {
+		return nil
+	}
+	return launch(k.getRows, s, grid1(n, 256), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
+		a.Ptr(out).Ptr(w).Ptr(ids).I32(int32(cols)).I32(int32(nTok))
+	})
+}
+
+// MoEMatMul queues, for each token t and slot j < topK with expert
+// e = ids[t*topK+j], out[(t*topK+j)*rows + r] = W[e][r]·x', where x' is
+// x[t] or, with perSlot, x[t*topK+j]. W is [experts][rows][cols] float.
+func (k *Dense) MoEMatMul(s *cudadrv.Stream, out, w, x cudadrv.DevicePtr, perSlot bool, ids cudadrv.DevicePtr, rows, cols, nTok, topK int) error {
+	n := nTok * topK * rows
+	if n == 0 {
+		return nil
+	}
+	ps := int32(0)
+	if perSlot {
+		ps = 1
+	}
+	return launch(k.moeMatmul, s, denseGrid(n), cudadrv.D1(32*denseWarps), 0, func(a *cudadrv.Args) {
+		a.Ptr(out).Ptr(w).Ptr(x).I32(ps).Ptr(ids).I32(int32(rows)).I32(int32(cols)).I32(int32(nTok)).I32(int32(topK))
+	})
+}

@@ -1,0 +1,76 @@
+// Elementwise kernels of the feed-forward blocks: SwiGLU (separate gate and
+// up, or both halves of one row) and the broadcast bias add of the matrix
+// products that have one. Go launchers: glu.go; CPU twins: ops.SwiGLU,
+// ops.AddTo.
+//
+// Thread mapping: grid-stride over rows*width output elements; consecutive
+// threads take consecutive columns of a row (coalesced).
+
+// silu is x * sigmoid(x) as ops.SiLU computes it: x / (1 + exp(-x)). expf
+// (not the fast __expf) keeps it within an ulp or two of the CPU's double
+// exponential.
+__device__ __forceinline__ float silu(float x)
+{
+    return __fdiv_rn(x, __fadd_rn(1.0f, expf(-x)));
+}
+
+// swiglu_f32: out[r][c] = silu(gate[r*ld + c]) * up[r*ld + c] for c < width,
+// r < rows. Separate buffers: ld = width. Fused halves of one row of 2*width:
+// gate = in, up = in + width, ld = 2*width. out may alias gate (not up, when
+// fused: the halves are different columns).
+extern "C" __global__ void swiglu_f32(float *out, const float *gate, const float *up,
+                                      int width, int ld, long long rows)
+{
+    const long long n = rows * width;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const long long r = i / width, c = i % width;
+        const long long j = r * ld + c;
+        out[i] = __fmul_rn(silu(gate[j]), up[j]);
+    }
+}
+
+// add_bias_f32: x[r][c] += b[c] for c < width, r < rows.
+extern "C" __global__ void add_bias_f32(float *x, const float *b, int width, long long rows)
+{
+    const long long n = rows * width;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        x[i] += b[i % width];
+}
+
+// swiglu_q8_1 is swiglu_f32 that also writes its output in ats's GPU Q8_1
+// layout (matvec.cu: int8 q [rows][width], float2 {d, d*sum(q)} per block
+// of 32), the input the next matrix-vector product reads, with the same
+// expressions as quantize_q8_1 there. width % 32 == 0: a warp's 32
+// consecutive outputs are one block of one row (the grid stride and the
+// block size are multiples of 32).
+extern "C" __global__ void swiglu_q8_1(float *out, const float *gate, const float *up,
+                                       int width, int ld, long long rows,
+                                       signed char *q, float2 *ds)
+{
+    const long long n = rows * width;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i0 = (long long)blockIdx.x * blockDim.x; i0 < n; i0 += stride) {
+        const long long i = i0 + threadIdx.x;
+        if (i0 + (threadIdx.x & ~31) >= n)
+            break; // the whole warp is past the end
+        const long long r = i / width, c = i % width;
+        const long long j = r * ld + c;
+        const float v = __fmul_rn(silu(gate[j]), up[j]);
+        out[i] = v;
+        float amax = fabsf(v);
+        for (int o = 16; o > 0; o >>= 1)
+            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        const float d = amax / 127.0f;
+        const float id = d != 0.f ? 1.0f / d : 0.f;
+        int qv = (int)roundf(v * id);
+        qv = max(-128, min(127, qv));
+        int sum = qv;
+        for (int o = 16; o > 0; o >>= 1)
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        q[i] = (signed char)qv;
+        if ((threadIdx.x & 31) == 0)
+            ds[i / 32] = make_float2(d, (float)sum * d);
+    }
+}

@@ -1,0 +1,36 @@
+package kernels
+
+import (
+	"fmt"
+
+	"github.com/atsinfer/ats/cudadrv"
+)
+
+// MoEMatVecQ8_1 is MoEMatMul's matrix-vector path (quantized weights, nTok
+// <= MoEMatVecMaxTokens) reading activations already in the Q8_1 layout of
+// QuantizeQ8_1 at xq: e.PerSlot ? nTok*e.K : nTok rows of e.Cols. The GPU
+// executor's norm and SwiGLU kernels write that form themselves, and the
+// gate and up products share one, so a decode step of an MoE layer
+// quantizes nothing on its own.
+//
+// It is the same launch as MoEMatMul's (mvArgs, mvLaunch) without the
+// quantization before it, and belongs beside it in weightops.go; it lives
+// in this file only until the weight kernels' owner folds it in.
+func (w *WeightOps) MoEMatVecQ8_1(s *cudadrv.Stream, e MoE, ids, xq cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr, ldOut int) error {
+	k, err := w.kernels(e.Matrix)
+	if err != nil {
+		return err
+	}
+	if isFloat(e.Type) || nTok < 1 || nTok > MoEMatVecMaxTokens || e.K < 1 || e.NExpert < 1 || e.NExpert > maxMoEExperts {
+		return fmt.Errorf("kernels: Q8_1 MoE matvec of %s, %d experts, %d per token, %d tokens", e.Type, e.NExpert, e.K, nTok)
+	}
+	actDiv := e.K
+	if e.PerSlot {
+		actDiv = 1
+	}
+	rows := e.inputRows(nTok)
+	p := mvArgs{w: e.Data, rowBytes: int64(e.RowBytes()), rows: int32(e.Rows), cols: int32(e.Cols),
+		ntok: 1, out: out, ldOut: int64(ldOut), ids: ids, expertBytes: int64(e.Bytes()), actDiv: int32(actDiv),
+		xq: xq, xds: xq.Add(align16(rows * e.Cols))}
+	return w.mvLaunch(s, k, e.Matrix, &p, 1, nTok*e.K)
+}

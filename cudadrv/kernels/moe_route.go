@@ -1,0 +1,76 @@
+package kernels
+
+import (
+	"fmt"
+
+	"github.com/atsinfer/ats/cudadrv"
+)
+
+// MoERoute holds the kernels of moe_route.cu (top-k routing and the
+// weighted sum of expert outputs) loaded in one context.
+type MoERoute struct {
+	Module      *cudadrv.Module
+	route       *cudadrv.Function
+	weightedSum *cudadrv.Function
+}
+
+// LoadMoERoute loads moe_route.cu's PTX for the context's device.
+func LoadMoERoute(ctx *cudadrv.Context) (*MoERoute, error) {
+	m, err := Load(ctx, "moe_route")
+	if err != nil {
+		return nil, err
+	}
+	k := &MoERoute{Module: m}
+	if err := lookup(m, map[string]**cudadrv.Function{
+		"moe_route":        &k.route,
+		"moe_weighted_sum": &k.weightedSum,
+	}); err != nil {
+		_ = m.Unload()
+		return nil, err
+	}
+	return k, nil
+}
+
+// Unload unloads the module.
+func (k *MoERoute) Unload() error { return k.Module.Unload() }
+
+// MaxExperts and MaxTopK bound what Route handles (a warp holds every
+// expert's probability in registers, one lane keeps each chosen one).
+const (
+	MaxExperts = 256
+	MaxTopK    = 32
+)
+
+// Route queues the routing of nTok tokens: softmax over each row of logits
+// ([nTok][ne] float), the topK most probable experts (ties: lower id
+// first), their probabilities renormalised to sum to 1 when norm is set.
+// ids ([nTok][topK] int32) and weights ([nTok][topK] float) stay on the
+// device for the expert products.
+func (k *MoERoute) Route(s *cudadrv.Stream, logits cudadrv.DevicePtr, ne, topK int, norm bool, ids, weights cudadrv.DevicePtr, nTok int) error {
+	if ne < 1 || ne > MaxExperts || topK < 1 || topK > min(ne, MaxTopK) {
+		return fmt.Errorf("kernels: moe routing of top %d of %d experts: supported up to %d experts and top %d", topK, ne, MaxExperts, MaxTopK)
+	}
+	if nTok == 0 {
+		return nil
+	}
+	const warpsPerBlock = 4
+	nb := 0
+	if norm {
+		nb = 1
+	}
+	return launch(k.route, s, cudadrv.D1(cudadrv.Blocks(nTok, warpsPerBlock)), cudadrv.D1(32*warpsPerBlock), 0, func(a *cudadrv.Args) {
+		a.Ptr(logits).I32(int32(ne)).I32(int32(topK)).I32(int32(nb)).Ptr(ids).Ptr(weights).I32(int32(nTok))
+	})
+}
+
+// WeightedSum queues out[t] = Σ_j y[t][j] * w[t][j] over the topK slots in
+// order: y is [nTok][topK][width], w [nTok][topK], out [nTok][width].
+func (k *MoERoute) WeightedSum(s *cudadrv.Stream, out, y, w cudadrv.DevicePtr, width, topK, nTok int) error {
+	n := width * nTok
+	if n == 0 {
+		return nil
+	}
+	return launch(k.weightedSum, s, grid1(n, 256), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
+		a.Ptr(out).Ptr(y).Ptr(w).I32(int32(width)).I32(int32(topK)).I32(int32(nTok))
+	})
+}

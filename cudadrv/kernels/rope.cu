@@ -1,0 +1,129 @@
+// Rotary position embedding (RoPE), optionally preceded by an RMSNorm of
+// each head (Qwen3's Q/K norms), for one or two tensors in one launch (Q and
+// K of a layer). Go launcher: rope.go; CPU twins: ops.Rope.Table and
+// ops.Rope.Apply, ops.RMSNorm per head.
+//
+// Thread mapping: grid (nTok, nTensors, head groups). Block (t, j, g)
+// handles heads g*hpb .. g*hpb+hpb-1 of token t of tensor j: its threads
+// first compute the cos/sin table of the token's position into shared
+// memory (one pair per thread), then each warp takes whole heads (warp w:
+// the group's heads w, w + nwarps, ...): the lanes stride over the head's
+// values for the norm (a warp reduction) and over its rotated pairs. Decode
+// (one token) spreads the heads over many blocks (small hpb); prefill keeps
+// a token's heads in one block so the table is computed once per token.
+//
+// Positions come from device memory (pos0[0] + t), so a CUDA graph captured
+// once replays at every position.
+//
+// Numerics follow ggml's rope cache as ops.Rope.Table does: theta starts at
+// the position and is multiplied by theta_scale once per pair in float, so
+// pair i's angle is the same float the CPU computes; it is divided by the
+// pair's frequency factor (when given) and multiplied by freq_scale, and
+// cos/sin are taken in double and rounded to float.
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+#define ROPE_MAX_PAIRS 256 // n_rot up to 512
+
+__device__ __forceinline__ unsigned short f2h(float f)
+{
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+// rope_norm_f32 rotates the first nDims values of every head of x_j[t]
+// (heads_j heads of headSize floats, back to back) for t < nTok and
+// j < gridDim.y (heads hpb at a time, grid.z = ceil(max heads / hpb)),
+// after normalising each head with weight w_j when w_j is not null.
+// nDims = 0 skips the rotation (a head norm alone). neox selects the pairs
+// (i, i + nDims/2) instead of (2i, 2i + 1). factors (nDims/2 floats) may
+// be null.
+//
+// With store >= 0, tensor x_store is the keys of an attention layer: its
+// rotated heads are also written as f16 to row pos0[0]+t of the key cache
+// kc, and the same heads of the values vv ([nTok][heads*headSize] float)
+// to the value cache vc: the cache write of kv_store_f16 (attention.cu),
+// fused here to save a launch per layer.
+extern "C" __global__ void rope_norm_f32(float *x0, int heads0, const float *w0,
+                                         float *x1, int heads1, const float *w1,
+                                         int headSize, int nDims, int neox,
+                                         float thetaScale, float freqScale,
+                                         const float *factors, float eps,
+                                         const int *pos0, int nTok, int hpb,
+                                         int store, unsigned short *kc, unsigned short *vc,
+                                         const float *vv)
+{
+    __shared__ float cs[ROPE_MAX_PAIRS], sn[ROPE_MAX_PAIRS];
+    const int t = blockIdx.x;
+    if (t >= nTok)
+        return;
+    float *x = blockIdx.y == 0 ? x0 : x1;
+    const int heads = blockIdx.y == 0 ? heads0 : heads1;
+    const float *w = blockIdx.y == 0 ? w0 : w1;
+    const int half = nDims / 2;
+    const int hBegin = blockIdx.z * hpb;
+    const int hEnd = min(heads, hBegin + hpb);
+    if (hBegin >= hEnd)
+        return; // the other tensor has more heads; the whole block leaves together
+
+    if (half > 0) {
+        const float pos = (float)(pos0[0] + t);
+        for (int i = threadIdx.x; i < half; i += blockDim.x) {
+            float theta = pos;
+            // Repeated multiplication, as the CPU's table loop does: i steps.
+            for (int k = 0; k < i; k++)
+                theta = __fmul_rn(theta, thetaScale);
+            float a = theta;
+            if (factors)
+                a = __fdiv_rn(a, factors[i]);
+            a = __fmul_rn(a, freqScale);
+            double s, c;
+            sincos((double)a, &s, &c);
+            cs[i] = (float)c;
+            sn[i] = (float)s;
+        }
+        __syncthreads();
+    }
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nwarps = blockDim.x >> 5;
+    for (int h = hBegin + warp; h < hEnd; h += nwarps) {
+        float *v = x + ((long long)t * heads + h) * headSize;
+        if (w) {
+            float s = 0.0f;
+            for (int i = lane; i < headSize; i += 32)
+                s += v[i] * v[i];
+            s = warp_sum(s);
+            const float mean = s / (float)headSize;
+            const float scale = (float)(1.0 / sqrt((double)(mean + eps)));
+            for (int i = lane; i < headSize; i += 32)
+                v[i] = (v[i] * scale) * w[i];
+            // The pairs below mix values other lanes wrote.
+            __syncwarp();
+        }
+        for (int i = lane; i < half; i += 32) {
+            const int a = neox ? i : 2 * i;
+            const int b = neox ? i + half : 2 * i + 1;
+            const float x0v = v[a], x1v = v[b];
+            v[a] = __fsub_rn(__fmul_rn(x0v, cs[i]), __fmul_rn(x1v, sn[i]));
+            v[b] = __fadd_rn(__fmul_rn(x0v, sn[i]), __fmul_rn(x1v, cs[i]));
+        }
+        if ((int)blockIdx.y == store) {
+            __syncwarp(); // the head's rotated values, written by any lane
+            const long long width = (long long)heads * headSize;
+            const long long src = (long long)t * width + (long long)h * headSize;
+            const long long dst = (long long)(pos0[0] + t) * width + (long long)h * headSize;
+            for (int i = lane; i < headSize; i += 32) {
+                kc[dst + i] = f2h(v[i]);
+                vc[dst + i] = f2h(vv[src + i]);
+            }
+        }
+        // The next head of this warp touches other memory; no barrier needed.
+    }
+}

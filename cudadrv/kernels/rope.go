@@ -1,0 +1,133 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/atsinfer/ats/cudadrv"
+)
+
+// Rope holds the kernel of rope.cu (rotary embedding with an optional
+// per-head RMSNorm before it) loaded in one context.
+type Rope struct {
+	Module *cudadrv.Module
+	rope   *cudadrv.Function
+}
+
+// LoadRope loads rope.cu's PTX for the context's device.
+func LoadRope(ctx *cudadrv.Context) (*Rope, error) {
+	m, err := Load(ctx, "rope")
+	if err != nil {
+		return nil, err
+	}
+	k := &Rope{Module: m}
+	if err := lookup(m, map[string]**cudadrv.Function{"rope_norm_f32": &k.rope}); err != nil {
+		_ = m.Unload()
+		return nil, err
+	}
+	return k, nil
+}
+
+// Unload unloads the module.
+func (k *Rope) Unload() error { return k.Module.Unload() }
+
+// RopeTensor is one tensor a rope launch rotates in place: NTok rows of
+// Heads heads of the launch's HeadSize floats, each head normalised with
+// NormW (HeadSize floats) first when NormW is not 0.
+type RopeTensor struct {
+	X     cudadrv.DevicePtr
+	Heads int
+	NormW cudadrv.DevicePtr
+}
+
+// RopeArgs describe a rope launch over one or two tensors (Q and K).
+type RopeArgs struct {
+	T        [2]RopeTensor
+	NTensors int // 1 or 2
+
+	HeadSize int
+	Dims     int  // rotated values per head (n_rot), even; 0: the head norm only
+	NeoX     bool // pairs (i, i+Dims/2) instead of (2i, 2i+1)
+	Base     float32
+	// FreqScale multiplies each angle (1/linear scaling factor; 0 means 1).
+	FreqScale float32
+	Factors   cudadrv.DevicePtr // Dims/2 divisors of the angles, or 0
+	Eps       float32           // of the head norm
+
+	Pos0 cudadrv.DevicePtr // device int32: position of token 0
+	NTok int
+
+	// KV, when set, also writes the rotated keys (tensor KV.T) and the
+	// values KV.V to the caches at the tokens' positions (Attention.Store
+	// fused in).
+	KV *RopeKV
+}
+
+// RopeKV says where a rope launch stores the keys it rotated: tensor T of
+// the launch is the keys; V holds the values ([NTok][heads*HeadSize]
+// float); K and V caches are [ctx][heads*HeadSize] f16.
+type RopeKV struct {
+	T      int
+	V      cudadrv.DevicePtr
+	KC, VC cudadrv.DevicePtr
+}
+
+// ThetaScale is base^(-2/dims) rounded to float32, as ops.Rope.Table
+// computes it: the factor between consecutive pairs' angles.
+func ThetaScale(base float32, dims int) float32 {
+	return float32(math.Pow(float64(base), -2.0/float64(dims)))
+}
+
+const ropeWarps = 4
+
+// Run queues the rotation (and head norms) of every head of every token.
+func (k *Rope) Run(s *cudadrv.Stream, a *RopeArgs) error {
+	if a.NTensors < 1 || a.NTensors > 2 || a.Dims < 0 || a.Dims%2 != 0 || a.Dims > a.HeadSize || a.Dims/2 > 256 {
+		return fmt.Errorf("kernels: rope of %d dims of heads of %d over %d tensors", a.Dims, a.HeadSize, a.NTensors)
+	}
+	if a.NTok == 0 {
+		return nil
+	}
+	heads := a.T[0].Heads
+	if a.NTensors == 2 {
+		heads = max(heads, a.T[1].Heads)
+	}
+	// Decode: spread the heads over many blocks. Prefill: one block per
+	// token and tensor computes the angle table once for all its heads.
+	hpb := heads
+	if a.NTok < 32 {
+		hpb = ropeWarps
+	}
+	grid := cudadrv.Dim3{X: uint32(a.NTok), Y: uint32(a.NTensors), Z: uint32(cudadrv.Blocks(heads, hpb))}
+	fs := a.FreqScale
+	if fs == 0 {
+		fs = 1
+	}
+	ts := float32(1)
+	if a.Dims > 0 {
+		ts = ThetaScale(a.Base, a.Dims)
+	}
+	neox := int32(0)
+	if a.NeoX {
+		neox = 1
+	}
+	t1 := a.T[1]
+	if a.NTensors == 1 {
+		t1 = RopeTensor{}
+	}
+	kv := RopeKV{T: -1}
+	if a.KV != nil {
+		if a.KV.T < 0 || a.KV.T >= a.NTensors {
+			return fmt.Errorf("kernels: rope stores tensor %d of %d", a.KV.T, a.NTensors)
+		}
+		kv = *a.KV
+	}
+	return launch(k.rope, s, grid, cudadrv.D1(32*ropeWarps), 0, func(p *cudadrv.Args) {
+		p.Ptr(a.T[0].X).I32(int32(a.T[0].Heads)).Ptr(a.T[0].NormW).
+			Ptr(t1.X).I32(int32(t1.Heads)).Ptr(t1.NormW).
+			I32(int32(a.HeadSize)).I32(int32(a.Dims)).I32(neox).
+			F32(ts).F32(fs).Ptr(a.Factors).F32(a.Eps).
+			Ptr(a.Pos0).I32(int32(a.NTok)).I32(int32(hpb)).
+			I32(int32(kv.T)).Ptr(kv.KC).Ptr(kv.VC).Ptr(kv.V)
+	})
+}

@@ -1,0 +1,576 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"unsafe"
+
+	"github.com/atsinfer/ats/cudadrv"
+	"github.com/atsinfer/ats/cudadrv/kernels"
+	"github.com/atsinfer/ats/ops"
+)
+
+// The GPU op table, after llama.cpp's test-backend-ops: every non-weight
+// kernel of the GPU backend against its CPU twin, op × shapes (odd sizes
+// included), fresh random inputs per case, outputs poisoned with NaN
+// before the launch, NaN/Inf checked, normalised error under a bound per
+// op. Subtests are named op/shape, so `-run 'TestGPUOps/rope'` filters by
+// op. Without a GPU every test here skips and says why.
+
+// needGPUDevice returns the shared device or skips the test.
+func needGPUDevice(t testing.TB) *gpuDevice {
+	t.Helper()
+	if ok, reason := cudadrv.Available(); !ok {
+		t.Skip("skipping GPU test: " + reason)
+	}
+	dev, err := openGPU()
+	if errors.Is(err, cudadrv.ErrUnavailable) {
+		t.Skip("skipping GPU test: " + err.Error())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dev
+}
+
+// gpuT bundles a device, a stream and the allocations of one test case.
+type gpuT struct {
+	t   *testing.T
+	dev *gpuDevice
+	s   *cudadrv.Stream
+	rng *rand.Rand
+}
+
+func newGPUT(t *testing.T, dev *gpuDevice, seed uint64) *gpuT {
+	s, err := dev.ctx.NewStream(cudadrv.StreamNonBlocking, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Destroy() })
+	return &gpuT{t: t, dev: dev, s: s, rng: rand.New(rand.NewPCG(seed, 0xa7a7))}
+}
+
+// randn returns n values, normal with the given scale.
+func (g *gpuT) randn(n int, scale float64) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		v[i] = float32(g.rng.NormFloat64() * scale)
+	}
+	return v
+}
+
+func (g *gpuT) alloc(bytes int) cudadrv.DevicePtr {
+	p, err := g.dev.ctx.Alloc(max(bytes, 4))
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	g.t.Cleanup(func() { g.dev.ctx.Free(p) })
+	return p
+}
+
+func bytesOf[T any](v []T) []byte {
+	if len(v) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), len(v)*int(unsafe.Sizeof(v[0])))
+}
+
+// up copies v to a new device buffer.
+func up[T any](g *gpuT, v []T) cudadrv.DevicePtr {
+	b := bytesOf(v)
+	p := g.alloc(len(b))
+	if err := g.dev.ctx.CopyHtoD(p, b); err != nil {
+		g.t.Fatal(err)
+	}
+	return p
+}
+
+// poison allocates n float32 (or int32) slots filled with a NaN pattern.
+func (g *gpuT) poison(n int) cudadrv.DevicePtr {
+	p := g.alloc(4 * n)
+	if err := g.dev.ctx.MemsetD32(p, 0x7fc00bad, n); err != nil {
+		g.t.Fatal(err)
+	}
+	return p
+}
+
+// down waits for the stream and copies n values back.
+func down[T any](g *gpuT, p cudadrv.DevicePtr, n int) []T {
+	if err := g.s.Synchronize(); err != nil {
+		g.t.Fatal(err)
+	}
+	v := make([]T, n)
+	if err := g.dev.ctx.CopyDtoH(bytesOf(v), p); err != nil {
+		g.t.Fatal(err)
+	}
+	return v
+}
+
+func (g *gpuT) check(err error) {
+	g.t.Helper()
+	if err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+// expectClose checks got against want: finite, NMSE under bound.
+func expectClose(t *testing.T, what string, got, want []float32, bound float64) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Fatalf("%s: %d values, want %d", what, len(got), len(want))
+	}
+	for i, v := range got {
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			t.Fatalf("%s: value %d is %v (want %v): unwritten or overflowed", what, i, v, want[i])
+		}
+	}
+	e := nmse(got, want)
+	if e > bound || math.IsNaN(e) {
+		worst := 0
+		for i := range got {
+			if math.Abs(float64(got[i]-want[i])) > math.Abs(float64(got[worst]-want[worst])) {
+				worst = i
+			}
+		}
+		t.Fatalf("%s: NMSE %.3g over the bound %.0e (worst at %d: %v, want %v)", what, e, bound, worst, got[worst], want[worst])
+	}
+	t.Logf("%s: NMSE %.3g (bound %.0e)", what, e, bound)
+}
+
+func TestGPUOps(t *testing.T) {
+	dev := needGPUDevice(t)
+	seed := uint64(1)
+	run := func(name string, f func(g *gpuT)) {
+		seed++
+		s := seed
+		t.Run(name, func(t *testing.T) { f(newGPUT(t, dev, s)) })
+	}
+
+	// rms_norm: rows × cols, with and without a weight, in place.
+	for _, c := range []struct {
+		rows, cols      int
+		weight, inPlace bool
+	}{{1, 5120, true, false}, {7, 257, true, false}, {3, 1, false, false}, {513, 64, true, true}, {2, 8193, false, true}} {
+		run(fmt.Sprintf("rms_norm/rows=%d,cols=%d,w=%v,inplace=%v", c.rows, c.cols, c.weight, c.inPlace), func(g *gpuT) {
+			x := g.randn(c.rows*c.cols, 3)
+			var w []float32
+			var dw cudadrv.DevicePtr
+			if c.weight {
+				w = g.randn(c.cols, 1)
+				dw = up(g, w)
+			}
+			dx := up(g, x)
+			dst := dx
+			if !c.inPlace {
+				dst = g.poison(len(x))
+			}
+			g.check(dev.norm.RMSNorm(g.s, dst, dx, dw, c.cols, 1e-6, c.rows))
+			want := make([]float32, len(x))
+			for r := 0; r < c.rows; r++ {
+				ops.RMSNorm(want[r*c.cols:(r+1)*c.cols], x[r*c.cols:(r+1)*c.cols], w, 1e-6)
+			}
+			expectClose(g.t, "rms_norm", down[float32](g, dst, len(x)), want, 1e-10)
+		})
+	}
+
+	// add_rms_norm: sum = a + b in place of a, then the norm.
+	for _, c := range []struct{ rows, cols int }{{1, 5120}, {5, 4097}, {64, 96}} {
+		run(fmt.Sprintf("add_rms_norm/rows=%d,cols=%d", c.rows, c.cols), func(g *gpuT) {
+			n := c.rows * c.cols
+			a, b, w := g.randn(n, 2), g.randn(n, 2), g.randn(c.cols, 1)
+			da, db, dw, dst := up(g, a), up(g, b), up(g, w), g.poison(n)
+			g.check(dev.norm.AddRMSNorm(g.s, da, da, db, dst, dw, c.cols, 1e-5, c.rows))
+			sum, want := make([]float32, n), make([]float32, n)
+			ops.Add(sum, a, b)
+			for r := 0; r < c.rows; r++ {
+				ops.RMSNorm(want[r*c.cols:(r+1)*c.cols], sum[r*c.cols:(r+1)*c.cols], w, 1e-5)
+			}
+			expectClose(g.t, "sum", down[float32](g, da, n), sum, 0)
+			expectClose(g.t, "norm", down[float32](g, dst, n), want, 1e-10)
+		})
+	}
+
+	// rms_norm_ex: the norm with the residual add, the MoE weighted sum
+	// and the Q8_1 output of the next product fused in, each optional.
+	for _, c := range []struct {
+		rows, cols, k    int
+		add, norm, q8    bool
+		weight, storeSum bool
+	}{
+		{1, 5120, 0, false, true, true, true, false}, // norm → Q8_1 (decode)
+		{3, 2048, 0, true, true, true, true, true},   // add + norm → Q8_1
+		{1, 2048, 8, true, true, true, true, true},   // moe sum + add + norm → Q8_1
+		{5, 256, 2, true, false, false, false, true}, // moe sum + add alone
+		{7, 96, 0, true, true, false, false, true},   // add + norm, no weight
+		{2, 4096, 4, true, true, false, true, false}, // moe sum + add + norm, sum not stored
+	} {
+		run(fmt.Sprintf("rms_norm_ex/rows=%d,cols=%d,k=%d,add=%v,norm=%v,q8=%v,w=%v,sum=%v", c.rows, c.cols, c.k, c.add, c.norm, c.q8, c.weight, c.storeSum), func(g *gpuT) {
+			n := c.rows * c.cols
+			a := g.randn(n, 2)
+			var term []float32
+			args := kernels.NormEx{A: up(g, a), Cols: c.cols, Rows: c.rows, Eps: 1e-6}
+			if c.add {
+				if c.k > 0 {
+					y, yw := g.randn(n*c.k, 1), g.randn(c.rows*c.k, 0.3)
+					args.Y, args.YW, args.K = up(g, y), up(g, yw), c.k
+					term = make([]float32, n)
+					for r := 0; r < c.rows; r++ {
+						for d := 0; d < c.cols; d++ {
+							var t float32
+							for j := 0; j < c.k; j++ {
+								p := y[(r*c.k+j)*c.cols+d] * yw[r*c.k+j]
+								if j == 0 {
+									t = p
+								} else {
+									t += p
+								}
+							}
+							term[r*c.cols+d] = t
+						}
+					}
+				} else {
+					term = g.randn(n, 2)
+					args.B = up(g, term)
+				}
+				args.BOut = g.poison(n)
+			}
+			x := append([]float32(nil), a...)
+			if term != nil {
+				ops.Add(x, a, term)
+			}
+			if c.storeSum {
+				args.Sum = g.poison(n)
+			}
+			var w []float32
+			if c.weight {
+				w = g.randn(c.cols, 1)
+				args.W = up(g, w)
+			}
+			if c.norm {
+				args.Dst = g.poison(n)
+			}
+			if c.q8 {
+				args.Q8 = g.alloc(kernels.Q8_1Bytes(c.rows, c.cols))
+			}
+			g.check(dev.norm.RMSNormEx(g.s, &args))
+			if c.add {
+				expectClose(g.t, "term", down[float32](g, args.BOut, n), term, 0)
+			}
+			if c.storeSum {
+				expectClose(g.t, "sum", down[float32](g, args.Sum, n), x, 0)
+			}
+			if !c.norm {
+				return
+			}
+			want := make([]float32, n)
+			for r := 0; r < c.rows; r++ {
+				ops.RMSNorm(want[r*c.cols:(r+1)*c.cols], x[r*c.cols:(r+1)*c.cols], w, 1e-6)
+			}
+			got := down[float32](g, args.Dst, n)
+			expectClose(g.t, "norm", got, want, 1e-10)
+			if c.q8 {
+				checkQ8(g, args.Q8, got, c.rows, c.cols)
+			}
+		})
+	}
+
+	// swiglu_q8_1: SwiGLU with the Q8_1 form of its output.
+	for _, c := range []struct{ rows, width int }{{1, 17408}, {3, 768}} {
+		run(fmt.Sprintf("swiglu_q8_1/rows=%d,width=%d", c.rows, c.width), func(g *gpuT) {
+			n := c.rows * c.width
+			gate, upv := g.randn(n, 3), g.randn(n, 3)
+			want := make([]float32, n)
+			ops.SwiGLU(want, gate, upv)
+			dg, q8 := up(g, gate), g.alloc(kernels.Q8_1Bytes(c.rows, c.width))
+			g.check(dev.glu.SwiGLUQ8(g.s, dg, dg, up(g, upv), c.width, c.width, c.rows, q8))
+			got := down[float32](g, dg, n)
+			expectClose(g.t, "swiglu", got, want, 1e-12)
+			checkQ8(g, q8, got, c.rows, c.width)
+		})
+	}
+
+	// rope (and head norms before it): layouts, partial rotary, factors,
+	// scaling, one or two tensors, positions from device memory.
+	type ropeCase struct {
+		nTok, pos0, heads0, heads1, hs, dims int
+		neox, norm, factors                  bool
+		freqScale                            float32
+	}
+	for _, c := range []ropeCase{
+		{1, 0, 8, 2, 64, 64, true, true, false, 1},          // qwen3 decode at 0
+		{7, 123, 8, 2, 64, 64, true, true, false, 1},        // qwen3 prefill
+		{1, 4000, 40, 8, 128, 128, true, true, false, 1},    // qwen3-14b decode, far position
+		{33, 5, 8, 4, 32, 32, false, false, true, 1},        // llama with rope factors
+		{5, 17, 8, 2, 64, 32, false, false, false, 1},       // glm4: half the head rotated
+		{3, 1000, 12, 0, 80, 80, false, false, false, 0.25}, // one tensor, linear scaling
+		{4, 9, 6, 3, 96, 0, false, true, false, 1},          // head norms alone
+	} {
+		run(fmt.Sprintf("rope/tok=%d,pos=%d,heads=%d+%d,hs=%d,dims=%d,neox=%v,norm=%v,factors=%v,fs=%g",
+			c.nTok, c.pos0, c.heads0, c.heads1, c.hs, c.dims, c.neox, c.norm, c.factors, c.freqScale), func(g *gpuT) {
+			r := &ops.Rope{Dims: c.dims, Base: 1e6, FreqScale: c.freqScale, NeoX: c.neox}
+			if c.factors {
+				r.Factors = ops.Llama3Factors(c.dims, r.Base, 8, 1, 4, 8192)
+			}
+			a := kernels.RopeArgs{HeadSize: c.hs, Dims: c.dims, NeoX: c.neox, Base: r.Base, FreqScale: r.FreqScale, Eps: 1e-6, NTok: c.nTok}
+			a.Pos0 = up(g, []int32{int32(c.pos0)})
+			if r.Factors != nil {
+				a.Factors = up(g, r.Factors)
+			}
+			heads := []int{c.heads0, c.heads1}
+			var xs, ws, wants [][]float32
+			for j, h := range heads {
+				if h == 0 {
+					continue
+				}
+				x := g.randn(c.nTok*h*c.hs, 2)
+				var w []float32
+				if c.norm {
+					w = g.randn(c.hs, 1)
+				}
+				want := append([]float32(nil), x...)
+				cos, sin := make([]float32, c.dims/2), make([]float32, c.dims/2)
+				for t := 0; t < c.nTok; t++ {
+					row := want[t*h*c.hs : (t+1)*h*c.hs]
+					if w != nil {
+						for hd := 0; hd < h; hd++ {
+							v := row[hd*c.hs : (hd+1)*c.hs]
+							ops.RMSNorm(v, v, w, 1e-6)
+						}
+					}
+					if c.dims > 0 {
+						r.Table(c.pos0+t, cos, sin)
+						r.Apply(row, h, c.hs, cos, sin)
+					}
+				}
+				a.T[j] = kernels.RopeTensor{X: up(g, x), Heads: h}
+				if w != nil {
+					a.T[j].NormW = up(g, w)
+				}
+				a.NTensors++
+				xs, ws, wants = append(xs, x), append(ws, w), append(wants, want)
+			}
+			// Where there are keys, store them and values in a cache too.
+			var vals []float32
+			var kc, vc cudadrv.DevicePtr
+			kw := c.heads1 * c.hs
+			if c.heads1 > 0 && c.dims > 0 {
+				vals = g.randn(c.nTok*kw, 1)
+				ctx := c.pos0 + c.nTok
+				kc, vc = g.alloc(2*ctx*kw), g.alloc(2*ctx*kw)
+				a.KV = &kernels.RopeKV{T: 1, V: up(g, vals), KC: kc, VC: vc}
+			}
+			g.check(dev.rope.Run(g.s, &a))
+			for j := range xs {
+				expectClose(g.t, fmt.Sprintf("tensor %d", j), down[float32](g, a.T[j].X, len(xs[j])), wants[j], 1e-11)
+			}
+			if a.KV != nil {
+				gotK := down[float32](g, a.T[1].X, len(xs[1]))
+				ck := down[uint16](g, kc.Add(2*c.pos0*kw), c.nTok*kw)
+				cv := down[uint16](g, vc.Add(2*c.pos0*kw), c.nTok*kw)
+				for i := range ck {
+					if ck[i] != ops.F32ToF16(gotK[i]) || cv[i] != ops.F32ToF16(vals[i]) {
+						g.t.Fatalf("cache element %d: k %#04x v %#04x, want %#04x %#04x", i, ck[i], cv[i], ops.F32ToF16(gotK[i]), ops.F32ToF16(vals[i]))
+					}
+				}
+			}
+		})
+	}
+
+	// kv_store: f32 rows to f16 cache rows at pos0.., bit-exact.
+	run("kv_store/width=1024,tok=5,pos=77", func(g *gpuT) {
+		const width, nTok, pos0, ctx = 1024, 5, 77, 100
+		k, v := g.randn(nTok*width, 1), g.randn(nTok*width, 100)
+		kc, vc := g.alloc(2*ctx*width), g.alloc(2*ctx*width)
+		g.check(dev.attn.Store(g.s, kc, vc, up(g, k), up(g, v), width, up(g, []int32{pos0}), nTok))
+		gk := down[uint16](g, kc.Add(2*pos0*width), nTok*width)
+		gv := down[uint16](g, vc.Add(2*pos0*width), nTok*width)
+		for i := range k {
+			if gk[i] != ops.F32ToF16(k[i]) || gv[i] != ops.F32ToF16(v[i]) {
+				g.t.Fatalf("element %d: k %#04x v %#04x, want %#04x %#04x", i, gk[i], gv[i], ops.F32ToF16(k[i]), ops.F32ToF16(v[i]))
+			}
+		}
+	})
+
+	// attention: prefill and decode, GQA groups, head sizes 32..256, a
+	// split-K decode over a long cache, a chunk of a prompt after a cache.
+	type attnCase struct {
+		nTok, pos0, heads, kv, hs, splitCtx int
+	}
+	for _, c := range []attnCase{
+		{1, 0, 8, 2, 64, 0},
+		{9, 0, 8, 2, 64, 0},
+		{7, 0, 8, 4, 32, 0},
+		{5, 37, 40, 8, 128, 0},
+		{1, 1000, 40, 8, 128, 4096}, // split-K decode
+		{1, 70, 32, 4, 128, 4096},   // split-K, most splits empty
+		{33, 100, 12, 12, 80, 0},    // MHA, head size 80
+		{3, 5, 16, 1, 256, 0},       // MQA, head size 256
+		{130, 0, 6, 2, 64, 0},       // many tiles
+		{1, 513, 6, 3, 96, 1024},    // split-K, head size 96
+		{2, 10, 8, 2, 64, 0},        // 8 rows a block: 16 threads a row
+		{1, 300, 16, 1, 256, 0},     // decode, 16 heads a block, big tile
+		{1, 63, 40, 8, 128, 0},      // decode without splits (tg64's cache)
+	} {
+		run(fmt.Sprintf("attention/tok=%d,pos=%d,heads=%d/%d,hs=%d,split_ctx=%d", c.nTok, c.pos0, c.heads, c.kv, c.hs, c.splitCtx), func(g *gpuT) {
+			a := &ops.Attention{NHeads: c.heads, NKVHeads: c.kv, HeadSize: c.hs, Scale: ops.DefaultScale(c.hs)}
+			total := c.pos0 + c.nTok
+			width := c.kv * c.hs
+			k, v := g.randn(total*width, 1), g.randn(total*width, 1)
+			q := g.randn(c.nTok*c.heads*c.hs, 1)
+			kv := ops.NewKVLayer(total, width, true)
+			for p := 0; p < total; p++ {
+				kv.Store(p, k[p*width:(p+1)*width], v[p*width:(p+1)*width])
+			}
+			want := make([]float32, len(q))
+			pool := ops.NewPool(2)
+			defer pool.Close()
+			a.Run(pool, kv, q, want, c.nTok, c.pos0)
+
+			ctx := max(total, c.splitCtx)
+			kc, vc := g.alloc(2*ctx*width), g.alloc(2*ctx*width)
+			g.check(dev.attn.Store(g.s, kc, vc, up(g, k), up(g, v), width, up(g, []int32{0}), total))
+			args := kernels.AttnArgs{Out: g.poison(len(q)), Q: up(g, q), K: kc, V: vc, Pos0: up(g, []int32{int32(c.pos0)}),
+				NTok: c.nTok, NHeads: c.heads, NKV: c.kv, HeadSize: c.hs, Scale: a.Scale}
+			if c.splitCtx > 0 {
+				args.Splits, args.Chunk = kernels.DecodeSplits(c.splitCtx, c.kv, dev.info.Multiprocessors)
+				pb, mb := kernels.AttnScratch(c.nTok, c.heads, c.hs, args.Splits)
+				args.Part, args.ML = g.poison(pb/4), g.poison(mb/4)
+				g.t.Logf("%d splits of %d positions", args.Splits, args.Chunk)
+			}
+			if c.hs%32 == 0 {
+				args.Q8 = g.alloc(kernels.Q8_1Bytes(c.nTok, c.heads*c.hs))
+			}
+			g.check(dev.attn.Run(g.s, &args))
+			got := down[float32](g, args.Out, len(q))
+			expectClose(g.t, "attention", got, want, 1e-6)
+			if args.Q8 != 0 {
+				checkQ8(g, args.Q8, got, c.nTok, c.heads*c.hs)
+			}
+		})
+	}
+
+	// swiglu: separate buffers (in place, as the programs use it) and the
+	// two halves of one row.
+	for _, c := range []struct {
+		rows, width int
+		fused       bool
+	}{{1, 17408, false}, {7, 1000, false}, {1, 512, true}, {9, 4099, true}} {
+		run(fmt.Sprintf("swiglu/rows=%d,width=%d,fused=%v", c.rows, c.width, c.fused), func(g *gpuT) {
+			n := c.rows * c.width
+			want := make([]float32, n)
+			if c.fused {
+				in := g.randn(2*n, 3)
+				for r := 0; r < c.rows; r++ {
+					row := in[2*r*c.width : 2*(r+1)*c.width]
+					ops.SwiGLU(want[r*c.width:(r+1)*c.width], row[:c.width], row[c.width:])
+				}
+				din, out := up(g, in), g.poison(n)
+				g.check(dev.glu.SwiGLU(g.s, out, din, din.Add(4*c.width), c.width, 2*c.width, c.rows))
+				expectClose(g.t, "swiglu", down[float32](g, out, n), want, 1e-12)
+				return
+			}
+			gate, upv := g.randn(n, 3), g.randn(n, 3)
+			ops.SwiGLU(want, gate, upv)
+			dg := up(g, gate)
+			g.check(dev.glu.SwiGLU(g.s, dg, dg, up(g, upv), c.width, c.width, c.rows))
+			expectClose(g.t, "swiglu", down[float32](g, dg, n), want, 1e-12)
+		})
+	}
+
+	run("add_bias/rows=5,width=1023", func(g *gpuT) {
+		const rows, width = 5, 1023
+		x, b := g.randn(rows*width, 1), g.randn(width, 1)
+		dx := up(g, x)
+		g.check(dev.glu.AddBias(g.s, dx, up(g, b), width, rows))
+		for r := 0; r < rows; r++ {
+			ops.AddTo(x[r*width:(r+1)*width], b)
+		}
+		expectClose(g.t, "add_bias", down[float32](g, dx, len(x)), x, 0)
+	})
+
+	// moe_route against runtime's routing: ids exact, weights close.
+	for _, c := range []struct {
+		nTok, ne, k int
+		norm        bool
+	}{{1, 8, 2, true}, {17, 128, 8, true}, {5, 60, 4, false}, {3, 256, 8, true}, {9, 33, 1, true}} {
+		run(fmt.Sprintf("moe_route/tok=%d,experts=%d,k=%d,norm=%v", c.nTok, c.ne, c.k, c.norm), func(g *gpuT) {
+			logits := g.randn(c.nTok*c.ne, 2)
+			ids, w := g.poison(c.nTok*c.k), g.poison(c.nTok*c.k)
+			g.check(dev.moe.Route(g.s, up(g, logits), c.ne, c.k, c.norm, ids, w, c.nTok))
+			gotIDs, gotW := down[int32](g, ids, c.nTok*c.k), down[float32](g, w, c.nTok*c.k)
+			wantW := make([]float32, c.nTok*c.k)
+			choice, idx := make([]int, c.k), make([]int, c.ne)
+			for t := 0; t < c.nTok; t++ {
+				p := append([]float32(nil), logits[t*c.ne:(t+1)*c.ne]...)
+				moeRoute(p, c.k, c.norm, choice, wantW[t*c.k:(t+1)*c.k], idx)
+				for j, e := range choice {
+					if int(gotIDs[t*c.k+j]) != e {
+						g.t.Fatalf("token %d slot %d: expert %d, want %d (all %v)", t, j, gotIDs[t*c.k+j], e, gotIDs[t*c.k:(t+1)*c.k])
+					}
+				}
+			}
+			expectClose(g.t, "weights", gotW, wantW, 1e-12)
+		})
+	}
+
+	run("moe_weighted_sum/tok=7,k=8,width=2048", func(g *gpuT) {
+		const nTok, k, width = 7, 8, 2048
+		y, w := g.randn(nTok*k*width, 1), g.randn(nTok*k, 0.3)
+		out := g.poison(nTok * width)
+		g.check(dev.moe.WeightedSum(g.s, out, up(g, y), up(g, w), width, k, nTok))
+		want := make([]float32, nTok*width)
+		for t := 0; t < nTok; t++ {
+			o := want[t*width : (t+1)*width]
+			for j := 0; j < k; j++ {
+				for d := range o {
+					r := y[(t*k+j)*width+d] * w[t*k+j]
+					if j == 0 {
+						o[d] = r
+					} else {
+						o[d] += r
+					}
+				}
+			}
+		}
+		expectClose(g.t, "weighted sum", down[float32](g, out, len(want)), want, 0)
+	})
+}
+
+// checkQ8 checks a Q8_1 buffer (kernels.Q8_1Bytes layout) against the
+// quantization of x, the formula of quantize_q8_1 in matvec.cu: d =
+// amax/127, q = round(x·(1/d)) half away from zero, {d, d·Σq} per block.
+func checkQ8(g *gpuT, p cudadrv.DevicePtr, x []float32, rows, cols int) {
+	g.t.Helper()
+	n := rows * cols
+	raw := down[byte](g, p, kernels.Q8_1Bytes(rows, cols))
+	off := (n + 15) &^ 15
+	for b := 0; b < n/32; b++ {
+		var amax float32
+		for _, v := range x[32*b : 32*b+32] {
+			amax = max(amax, float32(math.Abs(float64(v))))
+		}
+		d := amax / 127
+		var id float32
+		if d != 0 {
+			id = 1 / d
+		}
+		sum := 0
+		for i, v := range x[32*b : 32*b+32] {
+			q := int(math.Round(float64(v * id)))
+			q = max(-128, min(127, q))
+			sum += q
+			if got := int(int8(raw[32*b+i])); got != q {
+				g.t.Fatalf("Q8_1 block %d value %d: %d, want %d (x %v, d %v)", b, i, got, q, v, d)
+			}
+		}
+		gd := math.Float32frombits(uint32(raw[off+8*b]) | uint32(raw[off+8*b+1])<<8 | uint32(raw[off+8*b+2])<<16 | uint32(raw[off+8*b+3])<<24)
+		gs := math.Float32frombits(uint32(raw[off+8*b+4]) | uint32(raw[off+8*b+5])<<8 | uint32(raw[off+8*b+6])<<16 | uint32(raw[off+8*b+7])<<24)
+		if gd != d || gs != float32(sum)*d {
+			g.t.Fatalf("Q8_1 block %d: d %v sum %v, want %v %v", b, gd, gs, d, float32(sum)*d)
+		}
+	}
+	g.t.Logf("Q8_1: %d blocks exact", n/32)
+}

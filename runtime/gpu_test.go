@@ -1,0 +1,200 @@
+package runtime
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/atsinfer/ats/internal/testenv"
+	"github.com/atsinfer/ats/ops"
+)
+
+// Whole-model tests of the GPU backend: every oracle with all tensors on
+// the GPU, against llama.cpp's logits (the same bound as the CPU) and
+// against the CPU backend; the decode graph against eager launches; a
+// prompt in small batches against one batch. They skip without a GPU.
+
+// gpuWeightVariants lists the weight kernels to test with: the ones
+// contexts use, and the float32 reference when that is another.
+func gpuWeightVariants(dev *gpuDevice) []struct {
+	name string
+	w    gpuWeightOps
+} {
+	v := []struct {
+		name string
+		w    gpuWeightOps
+	}{{"default", dev.w}}
+	if dev.ref != dev.w {
+		v = append(v, struct {
+			name string
+			w    gpuWeightOps
+		}{"ref", dev.ref})
+	}
+	return v
+}
+
+// withWeights runs f with new contexts using w.
+func withWeights(w gpuWeightOps, f func()) {
+	gpuWeightsOverride = w
+	defer func() { gpuWeightsOverride = nil }()
+	f()
+}
+
+func oracleFiles(t *testing.T) []string {
+	dir := filepath.Join(testenv.SharedDir(t), "testdata", "oracle")
+	files, _ := filepath.Glob(filepath.Join(dir, "*.gguf"))
+	if len(files) == 0 {
+		t.Skipf("no oracle models in %s", dir)
+	}
+	return files
+}
+
+// flatLogits joins prefill and decode logits in the oracle's order.
+func flatLogits(prefill []float32, decode [][]float32) []float32 {
+	out := append([]float32(nil), prefill...)
+	for _, d := range decode {
+		out = append(out, d...)
+	}
+	return out
+}
+
+// TestOraclesGPU checks every oracle model on the GPU against llama.cpp's
+// logits with the oracle bound, and reports the distance to the CPU
+// backend's logits.
+func TestOraclesGPU(t *testing.T) {
+	dev := needGPUDevice(t)
+	files := oracleFiles(t)
+	for _, v := range gpuWeightVariants(dev) {
+		t.Run(v.name, func(t *testing.T) {
+			t.Logf("weight kernels: %s", v.w.Name())
+			for _, path := range files {
+				name := strings.TrimSuffix(filepath.Base(path), ".gguf")
+				t.Run(name, func(t *testing.T) {
+					want := loadOracle(t, strings.TrimSuffix(path, ".gguf")+".logits.json")
+					var prefill []float32
+					var decode [][]float32
+					withWeights(v.w, func() {
+						prefill, decode = runOracle(t, path, want, ContextOptions{Backend: BackendGPU})
+					})
+					got := flatLogits(prefill, decode)
+					var ref []float32
+					for _, r := range want.PrefillLogits {
+						ref = append(ref, r...)
+					}
+					for _, r := range want.DecodeLogits {
+						ref = append(ref, r...)
+					}
+					cpuPre, cpuDec := runOracle(t, path, want, ContextOptions{Threads: 2})
+					e, tol := nmse(got, ref), oracleTolerance(name)
+					t.Logf("%s on GPU (%s): NMSE %.3g vs llama.cpp (bound %.0e), %.3g vs ats CPU", name, v.name, e, tol, nmse(got, flatLogits(cpuPre, cpuDec)))
+					if e > tol {
+						t.Errorf("NMSE %.3g over the bound %.0e", e, tol)
+					}
+					nv := want.NVocab
+					greedy := []int{ops.Argmax(prefill[len(prefill)-nv:])}
+					for _, d := range decode[:len(decode)-1] {
+						greedy = append(greedy, ops.Argmax(d))
+					}
+					if !slices.Equal(greedy, want.Generated) {
+						if tol == 1e-4 {
+							t.Errorf("greedy tokens %v, want %v", greedy, want.Generated)
+						} else {
+							t.Logf("greedy tokens differ from llama.cpp's (allowed for quantized weights)")
+						}
+					}
+				})
+			}
+		})
+	}
+}
+
+// TestGPUGraphMatchesEager checks that the captured decode step gives the
+// logits of launching its kernels one by one, bit for bit, over several
+// positions (the graph reads the position from device memory), and that
+// a prompt in batches of 5 matches one batch.
+func TestGPUGraphMatchesEager(t *testing.T) {
+	needGPUDevice(t)
+	dir := filepath.Join(testenv.SharedDir(t), "testdata", "oracle")
+	for _, name := range []string{"tiny-qwen3moe-q4_k_m", "tiny-glm4-q8_0", "tiny-llama-q4_0", "tiny-qwen3-f16"} {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(dir, name+".gguf")
+			if _, err := os.Stat(path); err != nil {
+				t.Skip(err)
+			}
+			want := loadOracle(t, filepath.Join(dir, name+".logits.json"))
+			want.Generated = want.Generated[:6]
+			pre, dec := runOracle(t, path, want, ContextOptions{Backend: BackendGPU})
+			t.Setenv(EnvGPUGraphs, "0")
+			pre2, dec2 := runOracle(t, path, want, ContextOptions{Backend: BackendGPU})
+			if !slices.Equal(pre, pre2) {
+				t.Fatal("prefill logits differ between runs")
+			}
+			for s := range dec {
+				if !slices.Equal(dec[s], dec2[s]) {
+					t.Fatalf("decode step %d: the graph's logits differ from eager launches (NMSE %.3g)", s, nmse(dec[s], dec2[s]))
+				}
+			}
+			// Batches of 5 take the weight kernels' matrix-vector path (Q8_1
+			// activations), one batch of the whole prompt the tensor-core
+			// path (f16 activations): the same function to within the
+			// quantization of the activations.
+			pre3, _ := runOracle(t, path, want, ContextOptions{Backend: BackendGPU, Batch: 5})
+			e := nmse(pre3, pre)
+			t.Logf("prompt of %d in batches of 5 against one batch: NMSE %.3g", len(want.Prompt), e)
+			if e > 1e-3 {
+				t.Fatalf("prompt in batches of 5 against one batch: NMSE %.3g", e)
+			}
+		})
+	}
+}
+
+// TestGPUTruncate checks that a GPU context continues correctly after
+// Truncate: the cache rows past the cut are overwritten.
+func TestGPUTruncate(t *testing.T) {
+	needGPUDevice(t)
+	var path string
+	for _, name := range []string{"tiny-qwen3-q6_k", "tiny-qwen3-q4_k_m", "tiny-qwen3-bf16"} {
+		p := filepath.Join(testenv.SharedDir(t), "testdata", "oracle", name+".gguf")
+		if _, err := os.Stat(p); err == nil {
+			path = p
+			break
+		}
+	}
+	if path == "" {
+		t.Skip("no tiny-qwen3 oracle model")
+	}
+	m, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	c, err := m.NewContext(ContextOptions{Backend: BackendGPU, CtxSize: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if c.Backend() != BackendGPU {
+		t.Fatalf("backend %s", c.Backend())
+	}
+	a, err := c.Eval([]int{1, 2, 3, 4, 5, 6}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Eval([]int{9, 9, 9}, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Truncate(5); err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.Eval([]int{6}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Decode (graph, split-K) against the prompt's last row (one pass):
+	// other kernels, the same function.
+	if e := nmse(b, a); e > 1e-6 {
+		t.Fatalf("after truncating and re-feeding the same token: NMSE %.3g", e)
+	}
+}
