@@ -73,7 +73,7 @@ and exits; a second Ctrl-C quits at once.`,
 				}
 				defer sess.Model.Close()
 				defer sess.Close()
-				srv, err := server.New(sess, server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log})
+				srv, err := server.New(sess, server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: server.NVMLStats})
 				if err != nil {
 					return err
 				}

@@ -43,6 +43,29 @@ func CPUPlacement(m *runtime.Model) func() Placement {
 	}
 }
 
+// SessionPlacement reports where the session's context computes: wholly on
+// the CPU or wholly on the GPU (the executors place every weight on one
+// device today).
+func SessionPlacement(s *runtime.Session) func() Placement {
+	if s.Ctx.Backend() != runtime.BackendGPU {
+		return CPUPlacement(s.Model)
+	}
+	bytes := s.Model.WeightBytes()
+	return func() Placement {
+		return Placement{Backend: "cuda", WeightBytes: map[string]int64{"cpu": 0, "gpu": bytes}}
+	}
+}
+
+// NVMLStats reads every GPU's figures through NVML (none without it).
+func NVMLStats() []GPUStat {
+	var out []GPUStat
+	for _, g := range runtime.GPUStats() {
+		out = append(out, GPUStat{Index: g.Index, Name: g.Name, MemoryUsedBytes: int64(g.MemUsed), MemoryTotalBytes: int64(g.MemTotal),
+			Utilization: g.Util, PCIeRxBytesPerS: g.PCIeRX, PCIeTxBytesPerS: g.PCIeTX})
+	}
+	return out
+}
+
 // metrics are the server's Prometheus series, on a registry of its own so
 // several servers (tests) never collide.
 type metrics struct {

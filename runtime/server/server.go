@@ -61,7 +61,7 @@ type Config struct {
 	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 	// Placement and GPUStats feed the placement and GPU series of
 	// /metrics; they are called at scrape time. Placement defaults to
-	// everything on the CPU; GPUStats to no GPU.
+	// the session's backend; GPUStats to none (serve passes NVMLStats).
 	Placement func() Placement
 	GPUStats  func() []GPUStat
 	// Log receives a line per request and the server's notes (default:
@@ -130,7 +130,7 @@ func New(sess *runtime.Session, cfg Config) (*Server, error) {
 		cfg.MaxBodyBytes = 8 << 20
 	}
 	if cfg.Placement == nil {
-		cfg.Placement = CPUPlacement(sess.Model)
+		cfg.Placement = SessionPlacement(sess)
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
