@@ -255,7 +255,7 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opt GenerateOption
 			res.StopReason = StopLength
 			return finish()
 		}
-		logits, err = s.Ctx.Eval([]int{tok}, false)
+		logits, err = s.Ctx.EvalView([]int{tok}, false) // valid until the next eval; Sample only reads it
 		if err != nil {
 			return res, err
 		}
@@ -273,7 +273,7 @@ func (s *Session) evalCancellable(ctx context.Context, tokens []int) ([]float32,
 			return nil, err
 		}
 		chunk := tokens[i:min(len(tokens), i+step)]
-		l, err := s.Ctx.Eval(chunk, false)
+		l, err := s.Ctx.EvalView(chunk, false)
 		if err != nil {
 			return nil, err
 		}
