@@ -2,6 +2,7 @@ package gguf
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"io"
@@ -458,4 +459,29 @@ func (c *countWriter) Write(b []byte) (int, error) {
 	n, err := c.w.Write(b)
 	c.n += int64(n)
 	return n, err
+}
+
+// EncodeHeader returns the bytes WriteHeader writes for these metadata and
+// tensor infos (magic through tensor infos, padded to the data section),
+// for writers that stream tensor data in pieces of their own and need the
+// header, and so the file size, up front (tools/synth).
+func EncodeHeader(version uint32, kvs []KV, tensors []TensorInfo) ([]byte, error) {
+	var buf bytes.Buffer
+	w := NewWriter(&buf)
+	w.Version = version
+	for _, kv := range kvs {
+		w.Set(kv.Key, kv.Value)
+	}
+	for _, t := range tensors {
+		if err := w.AddTensorAt(t); err != nil {
+			return nil, err
+		}
+	}
+	if err := w.WriteHeader(); err != nil {
+		return nil, err
+	}
+	if err := w.out.Flush(); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }
