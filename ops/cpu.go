@@ -20,7 +20,7 @@ const (
 	LevelAVX2                    // amd64: AVX2, FMA, F16C
 	LevelAVX512                  // amd64: AVX-512 F, BW, VL, DQ (plus AVX2's)
 	LevelAVX512VNNI              // amd64: AVX-512 with VNNI (VPDPBUSD)
-	LevelNEON                    // arm64: Advanced SIMD (reserved: arm64 runs the generic kernels for now)
+	LevelNEON                    // arm64: Advanced SIMD (Q8_0, Q4_0, Q4_K, Q6_K dots; SDOT where present)
 )
 
 var levelNames = [...]string{"generic", "avx2", "avx512", "avx512vnni", "neon"}
