@@ -24,10 +24,10 @@ func archImpl(l Level, t gguf.Type) impl {
 	var dot func(n int, w, x []byte) float32
 	switch t {
 	case gguf.TypeQ8_0:
-		dot = dotQ8_0NEON
 		if hasSDOT {
-			dot = dotQ8_0SDOT
+			return impl{dot: dotQ8_0SDOT, mul: mulQ8_0With(true)}
 		}
+		return impl{dot: dotQ8_0NEON, mul: mulQ8_0With(false)}
 	case gguf.TypeQ4_0:
 		dot = dotQ4_0NEON
 		if hasSDOT {
@@ -35,8 +35,14 @@ func archImpl(l Level, t gguf.Type) impl {
 		}
 	case gguf.TypeQ4_K:
 		dot = dotQ4_KNEON
+	case gguf.TypeQ5_K:
+		dot = dotQ5_KNEON
 	case gguf.TypeQ6_K:
 		dot = dotQ6_KNEON
+	case gguf.TypeF32:
+		dot = dotF32NEON
+	case gguf.TypeF16:
+		dot = dotF16NEON
 	default:
 		return impl{}
 	}

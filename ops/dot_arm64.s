@@ -88,6 +88,38 @@ loop: \
 done: \
 	RET
 
+// Two-token Q8_0 (prefill): the block sums of one weight row against two
+// activation rows, each weight block loaded once; token 0's sums go to
+// sums[0:nb], token 1's to sums[64:64+nb] (neonChunk int32s on).
+#define Q80X2_BODY(BSUM) \
+	MOVD w+0(FP), R0 \
+	MOVD x0+8(FP), R1 \
+	MOVD x1+16(FP), R7 \
+	MOVD nb+24(FP), R2 \
+	MOVD sums+32(FP), R3 \
+	CBZ  R2, done \
+loop: \
+	ADD  $2, R0, R4 \
+	ADD  $2, R1, R5 \
+	ADD  $2, R7, R8 \
+	VLD1 (R4), [V0.B16, V1.B16] \
+	VLD1 (R5), [V2.B16, V3.B16] \
+	BSUM \
+	VMOV V16.S[0], R6 \
+	MOVW R6, (R3) \
+	VLD1 (R8), [V2.B16, V3.B16] \
+	BSUM \
+	VMOV V16.S[0], R6 \
+	MOVW R6, 256(R3) \
+	ADD  $4, R3 \
+	ADD  $34, R0 \
+	ADD  $34, R1 \
+	ADD  $34, R7 \
+	SUBS $1, R2 \
+	BNE  loop \
+done: \
+	RET
+
 // func blockSumsQ80NEON(w, x *byte, nb int, sums *int32)
 TEXT ·blockSumsQ80NEON(SB), NOSPLIT, $0-32
 	Q80_BODY(BSUM_SMULL)
@@ -259,3 +291,139 @@ q6kloop:
 	BNE  q6kloop
 	VST1 [V16.S4, V17.S4], (R3)
 	RET
+
+// Q5_K: aux[l] (l < 8) as in dotQ5_K: q4KAux with a fifth bit per quant,
+// qh[l] bit 2g (low nibbles of group g) and 2g+1 (high nibbles), moved to
+// bit 4 (VSHL $4 / $3, AND 16; V12, V13 hold qh shifted right 2g). Products
+// of at most 31·128, four to an int16 lane: < 2^15.
+//
+// func q5KAux(qs, qh, q8 *byte, sc *int16, aux *int32)
+TEXT ·q5KAux(SB), NOSPLIT, $0-40
+	MOVD qs+0(FP), R0
+	MOVD qh+8(FP), R5
+	MOVD q8+16(FP), R1
+	MOVD sc+24(FP), R2
+	MOVD aux+32(FP), R3
+	VLD1 (R2), [V15.H8]
+	VLD1 (R5), [V12.B16, V13.B16]
+	VMOVI $15, V30.B16
+	VMOVI $16, V31.B16
+	VEOR V16.B16, V16.B16, V16.B16
+	VEOR V17.B16, V17.B16, V17.B16
+	MOVD $4, R4
+q5kloop:
+	VLD1.P 32(R0), [V0.B16, V1.B16]
+	VLD1.P 64(R1), [V2.B16, V3.B16, V4.B16, V5.B16]
+	VAND V30.B16, V0.B16, V6.B16
+	VAND V30.B16, V1.B16, V7.B16
+	VUSHR $4, V0.B16, V8.B16
+	VUSHR $4, V1.B16, V9.B16
+	VSHL $4, V12.B16, V18.B16
+	VSHL $4, V13.B16, V19.B16
+	VSHL $3, V12.B16, V20.B16
+	VSHL $3, V13.B16, V21.B16
+	VAND V31.B16, V18.B16, V18.B16
+	VAND V31.B16, V19.B16, V19.B16
+	VAND V31.B16, V20.B16, V20.B16
+	VAND V31.B16, V21.B16, V21.B16
+	VORR V18.B16, V6.B16, V6.B16
+	VORR V19.B16, V7.B16, V7.B16
+	VORR V20.B16, V8.B16, V8.B16
+	VORR V21.B16, V9.B16, V9.B16
+	VUSHR $2, V12.B16, V12.B16
+	VUSHR $2, V13.B16, V13.B16
+	WORD $0x0e22c0ca // smull v10.8h, v6.8b, v2.8b
+	WORD $0x4e2280ca // smlal2 v10.8h, v6.16b, v2.16b
+	WORD $0x0e2380ea // smlal v10.8h, v7.8b, v3.8b
+	WORD $0x4e2380ea // smlal2 v10.8h, v7.16b, v3.16b
+	WORD $0x0e24c10b // smull v11.8h, v8.8b, v4.8b
+	WORD $0x4e24810b // smlal2 v11.8h, v8.16b, v4.16b
+	WORD $0x0e25812b // smlal v11.8h, v9.8b, v5.8b
+	WORD $0x4e25812b // smlal2 v11.8h, v9.16b, v5.16b
+	WORD $0x0f4f2150 // smlal v16.4s, v10.4h, v15.h[0]
+	WORD $0x4f4f2151 // smlal2 v17.4s, v10.8h, v15.h[0]
+	WORD $0x0f5f2170 // smlal v16.4s, v11.4h, v15.h[1]
+	WORD $0x4f5f2171 // smlal2 v17.4s, v11.8h, v15.h[1]
+	VEXT $4, V15.B16, V15.B16, V15.B16
+	SUBS $1, R4
+	BNE  q5kloop
+	VST1 [V16.S4, V17.S4], (R3)
+	RET
+
+// Float dots over n elements, n a positive multiple of 8: each product is
+// formed in float32 (FMUL, as dotF32/dotF16 do), widened exactly to
+// float64 (FCVTL/FCVTL2) and summed in four float64 vectors of two lanes;
+// the total is returned as a float64. F16 inputs are widened to float32
+// first (FCVTL/FCVTL2 of halves: exact).
+
+// F64_ACC: V16, V17, V20, V21 (float64) += V4, V5 (four float32 each).
+#define F64_ACC \
+	WORD $0x0e617886 \ // fcvtl  v6.2d, v4.2s
+	WORD $0x4e617887 \ // fcvtl2 v7.2d, v4.4s
+	WORD $0x0e6178b2 \ // fcvtl  v18.2d, v5.2s
+	WORD $0x4e6178b3 \ // fcvtl2 v19.2d, v5.4s
+	WORD $0x4e66d610 \ // fadd v16.2d, v16.2d, v6.2d
+	WORD $0x4e67d631 \ // fadd v17.2d, v17.2d, v7.2d
+	WORD $0x4e72d694 \ // fadd v20.2d, v20.2d, v18.2d
+	WORD $0x4e73d6b5   // fadd v21.2d, v21.2d, v19.2d
+
+// F64_SUM: F0 = the sum of the lanes of V16, V17, V20, V21.
+#define F64_SUM \
+	WORD $0x4e71d610 \ // fadd v16.2d, v16.2d, v17.2d
+	WORD $0x4e75d694 \ // fadd v20.2d, v20.2d, v21.2d
+	WORD $0x4e74d610 \ // fadd v16.2d, v16.2d, v20.2d
+	WORD $0x7e70da00   // faddp d0, v16.2d
+
+#define F64_ZERO \
+	VEOR V16.B16, V16.B16, V16.B16 \
+	VEOR V17.B16, V17.B16, V17.B16 \
+	VEOR V20.B16, V20.B16, V20.B16 \
+	VEOR V21.B16, V21.B16, V21.B16
+
+// func dotF32Body(w, x *byte, n int) float64
+TEXT ·dotF32Body(SB), NOSPLIT, $0-32
+	MOVD w+0(FP), R0
+	MOVD x+8(FP), R1
+	MOVD n+16(FP), R2
+	F64_ZERO
+f32loop:
+	VLD1.P 32(R0), [V0.S4, V1.S4]
+	VLD1.P 32(R1), [V2.S4, V3.S4]
+	WORD $0x6e22dc04 // fmul v4.4s, v0.4s, v2.4s
+	WORD $0x6e23dc25 // fmul v5.4s, v1.4s, v3.4s
+	F64_ACC
+	SUBS $8, R2
+	BNE  f32loop
+	F64_SUM
+	FMOVD F0, ret+24(FP)
+	RET
+
+// func dotF16Body(w, x *byte, n int) float64
+TEXT ·dotF16Body(SB), NOSPLIT, $0-32
+	MOVD w+0(FP), R0
+	MOVD x+8(FP), R1
+	MOVD n+16(FP), R2
+	F64_ZERO
+f16loop:
+	VLD1.P 16(R0), [V22.H8]
+	VLD1.P 16(R1), [V23.H8]
+	WORD $0x0e217ac0 // fcvtl  v0.4s, v22.4h
+	WORD $0x4e217ac1 // fcvtl2 v1.4s, v22.8h
+	WORD $0x0e217ae2 // fcvtl  v2.4s, v23.4h
+	WORD $0x4e217ae3 // fcvtl2 v3.4s, v23.8h
+	WORD $0x6e22dc04 // fmul v4.4s, v0.4s, v2.4s
+	WORD $0x6e23dc25 // fmul v5.4s, v1.4s, v3.4s
+	F64_ACC
+	SUBS $8, R2
+	BNE  f16loop
+	F64_SUM
+	FMOVD F0, ret+24(FP)
+	RET
+
+// func blockSumsQ80x2NEON(w, x0, x1 *byte, nb int, sums *int32)
+TEXT ·blockSumsQ80x2NEON(SB), NOSPLIT, $0-40
+	Q80X2_BODY(BSUM_SMULL)
+
+// func blockSumsQ80x2SDOT(w, x0, x1 *byte, nb int, sums *int32)
+TEXT ·blockSumsQ80x2SDOT(SB), NOSPLIT, $0-40
+	Q80X2_BODY(BSUM_SDOT)
