@@ -18,12 +18,13 @@ type Level uint8
 const (
 	LevelGeneric    Level = iota // pure Go, every platform (and -tags noasm)
 	LevelAVX2                    // amd64: AVX2, FMA, F16C
+	LevelAVXVNNI                 // amd64: AVX2 with AVX-VNNI (VEX VPDPBUSD on YMM) for the integer dots
 	LevelAVX512                  // amd64: AVX-512 F, BW, VL, DQ (plus AVX2's)
 	LevelAVX512VNNI              // amd64: AVX-512 with VNNI (VPDPBUSD)
 	LevelNEON                    // arm64: Advanced SIMD (Q8_0, Q4_0, Q4_K, Q6_K dots; SDOT where present)
 )
 
-var levelNames = [...]string{"generic", "avx2", "avx512", "avx512vnni", "neon"}
+var levelNames = [...]string{"generic", "avx2", "avxvnni", "avx512", "avx512vnni", "neon"}
 
 func (l Level) String() string {
 	if int(l) < len(levelNames) {
@@ -43,7 +44,7 @@ func ParseLevel(s string) (Level, error) {
 }
 
 // EnvCPU is the environment variable that forces a CPU level, for tests and
-// for working around a kernel bug: ATS_CPU=generic|avx2|avx512|avx512vnni|neon.
+// for working around a kernel bug: ATS_CPU=generic|avx2|avxvnni|avx512|avx512vnni|neon.
 const EnvCPU = "ATS_CPU"
 
 // SupportedLevels lists the levels this build can run on this CPU, from

@@ -14,6 +14,12 @@ func detectLevels() []Level {
 		return ls
 	}
 	ls = append(ls, LevelAVX2)
+	// AVX-VNNI is chosen where AVX-512 is absent (Alder Lake and later
+	// client cores, Zen 5 client); with AVX-512 it stays available to
+	// ATS_CPU=avxvnni and to the tests.
+	if c.Supports(cpuid.AVXVNNI) {
+		ls = append(ls, LevelAVXVNNI)
+	}
 	if !c.Supports(cpuid.AVX512F, cpuid.AVX512BW, cpuid.AVX512VL, cpuid.AVX512DQ) {
 		return ls
 	}

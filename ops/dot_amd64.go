@@ -102,6 +102,13 @@ var asmMuls = map[Level]map[gguf.Type]*asmMul{
 		gguf.TypeQ8_0: newAsmMul(gguf.TypeQ8_0, gguf.TypeQ8_0, asmQ80AVX2),
 		gguf.TypeQ4_0: newAsmMul(gguf.TypeQ4_0, gguf.TypeQ8_0, asmQ40AVX2),
 	},
+	LevelAVXVNNI: {
+		gguf.TypeQ4_K: newAsmMul(gguf.TypeQ4_K, gguf.TypeQ8_K, asmQ4KAVXVNNI),
+		gguf.TypeQ5_K: newAsmMul(gguf.TypeQ5_K, gguf.TypeQ8_K, asmQ5KAVXVNNI),
+		gguf.TypeQ6_K: newAsmMul(gguf.TypeQ6_K, gguf.TypeQ8_K, asmQ6KAVXVNNI),
+		gguf.TypeQ8_0: newAsmMul(gguf.TypeQ8_0, gguf.TypeQ8_0, asmQ80AVXVNNI),
+		gguf.TypeQ4_0: newAsmMul(gguf.TypeQ4_0, gguf.TypeQ8_0, asmQ40AVXVNNI),
+	},
 	LevelAVX512: {
 		gguf.TypeQ4_K: newAsmMul(gguf.TypeQ4_K, gguf.TypeQ8_K, asmQ4KAVX512),
 		gguf.TypeQ5_K: newAsmMul(gguf.TypeQ5_K, gguf.TypeQ8_K, asmQ5KAVX512),
@@ -284,22 +291,33 @@ func quantActF16Asm(l Level) func(dst []byte, src []float32) {
 	}
 }
 
+// vecLevel is the level whose float, quantizer and vector-math kernels
+// level l uses: AVX-VNNI changes only the integer dots (asmMuls), and
+// runs AVX2's kernels for the rest.
+func vecLevel(l Level) Level {
+	if l == LevelAVXVNNI {
+		return LevelAVX2
+	}
+	return l
+}
+
 func archImpl(l Level, t gguf.Type) impl {
 	var im impl
+	v := vecLevel(l)
 	if k, ok := kernels[t]; ok {
 		switch k.ActType {
 		case gguf.TypeQ8_K:
-			im.quantAct = quantQ8K(l)
+			im.quantAct = quantQ8K(v)
 		case gguf.TypeQ8_0:
-			im.quantAct = quantActQ8_0Asm(l)
+			im.quantAct = quantActQ8_0Asm(v)
 		case gguf.TypeF16:
-			im.quantAct = quantActF16Asm(l)
+			im.quantAct = quantActF16Asm(v)
 		}
 	}
 	if m := asmMuls[l][t]; m != nil {
 		im.dot, im.mul = m.dot, m.mul
 	}
-	if f := asmFloats[l][t]; f != nil {
+	if f := asmFloats[v][t]; f != nil {
 		im.dot, im.mul = f.dot, f.mul
 	}
 	return im
@@ -308,6 +326,7 @@ func archImpl(l Level, t gguf.Type) impl {
 // archFloat returns level l's strided F16 row products and value
 // accumulation for attention (nil: use the generic ones).
 func archFloat(l Level) (dots rowsFunc, axpy axpyFunc) {
+	l = vecLevel(l)
 	f := asmFloats[l][gguf.TypeF16]
 	if f == nil {
 		return nil, nil
@@ -346,6 +365,7 @@ func archFloat(l Level) (dots rowsFunc, axpy axpyFunc) {
 // archVMath returns level l's SwiGLU and exp-shift kernels: the assembly
 // takes whole vectors, the twin (siluApprox, expApprox) the rest.
 func archVMath(l Level) (swigluFunc, expShiftFunc) {
+	l = vecLevel(l)
 	var sw func(out, gate, up *float32, n int)
 	var ex func(x *float32, n int, m float32) float32
 	lanes := 16
@@ -389,6 +409,7 @@ func archVMath(l Level) (swigluFunc, expShiftFunc) {
 // archCvtF16 returns level l's float32 → f16 conversion (genCvtF16) and
 // its scale-and-round-to-f16 (genScaleRoundF16).
 func archCvtF16(l Level) (func(dst []uint16, src []float32), func(x []float32, scale float32)) {
+	l = vecLevel(l)
 	var cv func(dst *byte, src *float32, n int)
 	var sr func(x *float32, n int, scale float32)
 	lanes := 16

@@ -3734,6 +3734,2328 @@ scaleRoundF16AVX2_done:
 	VZEROUPPER
 	RET
 
+// func mulQ4KAVXVNNI1(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+// Requires: AVX, AVX2, AVX_VNNI, F16C, FMA3
+TEXT ·mulQ4KAVXVNNI1(SB), NOSPLIT, $96-56
+	MOVQ         w+0(FP), AX
+	MOVQ         xs+24(FP), CX
+	MOVQ         out+32(FP), CX
+	VPBROADCASTD c0f<>+0(SB), Y0
+
+mulQ4KAVXVNNI1_row:
+	VPXOR Y1, Y1, Y1
+	MOVQ  x+16(FP), DX
+	MOVQ  nb+48(FP), BX
+
+mulQ4KAVXVNNI1_block:
+	VCVTPH2PS    (AX), X2
+	VMOVUPS      X2, (SP)
+	MOVQ         4(AX), SI
+	MOVL         12(AX), DI
+	MOVQ         SI, R9
+	ANDQ         k3f<>+0(SB), R9
+	MOVL         DI, R8
+	SHRL         $0x04, R8
+	SHLQ         $0x20, R8
+	ORQ          R8, DI
+	ANDQ         k0f<>+0(SB), DI
+	SHRQ         $0x06, SI
+	ANDQ         k03<>+0(SB), SI
+	SHLQ         $0x04, SI
+	ORQ          SI, DI
+	VMOVQ        R9, X2
+	VPINSRQ      $0x01, DI, X2, X2
+	VPSHUFD      $0xd8, X2, X2
+	VPUNPCKHBW   X2, X2, X3
+	VPMOVZXBW    X3, Y3
+	VMOVDQU      Y3, 32(SP)
+	VPMOVZXBW    X2, Y3
+	VMOVDQU      X3, 16(SP)
+	VPMOVZXBD    X2, Y2
+	VMOVDQU      Y2, 64(SP)
+	VMOVDQU      16(AX), Y3
+	VPAND        Y0, Y3, Y2
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        Y0, Y3, Y3
+	VPBROADCASTD 64(SP), Y4
+	VPBROADCASTD 68(SP), Y5
+	VMOVDQU      4(DX), Y7
+	VPXOR        Y6, Y6, Y6
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x6d; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y7, Y2, Y6 (VEX, AVX-VNNI)
+	VPMADDWD     Y4, Y6, Y6
+	VMOVDQU      36(DX), Y4
+	VPXOR        Y2, Y2, Y2
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x50; BYTE $0xd4 // VPDPBUSD Y4, Y3, Y2 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x6d; BYTE $0x52; BYTE $0xf5 // VPDPWSSD Y5, Y2, Y6 (VEX, AVX-VNNI)
+	VMOVDQU      48(AX), Y3
+	VPAND        Y0, Y3, Y2
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        Y0, Y3, Y3
+	VPBROADCASTD 72(SP), Y4
+	VPBROADCASTD 76(SP), Y5
+	VMOVDQU      68(DX), Y8
+	VPXOR        Y7, Y7, Y7
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x6d; BYTE $0x50; BYTE $0xf8 // VPDPBUSD Y8, Y2, Y7 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x45; BYTE $0x52; BYTE $0xf4 // VPDPWSSD Y4, Y7, Y6 (VEX, AVX-VNNI)
+	VMOVDQU      100(DX), Y4
+	VPXOR        Y2, Y2, Y2
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x50; BYTE $0xd4 // VPDPBUSD Y4, Y3, Y2 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x6d; BYTE $0x52; BYTE $0xf5 // VPDPWSSD Y5, Y2, Y6 (VEX, AVX-VNNI)
+	VMOVDQU      80(AX), Y3
+	VPAND        Y0, Y3, Y2
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        Y0, Y3, Y3
+	VPBROADCASTD 80(SP), Y4
+	VPBROADCASTD 84(SP), Y5
+	VMOVDQU      132(DX), Y8
+	VPXOR        Y7, Y7, Y7
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x6d; BYTE $0x50; BYTE $0xf8 // VPDPBUSD Y8, Y2, Y7 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x45; BYTE $0x52; BYTE $0xf4 // VPDPWSSD Y4, Y7, Y6 (VEX, AVX-VNNI)
+	VMOVDQU      164(DX), Y4
+	VPXOR        Y2, Y2, Y2
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x50; BYTE $0xd4 // VPDPBUSD Y4, Y3, Y2 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x6d; BYTE $0x52; BYTE $0xf5 // VPDPWSSD Y5, Y2, Y6 (VEX, AVX-VNNI)
+	VMOVDQU      112(AX), Y3
+	VPAND        Y0, Y3, Y2
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        Y0, Y3, Y3
+	VPBROADCASTD 88(SP), Y4
+	VPBROADCASTD 92(SP), Y5
+	VMOVDQU      196(DX), Y8
+	VPXOR        Y7, Y7, Y7
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x6d; BYTE $0x50; BYTE $0xf8 // VPDPBUSD Y8, Y2, Y7 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x45; BYTE $0x52; BYTE $0xf4 // VPDPWSSD Y4, Y7, Y6 (VEX, AVX-VNNI)
+	VMOVDQU      228(DX), Y4
+	VPXOR        Y2, Y2, Y2
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x50; BYTE $0xd4 // VPDPBUSD Y4, Y3, Y2 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x6d; BYTE $0x52; BYTE $0xf5 // VPDPWSSD Y5, Y2, Y6 (VEX, AVX-VNNI)
+	VMOVDQU      260(DX), Y2
+	VPMADDWD     32(SP), Y2, Y2
+	VCVTDQ2PS    Y6, Y3
+	VCVTDQ2PS    Y2, Y2
+	VBROADCASTSS (SP), Y4
+	VMULPS       Y4, Y3, Y3
+	VBROADCASTSS 4(SP), Y4
+	VFNMADD231PS Y2, Y4, Y3
+	VBROADCASTSS (DX), Y2
+	VFMADD231PS  Y3, Y2, Y1
+	ADDQ         $0x00000090, AX
+	ADDQ         $0x00000124, DX
+	DECQ         BX
+	JNZ          mulQ4KAVXVNNI1_block
+	MOVQ         os+40(FP), DX
+	VEXTRACTF128 $0x01, Y1, X2
+	VADDPS       X2, X1, X2
+	VMOVHLPS     X2, X2, X1
+	VADDPS       X1, X2, X2
+	VMOVSHDUP    X2, X1
+	VADDSS       X1, X2, X2
+	VMOVSS       X2, (CX)
+	ADDQ         $0x04, CX
+	DECQ         rows+8(FP)
+	JNZ          mulQ4KAVXVNNI1_row
+	VZEROUPPER
+	RET
+
+// func mulQ5KAVXVNNI1(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+// Requires: AVX, AVX2, AVX_VNNI, F16C, FMA3
+TEXT ·mulQ5KAVXVNNI1(SB), NOSPLIT, $96-56
+	MOVQ         w+0(FP), AX
+	MOVQ         xs+24(FP), CX
+	MOVQ         out+32(FP), CX
+	VPBROADCASTD c0f<>+0(SB), Y0
+	VPBROADCASTD c10<>+0(SB), Y1
+
+mulQ5KAVXVNNI1_row:
+	VPXOR Y2, Y2, Y2
+	MOVQ  x+16(FP), DX
+	MOVQ  nb+48(FP), BX
+
+mulQ5KAVXVNNI1_block:
+	VCVTPH2PS    (AX), X3
+	VMOVUPS      X3, (SP)
+	MOVQ         4(AX), SI
+	MOVL         12(AX), DI
+	MOVQ         SI, R9
+	ANDQ         k3f<>+0(SB), R9
+	MOVL         DI, R8
+	SHRL         $0x04, R8
+	SHLQ         $0x20, R8
+	ORQ          R8, DI
+	ANDQ         k0f<>+0(SB), DI
+	SHRQ         $0x06, SI
+	ANDQ         k03<>+0(SB), SI
+	SHLQ         $0x04, SI
+	ORQ          SI, DI
+	VMOVQ        R9, X3
+	VPINSRQ      $0x01, DI, X3, X3
+	VPSHUFD      $0xd8, X3, X3
+	VPUNPCKHBW   X3, X3, X4
+	VPMOVZXBW    X4, Y4
+	VMOVDQU      Y4, 32(SP)
+	VPMOVZXBW    X3, Y4
+	VMOVDQU      X4, 16(SP)
+	VPMOVZXBD    X3, Y3
+	VMOVDQU      Y3, 64(SP)
+	VMOVDQU      48(AX), Y4
+	VPAND        Y0, Y4, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VMOVDQU      16(AX), Y5
+	VPSLLW       $0x04, Y5, Y5
+	VPAND        Y1, Y5, Y5
+	VPOR         Y5, Y3, Y3
+	VMOVDQU      16(AX), Y5
+	VPSLLW       $0x03, Y5, Y5
+	VPAND        Y1, Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPBROADCASTD 64(SP), Y5
+	VPBROADCASTD 68(SP), Y6
+	VMOVDQU      4(DX), Y8
+	VPXOR        Y7, Y7, Y7
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x65; BYTE $0x50; BYTE $0xf8 // VPDPBUSD Y8, Y3, Y7 (VEX, AVX-VNNI)
+	VPMADDWD     Y5, Y7, Y7
+	VMOVDQU      36(DX), Y5
+	VPXOR        Y3, Y3, Y3
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x5d; BYTE $0x50; BYTE $0xdd // VPDPBUSD Y5, Y4, Y3 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x52; BYTE $0xfe // VPDPWSSD Y6, Y3, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      80(AX), Y4
+	VPAND        Y0, Y4, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VMOVDQU      16(AX), Y5
+	VPSLLW       $0x02, Y5, Y5
+	VPAND        Y1, Y5, Y5
+	VPOR         Y5, Y3, Y3
+	VMOVDQU      16(AX), Y5
+	VPSLLW       $0x01, Y5, Y5
+	VPAND        Y1, Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPBROADCASTD 72(SP), Y5
+	VPBROADCASTD 76(SP), Y6
+	VMOVDQU      68(DX), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x65; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y3, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xfd // VPDPWSSD Y5, Y8, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      100(DX), Y5
+	VPXOR        Y3, Y3, Y3
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x5d; BYTE $0x50; BYTE $0xdd // VPDPBUSD Y5, Y4, Y3 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x52; BYTE $0xfe // VPDPWSSD Y6, Y3, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      112(AX), Y4
+	VPAND        Y0, Y4, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VMOVDQU      16(AX), Y5
+	VPAND        Y1, Y5, Y5
+	VPOR         Y5, Y3, Y3
+	VMOVDQU      16(AX), Y5
+	VPSRLW       $0x01, Y5, Y5
+	VPAND        Y1, Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPBROADCASTD 80(SP), Y5
+	VPBROADCASTD 84(SP), Y6
+	VMOVDQU      132(DX), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x65; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y3, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xfd // VPDPWSSD Y5, Y8, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      164(DX), Y5
+	VPXOR        Y3, Y3, Y3
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x5d; BYTE $0x50; BYTE $0xdd // VPDPBUSD Y5, Y4, Y3 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x52; BYTE $0xfe // VPDPWSSD Y6, Y3, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      144(AX), Y4
+	VPAND        Y0, Y4, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VMOVDQU      16(AX), Y5
+	VPSRLW       $0x02, Y5, Y5
+	VPAND        Y1, Y5, Y5
+	VPOR         Y5, Y3, Y3
+	VMOVDQU      16(AX), Y5
+	VPSRLW       $0x03, Y5, Y5
+	VPAND        Y1, Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VPBROADCASTD 88(SP), Y5
+	VPBROADCASTD 92(SP), Y6
+	VMOVDQU      196(DX), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x65; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y3, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xfd // VPDPWSSD Y5, Y8, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      228(DX), Y5
+	VPXOR        Y3, Y3, Y3
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x5d; BYTE $0x50; BYTE $0xdd // VPDPBUSD Y5, Y4, Y3 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x52; BYTE $0xfe // VPDPWSSD Y6, Y3, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      260(DX), Y3
+	VPMADDWD     32(SP), Y3, Y3
+	VCVTDQ2PS    Y7, Y4
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (SP), Y5
+	VMULPS       Y5, Y4, Y4
+	VBROADCASTSS 4(SP), Y5
+	VFNMADD231PS Y3, Y5, Y4
+	VBROADCASTSS (DX), Y3
+	VFMADD231PS  Y4, Y3, Y2
+	ADDQ         $0x000000b0, AX
+	ADDQ         $0x00000124, DX
+	DECQ         BX
+	JNZ          mulQ5KAVXVNNI1_block
+	MOVQ         os+40(FP), DX
+	VEXTRACTF128 $0x01, Y2, X3
+	VADDPS       X3, X2, X3
+	VMOVHLPS     X3, X3, X2
+	VADDPS       X2, X3, X3
+	VMOVSHDUP    X3, X2
+	VADDSS       X2, X3, X3
+	VMOVSS       X3, (CX)
+	ADDQ         $0x04, CX
+	DECQ         rows+8(FP)
+	JNZ          mulQ5KAVXVNNI1_row
+	VZEROUPPER
+	RET
+
+// func mulQ6KAVXVNNI1(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+// Requires: AVX, AVX2, AVX_VNNI, F16C, FMA3
+TEXT ·mulQ6KAVXVNNI1(SB), NOSPLIT, $128-56
+	MOVQ         w+0(FP), AX
+	MOVQ         xs+24(FP), CX
+	MOVQ         out+32(FP), CX
+	VPBROADCASTD c0f<>+0(SB), Y0
+	VPBROADCASTD c30<>+0(SB), Y1
+
+mulQ6KAVXVNNI1_row:
+	VPXOR Y2, Y2, Y2
+	MOVQ  x+16(FP), DX
+	MOVQ  nb+48(FP), BX
+
+mulQ6KAVXVNNI1_block:
+	VPMOVSXBW    192(AX), Y3
+	VPXOR        Y5, Y5, Y5
+	VPUNPCKLWD   Y5, Y3, Y4
+	VMOVDQU      Y4, (SP)
+	VPUNPCKHWD   Y5, Y3, Y4
+	VMOVDQU      Y4, 32(SP)
+	VPSLLW       $0x05, Y3, Y3
+	VMOVDQU      Y3, 64(SP)
+	MOVWLZX      208(AX), SI
+	VMOVD        SI, X3
+	VCVTPH2PS    X3, X3
+	VMOVSS       X3, 96(SP)
+	VMOVDQU      (AX), Y3
+	VPAND        Y0, Y3, Y3
+	VMOVDQU      128(AX), Y4
+	VPSLLW       $0x04, Y4, Y4
+	VPAND        Y1, Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VMOVDQU      q6idx0<>+0(SB), Y4
+	VPERMD       (SP), Y4, Y4
+	VMOVDQU      4(DX), Y6
+	VPXOR        Y5, Y5, Y5
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x50; BYTE $0xee // VPDPBUSD Y6, Y3, Y5 (VEX, AVX-VNNI)
+	VPMADDWD     Y4, Y5, Y5
+	VMOVDQU      32(AX), Y3
+	VPAND        Y0, Y3, Y3
+	VMOVDQU      128(AX), Y4
+	VPSLLW       $0x02, Y4, Y4
+	VPAND        Y1, Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VMOVDQU      q6idx1<>+0(SB), Y4
+	VPERMD       (SP), Y4, Y4
+	VMOVDQU      36(DX), Y7
+	VPXOR        Y6, Y6, Y6
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y7, Y3, Y6 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4d; BYTE $0x52; BYTE $0xec // VPDPWSSD Y4, Y6, Y5 (VEX, AVX-VNNI)
+	VMOVDQU      (AX), Y3
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        Y0, Y3, Y3
+	VMOVDQU      128(AX), Y4
+	VPAND        Y1, Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VMOVDQU      q6idx2<>+0(SB), Y4
+	VPERMD       32(SP), Y4, Y4
+	VMOVDQU      68(DX), Y7
+	VPXOR        Y6, Y6, Y6
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y7, Y3, Y6 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4d; BYTE $0x52; BYTE $0xec // VPDPWSSD Y4, Y6, Y5 (VEX, AVX-VNNI)
+	VMOVDQU      32(AX), Y3
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        Y0, Y3, Y3
+	VMOVDQU      128(AX), Y4
+	VPSRLW       $0x02, Y4, Y4
+	VPAND        Y1, Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VMOVDQU      q6idx3<>+0(SB), Y4
+	VPERMD       32(SP), Y4, Y4
+	VMOVDQU      100(DX), Y7
+	VPXOR        Y6, Y6, Y6
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y7, Y3, Y6 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4d; BYTE $0x52; BYTE $0xec // VPDPWSSD Y4, Y6, Y5 (VEX, AVX-VNNI)
+	VMOVDQU      64(AX), Y3
+	VPAND        Y0, Y3, Y3
+	VMOVDQU      160(AX), Y4
+	VPSLLW       $0x04, Y4, Y4
+	VPAND        Y1, Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VMOVDQU      q6idx4<>+0(SB), Y4
+	VPERMD       (SP), Y4, Y4
+	VMOVDQU      132(DX), Y7
+	VPXOR        Y6, Y6, Y6
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y7, Y3, Y6 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4d; BYTE $0x52; BYTE $0xec // VPDPWSSD Y4, Y6, Y5 (VEX, AVX-VNNI)
+	VMOVDQU      96(AX), Y3
+	VPAND        Y0, Y3, Y3
+	VMOVDQU      160(AX), Y4
+	VPSLLW       $0x02, Y4, Y4
+	VPAND        Y1, Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VMOVDQU      q6idx5<>+0(SB), Y4
+	VPERMD       (SP), Y4, Y4
+	VMOVDQU      164(DX), Y7
+	VPXOR        Y6, Y6, Y6
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y7, Y3, Y6 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4d; BYTE $0x52; BYTE $0xec // VPDPWSSD Y4, Y6, Y5 (VEX, AVX-VNNI)
+	VMOVDQU      64(AX), Y3
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        Y0, Y3, Y3
+	VMOVDQU      160(AX), Y4
+	VPAND        Y1, Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VMOVDQU      q6idx6<>+0(SB), Y4
+	VPERMD       32(SP), Y4, Y4
+	VMOVDQU      196(DX), Y7
+	VPXOR        Y6, Y6, Y6
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y7, Y3, Y6 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4d; BYTE $0x52; BYTE $0xec // VPDPWSSD Y4, Y6, Y5 (VEX, AVX-VNNI)
+	VMOVDQU      96(AX), Y3
+	VPSRLW       $0x04, Y3, Y3
+	VPAND        Y0, Y3, Y3
+	VMOVDQU      160(AX), Y4
+	VPSRLW       $0x02, Y4, Y4
+	VPAND        Y1, Y4, Y4
+	VPOR         Y4, Y3, Y3
+	VMOVDQU      q6idx7<>+0(SB), Y4
+	VPERMD       32(SP), Y4, Y4
+	VMOVDQU      228(DX), Y7
+	VPXOR        Y6, Y6, Y6
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y7, Y3, Y6 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4d; BYTE $0x52; BYTE $0xec // VPDPWSSD Y4, Y6, Y5 (VEX, AVX-VNNI)
+	VMOVDQU      260(DX), Y3
+	VPMADDWD     64(SP), Y3, Y3
+	VPSUBD       Y3, Y5, Y5
+	VCVTDQ2PS    Y5, Y3
+	VBROADCASTSS 96(SP), Y4
+	VMULPS       Y4, Y3, Y3
+	VBROADCASTSS (DX), Y4
+	VFMADD231PS  Y3, Y4, Y2
+	ADDQ         $0x000000d2, AX
+	ADDQ         $0x00000124, DX
+	DECQ         BX
+	JNZ          mulQ6KAVXVNNI1_block
+	MOVQ         os+40(FP), DX
+	VEXTRACTF128 $0x01, Y2, X3
+	VADDPS       X3, X2, X3
+	VMOVHLPS     X3, X3, X2
+	VADDPS       X2, X3, X3
+	VMOVSHDUP    X3, X2
+	VADDSS       X2, X3, X3
+	VMOVSS       X3, (CX)
+	ADDQ         $0x04, CX
+	DECQ         rows+8(FP)
+	JNZ          mulQ6KAVXVNNI1_row
+	VZEROUPPER
+	RET
+
+// func mulQ80AVXVNNI1(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+// Requires: AVX, AVX2, AVX_VNNI, F16C, FMA3
+TEXT ·mulQ80AVXVNNI1(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), AX
+	MOVQ xs+24(FP), CX
+	MOVQ out+32(FP), CX
+
+mulQ80AVXVNNI1_row:
+	VPXOR Y0, Y0, Y0
+	MOVQ  x+16(FP), DX
+	MOVQ  nb+48(FP), BX
+
+mulQ80AVXVNNI1_block:
+	VMOVDQU      2(AX), Y1
+	VPABSB       Y1, Y2
+	VPBROADCASTW (AX), X3
+	VCVTPH2PS    X3, Y3
+	VMOVDQU      2(DX), Y4
+	VPSIGNB      Y1, Y4, Y4
+	VPXOR        Y1, Y1, Y1
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x6d; BYTE $0x50; BYTE $0xcc // VPDPBUSD Y4, Y2, Y1 (VEX, AVX-VNNI)
+	VPBROADCASTW (DX), X2
+	VCVTPH2PS    X2, Y2
+	VMULPS       Y3, Y2, Y2
+	VCVTDQ2PS    Y1, Y1
+	VFMADD231PS  Y1, Y2, Y0
+	ADDQ         $0x00000022, AX
+	ADDQ         $0x00000022, DX
+	DECQ         BX
+	JNZ          mulQ80AVXVNNI1_block
+	MOVQ         os+40(FP), DX
+	VEXTRACTF128 $0x01, Y0, X1
+	VADDPS       X1, X0, X1
+	VMOVHLPS     X1, X1, X0
+	VADDPS       X0, X1, X1
+	VMOVSHDUP    X1, X0
+	VADDSS       X0, X1, X1
+	VMOVSS       X1, (CX)
+	ADDQ         $0x04, CX
+	DECQ         rows+8(FP)
+	JNZ          mulQ80AVXVNNI1_row
+	VZEROUPPER
+	RET
+
+// func mulQ40AVXVNNI1(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+// Requires: AVX, AVX2, AVX_VNNI, F16C, FMA3
+TEXT ·mulQ40AVXVNNI1(SB), NOSPLIT, $0-56
+	MOVQ         w+0(FP), AX
+	MOVQ         xs+24(FP), CX
+	MOVQ         out+32(FP), CX
+	VPBROADCASTD c0f<>+0(SB), Y0
+	VPBROADCASTD c08<>+0(SB), Y1
+	VMOVDQU      shr0044<>+0(SB), Y2
+
+mulQ40AVXVNNI1_row:
+	VPXOR Y3, Y3, Y3
+	MOVQ  x+16(FP), DX
+	MOVQ  nb+48(FP), BX
+
+mulQ40AVXVNNI1_block:
+	VBROADCASTI128 2(AX), Y4
+	VPSRLVQ        Y2, Y4, Y4
+	VPAND          Y0, Y4, Y4
+	VPSUBB         Y1, Y4, Y4
+	VPABSB         Y4, Y5
+	VPBROADCASTW   (AX), X6
+	VCVTPH2PS      X6, Y6
+	VMOVDQU        2(DX), Y7
+	VPSIGNB        Y4, Y7, Y7
+	VPXOR          Y4, Y4, Y4
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x55; BYTE $0x50; BYTE $0xe7 // VPDPBUSD Y7, Y5, Y4 (VEX, AVX-VNNI)
+	VPBROADCASTW   (DX), X5
+	VCVTPH2PS      X5, Y5
+	VMULPS         Y6, Y5, Y5
+	VCVTDQ2PS      Y4, Y4
+	VFMADD231PS    Y4, Y5, Y3
+	ADDQ           $0x00000012, AX
+	ADDQ           $0x00000022, DX
+	DECQ           BX
+	JNZ            mulQ40AVXVNNI1_block
+	MOVQ           os+40(FP), DX
+	VEXTRACTF128   $0x01, Y3, X4
+	VADDPS         X4, X3, X4
+	VMOVHLPS       X4, X4, X3
+	VADDPS         X3, X4, X4
+	VMOVSHDUP      X4, X3
+	VADDSS         X3, X4, X4
+	VMOVSS         X4, (CX)
+	ADDQ           $0x04, CX
+	DECQ           rows+8(FP)
+	JNZ            mulQ40AVXVNNI1_row
+	VZEROUPPER
+	RET
+
+// func mulQ4KAVXVNNI2(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+// Requires: AVX, AVX2, AVX_VNNI, F16C, FMA3
+TEXT ·mulQ4KAVXVNNI2(SB), NOSPLIT, $96-56
+	MOVQ         w+0(FP), AX
+	MOVQ         xs+24(FP), CX
+	MOVQ         out+32(FP), DX
+	VPBROADCASTD c0f<>+0(SB), Y0
+
+mulQ4KAVXVNNI2_row:
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	MOVQ  x+16(FP), BX
+	LEAQ  (BX)(CX*1), SI
+	MOVQ  nb+48(FP), DI
+
+mulQ4KAVXVNNI2_block:
+	VCVTPH2PS    (AX), X3
+	VMOVUPS      X3, (SP)
+	MOVQ         4(AX), R8
+	MOVL         12(AX), R9
+	MOVQ         R8, R11
+	ANDQ         k3f<>+0(SB), R11
+	MOVL         R9, R10
+	SHRL         $0x04, R10
+	SHLQ         $0x20, R10
+	ORQ          R10, R9
+	ANDQ         k0f<>+0(SB), R9
+	SHRQ         $0x06, R8
+	ANDQ         k03<>+0(SB), R8
+	SHLQ         $0x04, R8
+	ORQ          R8, R9
+	VMOVQ        R11, X3
+	VPINSRQ      $0x01, R9, X3, X3
+	VPSHUFD      $0xd8, X3, X3
+	VPUNPCKHBW   X3, X3, X4
+	VPMOVZXBW    X4, Y4
+	VMOVDQU      Y4, 32(SP)
+	VPMOVZXBW    X3, Y4
+	VMOVDQU      X4, 16(SP)
+	VPMOVZXBD    X3, Y3
+	VMOVDQU      Y3, 64(SP)
+	VMOVDQU      16(AX), Y4
+	VPAND        Y0, Y4, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPBROADCASTD 64(SP), Y5
+	VPBROADCASTD 68(SP), Y6
+	VMOVDQU      4(BX), Y8
+	VPXOR        Y7, Y7, Y7
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x65; BYTE $0x50; BYTE $0xf8 // VPDPBUSD Y8, Y3, Y7 (VEX, AVX-VNNI)
+	VPMADDWD     Y5, Y7, Y7
+	VMOVDQU      36(BX), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y4, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xfe // VPDPWSSD Y6, Y8, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      4(SI), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x65; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y3, Y8 (VEX, AVX-VNNI)
+	VPMADDWD     Y5, Y8, Y8
+	VMOVDQU      36(SI), Y5
+	VPXOR        Y3, Y3, Y3
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x5d; BYTE $0x50; BYTE $0xdd // VPDPBUSD Y5, Y4, Y3 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x65; BYTE $0x52; BYTE $0xc6 // VPDPWSSD Y6, Y3, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      48(AX), Y4
+	VPAND        Y0, Y4, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPBROADCASTD 72(SP), Y5
+	VPBROADCASTD 76(SP), Y6
+	VMOVDQU      68(BX), Y10
+	VPXOR        Y9, Y9, Y9
+	BYTE $0xc4; BYTE $0x42; BYTE $0x65; BYTE $0x50; BYTE $0xca // VPDPBUSD Y10, Y3, Y9 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x35; BYTE $0x52; BYTE $0xfd // VPDPWSSD Y5, Y9, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      100(BX), Y10
+	VPXOR        Y9, Y9, Y9
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xca // VPDPBUSD Y10, Y4, Y9 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x35; BYTE $0x52; BYTE $0xfe // VPDPWSSD Y6, Y9, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      68(SI), Y10
+	VPXOR        Y9, Y9, Y9
+	BYTE $0xc4; BYTE $0x42; BYTE $0x65; BYTE $0x50; BYTE $0xca // VPDPBUSD Y10, Y3, Y9 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x35; BYTE $0x52; BYTE $0xc5 // VPDPWSSD Y5, Y9, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      100(SI), Y5
+	VPXOR        Y3, Y3, Y3
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x5d; BYTE $0x50; BYTE $0xdd // VPDPBUSD Y5, Y4, Y3 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x65; BYTE $0x52; BYTE $0xc6 // VPDPWSSD Y6, Y3, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      80(AX), Y4
+	VPAND        Y0, Y4, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPBROADCASTD 80(SP), Y5
+	VPBROADCASTD 84(SP), Y6
+	VMOVDQU      132(BX), Y10
+	VPXOR        Y9, Y9, Y9
+	BYTE $0xc4; BYTE $0x42; BYTE $0x65; BYTE $0x50; BYTE $0xca // VPDPBUSD Y10, Y3, Y9 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x35; BYTE $0x52; BYTE $0xfd // VPDPWSSD Y5, Y9, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      164(BX), Y10
+	VPXOR        Y9, Y9, Y9
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xca // VPDPBUSD Y10, Y4, Y9 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x35; BYTE $0x52; BYTE $0xfe // VPDPWSSD Y6, Y9, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      132(SI), Y10
+	VPXOR        Y9, Y9, Y9
+	BYTE $0xc4; BYTE $0x42; BYTE $0x65; BYTE $0x50; BYTE $0xca // VPDPBUSD Y10, Y3, Y9 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x35; BYTE $0x52; BYTE $0xc5 // VPDPWSSD Y5, Y9, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      164(SI), Y5
+	VPXOR        Y3, Y3, Y3
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x5d; BYTE $0x50; BYTE $0xdd // VPDPBUSD Y5, Y4, Y3 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x65; BYTE $0x52; BYTE $0xc6 // VPDPWSSD Y6, Y3, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      112(AX), Y4
+	VPAND        Y0, Y4, Y3
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VPBROADCASTD 88(SP), Y5
+	VPBROADCASTD 92(SP), Y6
+	VMOVDQU      196(BX), Y10
+	VPXOR        Y9, Y9, Y9
+	BYTE $0xc4; BYTE $0x42; BYTE $0x65; BYTE $0x50; BYTE $0xca // VPDPBUSD Y10, Y3, Y9 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x35; BYTE $0x52; BYTE $0xfd // VPDPWSSD Y5, Y9, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      228(BX), Y10
+	VPXOR        Y9, Y9, Y9
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xca // VPDPBUSD Y10, Y4, Y9 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x35; BYTE $0x52; BYTE $0xfe // VPDPWSSD Y6, Y9, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      196(SI), Y10
+	VPXOR        Y9, Y9, Y9
+	BYTE $0xc4; BYTE $0x42; BYTE $0x65; BYTE $0x50; BYTE $0xca // VPDPBUSD Y10, Y3, Y9 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x35; BYTE $0x52; BYTE $0xc5 // VPDPWSSD Y5, Y9, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      228(SI), Y5
+	VPXOR        Y3, Y3, Y3
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x5d; BYTE $0x50; BYTE $0xdd // VPDPBUSD Y5, Y4, Y3 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x65; BYTE $0x52; BYTE $0xc6 // VPDPWSSD Y6, Y3, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      260(BX), Y3
+	VPMADDWD     32(SP), Y3, Y3
+	VCVTDQ2PS    Y7, Y4
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (SP), Y5
+	VMULPS       Y5, Y4, Y4
+	VBROADCASTSS 4(SP), Y5
+	VFNMADD231PS Y3, Y5, Y4
+	VBROADCASTSS (BX), Y3
+	VFMADD231PS  Y4, Y3, Y1
+	VMOVDQU      260(SI), Y3
+	VPMADDWD     32(SP), Y3, Y3
+	VCVTDQ2PS    Y8, Y4
+	VCVTDQ2PS    Y3, Y3
+	VBROADCASTSS (SP), Y5
+	VMULPS       Y5, Y4, Y4
+	VBROADCASTSS 4(SP), Y5
+	VFNMADD231PS Y3, Y5, Y4
+	VBROADCASTSS (SI), Y3
+	VFMADD231PS  Y4, Y3, Y2
+	ADDQ         $0x00000090, AX
+	ADDQ         $0x00000124, BX
+	ADDQ         $0x00000124, SI
+	DECQ         DI
+	JNZ          mulQ4KAVXVNNI2_block
+	MOVQ         os+40(FP), BX
+	VEXTRACTF128 $0x01, Y1, X3
+	VADDPS       X3, X1, X3
+	VMOVHLPS     X3, X3, X1
+	VADDPS       X1, X3, X3
+	VMOVSHDUP    X3, X1
+	VADDSS       X1, X3, X3
+	VMOVSS       X3, (DX)
+	VEXTRACTF128 $0x01, Y2, X1
+	VADDPS       X1, X2, X1
+	VMOVHLPS     X1, X1, X2
+	VADDPS       X2, X1, X1
+	VMOVSHDUP    X1, X2
+	VADDSS       X2, X1, X1
+	VMOVSS       X1, (DX)(BX*1)
+	ADDQ         $0x04, DX
+	DECQ         rows+8(FP)
+	JNZ          mulQ4KAVXVNNI2_row
+	VZEROUPPER
+	RET
+
+// func mulQ5KAVXVNNI2(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+// Requires: AVX, AVX2, AVX_VNNI, F16C, FMA3
+TEXT ·mulQ5KAVXVNNI2(SB), NOSPLIT, $96-56
+	MOVQ         w+0(FP), AX
+	MOVQ         xs+24(FP), CX
+	MOVQ         out+32(FP), DX
+	VPBROADCASTD c0f<>+0(SB), Y0
+	VPBROADCASTD c10<>+0(SB), Y1
+
+mulQ5KAVXVNNI2_row:
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	MOVQ  x+16(FP), BX
+	LEAQ  (BX)(CX*1), SI
+	MOVQ  nb+48(FP), DI
+
+mulQ5KAVXVNNI2_block:
+	VCVTPH2PS    (AX), X4
+	VMOVUPS      X4, (SP)
+	MOVQ         4(AX), R8
+	MOVL         12(AX), R9
+	MOVQ         R8, R11
+	ANDQ         k3f<>+0(SB), R11
+	MOVL         R9, R10
+	SHRL         $0x04, R10
+	SHLQ         $0x20, R10
+	ORQ          R10, R9
+	ANDQ         k0f<>+0(SB), R9
+	SHRQ         $0x06, R8
+	ANDQ         k03<>+0(SB), R8
+	SHLQ         $0x04, R8
+	ORQ          R8, R9
+	VMOVQ        R11, X4
+	VPINSRQ      $0x01, R9, X4, X4
+	VPSHUFD      $0xd8, X4, X4
+	VPUNPCKHBW   X4, X4, X5
+	VPMOVZXBW    X5, Y5
+	VMOVDQU      Y5, 32(SP)
+	VPMOVZXBW    X4, Y5
+	VMOVDQU      X5, 16(SP)
+	VPMOVZXBD    X4, Y4
+	VMOVDQU      Y4, 64(SP)
+	VMOVDQU      48(AX), Y5
+	VPAND        Y0, Y5, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VMOVDQU      16(AX), Y6
+	VPSLLW       $0x04, Y6, Y6
+	VPAND        Y1, Y6, Y6
+	VPOR         Y6, Y4, Y4
+	VMOVDQU      16(AX), Y6
+	VPSLLW       $0x03, Y6, Y6
+	VPAND        Y1, Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTD 64(SP), Y6
+	VPBROADCASTD 68(SP), Y7
+	VMOVDQU      4(BX), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y4, Y8 (VEX, AVX-VNNI)
+	VPMADDWD     Y6, Y8, Y8
+	VMOVDQU      36(BX), Y10
+	VPXOR        Y9, Y9, Y9
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xca // VPDPBUSD Y10, Y5, Y9 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x35; BYTE $0x52; BYTE $0xc7 // VPDPWSSD Y7, Y9, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      4(SI), Y10
+	VPXOR        Y9, Y9, Y9
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xca // VPDPBUSD Y10, Y4, Y9 (VEX, AVX-VNNI)
+	VPMADDWD     Y6, Y9, Y9
+	VMOVDQU      36(SI), Y6
+	VPXOR        Y4, Y4, Y4
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x55; BYTE $0x50; BYTE $0xe6 // VPDPBUSD Y6, Y5, Y4 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x5d; BYTE $0x52; BYTE $0xcf // VPDPWSSD Y7, Y4, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      80(AX), Y5
+	VPAND        Y0, Y5, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VMOVDQU      16(AX), Y6
+	VPSLLW       $0x02, Y6, Y6
+	VPAND        Y1, Y6, Y6
+	VPOR         Y6, Y4, Y4
+	VMOVDQU      16(AX), Y6
+	VPSLLW       $0x01, Y6, Y6
+	VPAND        Y1, Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTD 72(SP), Y6
+	VPBROADCASTD 76(SP), Y7
+	VMOVDQU      68(BX), Y11
+	VPXOR        Y10, Y10, Y10
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xd3 // VPDPBUSD Y11, Y4, Y10 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x2d; BYTE $0x52; BYTE $0xc6 // VPDPWSSD Y6, Y10, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      100(BX), Y11
+	VPXOR        Y10, Y10, Y10
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xd3 // VPDPBUSD Y11, Y5, Y10 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x2d; BYTE $0x52; BYTE $0xc7 // VPDPWSSD Y7, Y10, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      68(SI), Y11
+	VPXOR        Y10, Y10, Y10
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xd3 // VPDPBUSD Y11, Y4, Y10 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x2d; BYTE $0x52; BYTE $0xce // VPDPWSSD Y6, Y10, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      100(SI), Y6
+	VPXOR        Y4, Y4, Y4
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x55; BYTE $0x50; BYTE $0xe6 // VPDPBUSD Y6, Y5, Y4 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x5d; BYTE $0x52; BYTE $0xcf // VPDPWSSD Y7, Y4, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      112(AX), Y5
+	VPAND        Y0, Y5, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VMOVDQU      16(AX), Y6
+	VPAND        Y1, Y6, Y6
+	VPOR         Y6, Y4, Y4
+	VMOVDQU      16(AX), Y6
+	VPSRLW       $0x01, Y6, Y6
+	VPAND        Y1, Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTD 80(SP), Y6
+	VPBROADCASTD 84(SP), Y7
+	VMOVDQU      132(BX), Y11
+	VPXOR        Y10, Y10, Y10
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xd3 // VPDPBUSD Y11, Y4, Y10 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x2d; BYTE $0x52; BYTE $0xc6 // VPDPWSSD Y6, Y10, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      164(BX), Y11
+	VPXOR        Y10, Y10, Y10
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xd3 // VPDPBUSD Y11, Y5, Y10 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x2d; BYTE $0x52; BYTE $0xc7 // VPDPWSSD Y7, Y10, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      132(SI), Y11
+	VPXOR        Y10, Y10, Y10
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xd3 // VPDPBUSD Y11, Y4, Y10 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x2d; BYTE $0x52; BYTE $0xce // VPDPWSSD Y6, Y10, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      164(SI), Y6
+	VPXOR        Y4, Y4, Y4
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x55; BYTE $0x50; BYTE $0xe6 // VPDPBUSD Y6, Y5, Y4 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x5d; BYTE $0x52; BYTE $0xcf // VPDPWSSD Y7, Y4, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      144(AX), Y5
+	VPAND        Y0, Y5, Y4
+	VPSRLW       $0x04, Y5, Y5
+	VPAND        Y0, Y5, Y5
+	VMOVDQU      16(AX), Y6
+	VPSRLW       $0x02, Y6, Y6
+	VPAND        Y1, Y6, Y6
+	VPOR         Y6, Y4, Y4
+	VMOVDQU      16(AX), Y6
+	VPSRLW       $0x03, Y6, Y6
+	VPAND        Y1, Y6, Y6
+	VPOR         Y6, Y5, Y5
+	VPBROADCASTD 88(SP), Y6
+	VPBROADCASTD 92(SP), Y7
+	VMOVDQU      196(BX), Y11
+	VPXOR        Y10, Y10, Y10
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xd3 // VPDPBUSD Y11, Y4, Y10 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x2d; BYTE $0x52; BYTE $0xc6 // VPDPWSSD Y6, Y10, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      228(BX), Y11
+	VPXOR        Y10, Y10, Y10
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xd3 // VPDPBUSD Y11, Y5, Y10 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x2d; BYTE $0x52; BYTE $0xc7 // VPDPWSSD Y7, Y10, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      196(SI), Y11
+	VPXOR        Y10, Y10, Y10
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xd3 // VPDPBUSD Y11, Y4, Y10 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x2d; BYTE $0x52; BYTE $0xce // VPDPWSSD Y6, Y10, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      228(SI), Y6
+	VPXOR        Y4, Y4, Y4
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x55; BYTE $0x50; BYTE $0xe6 // VPDPBUSD Y6, Y5, Y4 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x5d; BYTE $0x52; BYTE $0xcf // VPDPWSSD Y7, Y4, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      260(BX), Y4
+	VPMADDWD     32(SP), Y4, Y4
+	VCVTDQ2PS    Y8, Y5
+	VCVTDQ2PS    Y4, Y4
+	VBROADCASTSS (SP), Y6
+	VMULPS       Y6, Y5, Y5
+	VBROADCASTSS 4(SP), Y6
+	VFNMADD231PS Y4, Y6, Y5
+	VBROADCASTSS (BX), Y4
+	VFMADD231PS  Y5, Y4, Y2
+	VMOVDQU      260(SI), Y4
+	VPMADDWD     32(SP), Y4, Y4
+	VCVTDQ2PS    Y9, Y5
+	VCVTDQ2PS    Y4, Y4
+	VBROADCASTSS (SP), Y6
+	VMULPS       Y6, Y5, Y5
+	VBROADCASTSS 4(SP), Y6
+	VFNMADD231PS Y4, Y6, Y5
+	VBROADCASTSS (SI), Y4
+	VFMADD231PS  Y5, Y4, Y3
+	ADDQ         $0x000000b0, AX
+	ADDQ         $0x00000124, BX
+	ADDQ         $0x00000124, SI
+	DECQ         DI
+	JNZ          mulQ5KAVXVNNI2_block
+	MOVQ         os+40(FP), BX
+	VEXTRACTF128 $0x01, Y2, X4
+	VADDPS       X4, X2, X4
+	VMOVHLPS     X4, X4, X2
+	VADDPS       X2, X4, X4
+	VMOVSHDUP    X4, X2
+	VADDSS       X2, X4, X4
+	VMOVSS       X4, (DX)
+	VEXTRACTF128 $0x01, Y3, X2
+	VADDPS       X2, X3, X2
+	VMOVHLPS     X2, X2, X3
+	VADDPS       X3, X2, X2
+	VMOVSHDUP    X2, X3
+	VADDSS       X3, X2, X2
+	VMOVSS       X2, (DX)(BX*1)
+	ADDQ         $0x04, DX
+	DECQ         rows+8(FP)
+	JNZ          mulQ5KAVXVNNI2_row
+	VZEROUPPER
+	RET
+
+// func mulQ6KAVXVNNI2(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+// Requires: AVX, AVX2, AVX_VNNI, F16C, FMA3
+TEXT ·mulQ6KAVXVNNI2(SB), NOSPLIT, $128-56
+	MOVQ         w+0(FP), AX
+	MOVQ         xs+24(FP), CX
+	MOVQ         out+32(FP), DX
+	VPBROADCASTD c0f<>+0(SB), Y0
+	VPBROADCASTD c30<>+0(SB), Y1
+
+mulQ6KAVXVNNI2_row:
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	MOVQ  x+16(FP), BX
+	LEAQ  (BX)(CX*1), SI
+	MOVQ  nb+48(FP), DI
+
+mulQ6KAVXVNNI2_block:
+	VPMOVSXBW    192(AX), Y4
+	VPXOR        Y6, Y6, Y6
+	VPUNPCKLWD   Y6, Y4, Y5
+	VMOVDQU      Y5, (SP)
+	VPUNPCKHWD   Y6, Y4, Y5
+	VMOVDQU      Y5, 32(SP)
+	VPSLLW       $0x05, Y4, Y4
+	VMOVDQU      Y4, 64(SP)
+	MOVWLZX      208(AX), R8
+	VMOVD        R8, X4
+	VCVTPH2PS    X4, X4
+	VMOVSS       X4, 96(SP)
+	VMOVDQU      (AX), Y4
+	VPAND        Y0, Y4, Y4
+	VMOVDQU      128(AX), Y5
+	VPSLLW       $0x04, Y5, Y5
+	VPAND        Y1, Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VMOVDQU      q6idx0<>+0(SB), Y5
+	VPERMD       (SP), Y5, Y5
+	VMOVDQU      4(BX), Y7
+	VPXOR        Y6, Y6, Y6
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x5d; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y7, Y4, Y6 (VEX, AVX-VNNI)
+	VPMADDWD     Y5, Y6, Y6
+	VMOVDQU      4(SI), Y8
+	VPXOR        Y7, Y7, Y7
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x5d; BYTE $0x50; BYTE $0xf8 // VPDPBUSD Y8, Y4, Y7 (VEX, AVX-VNNI)
+	VPMADDWD     Y5, Y7, Y7
+	VMOVDQU      32(AX), Y4
+	VPAND        Y0, Y4, Y4
+	VMOVDQU      128(AX), Y5
+	VPSLLW       $0x02, Y5, Y5
+	VPAND        Y1, Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VMOVDQU      q6idx1<>+0(SB), Y5
+	VPERMD       (SP), Y5, Y5
+	VMOVDQU      36(BX), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y4, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xf5 // VPDPWSSD Y5, Y8, Y6 (VEX, AVX-VNNI)
+	VMOVDQU      36(SI), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y4, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xfd // VPDPWSSD Y5, Y8, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      (AX), Y4
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VMOVDQU      128(AX), Y5
+	VPAND        Y1, Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VMOVDQU      q6idx2<>+0(SB), Y5
+	VPERMD       32(SP), Y5, Y5
+	VMOVDQU      68(BX), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y4, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xf5 // VPDPWSSD Y5, Y8, Y6 (VEX, AVX-VNNI)
+	VMOVDQU      68(SI), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y4, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xfd // VPDPWSSD Y5, Y8, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      32(AX), Y4
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VMOVDQU      128(AX), Y5
+	VPSRLW       $0x02, Y5, Y5
+	VPAND        Y1, Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VMOVDQU      q6idx3<>+0(SB), Y5
+	VPERMD       32(SP), Y5, Y5
+	VMOVDQU      100(BX), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y4, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xf5 // VPDPWSSD Y5, Y8, Y6 (VEX, AVX-VNNI)
+	VMOVDQU      100(SI), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y4, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xfd // VPDPWSSD Y5, Y8, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      64(AX), Y4
+	VPAND        Y0, Y4, Y4
+	VMOVDQU      160(AX), Y5
+	VPSLLW       $0x04, Y5, Y5
+	VPAND        Y1, Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VMOVDQU      q6idx4<>+0(SB), Y5
+	VPERMD       (SP), Y5, Y5
+	VMOVDQU      132(BX), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y4, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xf5 // VPDPWSSD Y5, Y8, Y6 (VEX, AVX-VNNI)
+	VMOVDQU      132(SI), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y4, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xfd // VPDPWSSD Y5, Y8, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      96(AX), Y4
+	VPAND        Y0, Y4, Y4
+	VMOVDQU      160(AX), Y5
+	VPSLLW       $0x02, Y5, Y5
+	VPAND        Y1, Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VMOVDQU      q6idx5<>+0(SB), Y5
+	VPERMD       (SP), Y5, Y5
+	VMOVDQU      164(BX), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y4, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xf5 // VPDPWSSD Y5, Y8, Y6 (VEX, AVX-VNNI)
+	VMOVDQU      164(SI), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y4, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xfd // VPDPWSSD Y5, Y8, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      64(AX), Y4
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VMOVDQU      160(AX), Y5
+	VPAND        Y1, Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VMOVDQU      q6idx6<>+0(SB), Y5
+	VPERMD       32(SP), Y5, Y5
+	VMOVDQU      196(BX), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y4, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xf5 // VPDPWSSD Y5, Y8, Y6 (VEX, AVX-VNNI)
+	VMOVDQU      196(SI), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y4, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xfd // VPDPWSSD Y5, Y8, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      96(AX), Y4
+	VPSRLW       $0x04, Y4, Y4
+	VPAND        Y0, Y4, Y4
+	VMOVDQU      160(AX), Y5
+	VPSRLW       $0x02, Y5, Y5
+	VPAND        Y1, Y5, Y5
+	VPOR         Y5, Y4, Y4
+	VMOVDQU      q6idx7<>+0(SB), Y5
+	VPERMD       32(SP), Y5, Y5
+	VMOVDQU      228(BX), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y4, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xf5 // VPDPWSSD Y5, Y8, Y6 (VEX, AVX-VNNI)
+	VMOVDQU      228(SI), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x5d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y4, Y8 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x3d; BYTE $0x52; BYTE $0xfd // VPDPWSSD Y5, Y8, Y7 (VEX, AVX-VNNI)
+	VMOVDQU      260(BX), Y4
+	VPMADDWD     64(SP), Y4, Y4
+	VPSUBD       Y4, Y6, Y6
+	VCVTDQ2PS    Y6, Y4
+	VBROADCASTSS 96(SP), Y5
+	VMULPS       Y5, Y4, Y4
+	VBROADCASTSS (BX), Y5
+	VFMADD231PS  Y4, Y5, Y2
+	VMOVDQU      260(SI), Y4
+	VPMADDWD     64(SP), Y4, Y4
+	VPSUBD       Y4, Y7, Y7
+	VCVTDQ2PS    Y7, Y4
+	VBROADCASTSS 96(SP), Y5
+	VMULPS       Y5, Y4, Y4
+	VBROADCASTSS (SI), Y5
+	VFMADD231PS  Y4, Y5, Y3
+	ADDQ         $0x000000d2, AX
+	ADDQ         $0x00000124, BX
+	ADDQ         $0x00000124, SI
+	DECQ         DI
+	JNZ          mulQ6KAVXVNNI2_block
+	MOVQ         os+40(FP), BX
+	VEXTRACTF128 $0x01, Y2, X4
+	VADDPS       X4, X2, X4
+	VMOVHLPS     X4, X4, X2
+	VADDPS       X2, X4, X4
+	VMOVSHDUP    X4, X2
+	VADDSS       X2, X4, X4
+	VMOVSS       X4, (DX)
+	VEXTRACTF128 $0x01, Y3, X2
+	VADDPS       X2, X3, X2
+	VMOVHLPS     X2, X2, X3
+	VADDPS       X3, X2, X2
+	VMOVSHDUP    X2, X3
+	VADDSS       X3, X2, X2
+	VMOVSS       X2, (DX)(BX*1)
+	ADDQ         $0x04, DX
+	DECQ         rows+8(FP)
+	JNZ          mulQ6KAVXVNNI2_row
+	VZEROUPPER
+	RET
+
+// func mulQ80AVXVNNI2(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+// Requires: AVX, AVX2, AVX_VNNI, F16C, FMA3
+TEXT ·mulQ80AVXVNNI2(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), AX
+	MOVQ xs+24(FP), CX
+	MOVQ out+32(FP), DX
+
+mulQ80AVXVNNI2_row:
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	MOVQ  x+16(FP), BX
+	LEAQ  (BX)(CX*1), SI
+	MOVQ  nb+48(FP), DI
+
+mulQ80AVXVNNI2_block:
+	VMOVDQU      2(AX), Y2
+	VPABSB       Y2, Y3
+	VPBROADCASTW (AX), X4
+	VCVTPH2PS    X4, Y4
+	VMOVDQU      2(BX), Y5
+	VPSIGNB      Y2, Y5, Y5
+	VPXOR        Y6, Y6, Y6
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x50; BYTE $0xf5 // VPDPBUSD Y5, Y3, Y6 (VEX, AVX-VNNI)
+	VPBROADCASTW (BX), X5
+	VCVTPH2PS    X5, Y5
+	VMULPS       Y4, Y5, Y5
+	VCVTDQ2PS    Y6, Y6
+	VFMADD231PS  Y6, Y5, Y0
+	VMOVDQU      2(SI), Y5
+	VPSIGNB      Y2, Y5, Y5
+	VPXOR        Y2, Y2, Y2
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x65; BYTE $0x50; BYTE $0xd5 // VPDPBUSD Y5, Y3, Y2 (VEX, AVX-VNNI)
+	VPBROADCASTW (SI), X3
+	VCVTPH2PS    X3, Y3
+	VMULPS       Y4, Y3, Y3
+	VCVTDQ2PS    Y2, Y2
+	VFMADD231PS  Y2, Y3, Y1
+	ADDQ         $0x00000022, AX
+	ADDQ         $0x00000022, BX
+	ADDQ         $0x00000022, SI
+	DECQ         DI
+	JNZ          mulQ80AVXVNNI2_block
+	MOVQ         os+40(FP), BX
+	VEXTRACTF128 $0x01, Y0, X2
+	VADDPS       X2, X0, X2
+	VMOVHLPS     X2, X2, X0
+	VADDPS       X0, X2, X2
+	VMOVSHDUP    X2, X0
+	VADDSS       X0, X2, X2
+	VMOVSS       X2, (DX)
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VMOVHLPS     X0, X0, X1
+	VADDPS       X1, X0, X0
+	VMOVSHDUP    X0, X1
+	VADDSS       X1, X0, X0
+	VMOVSS       X0, (DX)(BX*1)
+	ADDQ         $0x04, DX
+	DECQ         rows+8(FP)
+	JNZ          mulQ80AVXVNNI2_row
+	VZEROUPPER
+	RET
+
+// func mulQ40AVXVNNI2(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+// Requires: AVX, AVX2, AVX_VNNI, F16C, FMA3
+TEXT ·mulQ40AVXVNNI2(SB), NOSPLIT, $0-56
+	MOVQ         w+0(FP), AX
+	MOVQ         xs+24(FP), CX
+	MOVQ         out+32(FP), DX
+	VPBROADCASTD c0f<>+0(SB), Y0
+	VPBROADCASTD c08<>+0(SB), Y1
+	VMOVDQU      shr0044<>+0(SB), Y2
+
+mulQ40AVXVNNI2_row:
+	VPXOR Y3, Y3, Y3
+	VPXOR Y4, Y4, Y4
+	MOVQ  x+16(FP), BX
+	LEAQ  (BX)(CX*1), SI
+	MOVQ  nb+48(FP), DI
+
+mulQ40AVXVNNI2_block:
+	VBROADCASTI128 2(AX), Y5
+	VPSRLVQ        Y2, Y5, Y5
+	VPAND          Y0, Y5, Y5
+	VPSUBB         Y1, Y5, Y5
+	VPABSB         Y5, Y6
+	VPBROADCASTW   (AX), X7
+	VCVTPH2PS      X7, Y7
+	VMOVDQU        2(BX), Y8
+	VPSIGNB        Y5, Y8, Y8
+	VPXOR          Y9, Y9, Y9
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xc8 // VPDPBUSD Y8, Y6, Y9 (VEX, AVX-VNNI)
+	VPBROADCASTW   (BX), X8
+	VCVTPH2PS      X8, Y8
+	VMULPS         Y7, Y8, Y8
+	VCVTDQ2PS      Y9, Y9
+	VFMADD231PS    Y9, Y8, Y3
+	VMOVDQU        2(SI), Y8
+	VPSIGNB        Y5, Y8, Y8
+	VPXOR          Y5, Y5, Y5
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x4d; BYTE $0x50; BYTE $0xe8 // VPDPBUSD Y8, Y6, Y5 (VEX, AVX-VNNI)
+	VPBROADCASTW   (SI), X6
+	VCVTPH2PS      X6, Y6
+	VMULPS         Y7, Y6, Y6
+	VCVTDQ2PS      Y5, Y5
+	VFMADD231PS    Y5, Y6, Y4
+	ADDQ           $0x00000012, AX
+	ADDQ           $0x00000022, BX
+	ADDQ           $0x00000022, SI
+	DECQ           DI
+	JNZ            mulQ40AVXVNNI2_block
+	MOVQ           os+40(FP), BX
+	VEXTRACTF128   $0x01, Y3, X5
+	VADDPS         X5, X3, X5
+	VMOVHLPS       X5, X5, X3
+	VADDPS         X3, X5, X5
+	VMOVSHDUP      X5, X3
+	VADDSS         X3, X5, X5
+	VMOVSS         X5, (DX)
+	VEXTRACTF128   $0x01, Y4, X3
+	VADDPS         X3, X4, X3
+	VMOVHLPS       X3, X3, X4
+	VADDPS         X4, X3, X3
+	VMOVSHDUP      X3, X4
+	VADDSS         X4, X3, X3
+	VMOVSS         X3, (DX)(BX*1)
+	ADDQ           $0x04, DX
+	DECQ           rows+8(FP)
+	JNZ            mulQ40AVXVNNI2_row
+	VZEROUPPER
+	RET
+
+// func mulQ4KAVXVNNI4(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+// Requires: AVX, AVX2, AVX_VNNI, F16C, FMA3
+TEXT ·mulQ4KAVXVNNI4(SB), NOSPLIT, $96-56
+	MOVQ         w+0(FP), AX
+	MOVQ         xs+24(FP), CX
+	MOVQ         out+32(FP), DX
+	VPBROADCASTD c0f<>+0(SB), Y0
+
+mulQ4KAVXVNNI4_row:
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	VPXOR Y4, Y4, Y4
+	MOVQ  x+16(FP), BX
+	LEAQ  (BX)(CX*1), SI
+	MOVQ  nb+48(FP), DI
+
+mulQ4KAVXVNNI4_block:
+	VCVTPH2PS    (AX), X5
+	VMOVUPS      X5, (SP)
+	MOVQ         4(AX), R8
+	MOVL         12(AX), R9
+	MOVQ         R8, R11
+	ANDQ         k3f<>+0(SB), R11
+	MOVL         R9, R10
+	SHRL         $0x04, R10
+	SHLQ         $0x20, R10
+	ORQ          R10, R9
+	ANDQ         k0f<>+0(SB), R9
+	SHRQ         $0x06, R8
+	ANDQ         k03<>+0(SB), R8
+	SHLQ         $0x04, R8
+	ORQ          R8, R9
+	VMOVQ        R11, X5
+	VPINSRQ      $0x01, R9, X5, X5
+	VPSHUFD      $0xd8, X5, X5
+	VPUNPCKHBW   X5, X5, X6
+	VPMOVZXBW    X6, Y6
+	VMOVDQU      Y6, 32(SP)
+	VPMOVZXBW    X5, Y6
+	VMOVDQU      X6, 16(SP)
+	VPMOVZXBD    X5, Y5
+	VMOVDQU      Y5, 64(SP)
+	VMOVDQU      16(AX), Y6
+	VPAND        Y0, Y6, Y5
+	VPSRLW       $0x04, Y6, Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTD 64(SP), Y7
+	VPBROADCASTD 68(SP), Y8
+	VMOVDQU      4(BX), Y10
+	VPXOR        Y9, Y9, Y9
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xca // VPDPBUSD Y10, Y5, Y9 (VEX, AVX-VNNI)
+	VPMADDWD     Y7, Y9, Y9
+	VMOVDQU      36(BX), Y11
+	VPXOR        Y10, Y10, Y10
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xd3 // VPDPBUSD Y11, Y6, Y10 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x2d; BYTE $0x52; BYTE $0xc8 // VPDPWSSD Y8, Y10, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      4(SI), Y11
+	VPXOR        Y10, Y10, Y10
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xd3 // VPDPBUSD Y11, Y5, Y10 (VEX, AVX-VNNI)
+	VPMADDWD     Y7, Y10, Y10
+	VMOVDQU      36(SI), Y12
+	VPXOR        Y11, Y11, Y11
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xdc // VPDPBUSD Y12, Y6, Y11 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x25; BYTE $0x52; BYTE $0xd0 // VPDPWSSD Y8, Y11, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      4(BX)(CX*2), Y12
+	VPXOR        Y11, Y11, Y11
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xdc // VPDPBUSD Y12, Y5, Y11 (VEX, AVX-VNNI)
+	VPMADDWD     Y7, Y11, Y11
+	VMOVDQU      36(BX)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x1d; BYTE $0x52; BYTE $0xd8 // VPDPWSSD Y8, Y12, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      4(SI)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y5, Y12 (VEX, AVX-VNNI)
+	VPMADDWD     Y7, Y12, Y12
+	VMOVDQU      36(SI)(CX*2), Y7
+	VPXOR        Y5, Y5, Y5
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4d; BYTE $0x50; BYTE $0xef // VPDPBUSD Y7, Y6, Y5 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x52; BYTE $0xe0 // VPDPWSSD Y8, Y5, Y12 (VEX, AVX-VNNI)
+	VMOVDQU      48(AX), Y6
+	VPAND        Y0, Y6, Y5
+	VPSRLW       $0x04, Y6, Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTD 72(SP), Y7
+	VPBROADCASTD 76(SP), Y8
+	VMOVDQU      68(BX), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y5, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x15; BYTE $0x52; BYTE $0xcf // VPDPWSSD Y7, Y13, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      100(BX), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y6, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x15; BYTE $0x52; BYTE $0xc8 // VPDPWSSD Y8, Y13, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      68(SI), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y5, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x15; BYTE $0x52; BYTE $0xd7 // VPDPWSSD Y7, Y13, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      100(SI), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y6, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x15; BYTE $0x52; BYTE $0xd0 // VPDPWSSD Y8, Y13, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      68(BX)(CX*2), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y5, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x15; BYTE $0x52; BYTE $0xdf // VPDPWSSD Y7, Y13, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      100(BX)(CX*2), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y6, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x15; BYTE $0x52; BYTE $0xd8 // VPDPWSSD Y8, Y13, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      68(SI)(CX*2), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y5, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x15; BYTE $0x52; BYTE $0xe7 // VPDPWSSD Y7, Y13, Y12 (VEX, AVX-VNNI)
+	VMOVDQU      100(SI)(CX*2), Y7
+	VPXOR        Y5, Y5, Y5
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4d; BYTE $0x50; BYTE $0xef // VPDPBUSD Y7, Y6, Y5 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x52; BYTE $0xe0 // VPDPWSSD Y8, Y5, Y12 (VEX, AVX-VNNI)
+	VMOVDQU      80(AX), Y6
+	VPAND        Y0, Y6, Y5
+	VPSRLW       $0x04, Y6, Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTD 80(SP), Y7
+	VPBROADCASTD 84(SP), Y8
+	VMOVDQU      132(BX), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y5, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x15; BYTE $0x52; BYTE $0xcf // VPDPWSSD Y7, Y13, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      164(BX), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y6, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x15; BYTE $0x52; BYTE $0xc8 // VPDPWSSD Y8, Y13, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      132(SI), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y5, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x15; BYTE $0x52; BYTE $0xd7 // VPDPWSSD Y7, Y13, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      164(SI), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y6, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x15; BYTE $0x52; BYTE $0xd0 // VPDPWSSD Y8, Y13, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      132(BX)(CX*2), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y5, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x15; BYTE $0x52; BYTE $0xdf // VPDPWSSD Y7, Y13, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      164(BX)(CX*2), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y6, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x15; BYTE $0x52; BYTE $0xd8 // VPDPWSSD Y8, Y13, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      132(SI)(CX*2), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y5, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x15; BYTE $0x52; BYTE $0xe7 // VPDPWSSD Y7, Y13, Y12 (VEX, AVX-VNNI)
+	VMOVDQU      164(SI)(CX*2), Y7
+	VPXOR        Y5, Y5, Y5
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4d; BYTE $0x50; BYTE $0xef // VPDPBUSD Y7, Y6, Y5 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x52; BYTE $0xe0 // VPDPWSSD Y8, Y5, Y12 (VEX, AVX-VNNI)
+	VMOVDQU      112(AX), Y6
+	VPAND        Y0, Y6, Y5
+	VPSRLW       $0x04, Y6, Y6
+	VPAND        Y0, Y6, Y6
+	VPBROADCASTD 88(SP), Y7
+	VPBROADCASTD 92(SP), Y8
+	VMOVDQU      196(BX), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y5, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x15; BYTE $0x52; BYTE $0xcf // VPDPWSSD Y7, Y13, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      228(BX), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y6, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x15; BYTE $0x52; BYTE $0xc8 // VPDPWSSD Y8, Y13, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      196(SI), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y5, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x15; BYTE $0x52; BYTE $0xd7 // VPDPWSSD Y7, Y13, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      228(SI), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y6, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x15; BYTE $0x52; BYTE $0xd0 // VPDPWSSD Y8, Y13, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      196(BX)(CX*2), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y5, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x15; BYTE $0x52; BYTE $0xdf // VPDPWSSD Y7, Y13, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      228(BX)(CX*2), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y6, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x15; BYTE $0x52; BYTE $0xd8 // VPDPWSSD Y8, Y13, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      196(SI)(CX*2), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y5, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x15; BYTE $0x52; BYTE $0xe7 // VPDPWSSD Y7, Y13, Y12 (VEX, AVX-VNNI)
+	VMOVDQU      228(SI)(CX*2), Y7
+	VPXOR        Y5, Y5, Y5
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x4d; BYTE $0x50; BYTE $0xef // VPDPBUSD Y7, Y6, Y5 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x55; BYTE $0x52; BYTE $0xe0 // VPDPWSSD Y8, Y5, Y12 (VEX, AVX-VNNI)
+	VMOVDQU      260(BX), Y5
+	VPMADDWD     32(SP), Y5, Y5
+	VCVTDQ2PS    Y9, Y6
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (SP), Y7
+	VMULPS       Y7, Y6, Y6
+	VBROADCASTSS 4(SP), Y7
+	VFNMADD231PS Y5, Y7, Y6
+	VBROADCASTSS (BX), Y5
+	VFMADD231PS  Y6, Y5, Y1
+	VMOVDQU      260(SI), Y5
+	VPMADDWD     32(SP), Y5, Y5
+	VCVTDQ2PS    Y10, Y6
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (SP), Y7
+	VMULPS       Y7, Y6, Y6
+	VBROADCASTSS 4(SP), Y7
+	VFNMADD231PS Y5, Y7, Y6
+	VBROADCASTSS (SI), Y5
+	VFMADD231PS  Y6, Y5, Y2
+	VMOVDQU      260(BX)(CX*2), Y5
+	VPMADDWD     32(SP), Y5, Y5
+	VCVTDQ2PS    Y11, Y6
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (SP), Y7
+	VMULPS       Y7, Y6, Y6
+	VBROADCASTSS 4(SP), Y7
+	VFNMADD231PS Y5, Y7, Y6
+	VBROADCASTSS (BX)(CX*2), Y5
+	VFMADD231PS  Y6, Y5, Y3
+	VMOVDQU      260(SI)(CX*2), Y5
+	VPMADDWD     32(SP), Y5, Y5
+	VCVTDQ2PS    Y12, Y6
+	VCVTDQ2PS    Y5, Y5
+	VBROADCASTSS (SP), Y7
+	VMULPS       Y7, Y6, Y6
+	VBROADCASTSS 4(SP), Y7
+	VFNMADD231PS Y5, Y7, Y6
+	VBROADCASTSS (SI)(CX*2), Y5
+	VFMADD231PS  Y6, Y5, Y4
+	ADDQ         $0x00000090, AX
+	ADDQ         $0x00000124, BX
+	ADDQ         $0x00000124, SI
+	DECQ         DI
+	JNZ          mulQ4KAVXVNNI4_block
+	MOVQ         os+40(FP), BX
+	VEXTRACTF128 $0x01, Y1, X5
+	VADDPS       X5, X1, X5
+	VMOVHLPS     X5, X5, X1
+	VADDPS       X1, X5, X5
+	VMOVSHDUP    X5, X1
+	VADDSS       X1, X5, X5
+	VMOVSS       X5, (DX)
+	VEXTRACTF128 $0x01, Y2, X1
+	VADDPS       X1, X2, X1
+	VMOVHLPS     X1, X1, X2
+	VADDPS       X2, X1, X1
+	VMOVSHDUP    X1, X2
+	VADDSS       X2, X1, X1
+	VMOVSS       X1, (DX)(BX*1)
+	VEXTRACTF128 $0x01, Y3, X1
+	VADDPS       X1, X3, X1
+	VMOVHLPS     X1, X1, X2
+	VADDPS       X2, X1, X1
+	VMOVSHDUP    X1, X2
+	VADDSS       X2, X1, X1
+	VMOVSS       X1, (DX)(BX*2)
+	VEXTRACTF128 $0x01, Y4, X1
+	VADDPS       X1, X4, X1
+	VMOVHLPS     X1, X1, X2
+	VADDPS       X2, X1, X1
+	VMOVSHDUP    X1, X2
+	VADDSS       X2, X1, X1
+	LEAQ         (BX)(BX*2), BX
+	VMOVSS       X1, (DX)(BX*1)
+	ADDQ         $0x04, DX
+	DECQ         rows+8(FP)
+	JNZ          mulQ4KAVXVNNI4_row
+	VZEROUPPER
+	RET
+
+// func mulQ5KAVXVNNI4(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+// Requires: AVX, AVX2, AVX_VNNI, F16C, FMA3
+TEXT ·mulQ5KAVXVNNI4(SB), NOSPLIT, $96-56
+	MOVQ         w+0(FP), AX
+	MOVQ         xs+24(FP), CX
+	MOVQ         out+32(FP), DX
+	VPBROADCASTD c0f<>+0(SB), Y0
+	VPBROADCASTD c10<>+0(SB), Y1
+
+mulQ5KAVXVNNI4_row:
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	VPXOR Y4, Y4, Y4
+	VPXOR Y5, Y5, Y5
+	MOVQ  x+16(FP), BX
+	LEAQ  (BX)(CX*1), SI
+	MOVQ  nb+48(FP), DI
+
+mulQ5KAVXVNNI4_block:
+	VCVTPH2PS    (AX), X6
+	VMOVUPS      X6, (SP)
+	MOVQ         4(AX), R8
+	MOVL         12(AX), R9
+	MOVQ         R8, R11
+	ANDQ         k3f<>+0(SB), R11
+	MOVL         R9, R10
+	SHRL         $0x04, R10
+	SHLQ         $0x20, R10
+	ORQ          R10, R9
+	ANDQ         k0f<>+0(SB), R9
+	SHRQ         $0x06, R8
+	ANDQ         k03<>+0(SB), R8
+	SHLQ         $0x04, R8
+	ORQ          R8, R9
+	VMOVQ        R11, X6
+	VPINSRQ      $0x01, R9, X6, X6
+	VPSHUFD      $0xd8, X6, X6
+	VPUNPCKHBW   X6, X6, X7
+	VPMOVZXBW    X7, Y7
+	VMOVDQU      Y7, 32(SP)
+	VPMOVZXBW    X6, Y7
+	VMOVDQU      X7, 16(SP)
+	VPMOVZXBD    X6, Y6
+	VMOVDQU      Y6, 64(SP)
+	VMOVDQU      48(AX), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VMOVDQU      16(AX), Y8
+	VPSLLW       $0x04, Y8, Y8
+	VPAND        Y1, Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VMOVDQU      16(AX), Y8
+	VPSLLW       $0x03, Y8, Y8
+	VPAND        Y1, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD 64(SP), Y8
+	VPBROADCASTD 68(SP), Y9
+	VMOVDQU      4(BX), Y11
+	VPXOR        Y10, Y10, Y10
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xd3 // VPDPBUSD Y11, Y6, Y10 (VEX, AVX-VNNI)
+	VPMADDWD     Y8, Y10, Y10
+	VMOVDQU      36(BX), Y12
+	VPXOR        Y11, Y11, Y11
+	BYTE $0xc4; BYTE $0x42; BYTE $0x45; BYTE $0x50; BYTE $0xdc // VPDPBUSD Y12, Y7, Y11 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x25; BYTE $0x52; BYTE $0xd1 // VPDPWSSD Y9, Y11, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      4(SI), Y12
+	VPXOR        Y11, Y11, Y11
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xdc // VPDPBUSD Y12, Y6, Y11 (VEX, AVX-VNNI)
+	VPMADDWD     Y8, Y11, Y11
+	VMOVDQU      36(SI), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x45; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y7, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x1d; BYTE $0x52; BYTE $0xd9 // VPDPWSSD Y9, Y12, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      4(BX)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	VPMADDWD     Y8, Y12, Y12
+	VMOVDQU      36(BX)(CX*2), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x45; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y7, Y13 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x15; BYTE $0x52; BYTE $0xe1 // VPDPWSSD Y9, Y13, Y12 (VEX, AVX-VNNI)
+	VMOVDQU      4(SI)(CX*2), Y14
+	VPXOR        Y13, Y13, Y13
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xee // VPDPBUSD Y14, Y6, Y13 (VEX, AVX-VNNI)
+	VPMADDWD     Y8, Y13, Y13
+	VMOVDQU      36(SI)(CX*2), Y8
+	VPXOR        Y6, Y6, Y6
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x45; BYTE $0x50; BYTE $0xf0 // VPDPBUSD Y8, Y7, Y6 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x52; BYTE $0xe9 // VPDPWSSD Y9, Y6, Y13 (VEX, AVX-VNNI)
+	VMOVDQU      80(AX), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VMOVDQU      16(AX), Y8
+	VPSLLW       $0x02, Y8, Y8
+	VPAND        Y1, Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VMOVDQU      16(AX), Y8
+	VPSLLW       $0x01, Y8, Y8
+	VPAND        Y1, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD 72(SP), Y8
+	VPBROADCASTD 76(SP), Y9
+	VMOVDQU      68(BX), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y6, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xd0 // VPDPWSSD Y8, Y14, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      100(BX), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x45; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y7, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xd1 // VPDPWSSD Y9, Y14, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      68(SI), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y6, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xd8 // VPDPWSSD Y8, Y14, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      100(SI), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x45; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y7, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xd9 // VPDPWSSD Y9, Y14, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      68(BX)(CX*2), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y6, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xe0 // VPDPWSSD Y8, Y14, Y12 (VEX, AVX-VNNI)
+	VMOVDQU      100(BX)(CX*2), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x45; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y7, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xe1 // VPDPWSSD Y9, Y14, Y12 (VEX, AVX-VNNI)
+	VMOVDQU      68(SI)(CX*2), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y6, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xe8 // VPDPWSSD Y8, Y14, Y13 (VEX, AVX-VNNI)
+	VMOVDQU      100(SI)(CX*2), Y8
+	VPXOR        Y6, Y6, Y6
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x45; BYTE $0x50; BYTE $0xf0 // VPDPBUSD Y8, Y7, Y6 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x52; BYTE $0xe9 // VPDPWSSD Y9, Y6, Y13 (VEX, AVX-VNNI)
+	VMOVDQU      112(AX), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VMOVDQU      16(AX), Y8
+	VPAND        Y1, Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VMOVDQU      16(AX), Y8
+	VPSRLW       $0x01, Y8, Y8
+	VPAND        Y1, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD 80(SP), Y8
+	VPBROADCASTD 84(SP), Y9
+	VMOVDQU      132(BX), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y6, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xd0 // VPDPWSSD Y8, Y14, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      164(BX), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x45; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y7, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xd1 // VPDPWSSD Y9, Y14, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      132(SI), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y6, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xd8 // VPDPWSSD Y8, Y14, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      164(SI), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x45; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y7, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xd9 // VPDPWSSD Y9, Y14, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      132(BX)(CX*2), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y6, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xe0 // VPDPWSSD Y8, Y14, Y12 (VEX, AVX-VNNI)
+	VMOVDQU      164(BX)(CX*2), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x45; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y7, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xe1 // VPDPWSSD Y9, Y14, Y12 (VEX, AVX-VNNI)
+	VMOVDQU      132(SI)(CX*2), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y6, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xe8 // VPDPWSSD Y8, Y14, Y13 (VEX, AVX-VNNI)
+	VMOVDQU      164(SI)(CX*2), Y8
+	VPXOR        Y6, Y6, Y6
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x45; BYTE $0x50; BYTE $0xf0 // VPDPBUSD Y8, Y7, Y6 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x52; BYTE $0xe9 // VPDPWSSD Y9, Y6, Y13 (VEX, AVX-VNNI)
+	VMOVDQU      144(AX), Y7
+	VPAND        Y0, Y7, Y6
+	VPSRLW       $0x04, Y7, Y7
+	VPAND        Y0, Y7, Y7
+	VMOVDQU      16(AX), Y8
+	VPSRLW       $0x02, Y8, Y8
+	VPAND        Y1, Y8, Y8
+	VPOR         Y8, Y6, Y6
+	VMOVDQU      16(AX), Y8
+	VPSRLW       $0x03, Y8, Y8
+	VPAND        Y1, Y8, Y8
+	VPOR         Y8, Y7, Y7
+	VPBROADCASTD 88(SP), Y8
+	VPBROADCASTD 92(SP), Y9
+	VMOVDQU      196(BX), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y6, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xd0 // VPDPWSSD Y8, Y14, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      228(BX), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x45; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y7, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xd1 // VPDPWSSD Y9, Y14, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      196(SI), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y6, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xd8 // VPDPWSSD Y8, Y14, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      228(SI), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x45; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y7, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xd9 // VPDPWSSD Y9, Y14, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      196(BX)(CX*2), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y6, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xe0 // VPDPWSSD Y8, Y14, Y12 (VEX, AVX-VNNI)
+	VMOVDQU      228(BX)(CX*2), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x45; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y7, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xe1 // VPDPWSSD Y9, Y14, Y12 (VEX, AVX-VNNI)
+	VMOVDQU      196(SI)(CX*2), Y15
+	VPXOR        Y14, Y14, Y14
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xf7 // VPDPBUSD Y15, Y6, Y14 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x0d; BYTE $0x52; BYTE $0xe8 // VPDPWSSD Y8, Y14, Y13 (VEX, AVX-VNNI)
+	VMOVDQU      228(SI)(CX*2), Y8
+	VPXOR        Y6, Y6, Y6
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x45; BYTE $0x50; BYTE $0xf0 // VPDPBUSD Y8, Y7, Y6 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x52; BYTE $0xe9 // VPDPWSSD Y9, Y6, Y13 (VEX, AVX-VNNI)
+	VMOVDQU      260(BX), Y6
+	VPMADDWD     32(SP), Y6, Y6
+	VCVTDQ2PS    Y10, Y7
+	VCVTDQ2PS    Y6, Y6
+	VBROADCASTSS (SP), Y8
+	VMULPS       Y8, Y7, Y7
+	VBROADCASTSS 4(SP), Y8
+	VFNMADD231PS Y6, Y8, Y7
+	VBROADCASTSS (BX), Y6
+	VFMADD231PS  Y7, Y6, Y2
+	VMOVDQU      260(SI), Y6
+	VPMADDWD     32(SP), Y6, Y6
+	VCVTDQ2PS    Y11, Y7
+	VCVTDQ2PS    Y6, Y6
+	VBROADCASTSS (SP), Y8
+	VMULPS       Y8, Y7, Y7
+	VBROADCASTSS 4(SP), Y8
+	VFNMADD231PS Y6, Y8, Y7
+	VBROADCASTSS (SI), Y6
+	VFMADD231PS  Y7, Y6, Y3
+	VMOVDQU      260(BX)(CX*2), Y6
+	VPMADDWD     32(SP), Y6, Y6
+	VCVTDQ2PS    Y12, Y7
+	VCVTDQ2PS    Y6, Y6
+	VBROADCASTSS (SP), Y8
+	VMULPS       Y8, Y7, Y7
+	VBROADCASTSS 4(SP), Y8
+	VFNMADD231PS Y6, Y8, Y7
+	VBROADCASTSS (BX)(CX*2), Y6
+	VFMADD231PS  Y7, Y6, Y4
+	VMOVDQU      260(SI)(CX*2), Y6
+	VPMADDWD     32(SP), Y6, Y6
+	VCVTDQ2PS    Y13, Y7
+	VCVTDQ2PS    Y6, Y6
+	VBROADCASTSS (SP), Y8
+	VMULPS       Y8, Y7, Y7
+	VBROADCASTSS 4(SP), Y8
+	VFNMADD231PS Y6, Y8, Y7
+	VBROADCASTSS (SI)(CX*2), Y6
+	VFMADD231PS  Y7, Y6, Y5
+	ADDQ         $0x000000b0, AX
+	ADDQ         $0x00000124, BX
+	ADDQ         $0x00000124, SI
+	DECQ         DI
+	JNZ          mulQ5KAVXVNNI4_block
+	MOVQ         os+40(FP), BX
+	VEXTRACTF128 $0x01, Y2, X6
+	VADDPS       X6, X2, X6
+	VMOVHLPS     X6, X6, X2
+	VADDPS       X2, X6, X6
+	VMOVSHDUP    X6, X2
+	VADDSS       X2, X6, X6
+	VMOVSS       X6, (DX)
+	VEXTRACTF128 $0x01, Y3, X2
+	VADDPS       X2, X3, X2
+	VMOVHLPS     X2, X2, X3
+	VADDPS       X3, X2, X2
+	VMOVSHDUP    X2, X3
+	VADDSS       X3, X2, X2
+	VMOVSS       X2, (DX)(BX*1)
+	VEXTRACTF128 $0x01, Y4, X2
+	VADDPS       X2, X4, X2
+	VMOVHLPS     X2, X2, X3
+	VADDPS       X3, X2, X2
+	VMOVSHDUP    X2, X3
+	VADDSS       X3, X2, X2
+	VMOVSS       X2, (DX)(BX*2)
+	VEXTRACTF128 $0x01, Y5, X2
+	VADDPS       X2, X5, X2
+	VMOVHLPS     X2, X2, X3
+	VADDPS       X3, X2, X2
+	VMOVSHDUP    X2, X3
+	VADDSS       X3, X2, X2
+	LEAQ         (BX)(BX*2), BX
+	VMOVSS       X2, (DX)(BX*1)
+	ADDQ         $0x04, DX
+	DECQ         rows+8(FP)
+	JNZ          mulQ5KAVXVNNI4_row
+	VZEROUPPER
+	RET
+
+// func mulQ6KAVXVNNI4(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+// Requires: AVX, AVX2, AVX_VNNI, F16C, FMA3
+TEXT ·mulQ6KAVXVNNI4(SB), NOSPLIT, $128-56
+	MOVQ         w+0(FP), AX
+	MOVQ         xs+24(FP), CX
+	MOVQ         out+32(FP), DX
+	VPBROADCASTD c0f<>+0(SB), Y0
+	VPBROADCASTD c30<>+0(SB), Y1
+
+mulQ6KAVXVNNI4_row:
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	VPXOR Y4, Y4, Y4
+	VPXOR Y5, Y5, Y5
+	MOVQ  x+16(FP), BX
+	LEAQ  (BX)(CX*1), SI
+	MOVQ  nb+48(FP), DI
+
+mulQ6KAVXVNNI4_block:
+	VPMOVSXBW    192(AX), Y6
+	VPXOR        Y8, Y8, Y8
+	VPUNPCKLWD   Y8, Y6, Y7
+	VMOVDQU      Y7, (SP)
+	VPUNPCKHWD   Y8, Y6, Y7
+	VMOVDQU      Y7, 32(SP)
+	VPSLLW       $0x05, Y6, Y6
+	VMOVDQU      Y6, 64(SP)
+	MOVWLZX      208(AX), R8
+	VMOVD        R8, X6
+	VCVTPH2PS    X6, X6
+	VMOVSS       X6, 96(SP)
+	VMOVDQU      (AX), Y6
+	VPAND        Y0, Y6, Y6
+	VMOVDQU      128(AX), Y7
+	VPSLLW       $0x04, Y7, Y7
+	VPAND        Y1, Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VMOVDQU      q6idx0<>+0(SB), Y7
+	VPERMD       (SP), Y7, Y7
+	VMOVDQU      4(BX), Y9
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xc1 // VPDPBUSD Y9, Y6, Y8 (VEX, AVX-VNNI)
+	VPMADDWD     Y7, Y8, Y8
+	VMOVDQU      4(SI), Y10
+	VPXOR        Y9, Y9, Y9
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xca // VPDPBUSD Y10, Y6, Y9 (VEX, AVX-VNNI)
+	VPMADDWD     Y7, Y9, Y9
+	VMOVDQU      4(BX)(CX*2), Y11
+	VPXOR        Y10, Y10, Y10
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xd3 // VPDPBUSD Y11, Y6, Y10 (VEX, AVX-VNNI)
+	VPMADDWD     Y7, Y10, Y10
+	VMOVDQU      4(SI)(CX*2), Y12
+	VPXOR        Y11, Y11, Y11
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xdc // VPDPBUSD Y12, Y6, Y11 (VEX, AVX-VNNI)
+	VPMADDWD     Y7, Y11, Y11
+	VMOVDQU      32(AX), Y6
+	VPAND        Y0, Y6, Y6
+	VMOVDQU      128(AX), Y7
+	VPSLLW       $0x02, Y7, Y7
+	VPAND        Y1, Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VMOVDQU      q6idx1<>+0(SB), Y7
+	VPERMD       (SP), Y7, Y7
+	VMOVDQU      36(BX), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xc7 // VPDPWSSD Y7, Y12, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      36(SI), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xcf // VPDPWSSD Y7, Y12, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      36(BX)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xd7 // VPDPWSSD Y7, Y12, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      36(SI)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xdf // VPDPWSSD Y7, Y12, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      (AX), Y6
+	VPSRLW       $0x04, Y6, Y6
+	VPAND        Y0, Y6, Y6
+	VMOVDQU      128(AX), Y7
+	VPAND        Y1, Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VMOVDQU      q6idx2<>+0(SB), Y7
+	VPERMD       32(SP), Y7, Y7
+	VMOVDQU      68(BX), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xc7 // VPDPWSSD Y7, Y12, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      68(SI), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xcf // VPDPWSSD Y7, Y12, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      68(BX)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xd7 // VPDPWSSD Y7, Y12, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      68(SI)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xdf // VPDPWSSD Y7, Y12, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      32(AX), Y6
+	VPSRLW       $0x04, Y6, Y6
+	VPAND        Y0, Y6, Y6
+	VMOVDQU      128(AX), Y7
+	VPSRLW       $0x02, Y7, Y7
+	VPAND        Y1, Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VMOVDQU      q6idx3<>+0(SB), Y7
+	VPERMD       32(SP), Y7, Y7
+	VMOVDQU      100(BX), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xc7 // VPDPWSSD Y7, Y12, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      100(SI), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xcf // VPDPWSSD Y7, Y12, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      100(BX)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xd7 // VPDPWSSD Y7, Y12, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      100(SI)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xdf // VPDPWSSD Y7, Y12, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      64(AX), Y6
+	VPAND        Y0, Y6, Y6
+	VMOVDQU      160(AX), Y7
+	VPSLLW       $0x04, Y7, Y7
+	VPAND        Y1, Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VMOVDQU      q6idx4<>+0(SB), Y7
+	VPERMD       (SP), Y7, Y7
+	VMOVDQU      132(BX), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xc7 // VPDPWSSD Y7, Y12, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      132(SI), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xcf // VPDPWSSD Y7, Y12, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      132(BX)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xd7 // VPDPWSSD Y7, Y12, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      132(SI)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xdf // VPDPWSSD Y7, Y12, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      96(AX), Y6
+	VPAND        Y0, Y6, Y6
+	VMOVDQU      160(AX), Y7
+	VPSLLW       $0x02, Y7, Y7
+	VPAND        Y1, Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VMOVDQU      q6idx5<>+0(SB), Y7
+	VPERMD       (SP), Y7, Y7
+	VMOVDQU      164(BX), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xc7 // VPDPWSSD Y7, Y12, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      164(SI), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xcf // VPDPWSSD Y7, Y12, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      164(BX)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xd7 // VPDPWSSD Y7, Y12, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      164(SI)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xdf // VPDPWSSD Y7, Y12, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      64(AX), Y6
+	VPSRLW       $0x04, Y6, Y6
+	VPAND        Y0, Y6, Y6
+	VMOVDQU      160(AX), Y7
+	VPAND        Y1, Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VMOVDQU      q6idx6<>+0(SB), Y7
+	VPERMD       32(SP), Y7, Y7
+	VMOVDQU      196(BX), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xc7 // VPDPWSSD Y7, Y12, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      196(SI), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xcf // VPDPWSSD Y7, Y12, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      196(BX)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xd7 // VPDPWSSD Y7, Y12, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      196(SI)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xdf // VPDPWSSD Y7, Y12, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      96(AX), Y6
+	VPSRLW       $0x04, Y6, Y6
+	VPAND        Y0, Y6, Y6
+	VMOVDQU      160(AX), Y7
+	VPSRLW       $0x02, Y7, Y7
+	VPAND        Y1, Y7, Y7
+	VPOR         Y7, Y6, Y6
+	VMOVDQU      q6idx7<>+0(SB), Y7
+	VPERMD       32(SP), Y7, Y7
+	VMOVDQU      228(BX), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xc7 // VPDPWSSD Y7, Y12, Y8 (VEX, AVX-VNNI)
+	VMOVDQU      228(SI), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xcf // VPDPWSSD Y7, Y12, Y9 (VEX, AVX-VNNI)
+	VMOVDQU      228(BX)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xd7 // VPDPWSSD Y7, Y12, Y10 (VEX, AVX-VNNI)
+	VMOVDQU      228(SI)(CX*2), Y13
+	VPXOR        Y12, Y12, Y12
+	BYTE $0xc4; BYTE $0x42; BYTE $0x4d; BYTE $0x50; BYTE $0xe5 // VPDPBUSD Y13, Y6, Y12 (VEX, AVX-VNNI)
+	BYTE $0xc4; BYTE $0x62; BYTE $0x1d; BYTE $0x52; BYTE $0xdf // VPDPWSSD Y7, Y12, Y11 (VEX, AVX-VNNI)
+	VMOVDQU      260(BX), Y6
+	VPMADDWD     64(SP), Y6, Y6
+	VPSUBD       Y6, Y8, Y8
+	VCVTDQ2PS    Y8, Y6
+	VBROADCASTSS 96(SP), Y7
+	VMULPS       Y7, Y6, Y6
+	VBROADCASTSS (BX), Y7
+	VFMADD231PS  Y6, Y7, Y2
+	VMOVDQU      260(SI), Y6
+	VPMADDWD     64(SP), Y6, Y6
+	VPSUBD       Y6, Y9, Y9
+	VCVTDQ2PS    Y9, Y6
+	VBROADCASTSS 96(SP), Y7
+	VMULPS       Y7, Y6, Y6
+	VBROADCASTSS (SI), Y7
+	VFMADD231PS  Y6, Y7, Y3
+	VMOVDQU      260(BX)(CX*2), Y6
+	VPMADDWD     64(SP), Y6, Y6
+	VPSUBD       Y6, Y10, Y10
+	VCVTDQ2PS    Y10, Y6
+	VBROADCASTSS 96(SP), Y7
+	VMULPS       Y7, Y6, Y6
+	VBROADCASTSS (BX)(CX*2), Y7
+	VFMADD231PS  Y6, Y7, Y4
+	VMOVDQU      260(SI)(CX*2), Y6
+	VPMADDWD     64(SP), Y6, Y6
+	VPSUBD       Y6, Y11, Y11
+	VCVTDQ2PS    Y11, Y6
+	VBROADCASTSS 96(SP), Y7
+	VMULPS       Y7, Y6, Y6
+	VBROADCASTSS (SI)(CX*2), Y7
+	VFMADD231PS  Y6, Y7, Y5
+	ADDQ         $0x000000d2, AX
+	ADDQ         $0x00000124, BX
+	ADDQ         $0x00000124, SI
+	DECQ         DI
+	JNZ          mulQ6KAVXVNNI4_block
+	MOVQ         os+40(FP), BX
+	VEXTRACTF128 $0x01, Y2, X6
+	VADDPS       X6, X2, X6
+	VMOVHLPS     X6, X6, X2
+	VADDPS       X2, X6, X6
+	VMOVSHDUP    X6, X2
+	VADDSS       X2, X6, X6
+	VMOVSS       X6, (DX)
+	VEXTRACTF128 $0x01, Y3, X2
+	VADDPS       X2, X3, X2
+	VMOVHLPS     X2, X2, X3
+	VADDPS       X3, X2, X2
+	VMOVSHDUP    X2, X3
+	VADDSS       X3, X2, X2
+	VMOVSS       X2, (DX)(BX*1)
+	VEXTRACTF128 $0x01, Y4, X2
+	VADDPS       X2, X4, X2
+	VMOVHLPS     X2, X2, X3
+	VADDPS       X3, X2, X2
+	VMOVSHDUP    X2, X3
+	VADDSS       X3, X2, X2
+	VMOVSS       X2, (DX)(BX*2)
+	VEXTRACTF128 $0x01, Y5, X2
+	VADDPS       X2, X5, X2
+	VMOVHLPS     X2, X2, X3
+	VADDPS       X3, X2, X2
+	VMOVSHDUP    X2, X3
+	VADDSS       X3, X2, X2
+	LEAQ         (BX)(BX*2), BX
+	VMOVSS       X2, (DX)(BX*1)
+	ADDQ         $0x04, DX
+	DECQ         rows+8(FP)
+	JNZ          mulQ6KAVXVNNI4_row
+	VZEROUPPER
+	RET
+
+// func mulQ80AVXVNNI4(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+// Requires: AVX, AVX2, AVX_VNNI, F16C, FMA3
+TEXT ·mulQ80AVXVNNI4(SB), NOSPLIT, $0-56
+	MOVQ w+0(FP), AX
+	MOVQ xs+24(FP), CX
+	MOVQ out+32(FP), DX
+
+mulQ80AVXVNNI4_row:
+	VPXOR Y0, Y0, Y0
+	VPXOR Y1, Y1, Y1
+	VPXOR Y2, Y2, Y2
+	VPXOR Y3, Y3, Y3
+	MOVQ  x+16(FP), BX
+	LEAQ  (BX)(CX*1), SI
+	MOVQ  nb+48(FP), DI
+
+mulQ80AVXVNNI4_block:
+	VMOVDQU      2(AX), Y4
+	VPABSB       Y4, Y5
+	VPBROADCASTW (AX), X6
+	VCVTPH2PS    X6, Y6
+	VMOVDQU      2(BX), Y7
+	VPSIGNB      Y4, Y7, Y7
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x62; BYTE $0x55; BYTE $0x50; BYTE $0xc7 // VPDPBUSD Y7, Y5, Y8 (VEX, AVX-VNNI)
+	VPBROADCASTW (BX), X7
+	VCVTPH2PS    X7, Y7
+	VMULPS       Y6, Y7, Y7
+	VCVTDQ2PS    Y8, Y8
+	VFMADD231PS  Y8, Y7, Y0
+	VMOVDQU      2(SI), Y7
+	VPSIGNB      Y4, Y7, Y7
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x62; BYTE $0x55; BYTE $0x50; BYTE $0xc7 // VPDPBUSD Y7, Y5, Y8 (VEX, AVX-VNNI)
+	VPBROADCASTW (SI), X7
+	VCVTPH2PS    X7, Y7
+	VMULPS       Y6, Y7, Y7
+	VCVTDQ2PS    Y8, Y8
+	VFMADD231PS  Y8, Y7, Y1
+	VMOVDQU      2(BX)(CX*2), Y7
+	VPSIGNB      Y4, Y7, Y7
+	VPXOR        Y8, Y8, Y8
+	BYTE $0xc4; BYTE $0x62; BYTE $0x55; BYTE $0x50; BYTE $0xc7 // VPDPBUSD Y7, Y5, Y8 (VEX, AVX-VNNI)
+	VPBROADCASTW (BX)(CX*2), X7
+	VCVTPH2PS    X7, Y7
+	VMULPS       Y6, Y7, Y7
+	VCVTDQ2PS    Y8, Y8
+	VFMADD231PS  Y8, Y7, Y2
+	VMOVDQU      2(SI)(CX*2), Y7
+	VPSIGNB      Y4, Y7, Y7
+	VPXOR        Y4, Y4, Y4
+	BYTE $0xc4; BYTE $0xe2; BYTE $0x55; BYTE $0x50; BYTE $0xe7 // VPDPBUSD Y7, Y5, Y4 (VEX, AVX-VNNI)
+	VPBROADCASTW (SI)(CX*2), X5
+	VCVTPH2PS    X5, Y5
+	VMULPS       Y6, Y5, Y5
+	VCVTDQ2PS    Y4, Y4
+	VFMADD231PS  Y4, Y5, Y3
+	ADDQ         $0x00000022, AX
+	ADDQ         $0x00000022, BX
+	ADDQ         $0x00000022, SI
+	DECQ         DI
+	JNZ          mulQ80AVXVNNI4_block
+	MOVQ         os+40(FP), BX
+	VEXTRACTF128 $0x01, Y0, X4
+	VADDPS       X4, X0, X4
+	VMOVHLPS     X4, X4, X0
+	VADDPS       X0, X4, X4
+	VMOVSHDUP    X4, X0
+	VADDSS       X0, X4, X4
+	VMOVSS       X4, (DX)
+	VEXTRACTF128 $0x01, Y1, X0
+	VADDPS       X0, X1, X0
+	VMOVHLPS     X0, X0, X1
+	VADDPS       X1, X0, X0
+	VMOVSHDUP    X0, X1
+	VADDSS       X1, X0, X0
+	VMOVSS       X0, (DX)(BX*1)
+	VEXTRACTF128 $0x01, Y2, X0
+	VADDPS       X0, X2, X0
+	VMOVHLPS     X0, X0, X1
+	VADDPS       X1, X0, X0
+	VMOVSHDUP    X0, X1
+	VADDSS       X1, X0, X0
+	VMOVSS       X0, (DX)(BX*2)
+	VEXTRACTF128 $0x01, Y3, X0
+	VADDPS       X0, X3, X0
+	VMOVHLPS     X0, X0, X1
+	VADDPS       X1, X0, X0
+	VMOVSHDUP    X0, X1
+	VADDSS       X1, X0, X0
+	LEAQ         (BX)(BX*2), BX
+	VMOVSS       X0, (DX)(BX*1)
+	ADDQ         $0x04, DX
+	DECQ         rows+8(FP)
+	JNZ          mulQ80AVXVNNI4_row
+	VZEROUPPER
+	RET
+
+// func mulQ40AVXVNNI4(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+// Requires: AVX, AVX2, AVX_VNNI, F16C, FMA3
+TEXT ·mulQ40AVXVNNI4(SB), NOSPLIT, $0-56
+	MOVQ         w+0(FP), AX
+	MOVQ         xs+24(FP), CX
+	MOVQ         out+32(FP), DX
+	VPBROADCASTD c0f<>+0(SB), Y0
+	VPBROADCASTD c08<>+0(SB), Y1
+	VMOVDQU      shr0044<>+0(SB), Y2
+
+mulQ40AVXVNNI4_row:
+	VPXOR Y3, Y3, Y3
+	VPXOR Y4, Y4, Y4
+	VPXOR Y5, Y5, Y5
+	VPXOR Y6, Y6, Y6
+	MOVQ  x+16(FP), BX
+	LEAQ  (BX)(CX*1), SI
+	MOVQ  nb+48(FP), DI
+
+mulQ40AVXVNNI4_block:
+	VBROADCASTI128 2(AX), Y7
+	VPSRLVQ        Y2, Y7, Y7
+	VPAND          Y0, Y7, Y7
+	VPSUBB         Y1, Y7, Y7
+	VPABSB         Y7, Y8
+	VPBROADCASTW   (AX), X9
+	VCVTPH2PS      X9, Y9
+	VMOVDQU        2(BX), Y10
+	VPSIGNB        Y7, Y10, Y10
+	VPXOR          Y11, Y11, Y11
+	BYTE $0xc4; BYTE $0x42; BYTE $0x3d; BYTE $0x50; BYTE $0xda // VPDPBUSD Y10, Y8, Y11 (VEX, AVX-VNNI)
+	VPBROADCASTW   (BX), X10
+	VCVTPH2PS      X10, Y10
+	VMULPS         Y9, Y10, Y10
+	VCVTDQ2PS      Y11, Y11
+	VFMADD231PS    Y11, Y10, Y3
+	VMOVDQU        2(SI), Y10
+	VPSIGNB        Y7, Y10, Y10
+	VPXOR          Y11, Y11, Y11
+	BYTE $0xc4; BYTE $0x42; BYTE $0x3d; BYTE $0x50; BYTE $0xda // VPDPBUSD Y10, Y8, Y11 (VEX, AVX-VNNI)
+	VPBROADCASTW   (SI), X10
+	VCVTPH2PS      X10, Y10
+	VMULPS         Y9, Y10, Y10
+	VCVTDQ2PS      Y11, Y11
+	VFMADD231PS    Y11, Y10, Y4
+	VMOVDQU        2(BX)(CX*2), Y10
+	VPSIGNB        Y7, Y10, Y10
+	VPXOR          Y11, Y11, Y11
+	BYTE $0xc4; BYTE $0x42; BYTE $0x3d; BYTE $0x50; BYTE $0xda // VPDPBUSD Y10, Y8, Y11 (VEX, AVX-VNNI)
+	VPBROADCASTW   (BX)(CX*2), X10
+	VCVTPH2PS      X10, Y10
+	VMULPS         Y9, Y10, Y10
+	VCVTDQ2PS      Y11, Y11
+	VFMADD231PS    Y11, Y10, Y5
+	VMOVDQU        2(SI)(CX*2), Y10
+	VPSIGNB        Y7, Y10, Y10
+	VPXOR          Y7, Y7, Y7
+	BYTE $0xc4; BYTE $0xc2; BYTE $0x3d; BYTE $0x50; BYTE $0xfa // VPDPBUSD Y10, Y8, Y7 (VEX, AVX-VNNI)
+	VPBROADCASTW   (SI)(CX*2), X8
+	VCVTPH2PS      X8, Y8
+	VMULPS         Y9, Y8, Y8
+	VCVTDQ2PS      Y7, Y7
+	VFMADD231PS    Y7, Y8, Y6
+	ADDQ           $0x00000012, AX
+	ADDQ           $0x00000022, BX
+	ADDQ           $0x00000022, SI
+	DECQ           DI
+	JNZ            mulQ40AVXVNNI4_block
+	MOVQ           os+40(FP), BX
+	VEXTRACTF128   $0x01, Y3, X7
+	VADDPS         X7, X3, X7
+	VMOVHLPS       X7, X7, X3
+	VADDPS         X3, X7, X7
+	VMOVSHDUP      X7, X3
+	VADDSS         X3, X7, X7
+	VMOVSS         X7, (DX)
+	VEXTRACTF128   $0x01, Y4, X3
+	VADDPS         X3, X4, X3
+	VMOVHLPS       X3, X3, X4
+	VADDPS         X4, X3, X3
+	VMOVSHDUP      X3, X4
+	VADDSS         X4, X3, X3
+	VMOVSS         X3, (DX)(BX*1)
+	VEXTRACTF128   $0x01, Y5, X3
+	VADDPS         X3, X5, X3
+	VMOVHLPS       X3, X3, X4
+	VADDPS         X4, X3, X3
+	VMOVSHDUP      X3, X4
+	VADDSS         X4, X3, X3
+	VMOVSS         X3, (DX)(BX*2)
+	VEXTRACTF128   $0x01, Y6, X3
+	VADDPS         X3, X6, X3
+	VMOVHLPS       X3, X3, X4
+	VADDPS         X4, X3, X3
+	VMOVSHDUP      X3, X4
+	VADDSS         X4, X3, X3
+	LEAQ           (BX)(BX*2), BX
+	VMOVSS         X3, (DX)(BX*1)
+	ADDQ           $0x04, DX
+	DECQ           rows+8(FP)
+	JNZ            mulQ40AVXVNNI4_row
+	VZEROUPPER
+	RET
+
 // func mulQ4KAVX5121(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
 // Requires: AVX, AVX2, AVX512BW, AVX512F, AVX512VL
 TEXT ·mulQ4KAVX5121(SB), NOSPLIT, $0-56

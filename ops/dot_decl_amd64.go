@@ -134,6 +134,81 @@ func cvtF16AVX2(dst *byte, src *float32, n int)
 //go:noescape
 func scaleRoundF16AVX2(x *float32, n int, scale float32)
 
+// mulQ4KAVXVNNI1 multiplies rows of weights by 1 activation row(s) (AVXVNNI).
+//
+//go:noescape
+func mulQ4KAVXVNNI1(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulQ5KAVXVNNI1 multiplies rows of weights by 1 activation row(s) (AVXVNNI).
+//
+//go:noescape
+func mulQ5KAVXVNNI1(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulQ6KAVXVNNI1 multiplies rows of weights by 1 activation row(s) (AVXVNNI).
+//
+//go:noescape
+func mulQ6KAVXVNNI1(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulQ80AVXVNNI1 multiplies rows of weights by 1 activation row(s) (AVXVNNI).
+//
+//go:noescape
+func mulQ80AVXVNNI1(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulQ40AVXVNNI1 multiplies rows of weights by 1 activation row(s) (AVXVNNI).
+//
+//go:noescape
+func mulQ40AVXVNNI1(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulQ4KAVXVNNI2 multiplies rows of weights by 2 activation row(s) (AVXVNNI).
+//
+//go:noescape
+func mulQ4KAVXVNNI2(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulQ5KAVXVNNI2 multiplies rows of weights by 2 activation row(s) (AVXVNNI).
+//
+//go:noescape
+func mulQ5KAVXVNNI2(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulQ6KAVXVNNI2 multiplies rows of weights by 2 activation row(s) (AVXVNNI).
+//
+//go:noescape
+func mulQ6KAVXVNNI2(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulQ80AVXVNNI2 multiplies rows of weights by 2 activation row(s) (AVXVNNI).
+//
+//go:noescape
+func mulQ80AVXVNNI2(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulQ40AVXVNNI2 multiplies rows of weights by 2 activation row(s) (AVXVNNI).
+//
+//go:noescape
+func mulQ40AVXVNNI2(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulQ4KAVXVNNI4 multiplies rows of weights by 4 activation row(s) (AVXVNNI).
+//
+//go:noescape
+func mulQ4KAVXVNNI4(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulQ5KAVXVNNI4 multiplies rows of weights by 4 activation row(s) (AVXVNNI).
+//
+//go:noescape
+func mulQ5KAVXVNNI4(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulQ6KAVXVNNI4 multiplies rows of weights by 4 activation row(s) (AVXVNNI).
+//
+//go:noescape
+func mulQ6KAVXVNNI4(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulQ80AVXVNNI4 multiplies rows of weights by 4 activation row(s) (AVXVNNI).
+//
+//go:noescape
+func mulQ80AVXVNNI4(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulQ40AVXVNNI4 multiplies rows of weights by 4 activation row(s) (AVXVNNI).
+//
+//go:noescape
+func mulQ40AVXVNNI4(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
 // mulQ4KAVX5121 multiplies rows of weights by 1 activation row(s) (AVX512).
 //
 //go:noescape

@@ -17,44 +17,54 @@ const (
 	asmF32VNNI
 	asmQ40AVX2
 	asmQ40AVX512
+	asmQ40AVXVNNI
 	asmQ40VNNI
 	asmQ4KAVX2
 	asmQ4KAVX512
+	asmQ4KAVXVNNI
 	asmQ4KVNNI
 	asmQ5KAVX2
 	asmQ5KAVX512
+	asmQ5KAVXVNNI
 	asmQ5KVNNI
 	asmQ6KAVX2
 	asmQ6KAVX512
+	asmQ6KAVXVNNI
 	asmQ6KVNNI
 	asmQ80AVX2
 	asmQ80AVX512
+	asmQ80AVXVNNI
 	asmQ80VNNI
 )
 
 // asmTokens reports the token counts each kernel set has (bit T set for T tokens).
 var asmTokens = [...]uint16{
-	asmF16AVX2:   0x6,
-	asmF16AVX512: 0x16,
-	asmF16VNNI:   0x16,
-	asmF32AVX2:   0x6,
-	asmF32AVX512: 0x16,
-	asmF32VNNI:   0x16,
-	asmQ40AVX2:   0x16,
-	asmQ40AVX512: 0x16,
-	asmQ40VNNI:   0x16,
-	asmQ4KAVX2:   0x16,
-	asmQ4KAVX512: 0x116,
-	asmQ4KVNNI:   0x116,
-	asmQ5KAVX2:   0x16,
-	asmQ5KAVX512: 0x116,
-	asmQ5KVNNI:   0x116,
-	asmQ6KAVX2:   0x16,
-	asmQ6KAVX512: 0x116,
-	asmQ6KVNNI:   0x116,
-	asmQ80AVX2:   0x16,
-	asmQ80AVX512: 0x16,
-	asmQ80VNNI:   0x16,
+	asmF16AVX2:    0x6,
+	asmF16AVX512:  0x16,
+	asmF16VNNI:    0x16,
+	asmF32AVX2:    0x6,
+	asmF32AVX512:  0x16,
+	asmF32VNNI:    0x16,
+	asmQ40AVX2:    0x16,
+	asmQ40AVX512:  0x16,
+	asmQ40AVXVNNI: 0x16,
+	asmQ40VNNI:    0x16,
+	asmQ4KAVX2:    0x16,
+	asmQ4KAVX512:  0x116,
+	asmQ4KAVXVNNI: 0x16,
+	asmQ4KVNNI:    0x116,
+	asmQ5KAVX2:    0x16,
+	asmQ5KAVX512:  0x116,
+	asmQ5KAVXVNNI: 0x16,
+	asmQ5KVNNI:    0x116,
+	asmQ6KAVX2:    0x16,
+	asmQ6KAVX512:  0x116,
+	asmQ6KAVXVNNI: 0x16,
+	asmQ6KVNNI:    0x116,
+	asmQ80AVX2:    0x16,
+	asmQ80AVX512:  0x16,
+	asmQ80AVXVNNI: 0x16,
+	asmQ80VNNI:    0x16,
 }
 
 // callMul runs kernel set id for T tokens (see mulSig in ops/_asm).
@@ -82,6 +92,18 @@ func callMul(id asmID, T int, w *byte, rows int, x *byte, xs uintptr, out *float
 			return
 		case 4:
 			mulQ40AVX5124(w, rows, x, xs, out, os, nb)
+			return
+		}
+	case asmQ40AVXVNNI:
+		switch T {
+		case 1:
+			mulQ40AVXVNNI1(w, rows, x, xs, out, os, nb)
+			return
+		case 2:
+			mulQ40AVXVNNI2(w, rows, x, xs, out, os, nb)
+			return
+		case 4:
+			mulQ40AVXVNNI4(w, rows, x, xs, out, os, nb)
 			return
 		}
 	case asmQ40VNNI:
@@ -121,6 +143,18 @@ func callMul(id asmID, T int, w *byte, rows int, x *byte, xs uintptr, out *float
 			return
 		case 8:
 			mulQ4KAVX5128(w, rows, x, xs, out, os, nb)
+			return
+		}
+	case asmQ4KAVXVNNI:
+		switch T {
+		case 1:
+			mulQ4KAVXVNNI1(w, rows, x, xs, out, os, nb)
+			return
+		case 2:
+			mulQ4KAVXVNNI2(w, rows, x, xs, out, os, nb)
+			return
+		case 4:
+			mulQ4KAVXVNNI4(w, rows, x, xs, out, os, nb)
 			return
 		}
 	case asmQ4KVNNI:
@@ -165,6 +199,18 @@ func callMul(id asmID, T int, w *byte, rows int, x *byte, xs uintptr, out *float
 			mulQ5KAVX5128(w, rows, x, xs, out, os, nb)
 			return
 		}
+	case asmQ5KAVXVNNI:
+		switch T {
+		case 1:
+			mulQ5KAVXVNNI1(w, rows, x, xs, out, os, nb)
+			return
+		case 2:
+			mulQ5KAVXVNNI2(w, rows, x, xs, out, os, nb)
+			return
+		case 4:
+			mulQ5KAVXVNNI4(w, rows, x, xs, out, os, nb)
+			return
+		}
 	case asmQ5KVNNI:
 		switch T {
 		case 1:
@@ -207,6 +253,18 @@ func callMul(id asmID, T int, w *byte, rows int, x *byte, xs uintptr, out *float
 			mulQ6KAVX5128(w, rows, x, xs, out, os, nb)
 			return
 		}
+	case asmQ6KAVXVNNI:
+		switch T {
+		case 1:
+			mulQ6KAVXVNNI1(w, rows, x, xs, out, os, nb)
+			return
+		case 2:
+			mulQ6KAVXVNNI2(w, rows, x, xs, out, os, nb)
+			return
+		case 4:
+			mulQ6KAVXVNNI4(w, rows, x, xs, out, os, nb)
+			return
+		}
 	case asmQ6KVNNI:
 		switch T {
 		case 1:
@@ -244,6 +302,18 @@ func callMul(id asmID, T int, w *byte, rows int, x *byte, xs uintptr, out *float
 			return
 		case 4:
 			mulQ80AVX5124(w, rows, x, xs, out, os, nb)
+			return
+		}
+	case asmQ80AVXVNNI:
+		switch T {
+		case 1:
+			mulQ80AVXVNNI1(w, rows, x, xs, out, os, nb)
+			return
+		case 2:
+			mulQ80AVXVNNI2(w, rows, x, xs, out, os, nb)
+			return
+		case 4:
+			mulQ80AVXVNNI4(w, rows, x, xs, out, os, nb)
 			return
 		}
 	case asmQ80VNNI:

@@ -3,7 +3,9 @@ package main
 import (
 	"fmt"
 	"os"
+	"regexp"
 	"strconv"
+	"strings"
 
 	. "github.com/mmcloughlin/avo/build"
 	"github.com/mmcloughlin/avo/ir"
@@ -16,12 +18,14 @@ type isa struct {
 	name string
 	w512 bool // 512-bit vectors and AVX-512 masks
 	vnni bool // VPDPBUSD / VPDPWSSD
+	vex  bool // AVX-VNNI: 256-bit AVX2 kernels with the VEX VPDPBUSD (vpdpbusdVEX)
 }
 
 var (
-	isaAVX2   = isa{"AVX2", false, false}
-	isaAVX512 = isa{"AVX512", true, false}
-	isaVNNI   = isa{"VNNI", true, true}
+	isaAVX2    = isa{"AVX2", false, false, false}
+	isaAVXVNNI = isa{"AVXVNNI", false, false, true}
+	isaAVX512  = isa{"AVX512", true, false, false}
+	isaVNNI    = isa{"VNNI", true, true, false}
 )
 
 // tokens lists the token counts T that multi-token kernels are generated
@@ -67,6 +71,91 @@ func vpdpbusd(s, u, acc Op) {
 		Outputs:  []Op{acc},
 		ISA:      []string{"AVX512_VNNI"},
 	})
+}
+
+// vexOps are the placeholder opcodes of the VEX-encoded (AVX-VNNI)
+// VPDPBUSD and VPDPWSSD, by their opcode byte: Go's assembler knows only
+// the EVEX forms, which need AVX-512, so fixVEX rewrites each placeholder
+// line of the generated file into raw bytes once avo has allocated the
+// registers.
+var vexOps = map[string]int{"VPDPBUSD_VEX": 0x50, "VPDPWSSD_VEX": 0x52}
+
+func vexInstr(op string, a, b, acc VecVirtual) {
+	Instruction(&ir.Instruction{
+		Opcode:   op,
+		Operands: []Op{a, b, acc},
+		Inputs:   []Op{a, b, acc},
+		Outputs:  []Op{acc},
+		ISA:      []string{"AVX_VNNI"},
+	})
+}
+
+// vpdpbusdVEX appends acc += Σ4 u8(u)·s8(s) per dword lane on YMM
+// registers (AVX-VNNI, VEX.256.66.0F38.W0 50 /r). Register operands only;
+// Go operand order as vpdpbusd.
+func vpdpbusdVEX(s, u, acc VecVirtual) { vexInstr("VPDPBUSD_VEX", s, u, acc) }
+
+// vpdpwssdVEX appends acc += a.lo·b.lo + a.hi·b.hi per dword lane, int16
+// halves, on YMM registers (AVX-VNNI, VEX.256.66.0F38.W0 52 /r).
+func vpdpwssdVEX(a, b, acc VecVirtual) { vexInstr("VPDPWSSD_VEX", a, b, acc) }
+
+// dotU8S8 returns a new YMM register holding, per dword lane, Σ4 u8(u)·s8(x)
+// (AVX-VNNI) or its AVX2 equivalent VPMADDWD(ones, VPMADDUBSW(x, u)) when
+// ones is given; x is a register or memory. Σ2 in the AVX2 form must not
+// saturate int16 (every caller's operands keep it within range), so both
+// give the same lanes.
+func dotU8S8(s isa, x Op, u, ones VecVirtual) VecVirtual {
+	p := YMM()
+	if s.vex {
+		xr, ok := x.(VecVirtual)
+		if !ok {
+			xr = YMM()
+			VMOVDQU(x, xr)
+		}
+		VPXOR(p, p, p)
+		vpdpbusdVEX(xr, u, p)
+		return p
+	}
+	VPMADDUBSW(x, u, p)
+	VPMADDWD(ones, p, p)
+	return p
+}
+
+// fixVEX replaces each vexOps line of the assembly file at path by the
+// raw bytes of OP ymm1(acc), ymm2(b), ymm3(a) in its 3-byte VEX form:
+//
+//	C4  R̄ X̄ B̄ 00010       (R̄: ~acc bit 3, X̄ = 1, B̄: ~a bit 3; map 0F38)
+//	    W=0 v̄v̄v̄v̄ L=1 pp=01   (vvvv: ~b; 256-bit; prefix 66)
+//	op  ModRM 11 acc[2:0] a[2:0]   (op 50 VPDPBUSD, 52 VPDPWSSD)
+func fixVEX(path string) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	re := regexp.MustCompile(`(?m)^\t(VPDP[A-Z]+)_VEX\s+Y([0-9]+), Y([0-9]+), Y([0-9]+)$`)
+	var bad error
+	out := re.ReplaceAllStringFunc(string(b), func(line string) string {
+		m := re.FindStringSubmatch(line)
+		op, ok := vexOps[m[1]+"_VEX"]
+		ar, _ := strconv.Atoi(m[2])
+		br, _ := strconv.Atoi(m[3])
+		cr, _ := strconv.Atoi(m[4])
+		if !ok || ar > 15 || br > 15 || cr > 15 {
+			bad = fmt.Errorf("%s: cannot encode %q (VEX needs registers 0-15)", path, line)
+		}
+		b1 := 0x40 | 0x02 | (^cr>>3&1)<<7 | (^ar>>3&1)<<5
+		b2 := (^br&15)<<3 | 0x04 | 0x01
+		modrm := 0xc0 | (cr&7)<<3 | ar&7
+		return fmt.Sprintf("\tBYTE $0xc4; BYTE $0x%02x; BYTE $0x%02x; BYTE $0x%02x; BYTE $0x%02x // %s Y%d, Y%d, Y%d (VEX, AVX-VNNI)",
+			b1, b2, op, modrm, m[1], ar, br, cr)
+	})
+	if bad != nil {
+		return bad
+	}
+	if strings.Contains(out, "_VEX") {
+		return fmt.Errorf("%s: a VEX placeholder is left with operands fixVEX cannot encode", path)
+	}
+	return os.WriteFile(path, []byte(out), 0o644)
 }
 
 // vpdpwssd appends acc += a.lo·b.lo + a.hi·b.hi per dword lane, int16 halves.

@@ -60,7 +60,7 @@ func genLegacy(s isa, T int, kind legacy) {
 				VMOVDQU(constOnce("shr0044", 0, 0, 4, 4, 0, 0, 4, 4), shv)
 			}
 		}
-		if !s.vnni {
+		if !s.vnni && !s.vex {
 			ones = s.vec()
 			VPBROADCASTD(constOnce("ones16", 0x0001000100010001), ones)
 		}
@@ -168,7 +168,9 @@ func genLegacy(s isa, T int, kind legacy) {
 				VPSIGNB(w, xv, xv)
 			}
 			var p VecVirtual
-			if s.vnni {
+			if s.vex {
+				p = dotU8S8(s, xv, abs, nil)
+			} else if s.vnni {
 				if pair {
 					p = ZMM()
 				} else {

@@ -9,17 +9,22 @@
 // arithmetic is integer and within float rounding elsewhere; ops's tests
 // check that on random data for every CPU level.
 //
-// Three instruction-set levels are generated from the same code:
+// Four instruction-set levels are generated from the same code:
 //
-//	AVX2    256-bit AVX2 + FMA + F16C (VPMADDUBSW / VPMADDWD for the int8 dots)
-//	AVX512  512-bit AVX-512 F/BW/VL/DQ, same integer method
-//	VNNI    AVX-512 + AVX512_VNNI (VPDPBUSD / VPDPWSSD)
+//	AVX2     256-bit AVX2 + FMA + F16C (VPMADDUBSW / VPMADDWD for the int8 dots)
+//	AVXVNNI  the AVX2 integer dots with the VEX VPDPBUSD (AVX-VNNI) in place
+//	         of VPMADDUBSW + VPMADDWD; only the row×token kernels (the rest
+//	         of that level is AVX2's)
+//	AVX512   512-bit AVX-512 F/BW/VL/DQ, same integer method as AVX2
+//	VNNI     AVX-512 + AVX512_VNNI (VPDPBUSD / VPDPWSSD)
 //
 // avo v0.5.0's instruction table predates AVX512_VNNI, so VPDPBUSD and
-// VPDPWSSD are emitted as raw IR instructions (see vnni.go); Go's assembler
-// encodes them (EVEX). The VEX-encoded AVX-VNNI forms, which CPUs without
-// AVX-512 (Intel client cores) would need, have no Go assembler mnemonic;
-// such CPUs run the AVX2 kernels.
+// VPDPWSSD are emitted as raw IR instructions (see common.go); Go's
+// assembler encodes them (EVEX). The VEX-encoded AVX-VNNI form, which CPUs
+// without AVX-512 (Alder Lake and later client cores, Zen 5 client) need,
+// has no Go assembler mnemonic: avo emits a placeholder instruction
+// (vpdpbusdVEX) and fixVEX, after avo has allocated the registers, rewrites
+// each into its five raw bytes with the mnemonic as a comment.
 package main
 
 //go:generate go run . -out ../dot_amd64.s -stubs ../dot_decl_amd64.go -pkg ops -dispatch ../dot_dispatch_amd64.go
@@ -34,18 +39,18 @@ import (
 
 var dispatch = flag.String("dispatch", "", "write the Go dispatch of the row×token kernels here")
 
-// While working on one kernel, ISA=AVX2|AVX512|VNNI, FAMILY=Q4K|Q5K|Q6K|Q80|Q40
+// While working on one kernel, ISA=AVX2|AVXVNNI|AVX512|VNNI, FAMILY=Q4K|Q5K|Q6K|Q80|Q40
 // and TOK=n restrict what is generated (the output is then incomplete:
 // never commit it).
 func isas() []isa {
 	if v := os.Getenv("ISA"); v != "" {
-		for _, s := range []isa{isaAVX2, isaAVX512, isaVNNI} {
+		for _, s := range []isa{isaAVX2, isaAVXVNNI, isaAVX512, isaVNNI} {
 			if s.name == v {
 				return []isa{s}
 			}
 		}
 	}
-	return []isa{isaAVX2, isaAVX512, isaVNNI}
+	return []isa{isaAVX2, isaAVXVNNI, isaAVX512, isaVNNI}
 }
 
 func main() {
@@ -62,6 +67,9 @@ func main() {
 				}
 			}
 		}
+		if s.vex {
+			continue // the rest of AVXVNNI is AVX2's (ops/dot_amd64.go)
+		}
 		genF32(s)
 		genF16(s)
 		genQuantQ8K(s)
@@ -72,6 +80,11 @@ func main() {
 		genScaleRoundF16(s)
 	}
 	Generate()
+	if out := flag.Lookup("out").Value.String(); out != "" {
+		if err := fixVEX(out); err != nil {
+			log.Fatal(err)
+		}
+	}
 	if *dispatch != "" {
 		if err := writeDispatch(*dispatch); err != nil {
 			log.Fatal(err)

@@ -31,7 +31,7 @@ import (
 // f = float(acc)·d − float(Σ m·bsum)·dmin, facc += f·yd (fused).
 func genQ4K(s isa, T int) {
 	if !s.w512 {
-		genKQuantAVX2("Q4K", T, kquantQ4K)
+		genKQuantAVX2(s, "Q4K", T, kquantQ4K)
 		return
 	}
 	var c0F, shv VecVirtual
@@ -201,7 +201,11 @@ const (
 // acc += VPMADDWD(p, scale). AVX2 has 16 vector registers, so d, dmin, the
 // scale words and the doubled mins live in a small stack frame and are
 // broadcast from there.
-func genKQuantAVX2(family string, T int, kind kquant) {
+//
+// AVX-VNNI (s.vex): tmp = Σ4 q·x per dword (VEX VPDPBUSD), acc +=
+// tmp·scale (VEX VPDPWSSD) with the scale in the low half of each dword only
+// (|tmp| ≤ 4·31·128 fits the low int16 half), stored as dwords at st+64.
+func genKQuantAVX2(s isa, family string, T int, kind kquant) {
 	wBlock, qsOff := 144, 16
 	if kind == kquantQ5K {
 		wBlock, qsOff = 176, 48
@@ -209,7 +213,11 @@ func genKQuantAVX2(family string, T int, kind kquant) {
 	var c0F, c10 VecVirtual
 	var st Mem
 	setup := func(k *mulKernel) {
-		st = AllocLocal(64)
+		if s.vex {
+			st = AllocLocal(96)
+		} else {
+			st = AllocLocal(64)
+		}
 		c0F = YMM()
 		VPBROADCASTD(constOnce("c0f", splat(0x0f)), c0F)
 		if kind == kquantQ5K {
@@ -227,6 +235,11 @@ func genKQuantAVX2(family string, T int, kind kquant) {
 		xw := YMM()
 		VPMOVZXBW(xs, xw)
 		VMOVDQU(xw.AsX(), st.Offset(16))
+		if s.vex {
+			xd := YMM()
+			VPMOVZXBD(xs, xd)
+			VMOVDQU(xd, st.Offset(64))
+		}
 		iacc := make([]VecVirtual, T)
 		for g := 0; g < 4; g++ {
 			wl, wh := YMM(), YMM()
@@ -239,9 +252,26 @@ func genKQuantAVX2(family string, T int, kind kquant) {
 				fifthBitAVX2(k.w(16), 2*g+1, c10, wh)
 			}
 			s0, s1 := YMM(), YMM()
-			VPBROADCASTW(st.Offset(16+2*(2*g)), s0)
-			VPBROADCASTW(st.Offset(16+2*(2*g+1)), s1)
+			if s.vex {
+				VPBROADCASTD(st.Offset(64+4*(2*g)), s0)
+				VPBROADCASTD(st.Offset(64+4*(2*g+1)), s1)
+			} else {
+				VPBROADCASTW(st.Offset(16+2*(2*g)), s0)
+				VPBROADCASTW(st.Offset(16+2*(2*g+1)), s1)
+			}
 			for t := 0; t < T; t++ {
+				if s.vex {
+					p := dotU8S8(s, k.xmem(t, 4+64*g), wl, nil)
+					if g == 0 {
+						VPMADDWD(s0, p, p)
+						iacc[t] = p
+					} else {
+						vpdpwssdVEX(s0, p, iacc[t])
+					}
+					p2 := dotU8S8(s, k.xmem(t, 4+64*g+32), wh, nil)
+					vpdpwssdVEX(s1, p2, iacc[t])
+					continue
+				}
 				p := YMM()
 				VPMADDUBSW(k.xmem(t, 4+64*g), wl, p)
 				VPMADDWD(s0, p, p)
@@ -274,7 +304,7 @@ func genKQuantAVX2(family string, T int, kind kquant) {
 			VFMADD231PS(fi, yv, k.facc[t])
 		}
 	}
-	genMul(family, isaAVX2, T, wBlock, 292, setup, block)
+	genMul(family, s, T, wBlock, 292, setup, block)
 }
 
 // fifthBitAVX2 ORs bit b of each qh byte (the fifth bit of the elements of

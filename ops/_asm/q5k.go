@@ -19,7 +19,7 @@ import (
 // two more to the right. |Σ4 q·x| ≤ 4·31·128 fits the int16 of VPDPWSSD.
 func genQ5K(s isa, T int) {
 	if !s.w512 {
-		genKQuantAVX2("Q5K", T, kquantQ5K)
+		genKQuantAVX2(s, "Q5K", T, kquantQ5K)
 		return
 	}
 	var c0F, c10, shv, rot0 VecVirtual

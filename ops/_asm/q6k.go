@@ -26,7 +26,7 @@ import (
 // piece spans four 16-element scales, four dword lanes each.
 func genQ6K(s isa, T int) {
 	if !s.w512 {
-		genQ6KAVX2(T)
+		genQ6KAVX2(s, T)
 		return
 	}
 	var c0F, c30, shA, shB VecVirtual
@@ -107,8 +107,11 @@ func quadIndex(p int) Mem {
 // q = 4h+r) is the low (r<2) or high (r≥2) nibbles of ql[64h+32(r%2):]
 // with qh[32h:] bits 2r..2r+1 as bits 4-5, and spans scales 2q and 2q+1
 // (one per 128-bit lane). The scales are doubled into word pairs and kept
-// on the stack, with 32·scale for the bias and d.
-func genQ6KAVX2(T int) {
+// on the stack, with 32·scale for the bias and d. AVX-VNNI (s.vex) keeps
+// each scale in the low half of its dword pair, the high half 0, for
+// VPMADDWD / VEX VPDPWSSD after the VEX VPDPBUSD (|Σ4 q·x| ≤ 4·63·128
+// fits an int16).
+func genQ6KAVX2(s isa, T int) {
 	var c0F, c30 VecVirtual
 	var st Mem
 	setup := func(k *mulKernel) {
@@ -122,9 +125,14 @@ func genQ6KAVX2(T int) {
 		y16 := YMM()
 		VPMOVSXBW(k.w(192), y16)
 		tl := YMM()
-		VPUNPCKLWD(y16, y16, tl)
+		hi := y16 // the high half of each dword
+		if s.vex {
+			hi = YMM()
+			VPXOR(hi, hi, hi)
+		}
+		VPUNPCKLWD(hi, y16, tl)
 		VMOVDQU(tl, st)
-		VPUNPCKHWD(y16, y16, tl)
+		VPUNPCKHWD(hi, y16, tl)
 		VMOVDQU(tl, st.Offset(32))
 		VPSLLW(U8(5), y16, y16)
 		VMOVDQU(y16, st.Offset(64))
@@ -160,8 +168,18 @@ func genQ6KAVX2(T int) {
 			VMOVDQU(scaleIndexAVX2(q), sc)
 			VPERMD(st.Offset(32*((2*q/4)%2)), sc, sc)
 			for t := 0; t < T; t++ {
-				p := YMM()
-				VPMADDUBSW(k.xmem(t, 4+32*q), w, p)
+				if s.vex && q > 0 {
+					p := dotU8S8(s, k.xmem(t, 4+32*q), w, nil)
+					vpdpwssdVEX(sc, p, iacc[t]) // acc += tmp·scale
+					continue
+				}
+				var p VecVirtual
+				if s.vex {
+					p = dotU8S8(s, k.xmem(t, 4+32*q), w, nil)
+				} else {
+					p = YMM()
+					VPMADDUBSW(k.xmem(t, 4+32*q), w, p)
+				}
 				VPMADDWD(sc, p, p)
 				if q == 0 {
 					iacc[t] = p
@@ -185,7 +203,7 @@ func genQ6KAVX2(T int) {
 			VFMADD231PS(fi, yv, k.facc[t])
 		}
 	}
-	genMul("Q6K", isaAVX2, T, 210, 292, setup, block)
+	genMul("Q6K", s, T, 210, 292, setup, block)
 }
 
 // scaleIndexAVX2 is the VPERMD index for piece q into its table: scale j
