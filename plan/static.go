@@ -214,12 +214,6 @@ func Static(p Problem) (Placement, error) {
 		}
 		b = pb
 	}
-	if n == 0 {
-		best = 0
-		if p.Start != p.End {
-			best = p.switchCost(p.End)
-		}
-	}
 	pl := Placement{On: on}
 	pl.Time, pl.Switches, pl.GPUBytes = p.Cost(on)
 	return pl, nil

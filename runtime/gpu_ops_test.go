@@ -320,7 +320,7 @@ func TestGPUOps(t *testing.T) {
 				a.Factors = up(g, r.Factors)
 			}
 			heads := []int{c.heads0, c.heads1}
-			var xs, ws, wants [][]float32
+			var xs, wants [][]float32
 			for j, h := range heads {
 				if h == 0 {
 					continue
@@ -350,7 +350,7 @@ func TestGPUOps(t *testing.T) {
 					a.T[j].NormW = up(g, w)
 				}
 				a.NTensors++
-				xs, ws, wants = append(xs, x), append(ws, w), append(wants, want)
+				xs, wants = append(xs, x), append(wants, want)
 			}
 			// Where there are keys, store them and values in a cache too.
 			var vals []float32

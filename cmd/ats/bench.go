@@ -23,29 +23,28 @@ import (
 // benchResult is one test of `ats bench`, with llama-bench's JSON field
 // names so the two tools' outputs can be compared by the same scripts.
 type benchResult struct {
-	Build        string    `json:"build_commit"`
-	CPUInfo      string    `json:"cpu_info"`
-	CPULevel     string    `json:"cpu_level"`
-	Backend      string    `json:"backends"`
-	ModelFile    string    `json:"model_filename"`
-	ModelType    string    `json:"model_type"`
-	ModelSize    int64     `json:"model_size"`
-	ModelParams  int64     `json:"model_n_params"`
-	NBatch       int       `json:"n_batch"`
-	NThreads     int       `json:"n_threads"`
-	NPrompt      int       `json:"n_prompt"`
-	NGen         int       `json:"n_gen"`
-	Test         string    `json:"test"`
-	Time         string    `json:"test_time"`
-	AvgNs        int64     `json:"avg_ns"`
-	StddevNs     int64     `json:"stddev_ns"`
-	AvgTs        float64   `json:"avg_ts"`
-	StddevTs     float64   `json:"stddev_ts"`
-	SamplesNs    []int64   `json:"samples_ns"`
-	SamplesTs    []float64 `json:"samples_ts"`
-	WeightGBps   float64   `json:"weight_gbps,omitempty"` // tg only: weight bytes read per second
-	modelPretty  string
-	sizeReadable string
+	Build       string    `json:"build_commit"`
+	CPUInfo     string    `json:"cpu_info"`
+	CPULevel    string    `json:"cpu_level"`
+	Backend     string    `json:"backends"`
+	ModelFile   string    `json:"model_filename"`
+	ModelType   string    `json:"model_type"`
+	ModelSize   int64     `json:"model_size"`
+	ModelParams int64     `json:"model_n_params"`
+	NBatch      int       `json:"n_batch"`
+	NThreads    int       `json:"n_threads"`
+	NPrompt     int       `json:"n_prompt"`
+	NGen        int       `json:"n_gen"`
+	Test        string    `json:"test"`
+	Time        string    `json:"test_time"`
+	AvgNs       int64     `json:"avg_ns"`
+	StddevNs    int64     `json:"stddev_ns"`
+	AvgTs       float64   `json:"avg_ts"`
+	StddevTs    float64   `json:"stddev_ts"`
+	SamplesNs   []int64   `json:"samples_ns"`
+	SamplesTs   []float64 `json:"samples_ts"`
+	WeightGBps  float64   `json:"weight_gbps,omitempty"` // tg only: weight bytes read per second
+	modelPretty string
 }
 
 // benchOptions are the flags of `ats bench`.
