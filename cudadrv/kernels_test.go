@@ -186,6 +186,44 @@ func TestMappedMemoryKernel(t *testing.T) {
 	equalF32(t, "scale_f32 on mapped memory", bytesF32(out.Bytes()), want)
 }
 
+// TestCopyF32 moves floats device to mapped host and back with the
+// zero-copy kernel, at aligned and misaligned offsets and odd lengths.
+func TestCopyF32(t *testing.T) {
+	ctx, info := cudadrv.NeedGPU(t)
+	if !info.CanMapHostMemory {
+		t.Skip("device cannot map host memory")
+	}
+	k, err := kernels.LoadElementwise(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Unload()
+	for _, n := range []int{1, 3, 4, 1023, 5<<20 + 3} {
+		for _, off := range []int{0, 1} { // floats: 0 keeps 16-byte alignment, 1 breaks it
+			host, err := ctx.HostAlloc(4*(n+off), cudadrv.HostAllocPortable|cudadrv.HostAllocDeviceMap)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x := randF32(uint64(n+off), n)
+			dx := upload(t, ctx, x)
+			hp := host.DevicePtr().Add(4 * off)
+			for i := range host.Bytes() {
+				host.Bytes()[i] = 0xFF
+			}
+			if err := errors.Join(k.CopyF32(nil, hp, dx, n), ctx.Synchronize()); err != nil {
+				t.Fatal(err)
+			}
+			equalF32(t, "copy_f32 to host", bytesF32(host.Bytes()[4*off:]), x)
+			back := poisoned(t, ctx, n+off)
+			if err := errors.Join(k.CopyF32(nil, back.Add(4*off), hp, n), ctx.Synchronize()); err != nil {
+				t.Fatal(err)
+			}
+			equalF32(t, "copy_f32 to device", download(t, ctx, back, n+off)[off:], x)
+			host.Free()
+		}
+	}
+}
+
 // TestGraphCaptureReplay captures N launches, checks capture ran nothing,
 // then replays the graph R times against the same sums in Go.
 func TestGraphCaptureReplay(t *testing.T) {

@@ -22,3 +22,25 @@ extern "C" __global__ void scale_f32(float *dst, const float *src, float s, long
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         dst[i] = src[i] * s;
 }
+
+// copy_f32 moves activations between device memory and mapped pinned host
+// memory (either side may be a host pointer seen through unified
+// addressing): the hybrid executor's zero-copy transfers. Run by the SMs,
+// it never queues behind weight copies on the copy engine. Both pointers
+// 16-byte aligned: float4 loads and stores, the scalar tail after.
+extern "C" __global__ void copy_f32(float *__restrict__ dst, const float *__restrict__ src, long long n)
+{
+    long long stride = (long long)gridDim.x * blockDim.x;
+    long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    long long head = 0;
+    if ((((unsigned long long)dst | (unsigned long long)src) & 15) == 0) {
+        long long n4 = n / 4;
+        float4 *d4 = (float4 *)dst;
+        const float4 *s4 = (const float4 *)src;
+        for (long long i = i0; i < n4; i += stride)
+            d4[i] = s4[i];
+        head = n4 * 4;
+    }
+    for (long long i = head + i0; i < n; i += stride)
+        dst[i] = src[i];
+}
