@@ -3,43 +3,115 @@ package runtime
 import (
 	"errors"
 	"fmt"
-	"sort"
+	"time"
+	"unsafe"
 
+	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/ops"
+	"github.com/atsinfer/ats/plan"
+	"github.com/atsinfer/ats/runtime/cpu"
+	"github.com/atsinfer/ats/runtime/gpu"
+	"github.com/atsinfer/ats/runtime/ir"
 )
+
+// The executor. A context runs the model's program under a placement:
+// each unit (units.go) on the CPU backend (runtime/cpu) or the GPU backend
+// (runtime/gpu). All-CPU and all-GPU are two placements like any other.
+//
+// A placement becomes schedules: per batch size, the backend of every op.
+// A schedule is cut into segments, maximal runs of ops on one backend; a
+// GPU segment is compiled once into fused launches (and, for a decode
+// step, replayed as a CUDA graph), a CPU segment runs op by op on the
+// worker pool. Between segments only activations cross: the executor
+// tracks which backend holds the current rows of every buffer and, where
+// an op reads a buffer last written on the other side, has the GPU move it
+// with a small copy kernel through the CPU backend's mapped pinned memory
+// (zero-copy: it never waits behind weight traffic on the copy engine).
+// Each layer's KV cache lives with the backend that runs its attention.
+//
+// Decode runs units where they are resident. A prefill batch may also
+// run non-resident units on the GPU, their weights streamed through the
+// staging ring, when the placement says streaming wins at that batch size.
 
 // ContextOptions configure an inference context.
 type ContextOptions struct {
 	CtxSize int  // tokens the KV cache holds (0: the model's training context, at most 4096)
-	KVF32   bool // keep the KV cache in f32 instead of f16
+	KVF32   bool // keep the KV cache in f32 instead of f16 (CPU attention only)
 	Threads int  // CPU threads (0: all cores)
 	Batch   int  // most tokens computed together in prefill (0: 512)
 	// Backend is where the context computes: "cpu" (or ""), "gpu" (every
 	// op on the GPU; an error when CUDA or device memory is missing) or
-	// "auto" (the GPU when usable and the model fits, else the CPU, said
-	// once on stderr). See gpu_backend.go.
+	// "auto" (the GPU when usable: everything on it when the model fits
+	// the budget, else a planned CPU+GPU placement; the CPU alone without
+	// a usable GPU, said once on stderr).
 	Backend string
+	// VRAMBudget bounds everything the context allocates on the GPU:
+	// weights, KV caches, activations, scratch and the staging ring
+	// (0: the device's free memory less a margin). The CUDA context's own
+	// memory is not counted.
+	VRAMBudget int64
+	// Placement, when set, is used instead of planning (Backend "auto" or
+	// "gpu" then needs a GPU).
+	Placement *Placement
+	// PlanFor is the workload the planner optimises the residency for:
+	// "decode" (default) or "prefill".
+	PlanFor string
+	// Progress, when set, hears of a profiling run (plan.go).
+	Progress func(done, total int, what string)
 }
 
-// Context is one sequence being evaluated: KV cache, activation buffers and
-// the position reached. It is not safe for concurrent use.
+// Context is one sequence being evaluated: the KV caches, activation
+// buffers and the position reached. It is not safe for concurrent use.
 type Context struct {
-	m       *Model
-	opt     ContextOptions
-	pool    *ops.Pool
-	kv      []*ops.KVLayer // by layer
-	bufs    [][]float32    // by BufID: Batch rows of the buffer's width
-	scratch []byte         // quantized activations
-	moe     moeScratch
-	rope    ropeCache // rotation table of the current batch (exec.go)
-	pos     int
-	gpu     *gpuExec // set when the context runs on the GPU (gpu_exec.go)
+	m      *Model
+	opt    ContextOptions
+	pool   *ops.Pool
+	units  []Unit
+	place  *Placement
+	cpu    *cpu.Backend       // nil when no op runs on the CPU
+	gpu    *gpu.Exec          // nil when no op runs on the GPU
+	host   []*cudadrv.HostMem // mapped pinned buffers of activations that cross
+	scheds []*schedule        // by ascending minBatch; scheds[0] has minBatch 1
+	logits []float32          // rows of logits read back from the GPU
+	pos    int
+	stats  ExecStats
+}
+
+// ExecStats are the executor's counters since the context was made.
+type ExecStats struct {
+	Steps         int           // batches evaluated
+	DecodeSteps   int           // of them, single tokens
+	DecodeTime    time.Duration // wall time of the decode steps
+	StreamedBytes int64         // weight bytes streamed through the ring
+	Switches      int           // backend switches of the last batch
+}
+
+// schedule is where every op runs for batches of at least minBatch tokens.
+type schedule struct {
+	minBatch int
+	dev      []plan.Backend // by op
+	stream   []bool         // by unit: runs on the GPU, its weights streamed
+	segs     []segment
+	gpu      *gpu.Schedule
+}
+
+// segment is a maximal run of ops on one backend.
+type segment struct {
+	onGPU  bool
+	lo, hi int
+	g      *gpu.Segment // onGPU: the compiled segment
 }
 
 // ErrContextFull is returned when a sequence outgrows the KV cache.
 var ErrContextFull = errors.New("context is full")
 
-// NewContext allocates a context for the model.
+// maxLogitRows bounds the rows of the logits buffer: a batch whose every
+// logit is wanted is cut to this many tokens (152k-token vocabularies
+// would otherwise need 300 MB of logits for a batch of 512).
+const maxLogitRows = 64
+
+// NewContext allocates a context for the model: it resolves the
+// placement (planning it when needed), then makes the backends.
 func (m *Model) NewContext(opt ContextOptions) (*Context, error) {
 	h := m.Prog.Hyper
 	if opt.CtxSize <= 0 {
@@ -50,44 +122,207 @@ func (m *Model) NewContext(opt ContextOptions) (*Context, error) {
 	}
 	opt.Batch = min(opt.Batch, opt.CtxSize)
 	c := &Context{m: m, opt: opt, pool: ops.NewPool(opt.Threads)}
-	if g, err := m.newBackend(opt); err != nil || g != nil {
-		if err != nil {
-			c.pool.Close()
-			return nil, err
-		}
-		c.gpu = g
-		return c, nil
-	}
-	c.kv = make([]*ops.KVLayer, h.NLayer)
-	scratch := 0
-	for _, op := range m.Prog.Ops {
-		switch op.Kind {
-		case OpAttention:
-			if c.kv[op.Layer] == nil {
-				c.kv[op.Layer] = ops.NewKVLayer(opt.CtxSize, op.Attn.NKVHeads*op.Attn.HeadSize, !opt.KVF32)
-			}
-		case OpMatMul:
-			scratch = max(scratch, op.W.Mat.ActBytes(opt.Batch))
-		case OpMoE:
-			scratch = max(scratch, op.W.Mat.ActBytes(opt.Batch), op.Gate.Stack[0].ActBytes(opt.Batch), op.Down.Stack[0].ActBytes(opt.Batch))
-			c.moe.grow(opt.Batch, op)
-		}
-	}
-	c.scratch = make([]byte, scratch)
-	c.bufs = make([][]float32, len(m.Prog.Bufs))
-	for i, b := range m.Prog.Bufs {
-		c.bufs[i] = make([]float32, opt.Batch*b.Width)
+	if err := c.init(); err != nil {
+		c.Close()
+		return nil, err
 	}
 	return c, nil
+}
+
+func (c *Context) init() error {
+	pl, dev, err := c.m.resolvePlacement(c.opt)
+	if err != nil {
+		return err
+	}
+	c.place = pl
+	c.units = pl.units
+	p := c.m.Prog
+	scheds := pl.schedules(c.opt.Batch)
+	onCPU, onGPU := make([]bool, len(p.Ops)), make([]bool, len(p.Ops))
+	for _, s := range scheds {
+		for i, d := range s.dev {
+			onCPU[i] = onCPU[i] || d == plan.CPU
+			onGPU[i] = onGPU[i] || d == plan.GPU
+		}
+	}
+	cross := crossingBuffers(p, scheds)
+	logitRows := min(c.opt.Batch, maxLogitRows)
+	anyGPU := false
+	for _, g := range onGPU {
+		anyGPU = anyGPU || g
+	}
+	if anyGPU {
+		if dev == nil {
+			return errors.New("placement puts ops on the GPU but no GPU is open")
+		}
+		cfg := pl.gpuConfig(c.m, c.opt, onGPU, logitRows, scheds)
+		if c.gpu, err = gpu.New(dev, dev.Weights(), p, cfg); err != nil {
+			return err
+		}
+	}
+	hostOf := map[ir.BufID]*cudadrv.HostMem{}
+	c.cpu, err = cpu.New(p, c.pool, cpu.Options{
+		Batch: c.opt.Batch, CtxSize: c.opt.CtxSize, KVF32: c.opt.KVF32, LogitRows: logitRows,
+		Runs: func(i int) bool { return onCPU[i] },
+		Alloc: func(id ir.BufID, n int) ([]float32, error) {
+			if !cross[id] {
+				return make([]float32, n), nil
+			}
+			hm, err := c.gpu.HostBuffer(n)
+			if err != nil {
+				return nil, err
+			}
+			c.host = append(c.host, hm)
+			hostOf[id] = hm
+			return hostFloats(hm, n), nil
+		},
+	})
+	if err != nil {
+		return err
+	}
+	for _, s := range scheds {
+		if err := c.compile(s, hostOf); err != nil {
+			return err
+		}
+	}
+	c.scheds = scheds
+	return nil
+}
+
+// crossingBuffers marks the buffers some schedule moves between backends:
+// the CPU backend keeps those in mapped pinned memory.
+func crossingBuffers(p *ir.Program, scheds []*schedule) map[ir.BufID]bool {
+	cross := map[ir.BufID]bool{}
+	for _, s := range scheds {
+		for _, t := range transfers(p, s.dev) {
+			cross[t.buf] = true
+		}
+	}
+	return cross
+}
+
+// transfer is one buffer moved before op `before` to backend `to`.
+type transfer struct {
+	buf    ir.BufID
+	before int
+	to     plan.Backend
+}
+
+// transfers walks a schedule's ops and lists every read of a buffer whose
+// current rows the other backend wrote: those move first. Every batch
+// starts with no buffer valid anywhere (the embedding writes the first).
+func transfers(p *ir.Program, dev []plan.Backend) []transfer {
+	var out []transfer
+	const cpuValid, gpuValid = 1, 2
+	valid := make([]uint8, len(p.Bufs))
+	bit := func(d plan.Backend) uint8 {
+		if d == plan.GPU {
+			return gpuValid
+		}
+		return cpuValid
+	}
+	for i := range p.Ops {
+		op := &p.Ops[i]
+		b := bit(dev[i])
+		for _, r := range op.Reads() {
+			if valid[r] != 0 && valid[r]&b == 0 {
+				out = append(out, transfer{buf: r, before: i, to: dev[i]})
+				valid[r] |= b
+			}
+		}
+		for _, w := range op.Writes() {
+			valid[w] = b
+		}
+	}
+	return out
+}
+
+// compile cuts a schedule into segments, attaches its transfers and
+// compiles the GPU segments.
+func (c *Context) compile(s *schedule, hostOf map[ir.BufID]*cudadrv.HostMem) error {
+	p := c.m.Prog
+	for i := 0; i < len(p.Ops); {
+		j := i + 1
+		for j < len(p.Ops) && s.dev[j] == s.dev[i] {
+			j++
+		}
+		s.segs = append(s.segs, segment{onGPU: s.dev[i] == plan.GPU, lo: i, hi: j})
+		i = j
+	}
+	var specs []gpu.SegmentSpec
+	gpuIndex := make([]int, len(s.segs)) // segment -> its spec
+	lastGPU := -1                        // spec of the last GPU segment before the current one
+	segOf := func(op int) int {
+		for k, sg := range s.segs {
+			if op >= sg.lo && op < sg.hi {
+				return k
+			}
+		}
+		return -1
+	}
+	for k, sg := range s.segs {
+		if sg.onGPU {
+			gpuIndex[k] = len(specs)
+			specs = append(specs, gpu.SegmentSpec{Lo: sg.lo, Hi: sg.hi, Logits: sg.hi == len(p.Ops)})
+		}
+	}
+	for _, t := range transfers(p, s.dev) {
+		k := segOf(t.before)
+		hm := hostOf[t.buf]
+		if hm == nil {
+			return fmt.Errorf("executor: buffer %s crosses but has no mapped host memory", p.Bufs[t.buf].Name)
+		}
+		tr := gpu.Transfer{Buf: t.buf, Host: hm.DevicePtr()}
+		if t.to == plan.GPU {
+			specs[gpuIndex[k]].In = append(specs[gpuIndex[k]].In, tr)
+			continue
+		}
+		// To the CPU: the last GPU segment before sends it back.
+		lastGPU = -1
+		for q := k - 1; q >= 0; q-- {
+			if s.segs[q].onGPU {
+				lastGPU = q
+				break
+			}
+		}
+		if lastGPU < 0 {
+			return fmt.Errorf("executor: buffer %s moves to the CPU before op %d but no GPU segment wrote it", p.Bufs[t.buf].Name, t.before)
+		}
+		specs[gpuIndex[lastGPU]].Out = append(specs[gpuIndex[lastGPU]].Out, tr)
+	}
+	if len(specs) == 0 {
+		return nil
+	}
+	streams := func(w *ir.Weight) bool { return s.streams(c.units, w) }
+	gs, err := c.gpu.Compile(specs, streams)
+	if err != nil {
+		return err
+	}
+	s.gpu = gs
+	for k := range s.segs {
+		if s.segs[k].onGPU {
+			s.segs[k].g = gs.Segs[gpuIndex[k]]
+		}
+	}
+	return nil
 }
 
 // Close stops the context's worker threads and frees its GPU memory.
 func (c *Context) Close() {
 	c.pool.Close()
+	for _, s := range c.scheds {
+		if s.gpu != nil {
+			_ = s.gpu.Release()
+		}
+	}
 	if c.gpu != nil {
-		_ = c.gpu.close()
+		_ = c.gpu.Close()
 		c.gpu = nil
 	}
+	for _, hm := range c.host {
+		_ = hm.Free()
+	}
+	c.host = nil
 }
 
 // Pos is the number of tokens in the cache.
@@ -98,6 +333,18 @@ func (c *Context) CtxSize() int { return c.opt.CtxSize }
 
 // Threads is the number of CPU threads the context computes on.
 func (c *Context) Threads() int { return c.pool.Threads() }
+
+// Placement is the context's placement.
+func (c *Context) Placement() *Placement { return c.place }
+
+// Stats are the executor's counters.
+func (c *Context) Stats() ExecStats {
+	s := c.stats
+	if c.gpu != nil {
+		s.StreamedBytes = c.gpu.StreamedBytes()
+	}
+	return s
+}
 
 // Truncate forgets every token from position n on, so a sequence sharing
 // its first n tokens can continue from there.
@@ -112,23 +359,52 @@ func (c *Context) Truncate(n int) error {
 // Eval feeds tokens at the current position and returns logits: one row of
 // NVocab per token when all is set, else only the last token's row.
 func (c *Context) Eval(tokens []int, all bool) ([]float32, error) {
-	h := c.m.Prog.Hyper
 	if err := c.checkTokens(tokens); err != nil {
 		return nil, err
 	}
-	if c.gpu != nil {
-		return c.gpu.eval(c, tokens, all)
+	step := c.opt.Batch
+	if all {
+		step = min(step, maxLogitRows)
 	}
 	var out []float32
-	for start := 0; start < len(tokens); start += c.opt.Batch {
-		chunk := tokens[start:min(len(tokens), start+c.opt.Batch)]
+	for start := 0; start < len(tokens); start += step {
+		chunk := tokens[start:min(len(tokens), start+step)]
 		last := start+len(chunk) == len(tokens)
-		rows := c.run(chunk, all || !last)
-		if all || last {
-			out = append(out, c.bufs[c.m.Prog.Logits][:rows*h.NVocab]...)
+		mode := ir.OutputLast
+		switch {
+		case all:
+			mode = ir.OutputAll
+		case !last:
+			mode = ir.OutputNone // nobody reads these logits: skip the output head
 		}
+		l, err := c.run(chunk, mode)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, l...)
 	}
 	return out, nil
+}
+
+// EvalView is Eval for callers that read the logits before their next call:
+// it returns the context's own logits buffer (the last token's row, or every
+// row when all is set) instead of a copy, which saves allocating and
+// copying NVocab floats per call (0.6 MB for a 152k vocabulary: with its
+// page faults, milliseconds of a decode step). The next Eval or EvalView
+// overwrites the slice. Batches longer than one batch get a copy as from
+// Eval.
+func (c *Context) EvalView(tokens []int, all bool) ([]float32, error) {
+	if len(tokens) > c.opt.Batch || (all && len(tokens) > maxLogitRows) {
+		return c.Eval(tokens, all)
+	}
+	if err := c.checkTokens(tokens); err != nil {
+		return nil, err
+	}
+	mode := ir.OutputLast
+	if all {
+		mode = ir.OutputAll
+	}
+	return c.run(tokens, mode)
 }
 
 // checkTokens validates a batch for Eval: non-empty, in the vocabulary,
@@ -149,314 +425,100 @@ func (c *Context) checkTokens(tokens []int) error {
 	return nil
 }
 
-// EvalView is Eval for callers that read the logits before their next call:
-// it returns the context's own logits buffer (the last token's row, or every
-// row when all is set) instead of a copy, which saves allocating and
-// copying NVocab floats per call (0.6 MB for a 152k vocabulary: with its
-// page faults, milliseconds of a decode step). The next Eval or EvalView
-// overwrites the slice. Batches longer than ContextOptions.Batch, and GPU
-// contexts, get a copy as from Eval.
-func (c *Context) EvalView(tokens []int, all bool) ([]float32, error) {
-	if c.gpu != nil || len(tokens) > c.opt.Batch {
-		return c.Eval(tokens, all)
+// scheduleFor picks the schedule of a batch of n tokens.
+func (c *Context) scheduleFor(n int) *schedule {
+	s := c.scheds[0]
+	for _, t := range c.scheds[1:] {
+		if n >= t.minBatch {
+			s = t
+		}
 	}
-	if err := c.checkTokens(tokens); err != nil {
-		return nil, err
-	}
-	rows := c.run(tokens, all)
-	return c.bufs[c.m.Prog.Logits][:rows*c.m.Prog.Hyper.NVocab], nil
+	return s
 }
 
-// run executes the program over one batch and returns how many rows the
-// logits buffer holds (all tokens, or only the last).
-func (c *Context) run(tokens []int, all bool) int {
+// run computes one batch (at most Batch tokens) and returns its logits:
+// a view of the context's buffer, valid until the next run (nil when mode
+// is OutputNone).
+func (c *Context) run(tokens []int, mode ir.OutputMode) ([]float32, error) {
+	start := time.Now()
 	n := len(tokens)
 	pos0 := c.pos
-	prog := c.m.Prog.Ops
-	for i := 0; i < len(prog); i++ {
-		op := &prog[i]
-		if op.Output && !all && n > 1 {
-			// Only the last token's logits are wanted: move its row first.
-			w := c.m.Prog.Bufs[op.In].Width
-			copy(c.bufs[op.In][:w], c.bufs[op.In][(n-1)*w:n*w])
-			n = 1
+	s := c.scheduleFor(n)
+	if s.gpu != nil {
+		if err := c.gpu.Begin(s.gpu, tokens, pos0); err != nil {
+			return nil, err
 		}
-		if j := matMulGroup(prog, i); j > i+1 {
-			c.execMatMuls(prog[i:j], n)
-			i = j - 1
+	}
+	rows, pending, switches := n, false, 0
+	for k, sg := range s.segs {
+		if k > 0 {
+			switches++
+		}
+		if rows == 0 {
+			break // the output head was skipped (OutputNone)
+		}
+		if sg.onGPU {
+			var err error
+			if rows, err = c.gpu.Run(sg.g, rows, mode); err != nil {
+				return nil, err
+			}
+			pending = true
 			continue
 		}
-		c.exec(op, tokens, n, pos0)
+		if pending {
+			// The CPU reads what the GPU sent back, and may overwrite
+			// host buffers that queued transfers have yet to read.
+			if err := c.gpu.Sync(); err != nil {
+				return nil, err
+			}
+			pending = false
+		}
+		rows = c.cpu.Run(sg.lo, sg.hi, tokens, rows, pos0, mode)
 	}
-	c.pos += len(tokens)
-	return n
+	if pending {
+		if err := c.gpu.Sync(); err != nil {
+			return nil, err
+		}
+	}
+	c.pos += n
+	c.stats.Steps++
+	c.stats.Switches = switches
+	if n == 1 {
+		c.stats.DecodeSteps++
+		c.stats.DecodeTime += time.Since(start)
+	}
+	if mode == ir.OutputNone || rows == 0 {
+		return nil, nil
+	}
+	nv := c.m.Prog.Hyper.NVocab
+	if last := s.segs[len(s.segs)-1]; !last.onGPU {
+		return c.cpu.Buf(c.m.Prog.Logits)[:rows*nv], nil
+	}
+	if rows == 1 {
+		return c.gpu.LogitsRow(), nil
+	}
+	if cap(c.logits) < rows*nv {
+		c.logits = make([]float32, rows*nv)
+	}
+	l := c.logits[:rows*nv]
+	if err := c.gpu.ReadLogits(l); err != nil {
+		return nil, err
+	}
+	return l, nil
 }
 
-// matMulGroup returns the end of the run of matrix products starting at
-// ops[i] that read the same input in the same activation format (Q, K and
-// V; gate and up) and write other buffers: they share one quantization of
-// the input and one split of their rows over the threads.
-func matMulGroup(ops []Op, i int) int {
-	first := &ops[i]
-	if first.Kind != OpMatMul || first.Out == first.In {
-		return i + 1
-	}
-	m0 := first.W.Mat
-	j := i + 1
-	for ; j < len(ops); j++ {
-		op := &ops[j]
-		if op.Kind != OpMatMul || op.In != first.In || op.Out == op.In || op.Output != first.Output {
-			break
-		}
-		m := op.W.Mat
-		if m.Cols != m0.Cols || m.Kernel.ActType != m0.Kernel.ActType {
-			break
-		}
-	}
-	return j
+// hostFloats views n floats of mapped pinned memory.
+func hostFloats(hm *cudadrv.HostMem, n int) []float32 {
+	return unsafe.Slice((*float32)(hm.Pointer()), n)
 }
 
-// execMatMuls runs a group from matMulGroup over n rows.
-func (c *Context) execMatMuls(group []Op, n int) {
-	in := group[0].In
-	m0 := group[0].W.Mat
-	xq := m0.QuantizeActs(c.pool, c.bufs[in][:n*m0.Cols], n, c.scratch)
-	var mats [4]ops.Matrix
-	var outs [4][]float32
-	var lds [4]int
-	for start := 0; start < len(group); start += len(mats) {
-		g := group[start:min(len(group), start+len(mats))]
-		for k := range g {
-			mats[k] = g[k].W.Mat
-			outs[k] = c.bufs[g[k].Out]
-			lds[k] = c.m.Prog.Bufs[g[k].Out].Width
-		}
-		ops.MulQGroup(c.pool, mats[:len(g)], xq, n, outs[:len(g)], lds[:len(g)])
+// Backend says where the context computes: "cpu", "gpu" or "cpu+gpu".
+func (c *Context) Backend() string {
+	switch {
+	case c.gpu == nil:
+		return BackendCPU
+	case c.place.allGPU():
+		return BackendGPU
 	}
-	for k := range group {
-		if op := &group[k]; op.Bias != nil {
-			for t := 0; t < n; t++ {
-				ops.AddTo(c.row(op.Out, t), op.Bias.Vector)
-			}
-		}
-	}
-}
-
-func (c *Context) row(id BufID, t int) []float32 {
-	w := c.m.Prog.Bufs[id].Width
-	return c.bufs[id][t*w : (t+1)*w]
-}
-
-// exec runs one op over n rows on the CPU.
-func (c *Context) exec(op *Op, tokens []int, n, pos0 int) {
-	switch op.Kind {
-	case OpEmbed:
-		c.pool.Run(n, 1, func(lo, hi int) {
-			for t := lo; t < hi; t++ {
-				op.W.Mat.DequantizeRow(tokens[t], c.row(op.Out, t))
-			}
-		})
-	case OpNorm:
-		var w []float32
-		if op.W != nil {
-			w = op.W.Vector
-		}
-		c.pool.Run(n, 4, func(lo, hi int) {
-			for t := lo; t < hi; t++ {
-				ops.RMSNorm(c.row(op.Out, t), c.row(op.In, t), w, op.Eps)
-			}
-		})
-	case OpHeadNorm:
-		c.pool.Run(n, 4, func(lo, hi int) {
-			for t := lo; t < hi; t++ {
-				r := c.row(op.In, t)
-				for hd := 0; hd < op.Heads; hd++ {
-					v := r[hd*op.HeadSize : (hd+1)*op.HeadSize]
-					ops.RMSNorm(v, v, op.W.Vector, op.Eps)
-				}
-			}
-		})
-	case OpMatMul:
-		width := c.m.Prog.Bufs[op.Out].Width
-		op.W.Mat.Mul(c.pool, c.bufs[op.In][:n*op.W.Mat.Cols], n, c.bufs[op.Out], width, c.scratch)
-		if op.Bias != nil {
-			for t := 0; t < n; t++ {
-				ops.AddTo(c.row(op.Out, t), op.Bias.Vector)
-			}
-		}
-	case OpRoPE:
-		cos, sin := c.ropeTable(op.Rope, pos0, n)
-		half := op.Rope.Dims / 2
-		c.pool.Run(n, 4, func(lo, hi int) {
-			for t := lo; t < hi; t++ {
-				op.Rope.Apply(c.row(op.In, t), op.Heads, op.HeadSize, cos[t*half:(t+1)*half], sin[t*half:(t+1)*half])
-			}
-		})
-	case OpAttention:
-		kv := c.kv[op.Layer]
-		for t := 0; t < n; t++ {
-			kv.Store(pos0+t, c.row(op.In2, t), c.row(op.In3, t))
-		}
-		op.Attn.Run(c.pool, kv, c.bufs[op.In], c.bufs[op.Out], n, pos0)
-	case OpSwiGLU:
-		c.pool.Run(n, 4, func(lo, hi int) {
-			for t := lo; t < hi; t++ {
-				out := c.row(op.Out, t)
-				if op.In2 < 0 {
-					in := c.row(op.In, t)
-					ops.SwiGLU(out, in[:len(out)], in[len(out):])
-				} else {
-					ops.SwiGLU(out, c.row(op.In, t), c.row(op.In2, t))
-				}
-			}
-		})
-	case OpAdd:
-		for t := 0; t < n; t++ {
-			ops.Add(c.row(op.Out, t), c.row(op.In, t), c.row(op.In2, t))
-		}
-	case OpMoE:
-		c.moeFFN(op, n)
-	default:
-		panic(fmt.Sprintf("runtime: op %v has no CPU implementation", op.Kind))
-	}
-}
-
-// ropeCache holds the rotation table of the current batch: every layer's
-// Q and K rotations use the same positions, so cos and sin are computed
-// once per batch instead of once per op (2·layers times).
-type ropeCache struct {
-	r        *ops.Rope
-	pos0, n  int
-	cos, sin []float32 // n rows of Dims/2
-}
-
-// ropeTable returns cos and sin for positions pos0..pos0+n-1 under r.
-func (c *Context) ropeTable(r *ops.Rope, pos0, n int) (cos, sin []float32) {
-	rc := &c.rope
-	half := r.Dims / 2
-	if rc.r != r || rc.pos0 != pos0 || rc.n != n {
-		if cap(rc.cos) < n*half {
-			rc.cos, rc.sin = make([]float32, n*half), make([]float32, n*half)
-		}
-		cs, sn := rc.cos[:n*half], rc.sin[:n*half]
-		c.pool.Run(n, 1, func(lo, hi int) {
-			for t := lo; t < hi; t++ {
-				r.Table(pos0+t, cs[t*half:(t+1)*half], sn[t*half:(t+1)*half])
-			}
-		})
-		rc.r, rc.pos0, rc.n = r, pos0, n
-	}
-	return rc.cos[:n*half], rc.sin[:n*half]
-}
-
-// moeScratch holds the buffers of the mixture-of-experts op.
-type moeScratch struct {
-	probs   []float32 // [n][nExpert] router output
-	choice  []int     // [n][topK] chosen experts
-	weight  []float32 // [n][topK] their weights
-	in      []float32 // [cnt][nEmbd] gathered rows for one expert
-	gate    []float32 // [cnt][nFF]
-	up      []float32 // [cnt][nFF]
-	down    []float32 // [cnt][nEmbd]
-	results []float32 // [n][topK][nEmbd] weighted expert outputs
-}
-
-func (s *moeScratch) grow(batch int, op Op) {
-	ne, k := op.W.Mat.Rows, op.TopK
-	emb, ff := op.Gate.Stack[0].Cols, op.Gate.Stack[0].Rows
-	fit := func(b []float32, n int) []float32 {
-		if len(b) < n {
-			return make([]float32, n)
-		}
-		return b
-	}
-	s.probs = fit(s.probs, batch*ne)
-	s.weight = fit(s.weight, batch*k)
-	if len(s.choice) < batch*k {
-		s.choice = make([]int, batch*k)
-	}
-	s.in = fit(s.in, batch*emb)
-	s.gate = fit(s.gate, batch*ff)
-	s.up = fit(s.up, batch*ff)
-	s.down = fit(s.down, batch*emb)
-	s.results = fit(s.results, batch*k*emb)
-}
-
-// moeRoute routes one token: softmax over the router's logits p (in
-// place), the k most probable experts into choice (ties: the lower id
-// first) and their probabilities into weight, renormalised to sum to 1 when
-// norm is set. idx is scratch of len(p).
-func moeRoute(p []float32, k int, norm bool, choice []int, weight []float32, idx []int) {
-	ops.Softmax(p)
-	for i := range idx {
-		idx[i] = i
-	}
-	sort.SliceStable(idx, func(a, b int) bool { return p[idx[a]] > p[idx[b]] })
-	var sum float32
-	for j := 0; j < k; j++ {
-		choice[j] = idx[j]
-		weight[j] = p[idx[j]]
-		sum += p[idx[j]]
-	}
-	if norm {
-		for j := 0; j < k; j++ {
-			weight[j] /= sum
-		}
-	}
-}
-
-// moeFFN routes each token to its top experts and sums their outputs in
-// slot order, as llama.cpp's build_moe_ffn does.
-func (c *Context) moeFFN(op *Op, n int) {
-	s := &c.moe
-	ne, k := op.W.Mat.Rows, op.TopK
-	emb := op.Gate.Stack[0].Cols
-	ff := op.Gate.Stack[0].Rows
-	op.W.Mat.Mul(c.pool, c.bufs[op.In][:n*emb], n, s.probs, ne, c.scratch)
-	idx := make([]int, ne)
-	for t := 0; t < n; t++ {
-		moeRoute(s.probs[t*ne:(t+1)*ne], k, op.NormTopK, s.choice[t*k:(t+1)*k], s.weight[t*k:(t+1)*k], idx)
-	}
-	type slot struct{ t, j int }
-	for e := 0; e < ne; e++ {
-		var users []slot
-		for t := 0; t < n; t++ {
-			for j := 0; j < k; j++ {
-				if s.choice[t*k+j] == e {
-					users = append(users, slot{t, j})
-				}
-			}
-		}
-		if len(users) == 0 {
-			continue
-		}
-		cnt := len(users)
-		for i, u := range users {
-			copy(s.in[i*emb:(i+1)*emb], c.row(op.In, u.t))
-		}
-		gate, up, down := op.Gate.Stack[e], op.Up.Stack[e], op.Down.Stack[e]
-		xq := gate.QuantizeActs(c.pool, s.in[:cnt*emb], cnt, c.scratch)
-		gate.MulQ(c.pool, xq, cnt, s.gate, ff)
-		if up.Kernel.ActType == gate.Kernel.ActType {
-			up.MulQ(c.pool, xq, cnt, s.up, ff)
-		} else {
-			up.Mul(c.pool, s.in[:cnt*emb], cnt, s.up, ff, c.scratch)
-		}
-		ops.SwiGLU(s.gate[:cnt*ff], s.gate[:cnt*ff], s.up[:cnt*ff])
-		down.Mul(c.pool, s.gate[:cnt*ff], cnt, s.down, emb, c.scratch)
-		for i, u := range users {
-			dst := s.results[(u.t*k+u.j)*emb : (u.t*k+u.j+1)*emb]
-			w := s.weight[u.t*k+u.j]
-			for d := range dst {
-				dst[d] = s.down[i*emb+d] * w
-			}
-		}
-	}
-	for t := 0; t < n; t++ {
-		out := c.row(op.Out, t)
-		copy(out, s.results[t*k*emb:(t*k+1)*emb])
-		for j := 1; j < k; j++ {
-			ops.AddTo(out, s.results[(t*k+j)*emb:(t*k+j+1)*emb])
-		}
-	}
+	return BackendHybrid
 }

@@ -1,14 +1,17 @@
 package runtime
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/internal/testenv"
 	"github.com/atsinfer/ats/ops"
+	"github.com/atsinfer/ats/runtime/gpu"
 )
 
 // Whole-model tests of the GPU backend: every oracle with all tensors on
@@ -16,29 +19,41 @@ import (
 // against the CPU backend; the decode graph against eager launches; a
 // prompt in small batches against one batch. They skip without a GPU.
 
+// needGPUDevice returns the shared device or skips the test.
+func needGPUDevice(t testing.TB) *gpu.Device {
+	t.Helper()
+	if ok, reason := cudadrv.Available(); !ok {
+		t.Skip("skipping GPU test: " + reason)
+	}
+	dev, err := gpu.Open()
+	if errors.Is(err, cudadrv.ErrUnavailable) {
+		t.Skip("skipping GPU test: " + err.Error())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dev
+}
+
+type weightVariant struct {
+	name string
+	w    gpu.WeightOps
+}
+
 // gpuWeightVariants lists the weight kernels to test with: the ones
 // contexts use, and the float32 reference when that is another.
-func gpuWeightVariants(dev *gpuDevice) []struct {
-	name string
-	w    gpuWeightOps
-} {
-	v := []struct {
-		name string
-		w    gpuWeightOps
-	}{{"default", dev.w}}
-	if dev.ref != dev.w {
-		v = append(v, struct {
-			name string
-			w    gpuWeightOps
-		}{"ref", dev.ref})
+func gpuWeightVariants(dev *gpu.Device) []weightVariant {
+	v := []weightVariant{{"default", dev.Weights()}}
+	if dev.Reference() != dev.Weights() {
+		v = append(v, weightVariant{"ref", dev.Reference()})
 	}
 	return v
 }
 
 // withWeights runs f with new contexts using w.
-func withWeights(w gpuWeightOps, f func()) {
-	gpuWeightsOverride = w
-	defer func() { gpuWeightsOverride = nil }()
+func withWeights(w gpu.WeightOps, f func()) {
+	gpu.WeightsOverride = w
+	defer func() { gpu.WeightsOverride = nil }()
 	f()
 }
 
@@ -126,7 +141,7 @@ func TestGPUGraphMatchesEager(t *testing.T) {
 			want := loadOracle(t, filepath.Join(dir, name+".logits.json"))
 			want.Generated = want.Generated[:6]
 			pre, dec := runOracle(t, path, want, ContextOptions{Backend: BackendGPU})
-			t.Setenv(EnvGPUGraphs, "0")
+			t.Setenv(gpu.EnvGPUGraphs, "0")
 			pre2, dec2 := runOracle(t, path, want, ContextOptions{Backend: BackendGPU})
 			if !slices.Equal(pre, pre2) {
 				t.Fatal("prefill logits differ between runs")

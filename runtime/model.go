@@ -4,12 +4,13 @@ import (
 	"fmt"
 
 	"github.com/atsinfer/ats/gguf"
+	"github.com/atsinfer/ats/runtime/ir"
 )
 
 // Model is an opened GGUF model and its program.
 type Model struct {
 	File *gguf.File
-	Prog *Program
+	Prog *ir.Program
 }
 
 // Open maps a GGUF file and builds its program. Weights stay in the map.
@@ -36,18 +37,18 @@ func Load(f *gguf.File) (*Model, error) {
 }
 
 // Hyper returns the model's hyperparameters.
-func (m *Model) Hyper() Hyper { return m.Prog.Hyper }
+func (m *Model) Hyper() ir.Hyper { return m.Prog.Hyper }
 
 // Close unmaps the file; contexts must not be used afterwards.
 func (m *Model) Close() error { return m.File.Close() }
 
 // WeightBytes is the size of every weight the program uses.
 func (m *Model) WeightBytes() int64 {
-	seen := map[*Weight]bool{}
+	seen := map[*ir.Weight]bool{}
 	var n int64
-	for _, op := range m.Prog.Ops {
-		for _, w := range []*Weight{op.W, op.Bias, op.Gate, op.Up, op.Down} {
-			if w != nil && !seen[w] {
+	for i := range m.Prog.Ops {
+		for _, w := range m.Prog.Ops[i].Weights() {
+			if !seen[w] {
 				seen[w] = true
 				n += w.Bytes()
 			}

@@ -3,7 +3,7 @@ package main
 import (
 	"github.com/spf13/cobra"
 
-	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/gpu"
 )
 
 func init() {
@@ -17,7 +17,7 @@ would load on it, and NVML's live figures where NVML is installed. It only
 queries: no context is created and no memory is allocated.`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return runtime.GPUReport(cmd.OutOrStdout())
+				return gpu.Report(cmd.OutOrStdout())
 			},
 		}
 	})

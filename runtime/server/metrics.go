@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/gpu"
 )
 
 // Placement says where the model's weights live, for /metrics. The engine
@@ -43,23 +44,21 @@ func CPUPlacement(m *runtime.Model) func() Placement {
 	}
 }
 
-// SessionPlacement reports where the session's context computes: wholly on
-// the CPU or wholly on the GPU (the executors place every weight on one
-// device today).
+// SessionPlacement reports where the session's context computes and
+// where its weights (and KV caches) live under its placement.
 func SessionPlacement(s *runtime.Session) func() Placement {
-	if s.Ctx.Backend() != runtime.BackendGPU {
-		return CPUPlacement(s.Model)
-	}
-	bytes := s.Model.WeightBytes()
+	pl := s.Ctx.Placement()
+	backend := map[string]string{runtime.BackendCPU: "cpu", runtime.BackendGPU: "cuda", runtime.BackendHybrid: "cpu+cuda"}[s.Ctx.Backend()]
+	cpuBytes, gpuBytes := pl.WeightBytes()
 	return func() Placement {
-		return Placement{Backend: "cuda", WeightBytes: map[string]int64{"cpu": 0, "gpu": bytes}}
+		return Placement{Backend: backend, WeightBytes: map[string]int64{"cpu": cpuBytes, "gpu": gpuBytes}}
 	}
 }
 
 // NVMLStats reads every GPU's figures through NVML (none without it).
 func NVMLStats() []GPUStat {
 	var out []GPUStat
-	for _, g := range runtime.GPUStats() {
+	for _, g := range gpu.Stats() {
 		out = append(out, GPUStat{Index: g.Index, Name: g.Name, MemoryUsedBytes: int64(g.MemUsed), MemoryTotalBytes: int64(g.MemTotal),
 			Utilization: g.Util, PCIeRxBytesPerS: g.PCIeRX, PCIeTxBytesPerS: g.PCIeTX})
 	}

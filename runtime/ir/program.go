@@ -1,20 +1,18 @@
-package runtime
+// Package ir is the program a model runs: named activation buffers and an
+// ordered list of ops, each naming the weight tensors it consumes.
+// Architecture files (runtime/arch_*.go) build programs with a Builder; the
+// executor and its two backends run them without knowing the architecture.
+package ir
 
 import (
 	"encoding/binary"
 	"fmt"
 	"math"
 	"slices"
-	"sort"
-	"strings"
 
 	"github.com/atsinfer/ats/gguf"
 	"github.com/atsinfer/ats/ops"
 )
-
-// A model is a Program: named activation buffers and an ordered list of
-// ops, each naming the weight tensors it consumes. Architecture files build
-// programs; the executor runs them without knowing the architecture.
 
 // BufID names an activation buffer: one row of Width floats per token.
 type BufID int
@@ -140,6 +138,9 @@ func (b *Builder) Has(name string) bool { _, ok := b.File.Tensor(name); return o
 // Weight finds a tensor and checks its shape (ggml order). A missing or
 // misshapen tensor is an error naming it.
 func (b *Builder) Weight(name string, dims ...int) *Weight {
+	if b.err != nil {
+		return nil
+	}
 	t, ok := b.File.Tensor(name)
 	if !ok {
 		b.fail("%s: missing tensor %q", b.File.Path, name)
@@ -150,6 +151,9 @@ func (b *Builder) Weight(name string, dims ...int) *Weight {
 
 // OptWeight is Weight for a tensor that may be absent (nil then).
 func (b *Builder) OptWeight(name string, dims ...int) *Weight {
+	if b.err != nil {
+		return nil
+	}
 	t, ok := b.File.Tensor(name)
 	if !ok {
 		return nil
@@ -301,46 +305,79 @@ func (b *Builder) MoE(in BufID, router, gate, up, down *Weight, topK int, normTo
 	b.add(Op{Kind: OpMoE, In: in, W: router, Gate: gate, Up: up, Down: down, TopK: topK, NormTopK: normTopK, Out: out})
 }
 
-// Arch builds the program of one architecture.
-type Arch struct {
-	Name  string
-	Build func(b *Builder) (logits BufID)
+// NewBuilder starts the program of file f with hyperparameters h.
+func NewBuilder(f *gguf.File, h Hyper) *Builder {
+	return &Builder{File: f, H: h, bufs: map[string]BufID{}, used: map[string]bool{}, layer: -1}
 }
 
-var archs = map[string]Arch{}
+// Err is the first error of the build so far. Architecture files check it
+// in their layer loops, so a file that claims millions of layers stops at
+// the first missing tensor instead of listing ops for all of them.
+func (b *Builder) Err() error { return b.err }
 
-func registerArch(a Arch) { archs[a.Name] = a }
+// Fail records an error (the first one sticks).
+func (b *Builder) Fail(format string, args ...any) { b.fail(format, args...) }
 
-// Architectures lists the supported architecture names.
-func Architectures() []string {
-	names := make([]string, 0, len(archs))
-	for n := range archs {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	return names
-}
-
-// Build makes the program of f's architecture.
-func Build(f *gguf.File) (*Program, error) {
-	name, err := f.Arch()
-	if err != nil {
-		return nil, err
-	}
-	a, ok := archs[name]
-	if !ok {
-		return nil, fmt.Errorf("%s: unsupported architecture %q (ats runs: %s)", f.Path, name, strings.Join(Architectures(), ", "))
-	}
-	h, err := readHyper(f)
-	if err != nil {
-		return nil, err
-	}
-	b := &Builder{File: f, H: h, bufs: map[string]BufID{}, used: map[string]bool{}, layer: -1}
-	logits := a.Build(b)
+// Finish returns the program with logits as its output buffer, or the
+// first error of the build.
+func (b *Builder) Finish(logits BufID) (*Program, error) {
 	if b.err != nil {
-		return nil, fmt.Errorf("%s model: %w", h.Arch, b.err)
+		return nil, fmt.Errorf("%s model: %w", b.H.Arch, b.err)
 	}
 	b.prog.Hyper = b.H
 	b.prog.Logits = logits
 	return &b.prog, nil
 }
+
+// Reads lists the buffers op reads; Writes those it writes. The executor
+// tracks through them which backend holds the current rows of a buffer.
+func (op *Op) Reads() []BufID {
+	switch op.Kind {
+	case OpEmbed:
+		return nil
+	case OpAttention:
+		return []BufID{op.In, op.In2, op.In3}
+	case OpAdd:
+		return []BufID{op.In, op.In2}
+	case OpSwiGLU:
+		if op.In2 >= 0 {
+			return []BufID{op.In, op.In2}
+		}
+	}
+	return []BufID{op.In}
+}
+
+// Writes lists the buffers op writes (see Reads).
+func (op *Op) Writes() []BufID {
+	switch op.Kind {
+	case OpHeadNorm, OpRoPE:
+		return []BufID{op.In}
+	}
+	return []BufID{op.Out}
+}
+
+// Buffers lists every buffer op touches.
+func (op *Op) Buffers() []BufID { return append(op.Reads(), op.Writes()...) }
+
+// Weights lists the tensors op consumes (matrices, stacks and vectors).
+func (op *Op) Weights() []*Weight {
+	var ws []*Weight
+	for _, w := range []*Weight{op.W, op.Bias, op.Gate, op.Up, op.Down} {
+		if w != nil {
+			ws = append(ws, w)
+		}
+	}
+	return ws
+}
+
+// OutputMode says which rows of logits a batch computes: the output head
+// (the ops marked Output, the program's tail) runs on every row, on the
+// last row only (its input's last row moved to row 0 first), or not at
+// all for a prompt chunk whose logits nobody reads.
+type OutputMode uint8
+
+const (
+	OutputNone OutputMode = iota // none: a prompt chunk before the last
+	OutputLast                   // the last token's
+	OutputAll                    // every token's
+)

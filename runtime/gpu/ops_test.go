@@ -1,4 +1,4 @@
-package runtime
+package gpu
 
 import (
 	"errors"
@@ -11,6 +11,7 @@ import (
 	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/cudadrv/kernels"
 	"github.com/atsinfer/ats/ops"
+	"github.com/atsinfer/ats/runtime/cpu"
 )
 
 // The GPU op table, after llama.cpp's test-backend-ops: every non-weight
@@ -21,12 +22,12 @@ import (
 // op. Without a GPU every test here skips and says why.
 
 // needGPUDevice returns the shared device or skips the test.
-func needGPUDevice(t testing.TB) *gpuDevice {
+func needGPUDevice(t testing.TB) *Device {
 	t.Helper()
 	if ok, reason := cudadrv.Available(); !ok {
 		t.Skip("skipping GPU test: " + reason)
 	}
-	dev, err := openGPU()
+	dev, err := Open()
 	if errors.Is(err, cudadrv.ErrUnavailable) {
 		t.Skip("skipping GPU test: " + err.Error())
 	}
@@ -39,12 +40,12 @@ func needGPUDevice(t testing.TB) *gpuDevice {
 // gpuT bundles a device, a stream and the allocations of one test case.
 type gpuT struct {
 	t   *testing.T
-	dev *gpuDevice
+	dev *Device
 	s   *cudadrv.Stream
 	rng *rand.Rand
 }
 
-func newGPUT(t *testing.T, dev *gpuDevice, seed uint64) *gpuT {
+func newGPUT(t *testing.T, dev *Device, seed uint64) *gpuT {
 	s, err := dev.ctx.NewStream(cudadrv.StreamNonBlocking, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -505,7 +506,7 @@ func TestGPUOps(t *testing.T) {
 			choice, idx := make([]int, c.k), make([]int, c.ne)
 			for t := 0; t < c.nTok; t++ {
 				p := append([]float32(nil), logits[t*c.ne:(t+1)*c.ne]...)
-				moeRoute(p, c.k, c.norm, choice, wantW[t*c.k:(t+1)*c.k], idx)
+				cpu.Route(p, c.k, c.norm, choice, wantW[t*c.k:(t+1)*c.k], idx)
 				for j, e := range choice {
 					if int(gotIDs[t*c.k+j]) != e {
 						g.t.Fatalf("token %d slot %d: expert %d, want %d (all %v)", t, j, gotIDs[t*c.k+j], e, gotIDs[t*c.k:(t+1)*c.k])
@@ -573,4 +574,15 @@ func checkQ8(g *gpuT, p cudadrv.DevicePtr, x []float32, rows, cols int) {
 		}
 	}
 	g.t.Logf("Q8_1: %d blocks exact", n/32)
+}
+
+// nmse is sum((a-b)²) / sum(b²).
+func nmse(a, b []float32) float64 {
+	var num, den float64
+	for i := range b {
+		d := float64(a[i]) - float64(b[i])
+		num += d * d
+		den += float64(b[i]) * float64(b[i])
+	}
+	return num / den
 }

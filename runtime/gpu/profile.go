@@ -1,4 +1,4 @@
-package runtime
+package gpu
 
 import (
 	"fmt"
@@ -23,8 +23,8 @@ const EnvGPUProfile = "ATS_GPU_PROFILE"
 // longer than queuing a decode step of a 48-layer model takes.
 const profileSpinCycles = 50_000_000
 
-// gpuProfile accumulates device time per step name and batch size.
-type gpuProfile struct {
+// profile accumulates device time per step name and batch size.
+type profile struct {
 	events []*cudadrv.Event // events[i] is recorded before step i; the last after them
 	names  []string         // names[i]: the step after events[i]
 	n      int              // events recorded in the current run
@@ -38,16 +38,16 @@ type profileRuns struct {
 	calls map[string]int
 }
 
-func newGPUProfile() *gpuProfile {
+func newProfile() *profile {
 	if os.Getenv(EnvGPUProfile) != "1" {
 		return nil
 	}
-	return &gpuProfile{byTok: map[int]*profileRuns{}}
+	return &profile{byTok: map[int]*profileRuns{}}
 }
 
 // mark records an event before the step called name (name "": after the
 // last step).
-func (p *gpuProfile) mark(ctx *cudadrv.Context, s *cudadrv.Stream, name string) error {
+func (p *profile) mark(ctx *cudadrv.Context, s *cudadrv.Stream, name string) error {
 	if p.n == len(p.events) {
 		e, err := ctx.NewEvent(cudadrv.EventDefault)
 		if err != nil {
@@ -63,7 +63,7 @@ func (p *gpuProfile) mark(ctx *cudadrv.Context, s *cudadrv.Stream, name string) 
 }
 
 // collect adds the step times of the run just synchronised.
-func (p *gpuProfile) collect(nTok int, wall time.Duration) error {
+func (p *profile) collect(nTok int, wall time.Duration) error {
 	r := p.byTok[nTok]
 	if r == nil {
 		r = &profileRuns{total: map[string]time.Duration{}, calls: map[string]int{}}
@@ -83,7 +83,7 @@ func (p *gpuProfile) collect(nTok int, wall time.Duration) error {
 	return nil
 }
 
-func (p *gpuProfile) report(w io.Writer) {
+func (p *profile) report(w io.Writer) {
 	var toks []int
 	for n := range p.byTok {
 		toks = append(toks, n)
@@ -110,7 +110,7 @@ func (p *gpuProfile) report(w io.Writer) {
 
 func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
-func (p *gpuProfile) close() {
+func (p *profile) close() {
 	for _, e := range p.events {
 		_ = e.Destroy()
 	}

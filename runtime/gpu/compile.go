@@ -1,4 +1,4 @@
-package runtime
+package gpu
 
 import (
 	"fmt"
@@ -7,6 +7,7 @@ import (
 	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/cudadrv/kernels"
 	"github.com/atsinfer/ats/ops"
+	"github.com/atsinfer/ats/runtime/ir"
 )
 
 // compile turns the program's ops into g.steps. It matches op patterns and
@@ -14,7 +15,7 @@ import (
 // is ~800 launches unfused, and at a few µs each the launches, not the
 // weights, would set the pace; so:
 //   - matrix products reading the same input (Q, K, V; gate, up) form a
-//     group that converts the input once (gpuPreparedOps);
+//     group that converts the input once (preparedOps);
 //   - a norm or SwiGLU whose output feeds such a group writes the Q8_1
 //     form itself when the group reads Q8_1 (decode), so the group
 //     converts nothing (q8Link);
@@ -22,51 +23,58 @@ import (
 //     weighted sum of expert outputs joins that add;
 //   - the head norms and rotations of Q and K are one launch, which also
 //     writes K and V to the cache when the attention follows.
-func (g *gpuExec) compile() error {
+func (g *Exec) compile(lo, hi int, resolve func(*ir.Weight) (*mat, error)) ([]step, error) {
 	ops := g.prog.Ops
-	for i := range ops {
-		if g.place[i] != onGPU {
-			return fmt.Errorf("gpu: op %d (%s) is placed on the CPU: mixed placement is not implemented yet", i, ops[i].Kind)
-		}
+	g.resolve = resolve
+	defer func() { g.resolve = nil }()
+	for i := lo; i < hi; i++ {
 		if i > 0 && ops[i-1].Output && !ops[i].Output {
-			return fmt.Errorf("gpu: op %d (%s) follows the output head: the head must be the program's tail", i, ops[i].Kind)
+			return nil, fmt.Errorf("gpu: op %d (%s) follows the output head: the head must be the program's tail", i, ops[i].Kind)
 		}
 	}
+	var steps []step
+	appendStep := func(st step, i int, op *ir.Op) {
+		st.op, st.output = i, op.Output
+		if st.name == "" {
+			st.name = op.Kind.String()
+		}
+		steps = append(steps, st)
+	}
 	kvStored := map[int]bool{} // attention ops whose cache write a rope step did
-	for i := 0; i < len(ops); {
+	for i := lo; i < hi; {
 		op := &ops[i]
-		var st gpuStep
+		var st step
 		var err error
 		used := 1
 		switch op.Kind {
-		case OpAdd:
-			if i+1 < len(ops) && g.fusesAddNorm(op, &ops[i+1]) {
+		case ir.OpAdd:
+			if i+1 < hi && g.fusesAddNorm(op, &ops[i+1]) {
 				st, used = g.normExStep(op, &ops[i+1], nil), 2
 			} else {
 				st = g.addStep(op)
 			}
-		case OpHeadNorm, OpRoPE:
-			st, used, err = g.ropeStep(i, kvStored)
-		case OpEmbed:
+		case ir.OpHeadNorm, ir.OpRoPE:
+			st, used, err = g.ropeStep(i, hi, kvStored)
+		case ir.OpEmbed:
 			st, err = g.embedStep(op)
-		case OpNorm:
+		case ir.OpNorm:
 			st = g.normExStep(nil, op, nil)
-		case OpMatMul:
-			used = g.matMulGroupLen(i)
+		case ir.OpMatMul:
+			used = g.matMulGroupLen(i, hi)
 			st, err = g.groupStep(ops[i : i+used])
-		case OpAttention:
+		case ir.OpAttention:
 			st = g.attentionStep(op, !kvStored[i])
-		case OpSwiGLU:
+		case ir.OpSwiGLU:
 			st = g.swigluStep(op)
-		case OpMoE:
+		case ir.OpMoE:
 			// The weighted sum of the experts' outputs joins the residual
 			// add after it (and the norm after that) when they follow.
-			fuse := i+1 < len(ops) && g.takesMoESum(op, &ops[i+1])
+			fuse := i+1 < hi && g.takesMoESum(op, &ops[i+1])
 			if st, err = g.moeStep(op, !fuse); err == nil && fuse {
-				g.appendStep(st, i, op)
+				appendStep(st, i, op)
 				add := &ops[i+1]
-				var norm *Op
-				if i+2 < len(ops) && g.fusesAddNorm(add, &ops[i+2]) {
+				var norm *ir.Op
+				if i+2 < hi && g.fusesAddNorm(add, &ops[i+2]) {
 					norm = &ops[i+2]
 				}
 				st = g.normExStep(add, norm, op)
@@ -80,28 +88,74 @@ func (g *gpuExec) compile() error {
 			err = fmt.Errorf("op %v has no GPU implementation", op.Kind)
 		}
 		if err != nil {
-			return fmt.Errorf("gpu: op %d (%s, layer %d): %w", i, op.Kind, op.Layer, err)
+			return nil, fmt.Errorf("gpu: op %d (%s, layer %d): %w", i, op.Kind, op.Layer, err)
 		}
-		g.appendStep(st, i, op)
+		appendStep(st, i, op)
 		i += used
 	}
 	// Link each producer of a group's input to the group.
-	for i := 0; i+1 < len(g.steps); i++ {
-		p, c := &g.steps[i], &g.steps[i+1]
+	for i := 0; i+1 < len(steps); i++ {
+		p, c := &steps[i], &steps[i+1]
 		if p.link != nil && c.group != nil && c.group.in == p.out && p.output == c.output {
 			p.link.group = c.group
 			c.group.fedQ8 = true
 		}
 	}
-	return nil
+	return steps, nil
 }
 
-func (g *gpuExec) appendStep(st gpuStep, i int, op *Op) {
-	st.op, st.output = i, op.Output
-	if st.name == "" {
-		st.name = op.Kind.String()
+// step is one launch group of a compiled segment.
+type step struct {
+	name   string // op kinds it runs, for errors
+	op     int    // index of its first op
+	output bool   // part of the output head
+	run    func(s *cudadrv.Stream, n int) error
+
+	out   ir.BufID // with link: the buffer the step writes for the next
+	link  *q8Link  // set on steps that can also write their output as Q8_1
+	group *group   // set on matrix-product groups
+}
+
+// StepNames compiles ops [lo, hi) of p against made-up device pointers
+// and returns the names of its steps with the ops they start at: the
+// fusions the backend makes, without a device (for tests and reports).
+func StepNames(p *ir.Program, lo, hi int) ([]string, []int, error) {
+	g := &Exec{prog: p, w: &quantOps{}}
+	fake := cudadrv.DevicePtr(1 << 20)
+	next := func() cudadrv.DevicePtr { fake += 1 << 12; return fake }
+	g.bufs = make([]cudadrv.DevicePtr, len(p.Bufs))
+	for i := range g.bufs {
+		g.bufs[i] = next()
 	}
-	g.steps = append(g.steps, st)
+	g.kvK, g.kvV = make([]cudadrv.DevicePtr, p.Hyper.NLayer), make([]cudadrv.DevicePtr, p.Hyper.NLayer)
+	for l := range g.kvK {
+		g.kvK[l], g.kvV[l] = next(), next()
+	}
+	g.dIn = next()
+	g.ws = &weightSet{mats: map[*ir.Weight]*mat{}, vecs: map[*ir.Weight]cudadrv.DevicePtr{}, ropes: map[*ops.Rope]cudadrv.DevicePtr{}}
+	for _, w := range programWeights(p) {
+		if isVector(w) {
+			g.ws.vecs[w] = next()
+		} else {
+			m := matOf(w, next())
+			g.ws.mats[w] = &m
+		}
+	}
+	steps, err := g.compile(lo, hi, func(w *ir.Weight) (*mat, error) { return g.ws.mats[w], nil })
+	if err != nil {
+		return nil, nil, err
+	}
+	var names []string
+	var first []int
+	for _, st := range steps {
+		name := st.name
+		if st.group != nil && st.group.fedQ8 {
+			name += " (Q8_1 fed)"
+		}
+		names = append(names, name)
+		first = append(first, st.op)
+	}
+	return names, first, nil
 }
 
 // layerless drops the "blk.N." of a tensor name: profiles sum by role.
@@ -114,27 +168,32 @@ func layerless(name string) string {
 	return name
 }
 
-func (g *gpuExec) width(id BufID) int { return g.prog.Bufs[id].Width }
+func (g *Exec) width(id ir.BufID) int { return g.prog.Bufs[id].Width }
 
 // vec is the device pointer of a 1-D weight, 0 for none.
-func (g *gpuExec) vec(w *Weight) cudadrv.DevicePtr {
+func (g *Exec) vec(w *ir.Weight) cudadrv.DevicePtr {
 	if w == nil {
 		return 0
 	}
-	return g.gm.vecs[w]
+	return g.ws.vecs[w]
 }
 
-func (g *gpuExec) mat(w *Weight) (*gpuMat, error) {
-	m := g.gm.mats[w]
+// weight is the device matrix of w: resident, or a ring slot it streams
+// into (Compile's resolver).
+func (g *Exec) weight(w *ir.Weight) (*mat, error) {
+	m, err := g.resolve(w)
+	if err != nil {
+		return nil, err
+	}
 	if m == nil {
 		return nil, fmt.Errorf("weight %q is not on the device", w.Name)
 	}
 	return m, nil
 }
 
-// gpuGroup is a run of matrix products that read the same input buffer.
-type gpuGroup struct {
-	in      BufID
+// group is a run of matrix products that read the same input buffer.
+type group struct {
+	in      ir.BufID
 	x       cudadrv.DevicePtr
 	cols    int
 	members []groupMember
@@ -147,7 +206,7 @@ type gpuGroup struct {
 }
 
 type groupMember struct {
-	m    *gpuMat
+	m    *mat
 	out  cudadrv.DevicePtr
 	ld   int
 	bias cudadrv.DevicePtr
@@ -155,18 +214,18 @@ type groupMember struct {
 
 // q8Link is how a step that produces a group's input learns, at run time,
 // that it should also write the input's Q8_1 form (set by compile).
-type q8Link struct{ group *gpuGroup }
+type q8Link struct{ group *group }
 
 // format is the input format the group's products read at nTok tokens,
 // actMixed when they differ (or the weight kernels take float32 only).
-func (g *gpuExec) format(grp *gpuGroup, nTok int) actFormat {
-	p, ok := g.w.(gpuPreparedOps)
+func (g *Exec) format(grp *group, nTok int) actFormat {
+	p, ok := g.w.(preparedOps)
 	if !ok {
 		return actMixed
 	}
 	in := p.InputFormat
 	if grp.moe {
-		pm, ok := g.w.(gpuMoEPreparedOps)
+		pm, ok := g.w.(moePreparedOps)
 		if !ok {
 			return actMixed
 		}
@@ -183,20 +242,20 @@ func (g *gpuExec) format(grp *gpuGroup, nTok int) actFormat {
 
 // q8Ready says whether, at nTok tokens, the group reads Q8_1 and its
 // producer writes that form (the producer and the group ask the same).
-func (g *gpuExec) q8Ready(grp *gpuGroup, nTok int) bool {
+func (g *Exec) q8Ready(grp *group, nTok int) bool {
 	return grp != nil && grp.fedQ8 && grp.cols%32 == 0 && g.format(grp, nTok) == actQ8_1
 }
 
 // matMulGroupLen is how many matrix products from ops[i] on read ops[i].In
 // and write other buffers, none of which a later member reads.
-func (g *gpuExec) matMulGroupLen(i int) int {
+func (g *Exec) matMulGroupLen(i, hi int) int {
 	ops := g.prog.Ops
 	first := &ops[i]
-	outs := map[BufID]bool{}
+	outs := map[ir.BufID]bool{}
 	n := 0
-	for j := i; j < len(ops); j++ {
+	for j := i; j < hi; j++ {
 		op := &ops[j]
-		if op.Kind != OpMatMul || op.In != first.In || op.Out == first.In || outs[op.Out] || op.Output != first.Output {
+		if op.Kind != ir.OpMatMul || op.In != first.In || op.Out == first.In || outs[op.Out] || op.Output != first.Output {
 			break
 		}
 		outs[op.Out] = true
@@ -205,14 +264,14 @@ func (g *gpuExec) matMulGroupLen(i int) int {
 	return max(n, 1)
 }
 
-func (g *gpuExec) groupStep(ops []Op) (gpuStep, error) {
-	grp := &gpuGroup{in: ops[0].In, x: g.bufs[ops[0].In], cols: g.width(ops[0].In)}
+func (g *Exec) groupStep(ops []ir.Op) (step, error) {
+	grp := &group{in: ops[0].In, x: g.bufs[ops[0].In], cols: g.width(ops[0].In)}
 	var names []string
 	for i := range ops {
 		op := &ops[i]
-		m, err := g.mat(op.W)
+		m, err := g.weight(op.W)
 		if err != nil {
-			return gpuStep{}, err
+			return step{}, err
 		}
 		grp.members = append(grp.members, groupMember{m: m, out: g.bufs[op.Out], ld: g.width(op.Out), bias: g.vec(op.Bias)})
 		name := layerless(op.W.Name)
@@ -221,16 +280,22 @@ func (g *gpuExec) groupStep(ops []Op) (gpuStep, error) {
 		}
 		names = append(names, name)
 	}
-	return gpuStep{name: "matmul " + strings.Join(names, ","), group: grp, run: func(s *cudadrv.Stream, n int) error {
+	return step{name: "matmul " + strings.Join(names, ","), group: grp, run: func(s *cudadrv.Stream, n int) error {
 		return g.runGroup(s, grp, n)
 	}}, nil
 }
 
-func (g *gpuExec) runGroup(s *cudadrv.Stream, grp *gpuGroup, n int) error {
+func (g *Exec) runGroup(s *cudadrv.Stream, grp *group, n int) error {
 	f := g.format(grp, n)
 	if f == actMixed {
 		for _, mb := range grp.members {
+			if err := g.acquire(s, mb.m); err != nil {
+				return err
+			}
 			if err := g.w.MatMul(s, mb.m, grp.x, n, mb.out, mb.ld, g.scratch); err != nil {
+				return err
+			}
+			if err := g.release(s, mb.m); err != nil {
 				return err
 			}
 			if err := g.addBias(s, mb, n); err != nil {
@@ -239,7 +304,7 @@ func (g *gpuExec) runGroup(s *cudadrv.Stream, grp *gpuGroup, n int) error {
 		}
 		return nil
 	}
-	p := g.w.(gpuPreparedOps)
+	p := g.w.(preparedOps)
 	x := grp.x
 	if f != actF32 {
 		if !g.q8Ready(grp, n) { // else the producer wrote g.act
@@ -250,7 +315,13 @@ func (g *gpuExec) runGroup(s *cudadrv.Stream, grp *gpuGroup, n int) error {
 		x = g.act
 	}
 	for _, mb := range grp.members {
+		if err := g.acquire(s, mb.m); err != nil {
+			return err
+		}
 		if err := p.MatMulPrepared(s, mb.m, f, x, n, mb.out, mb.ld); err != nil {
+			return err
+		}
+		if err := g.release(s, mb.m); err != nil {
 			return err
 		}
 		if err := g.addBias(s, mb, n); err != nil {
@@ -260,27 +331,27 @@ func (g *gpuExec) runGroup(s *cudadrv.Stream, grp *gpuGroup, n int) error {
 	return nil
 }
 
-func (g *gpuExec) addBias(s *cudadrv.Stream, mb groupMember, n int) error {
+func (g *Exec) addBias(s *cudadrv.Stream, mb groupMember, n int) error {
 	if mb.bias == 0 {
 		return nil
 	}
 	return g.dev.glu.AddBias(s, mb.out, mb.bias, mb.m.Rows, n)
 }
 
-func (g *gpuExec) fusesAddNorm(add, norm *Op) bool {
-	return add.Kind == OpAdd && norm.Kind == OpNorm && norm.In == add.Out && add.Output == norm.Output &&
+func (g *Exec) fusesAddNorm(add, norm *ir.Op) bool {
+	return add.Kind == ir.OpAdd && norm.Kind == ir.OpNorm && norm.In == add.Out && add.Output == norm.Output &&
 		norm.Out != add.Out && norm.Out != add.In && norm.Out != add.In2
 }
 
 // takesMoESum says whether the add after an MoE op can take the weighted
 // sum of the experts' outputs in place of the MoE op's output buffer.
-func (g *gpuExec) takesMoESum(moe, add *Op) bool {
-	return add.Kind == OpAdd && (add.In == moe.Out) != (add.In2 == moe.Out) && add.Output == moe.Output
+func (g *Exec) takesMoESum(moe, add *ir.Op) bool {
+	return add.Kind == ir.OpAdd && (add.In == moe.Out) != (add.In2 == moe.Out) && add.Output == moe.Output
 }
 
-func (g *gpuExec) addStep(op *Op) gpuStep {
+func (g *Exec) addStep(op *ir.Op) step {
 	out, a, b, w := g.bufs[op.Out], g.bufs[op.In], g.bufs[op.In2], g.width(op.Out)
-	return gpuStep{run: func(s *cudadrv.Stream, n int) error {
+	return step{run: func(s *cudadrv.Stream, n int) error {
 		return g.dev.elem.AddF32(s, out, a, b, n*w)
 	}}
 }
@@ -288,10 +359,10 @@ func (g *gpuExec) addStep(op *Op) gpuStep {
 // normExStep compiles, into one rms_norm_ex launch, a norm alone (add and
 // moe nil), an add with the norm of its sum, an add alone (norm nil) whose
 // term is an MoE op's weighted sum (moe set), or all three.
-func (g *gpuExec) normExStep(add, norm, moe *Op) gpuStep {
+func (g *Exec) normExStep(add, norm, moe *ir.Op) step {
 	var a kernels.NormEx
 	var name []string
-	st := gpuStep{out: -1}
+	st := step{out: -1}
 	if add != nil {
 		a.Sum = g.bufs[add.Out]
 		other, term := add.In, add.In2
@@ -331,18 +402,18 @@ func (g *gpuExec) normExStep(add, norm, moe *Op) gpuStep {
 	return st
 }
 
-func (g *gpuExec) embedStep(op *Op) (gpuStep, error) {
-	m, err := g.mat(op.W)
+func (g *Exec) embedStep(op *ir.Op) (step, error) {
+	m, err := g.weight(op.W)
 	if err != nil {
-		return gpuStep{}, err
+		return step{}, err
 	}
 	out, ids := g.bufs[op.Out], g.dIn.Add(4)
-	return gpuStep{run: func(s *cudadrv.Stream, n int) error {
-		return g.w.GetRows(s, m, ids, n, out)
+	return step{run: func(s *cudadrv.Stream, n int) error {
+		return g.with(s, m, func() error { return g.w.GetRows(s, m, ids, n, out) })
 	}}, nil
 }
 
-func (g *gpuExec) swigluStep(op *Op) gpuStep {
+func (g *Exec) swigluStep(op *ir.Op) step {
 	out, w := g.bufs[op.Out], g.width(op.Out)
 	gate, up, ld := g.bufs[op.In], cudadrv.DevicePtr(0), w
 	if op.In2 < 0 {
@@ -351,7 +422,7 @@ func (g *gpuExec) swigluStep(op *Op) gpuStep {
 		up = g.bufs[op.In2]
 	}
 	link := &q8Link{}
-	return gpuStep{out: op.Out, link: link, run: func(s *cudadrv.Stream, n int) error {
+	return step{out: op.Out, link: link, run: func(s *cudadrv.Stream, n int) error {
 		if g.q8Ready(link.group, n) {
 			return g.dev.glu.SwiGLUQ8(s, out, gate, up, w, ld, n, g.act)
 		}
@@ -359,7 +430,7 @@ func (g *gpuExec) swigluStep(op *Op) gpuStep {
 	}}
 }
 
-func (g *gpuExec) attentionStep(op *Op, store bool) gpuStep {
+func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 	a := op.Attn
 	kc, vc := g.kvK[op.Layer], g.kvV[op.Layer]
 	q, k, v, out := g.bufs[op.In], g.bufs[op.In2], g.bufs[op.In3], g.bufs[op.Out]
@@ -377,7 +448,7 @@ func (g *gpuExec) attentionStep(op *Op, store bool) gpuStep {
 	if a.HeadSize%32 == 0 {
 		link = &q8Link{}
 	}
-	return gpuStep{name: name, out: op.Out, link: link, run: func(s *cudadrv.Stream, n int) error {
+	return step{name: name, out: op.Out, link: link, run: func(s *cudadrv.Stream, n int) error {
 		if store {
 			if err := g.dev.attn.Store(s, kc, vc, k, v, width, pos0, n); err != nil {
 				return err
@@ -399,9 +470,9 @@ func (g *gpuExec) attentionStep(op *Op, store bool) gpuStep {
 
 // ropeTensor is one buffer of a rope/head-norm group.
 type ropeTensor struct {
-	buf      BufID
+	buf      ir.BufID
 	heads    int
-	norm     *Weight
+	norm     *ir.Weight
 	rope     *ops.Rope
 	headSize int
 	eps      float32
@@ -414,7 +485,7 @@ type ropeTensor struct {
 // rotated or none. When the attention op that reads them comes next, the
 // launch also writes its keys and values to the cache (kvStored). It
 // returns the step and how many ops it covers.
-func (g *gpuExec) ropeStep(i int, kvStored map[int]bool) (gpuStep, int, error) {
+func (g *Exec) ropeStep(i, hi int, kvStored map[int]bool) (step, int, error) {
 	ops := g.prog.Ops
 	// valid: the tensors agree on what they share; a tensor not yet rotated
 	// (or normalised) may still be, by a later op of the group.
@@ -431,7 +502,7 @@ func (g *gpuExec) ropeStep(i int, kvStored map[int]bool) (gpuStep, int, error) {
 	}
 	var ts, pending []ropeTensor // the launch so far; the ops scanned so far
 	used := 0
-	for j := i; j < len(ops) && (ops[j].Kind == OpHeadNorm || ops[j].Kind == OpRoPE) && ops[j].Output == ops[i].Output; j++ {
+	for j := i; j < hi && (ops[j].Kind == ir.OpHeadNorm || ops[j].Kind == ir.OpRoPE) && ops[j].Output == ops[i].Output; j++ {
 		op := &ops[j]
 		next := append([]ropeTensor(nil), pending...)
 		k := -1
@@ -446,7 +517,7 @@ func (g *gpuExec) ropeStep(i int, kvStored map[int]bool) (gpuStep, int, error) {
 		}
 		t := &next[k]
 		ok := len(next) <= 2 && t.heads == op.Heads && t.headSize == op.HeadSize
-		if op.Kind == OpHeadNorm {
+		if op.Kind == ir.OpHeadNorm {
 			ok = ok && t.norm == nil && t.rope == nil && op.W != nil
 			t.norm, t.eps = op.W, op.Eps
 		} else {
@@ -471,9 +542,9 @@ func (g *gpuExec) ropeStep(i int, kvStored map[int]bool) (gpuStep, int, error) {
 		// ops[i] alone always fits.
 		op := &ops[i]
 		t := ropeTensor{buf: op.In, heads: op.Heads, headSize: op.HeadSize}
-		if op.Kind == OpHeadNorm {
+		if op.Kind == ir.OpHeadNorm {
 			if op.W == nil {
-				return gpuStep{}, 0, fmt.Errorf("head norm without a weight")
+				return step{}, 0, fmt.Errorf("head norm without a weight")
 			}
 			t.norm, t.eps = op.W, op.Eps
 		} else {
@@ -493,13 +564,13 @@ func (g *gpuExec) ropeStep(i int, kvStored map[int]bool) (gpuStep, int, error) {
 	if r := ts[0].rope; r != nil {
 		args.Dims, args.NeoX, args.Base, args.FreqScale = r.Dims, r.NeoX, r.Base, r.FreqScale
 		if r.Factors != nil {
-			args.Factors = g.gm.ropes[r]
+			args.Factors = g.ws.ropes[r]
 		}
 		name = append(name, "rope")
 	}
 	// The cache write of the attention right after, when it reads these
 	// keys: the values were computed before (they are not in this launch).
-	if j := i + used; j < len(ops) && ops[j].Kind == OpAttention && ops[j].Output == ops[i].Output {
+	if j := i + used; j < hi && ops[j].Kind == ir.OpAttention && ops[j].Output == ops[i].Output {
 		at := &ops[j]
 		for x, t := range ts {
 			if t.buf == at.In2 && t.heads*t.headSize == at.Attn.NKVHeads*at.Attn.HeadSize && t.buf != at.In3 {
@@ -509,7 +580,7 @@ func (g *gpuExec) ropeStep(i int, kvStored map[int]bool) (gpuStep, int, error) {
 			}
 		}
 	}
-	return gpuStep{name: fmt.Sprintf("%s ×%d", strings.Join(name, "+"), len(ts)), run: func(s *cudadrv.Stream, n int) error {
+	return step{name: fmt.Sprintf("%s ×%d", strings.Join(name, "+"), len(ts)), run: func(s *cudadrv.Stream, n int) error {
 		a := args
 		a.NTok = n
 		return g.dev.rope.Run(s, &a)
@@ -518,36 +589,36 @@ func (g *gpuExec) ropeStep(i int, kvStored map[int]bool) (gpuStep, int, error) {
 
 // moeStep compiles an MoE op; without sum, it leaves the weighted sum of
 // the experts' outputs to the next step (normExStep).
-func (g *gpuExec) moeStep(op *Op, sum bool) (gpuStep, error) {
-	router, err := g.mat(op.W)
+func (g *Exec) moeStep(op *ir.Op, sum bool) (step, error) {
+	router, err := g.weight(op.W)
 	if err != nil {
-		return gpuStep{}, err
+		return step{}, err
 	}
-	gate, err := g.mat(op.Gate)
+	gate, err := g.weight(op.Gate)
 	if err != nil {
-		return gpuStep{}, err
+		return step{}, err
 	}
-	up, err := g.mat(op.Up)
+	up, err := g.weight(op.Up)
 	if err != nil {
-		return gpuStep{}, err
+		return step{}, err
 	}
-	down, err := g.mat(op.Down)
+	down, err := g.weight(op.Down)
 	if err != nil {
-		return gpuStep{}, err
+		return step{}, err
 	}
 	in, out := g.bufs[op.In], g.bufs[op.Out]
 	ne, k, ff, emb := router.Rows, op.TopK, gate.Rows, down.Rows
 	if ne > kernels.MaxExperts || k > kernels.MaxTopK {
-		return gpuStep{}, fmt.Errorf("top %d of %d experts: the routing kernel takes up to %d of %d", k, ne, kernels.MaxTopK, kernels.MaxExperts)
+		return step{}, fmt.Errorf("top %d of %d experts: the routing kernel takes up to %d of %d", k, ne, kernels.MaxTopK, kernels.MaxExperts)
 	}
 	m, w, d, norm := &g.moe, g.w, g.dev, op.NormTopK
-	grp := &gpuGroup{in: op.In, x: in, cols: emb, moe: true,
+	grp := &group{in: op.In, x: in, cols: emb, moe: true,
 		members: []groupMember{{m: gate}, {m: up}, {m: down}}}
-	return gpuStep{group: grp, run: func(s *cudadrv.Stream, n int) error {
+	return step{group: grp, run: func(s *cudadrv.Stream, n int) error {
 		// Router logits, top-k ids and weights (they stay on the device),
 		// gate and up of the chosen experts per slot, SwiGLU, down per
 		// slot, and the weighted sum in slot order.
-		if err := w.MatMul(s, router, in, n, m.probs, ne, g.scratch); err != nil {
+		if err := g.with(s, router, func() error { return w.MatMul(s, router, in, n, m.probs, ne, g.scratch) }); err != nil {
 			return err
 		}
 		if err := d.moe.Route(s, m.probs, ne, k, norm, m.ids, m.weights, n); err != nil {
@@ -556,23 +627,23 @@ func (g *gpuExec) moeStep(op *Op, sum bool) (gpuStep, error) {
 		if g.format(grp, n) == actQ8_1 && ff%32 == 0 && emb%32 == 0 {
 			// Decode: one Q8_1 input for gate and up (written by the norm
 			// before, or quantized here), SwiGLU writing down's.
-			pm := w.(gpuMoEPreparedOps)
+			pm := w.(moePreparedOps)
 			if !g.q8Ready(grp, n) {
-				if err := w.(gpuPreparedOps).Prepare(s, actQ8_1, in, n, emb, g.act); err != nil {
+				if err := w.(preparedOps).Prepare(s, actQ8_1, in, n, emb, g.act); err != nil {
 					return err
 				}
 			}
-			if err := pm.MoEMatMulPrepared(s, gate, g.act, false, m.ids, n, k, m.gate); err != nil {
+			if err := g.with(s, gate, func() error { return pm.MoEMatMulPrepared(s, gate, g.act, false, m.ids, n, k, m.gate) }); err != nil {
 				return err
 			}
-			if err := pm.MoEMatMulPrepared(s, up, g.act, false, m.ids, n, k, m.up); err != nil {
+			if err := g.with(s, up, func() error { return pm.MoEMatMulPrepared(s, up, g.act, false, m.ids, n, k, m.up) }); err != nil {
 				return err
 			}
 			// g.act is free again: the products above read it first.
 			if err := d.glu.SwiGLUQ8(s, m.gate, m.gate, m.up, ff, ff, n*k, g.act); err != nil {
 				return err
 			}
-			if err := pm.MoEMatMulPrepared(s, down, g.act, true, m.ids, n, k, m.down); err != nil {
+			if err := g.with(s, down, func() error { return pm.MoEMatMulPrepared(s, down, g.act, true, m.ids, n, k, m.down) }); err != nil {
 				return err
 			}
 		} else if err := g.moeExperts(s, gate, up, down, in, n, k, ff); err != nil {
@@ -587,16 +658,28 @@ func (g *gpuExec) moeStep(op *Op, sum bool) (gpuStep, error) {
 
 // moeExperts queues the expert products of an MoE op through MoEMatMul,
 // which prepares its inputs itself.
-func (g *gpuExec) moeExperts(s *cudadrv.Stream, gate, up, down *gpuMat, in cudadrv.DevicePtr, n, k, ff int) error {
+func (g *Exec) moeExperts(s *cudadrv.Stream, gate, up, down *mat, in cudadrv.DevicePtr, n, k, ff int) error {
 	m, w := &g.moe, g.w
-	if err := w.MoEMatMul(s, gate, in, false, m.ids, n, k, m.gate, g.scratch); err != nil {
+	if err := g.with(s, gate, func() error { return w.MoEMatMul(s, gate, in, false, m.ids, n, k, m.gate, g.scratch) }); err != nil {
 		return err
 	}
-	if err := w.MoEMatMul(s, up, in, false, m.ids, n, k, m.up, g.scratch); err != nil {
+	if err := g.with(s, up, func() error { return w.MoEMatMul(s, up, in, false, m.ids, n, k, m.up, g.scratch) }); err != nil {
 		return err
 	}
 	if err := g.dev.glu.SwiGLU(s, m.gate, m.gate, m.up, ff, ff, n*k); err != nil {
 		return err
 	}
-	return w.MoEMatMul(s, down, m.gate, true, m.ids, n, k, m.down, g.scratch)
+	return g.with(s, down, func() error { return w.MoEMatMul(s, down, m.gate, true, m.ids, n, k, m.down, g.scratch) })
+}
+
+// with runs a launch that reads m between acquire and release: for a
+// streamed weight, after its upload and before its slot is reused.
+func (g *Exec) with(s *cudadrv.Stream, m *mat, launch func() error) error {
+	if err := g.acquire(s, m); err != nil {
+		return err
+	}
+	if err := launch(); err != nil {
+		return err
+	}
+	return g.release(s, m)
 }

@@ -1,4 +1,4 @@
-package runtime
+package gpu
 
 import (
 	"sync"
@@ -6,8 +6,8 @@ import (
 	"github.com/atsinfer/ats/cudadrv"
 )
 
-// GPUStat is one GPU's live figures from NVML.
-type GPUStat struct {
+// Stat is one GPU's live figures from NVML.
+type Stat struct {
 	Index             int
 	Name              string
 	MemUsed, MemTotal uint64  // bytes, all processes
@@ -20,10 +20,10 @@ var nvml struct {
 	mon  *cudadrv.Monitor
 }
 
-// GPUStats samples every GPU NVML sees; nil where NVML is absent. Each call
+// Stats samples every GPU NVML sees; nil where NVML is absent. Each call
 // blocks for NVML's PCIe sampling window (tens of milliseconds), so call it
 // from a metrics scrape or a background poller, never from the decode loop.
-func GPUStats() []GPUStat {
+func Stats() []Stat {
 	nvml.once.Do(func() { nvml.mon, _ = cudadrv.OpenMonitor() })
 	if nvml.mon == nil {
 		return nil
@@ -32,7 +32,7 @@ func GPUStats() []GPUStat {
 	if err != nil {
 		return nil
 	}
-	var out []GPUStat
+	var out []Stat
 	for i := 0; i < n; i++ {
 		g, err := nvml.mon.Device(i)
 		if err != nil {
@@ -40,7 +40,7 @@ func GPUStats() []GPUStat {
 		}
 		name, _ := g.Name()
 		s, _ := g.Sample() // fields NVML could not read stay zero
-		out = append(out, GPUStat{Index: i, Name: name, MemUsed: s.MemUsed, MemTotal: s.MemTotal,
+		out = append(out, Stat{Index: i, Name: name, MemUsed: s.MemUsed, MemTotal: s.MemTotal,
 			Util: float64(s.GPUUtil) / 100, PCIeRX: float64(s.PCIeRX), PCIeTX: float64(s.PCIeTX)})
 	}
 	return out

@@ -1,20 +1,21 @@
-package runtime
+package gpu
 
 import (
 	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/cudadrv/kernels"
 	"github.com/atsinfer/ats/gguf"
+	"github.com/atsinfer/ats/runtime/ir"
 )
 
 // quantOps adapts kernels.WeightOps (matvec.cu, matmul.cu: the GGUF blocks
 // read as they are, activations quantized on the device, tensor cores for
-// prefill) to the executor's gpuWeightOps.
+// prefill) to the executor's WeightOps.
 type quantOps struct {
 	k *kernels.WeightOps
 }
 
 func init() {
-	quantWeightOps = func(ctx *cudadrv.Context, _ cudadrv.DeviceInfo) (gpuWeightOps, error) {
+	quantWeightOps = func(ctx *cudadrv.Context, _ cudadrv.DeviceInfo) (WeightOps, error) {
 		k, err := kernels.LoadWeightOps(ctx)
 		if err != nil {
 			return nil, err
@@ -26,52 +27,52 @@ func init() {
 func (q *quantOps) Name() string { return "quantized (GGUF blocks, kernels.WeightOps)" }
 
 // DeviceBytes: the tensor's bytes as the file holds them.
-func (q *quantOps) DeviceBytes(w *Weight) int64 { return int64(len(w.Data)) }
+func (q *quantOps) DeviceBytes(w *ir.Weight) int64 { return int64(len(w.Data)) }
 
-func (q *quantOps) Upload(s *cudadrv.Stream, w *Weight, dst cudadrv.DevicePtr) (gpuMat, error) {
+func (q *quantOps) Upload(s *cudadrv.Stream, w *ir.Weight, dst cudadrv.DevicePtr) (mat, error) {
 	if err := s.CopyHtoD(dst, w.Data); err != nil {
-		return gpuMat{}, err
+		return mat{}, err
 	}
 	return matOf(w, dst), nil
 }
 
-func (q *quantOps) matrix(m *gpuMat) kernels.Matrix {
+func (q *quantOps) matrix(m *mat) kernels.Matrix {
 	return kernels.Matrix{Type: m.W.Type, Data: m.Ptr, Rows: m.Rows, Cols: m.Cols}
 }
 
-func (q *quantOps) moe(m *gpuMat, topK int, perSlot bool) kernels.MoE {
+func (q *quantOps) moe(m *mat, topK int, perSlot bool) kernels.MoE {
 	return kernels.MoE{Matrix: q.matrix(m), NExpert: m.Experts, K: topK, PerSlot: perSlot}
 }
 
-func (q *quantOps) ScratchBytes(m *gpuMat, nTok int) int {
+func (q *quantOps) ScratchBytes(m *mat, nTok int) int {
 	return kernels.MatMulScratchBytes(q.matrix(m), nTok)
 }
 
-func (q *quantOps) MoEScratchBytes(m *gpuMat, nTok, topK int, perSlot bool) int {
+func (q *quantOps) MoEScratchBytes(m *mat, nTok, topK int, perSlot bool) int {
 	return kernels.MoEScratchBytes(q.moe(m, topK, perSlot), nTok)
 }
 
-func (q *quantOps) MatMul(s *cudadrv.Stream, m *gpuMat, x cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr, ldOut int, scratch cudadrv.DevicePtr) error {
+func (q *quantOps) MatMul(s *cudadrv.Stream, m *mat, x cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr, ldOut int, scratch cudadrv.DevicePtr) error {
 	return q.k.MatMul(s, q.matrix(m), x, m.Cols, nTok, out, ldOut, scratch)
 }
 
-func (q *quantOps) GetRows(s *cudadrv.Stream, m *gpuMat, ids cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr) error {
+func (q *quantOps) GetRows(s *cudadrv.Stream, m *mat, ids cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr) error {
 	return q.k.GetRows(s, q.matrix(m), ids, nTok, out, m.Cols)
 }
 
-func (q *quantOps) MoEMatMul(s *cudadrv.Stream, m *gpuMat, x cudadrv.DevicePtr, perSlot bool, ids cudadrv.DevicePtr, nTok, topK int, out cudadrv.DevicePtr, scratch cudadrv.DevicePtr) error {
+func (q *quantOps) MoEMatMul(s *cudadrv.Stream, m *mat, x cudadrv.DevicePtr, perSlot bool, ids cudadrv.DevicePtr, nTok, topK int, out cudadrv.DevicePtr, scratch cudadrv.DevicePtr) error {
 	return q.k.MoEMatMul(s, q.moe(m, topK, perSlot), ids, x, m.Cols, nTok, out, m.Rows, scratch)
 }
 
 // quantOps reads Q8_1 activations in the matrix-vector path, f16 in the
 // tensor-core path, and float32 for float weights in the former.
-var _ gpuPreparedOps = (*quantOps)(nil)
+var _ preparedOps = (*quantOps)(nil)
 
 func isFloatType(t gguf.Type) bool {
 	return t == gguf.TypeF32 || t == gguf.TypeF16 || t == gguf.TypeBF16
 }
 
-func (q *quantOps) InputFormat(m *gpuMat, nTok int) actFormat {
+func (q *quantOps) InputFormat(m *mat, nTok int) actFormat {
 	switch {
 	case nTok > kernels.MatVecMaxTokens:
 		return actF16
@@ -101,7 +102,7 @@ func (q *quantOps) Prepare(s *cudadrv.Stream, f actFormat, x cudadrv.DevicePtr, 
 	return nil
 }
 
-func (q *quantOps) MatMulPrepared(s *cudadrv.Stream, m *gpuMat, f actFormat, x cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr, ldOut int) error {
+func (q *quantOps) MatMulPrepared(s *cudadrv.Stream, m *mat, f actFormat, x cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr, ldOut int) error {
 	switch f {
 	case actQ8_1:
 		return q.k.MatVecQ8_1(s, q.matrix(m), x, nTok, out, ldOut)
@@ -111,15 +112,15 @@ func (q *quantOps) MatMulPrepared(s *cudadrv.Stream, m *gpuMat, f actFormat, x c
 	return q.k.MatVecF32(s, q.matrix(m), x, m.Cols, nTok, out, ldOut)
 }
 
-var _ gpuMoEPreparedOps = (*quantOps)(nil)
+var _ moePreparedOps = (*quantOps)(nil)
 
-func (q *quantOps) MoEInputFormat(m *gpuMat, nTok int) actFormat {
+func (q *quantOps) MoEInputFormat(m *mat, nTok int) actFormat {
 	if nTok > kernels.MoEMatVecMaxTokens || isFloatType(m.W.Type) {
 		return actMixed
 	}
 	return actQ8_1
 }
 
-func (q *quantOps) MoEMatMulPrepared(s *cudadrv.Stream, m *gpuMat, xq cudadrv.DevicePtr, perSlot bool, ids cudadrv.DevicePtr, nTok, topK int, out cudadrv.DevicePtr) error {
+func (q *quantOps) MoEMatMulPrepared(s *cudadrv.Stream, m *mat, xq cudadrv.DevicePtr, perSlot bool, ids cudadrv.DevicePtr, nTok, topK int, out cudadrv.DevicePtr) error {
 	return q.k.MoEMatVecQ8_1(s, q.moe(m, topK, perSlot), ids, xq, nTok, out, m.Rows)
 }

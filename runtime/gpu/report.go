@@ -1,4 +1,4 @@
-package runtime
+package gpu
 
 import (
 	"fmt"
@@ -9,11 +9,11 @@ import (
 	"github.com/atsinfer/ats/cudadrv/kernels"
 )
 
-// GPUReport writes whether ats can use a GPU here (and why not), each CUDA
+// Report writes whether ats can use a GPU here (and why not), each CUDA
 // device's name, compute capability, memory and multiprocessors, the PTX
 // variant ats loads on it, and NVML's live figures where NVML is
 // installed. It only queries: no context is created, no memory allocated.
-func GPUReport(w io.Writer) error {
+func Report(w io.Writer) error {
 	ok, reason := cudadrv.Available()
 	if !ok {
 		fmt.Fprintf(w, "CUDA: not available: %s\nats runs on the CPU.\n", reason)

@@ -1,8 +1,11 @@
-package runtime
+package ir
 
 import (
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
+	"strings"
 
 	"github.com/atsinfer/ats/gguf"
 )
@@ -29,9 +32,9 @@ type Hyper struct {
 	NVocab      int     // rows of token_embd.weight
 }
 
-// readHyper reads the keys every architecture shares. Keys an architecture
+// ReadHyper reads the keys every architecture shares. Keys an architecture
 // needs beyond these it reads itself.
-func readHyper(f *gguf.File) (Hyper, error) {
+func ReadHyper(f *gguf.File) (Hyper, error) {
 	arch, err := f.Arch()
 	if err != nil {
 		return Hyper{}, err
@@ -102,9 +105,21 @@ func readHyper(f *gguf.File) (Hyper, error) {
 	if st, e := f.String(arch + ".rope.scaling.type"); e == nil && st == "linear" {
 		var factor float32
 		optF(&factor, "rope.scaling.factor", 1)
-		if factor > 0 {
-			h.RopeScale = 1 / factor
+		if err != nil {
+			return h, err
 		}
+		if !(factor > 0) || math.IsInf(float64(factor), 0) {
+			return h, fmt.Errorf("%s: %s.rope.scaling.factor is %g: it must be a finite number above 0", f.Path, arch, factor)
+		}
+		h.RopeScale = 1 / factor
+	}
+	if err := checkFinite(f, arch, h); err != nil {
+		return h, err
+	}
+	// A block_count past the file's blocks is a corrupt or hostile header:
+	// say so before anything is sized by it.
+	if last := lastBlock(f); h.NLayer > last+1 {
+		return h, fmt.Errorf("%s: %s.block_count is %d but the file's tensors stop at block %d", f.Path, arch, h.NLayer, last)
 	}
 	if h.NKVHead == 0 || h.NHead%h.NKVHead != 0 {
 		return h, fmt.Errorf("%s: %d attention heads are not a multiple of %d KV heads", f.Path, h.NHead, h.NKVHead)
@@ -116,4 +131,42 @@ func readHyper(f *gguf.File) (Hyper, error) {
 		return h, fmt.Errorf("%s: %d experts used of %d", f.Path, h.NExpertUsed, h.NExpert)
 	}
 	return h, err
+}
+
+// checkFinite rejects hyperparameters that would make every logit NaN or
+// the model print one token forever: a norm epsilon or rope base that is
+// zero, negative, NaN or infinite.
+func checkFinite(f *gguf.File, arch string, h Hyper) error {
+	for _, v := range []struct {
+		key string
+		x   float32
+	}{
+		{"attention.layer_norm_rms_epsilon", h.RMSEps},
+		{"rope.freq_base", h.RopeBase},
+	} {
+		x := float64(v.x)
+		if math.IsNaN(x) || math.IsInf(x, 0) || x <= 0 {
+			return fmt.Errorf("%s: %s.%s is %g: it must be a finite number above 0", f.Path, arch, v.key, x)
+		}
+	}
+	if h.RMSEps >= 1 {
+		return fmt.Errorf("%s: %s.attention.layer_norm_rms_epsilon is %g: an epsilon that large swamps the activations", f.Path, arch, h.RMSEps)
+	}
+	return nil
+}
+
+// lastBlock is the highest N of the file's "blk.N." tensors, -1 without any.
+func lastBlock(f *gguf.File) int {
+	last := -1
+	for _, t := range f.Tensors {
+		rest, ok := strings.CutPrefix(t.Name, "blk.")
+		if !ok {
+			continue
+		}
+		num, _, _ := strings.Cut(rest, ".")
+		if n, err := strconv.Atoi(num); err == nil && n > last {
+			last = n
+		}
+	}
+	return last
 }

@@ -1,0 +1,164 @@
+package plan
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Profile is what a model's units measured on this machine: the seconds
+// each takes on the CPU and on the GPU (weights resident) at decode and at
+// prefill batch sizes, the cost of moving activations between the two,
+// and the link's speed for streaming weights. The runtime measures it
+// (runtime/profile.go); plan only reads it.
+type Profile struct {
+	Version  int       `json:"version"`
+	Key      string    `json:"key"`   // see ProfileKey
+	Model    string    `json:"model"` // file name, for people
+	Hardware Hardware  `json:"hardware"`
+	Created  time.Time `json:"created"`
+	Took     float64   `json:"took_s"` // seconds the measurement took
+	Batches  []int     `json:"batches"`
+	// DecodePos is the cache position at which decode attention was timed.
+	DecodePos int         `json:"decode_pos"`
+	Units     []UnitTimes `json:"units"`   // by unit index
+	Switch    []Link      `json:"switch"`  // by batch: activation transfers (zero-copy kernels and a wait)
+	Stream    Link        `json:"stream"`  // weight copies from the model file to the staging ring
+	Pinned    bool        `json:"pinned"`  // whether the model file was page-locked for those copies
+	Measured  int         `json:"measured"` // distinct unit shapes measured
+}
+
+// ProfileVersion changes whenever what a profile means changes; older
+// cached profiles are measured again.
+const ProfileVersion = 1
+
+// UnitTimes are one unit's figures, by batch index (Profile.Batches).
+type UnitTimes struct {
+	Name string `json:"name"`
+	Sig  string `json:"sig"` // units of one signature share a measurement
+	// CPU and GPU: seconds within a run of units on the same backend (the
+	// fusions with the unit before hold); the Alone figures: the unit run
+	// by itself.
+	CPU      []float64 `json:"cpu_s"`
+	GPU      []float64 `json:"gpu_s"`
+	CPUAlone []float64 `json:"cpu_alone_s"`
+	GPUAlone []float64 `json:"gpu_alone_s"`
+}
+
+// Link is a measured transfer path: a fixed cost per transfer and a rate.
+type Link struct {
+	Latency     float64 `json:"latency_s"`
+	BytesPerSec float64 `json:"bytes_per_s"`
+}
+
+// Time is the seconds to move n bytes.
+func (l Link) Time(n int64) float64 {
+	if l.BytesPerSec <= 0 {
+		return l.Latency
+	}
+	return l.Latency + float64(n)/l.BytesPerSec
+}
+
+// Hardware identifies the machine a profile was measured on.
+type Hardware struct {
+	CPU     string `json:"cpu"`
+	Cores   int    `json:"cores"`
+	Threads int    `json:"threads"`
+	GPU     string `json:"gpu"`
+	Driver  string `json:"driver"`
+	VRAM    int64  `json:"vram_bytes"`
+}
+
+// ProfileKey names the profile of a model on a machine: a hash of the
+// model file's identity (its header and tensor table, as the caller
+// digests it), the hardware fingerprint, the batch sizes and the
+// profile's version.
+func ProfileKey(modelID string, hw Hardware, batches []int) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "v%d\n%s\n%+v\n%v\n", ProfileVersion, modelID, hw, batches)
+	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// BatchIndex is the index of the profiled batch size closest to n (on a
+// log scale).
+func (p *Profile) BatchIndex(n int) int {
+	best, bestD := 0, 0.0
+	for i, b := range p.Batches {
+		d := float64(b) / float64(max(n, 1))
+		if d < 1 {
+			d = 1 / d
+		}
+		if i == 0 || d < bestD {
+			best, bestD = i, d
+		}
+	}
+	return best
+}
+
+// CacheDir is where profiles are kept: $ATS_CACHE_DIR, else ats/profiles
+// under the user's cache directory.
+func CacheDir() (string, error) {
+	if d := os.Getenv("ATS_CACHE_DIR"); d != "" {
+		return filepath.Join(d, "profiles"), nil
+	}
+	d, err := os.UserCacheDir()
+	if err != nil {
+		return "", fmt.Errorf("plan: no cache directory: %w", err)
+	}
+	return filepath.Join(d, "ats", "profiles"), nil
+}
+
+// LoadProfile reads the cached profile of key from dir; (nil, nil) when
+// there is none or it is of another version.
+func LoadProfile(dir, key string) (*Profile, error) {
+	b, err := os.ReadFile(filepath.Join(dir, key+".json"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	var p Profile
+	if err := json.Unmarshal(b, &p); err != nil {
+		return nil, fmt.Errorf("plan: cached profile %s: %w", key, err)
+	}
+	if p.Version != ProfileVersion || p.Key != key {
+		return nil, nil
+	}
+	return &p, nil
+}
+
+// SaveProfile writes p to dir (atomically: a reader never sees half).
+func SaveProfile(dir string, p *Profile) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	b, err := json.MarshalIndent(p, "", " ")
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, p.Key+".*.tmp")
+	if err != nil {
+		return fmt.Errorf("plan: %w", err)
+	}
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return fmt.Errorf("plan: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("plan: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, p.Key+".json")); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("plan: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,135 @@
+// Package cpu is the CPU backend of the executor: it runs a program's ops
+// over activation buffers in host memory on the worker pool, and keeps the
+// KV cache of the layers whose attention it runs. It knows nothing of the
+// GPU or of placement: the executor (runtime/exec.go) hands it ranges of
+// ops and moves activations in and out of its buffers.
+package cpu
+
+import (
+	"fmt"
+
+	"github.com/atsinfer/ats/ops"
+	"github.com/atsinfer/ats/runtime/ir"
+)
+
+// Options size a Backend.
+type Options struct {
+	Batch   int  // most rows of a buffer (tokens computed together)
+	CtxSize int  // tokens a KV cache holds
+	KVF32   bool // keep the KV cache in f32 instead of f16
+	// LogitRows is the rows of the logits buffer (at most Batch): a
+	// batch whose every logit is wanted must not be longer.
+	LogitRows int
+	// Runs says which ops may run here (nil: all). Buffers, scratch and
+	// KV caches are made only for those.
+	Runs func(op int) bool
+	// Alloc, when set, provides the memory of a buffer of n floats (the
+	// executor hands out mapped pinned memory for buffers that cross to
+	// the GPU); nil allocates Go memory.
+	Alloc func(id ir.BufID, n int) ([]float32, error)
+}
+
+// Backend runs ops on the CPU. It is not safe for concurrent use.
+type Backend struct {
+	prog    *ir.Program
+	pool    *ops.Pool
+	kv      []*ops.KVLayer // by layer: nil where attention runs elsewhere
+	bufs    [][]float32    // by BufID: Batch rows of the buffer's width, nil if unused here
+	scratch []byte         // quantized activations
+	moe     moeScratch
+	rope    ropeCache // rotation table of the current batch
+}
+
+// New sizes the buffers, scratch and KV caches of the ops that may run on
+// the CPU.
+func New(p *ir.Program, pool *ops.Pool, opt Options) (*Backend, error) {
+	b := &Backend{prog: p, pool: pool, kv: make([]*ops.KVLayer, p.Hyper.NLayer), bufs: make([][]float32, len(p.Bufs))}
+	runs := opt.Runs
+	if runs == nil {
+		runs = func(int) bool { return true }
+	}
+	used := make([]bool, len(p.Bufs))
+	scratch := 0
+	for i := range p.Ops {
+		if !runs(i) {
+			continue
+		}
+		op := &p.Ops[i]
+		for _, id := range op.Buffers() {
+			used[id] = true
+		}
+		switch op.Kind {
+		case ir.OpAttention:
+			if b.kv[op.Layer] == nil {
+				b.kv[op.Layer] = ops.NewKVLayer(opt.CtxSize, op.Attn.NKVHeads*op.Attn.HeadSize, !opt.KVF32)
+			}
+		case ir.OpMatMul:
+			scratch = max(scratch, op.W.Mat.ActBytes(opt.Batch))
+		case ir.OpMoE:
+			scratch = max(scratch, op.W.Mat.ActBytes(opt.Batch), op.Gate.Stack[0].ActBytes(opt.Batch), op.Down.Stack[0].ActBytes(opt.Batch))
+			b.moe.grow(opt.Batch, op)
+		}
+	}
+	b.scratch = make([]byte, scratch)
+	for id, buf := range p.Bufs {
+		if !used[id] {
+			continue
+		}
+		n := opt.Batch * buf.Width
+		if ir.BufID(id) == p.Logits && opt.LogitRows > 0 {
+			n = min(opt.Batch, opt.LogitRows) * buf.Width
+		}
+		if opt.Alloc == nil {
+			b.bufs[id] = make([]float32, n)
+			continue
+		}
+		m, err := opt.Alloc(ir.BufID(id), n)
+		if err != nil {
+			return nil, fmt.Errorf("cpu: buffer %s: %w", buf.Name, err)
+		}
+		b.bufs[id] = m
+	}
+	return b, nil
+}
+
+// Buf is the host memory of buffer id (nil when no op here uses it).
+func (b *Backend) Buf(id ir.BufID) []float32 { return b.bufs[id] }
+
+// KVBytes is the host memory of the KV caches this backend keeps.
+func (b *Backend) KVBytes() int64 {
+	var n int64
+	for _, kv := range b.kv {
+		if kv != nil {
+			n += kv.Bytes()
+		}
+	}
+	return n
+}
+
+// Run executes ops[lo:hi] over n rows (tokens at positions pos0...). The
+// output head runs as mode says: not at all (Run stops before it and
+// returns 0), on the last row only (its first op moves the last row of its
+// input to row 0), or on every row. Run returns the rows its last op
+// produced.
+func (b *Backend) Run(lo, hi int, tokens []int, n, pos0 int, mode ir.OutputMode) int {
+	prog := b.prog.Ops
+	for i := lo; i < hi; i++ {
+		op := &prog[i]
+		if op.Output && mode == ir.OutputNone {
+			return 0 // the head is the program's tail
+		}
+		if op.Output && mode == ir.OutputLast && n > 1 {
+			// Only the last token's logits are wanted: move its row first.
+			w := b.prog.Bufs[op.In].Width
+			copy(b.bufs[op.In][:w], b.bufs[op.In][(n-1)*w:n*w])
+			n = 1
+		}
+		if j := min(matMulGroup(prog, i), hi); j > i+1 {
+			b.execMatMuls(prog[i:j], n)
+			i = j - 1
+			continue
+		}
+		b.exec(op, tokens, n, pos0)
+	}
+	return n
+}

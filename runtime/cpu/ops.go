@@ -1,0 +1,278 @@
+package cpu
+
+import (
+	"fmt"
+	"sort"
+
+	"github.com/atsinfer/ats/ops"
+	"github.com/atsinfer/ats/runtime/ir"
+)
+
+// matMulGroup returns the end of the run of matrix products starting at
+// ops[i] that read the same input in the same activation format (Q, K and
+// V; gate and up) and write other buffers: they share one quantization of
+// the input and one split of their rows over the threads.
+func matMulGroup(ops []ir.Op, i int) int {
+	first := &ops[i]
+	if first.Kind != ir.OpMatMul || first.Out == first.In {
+		return i + 1
+	}
+	m0 := first.W.Mat
+	j := i + 1
+	for ; j < len(ops); j++ {
+		op := &ops[j]
+		if op.Kind != ir.OpMatMul || op.In != first.In || op.Out == op.In || op.Output != first.Output {
+			break
+		}
+		m := op.W.Mat
+		if m.Cols != m0.Cols || m.Kernel.ActType != m0.Kernel.ActType {
+			break
+		}
+	}
+	return j
+}
+
+// execMatMuls runs a group from matMulGroup over n rows.
+func (b *Backend) execMatMuls(group []ir.Op, n int) {
+	in := group[0].In
+	m0 := group[0].W.Mat
+	xq := m0.QuantizeActs(b.pool, b.bufs[in][:n*m0.Cols], n, b.scratch)
+	var mats [4]ops.Matrix
+	var outs [4][]float32
+	var lds [4]int
+	for start := 0; start < len(group); start += len(mats) {
+		g := group[start:min(len(group), start+len(mats))]
+		for k := range g {
+			mats[k] = g[k].W.Mat
+			outs[k] = b.bufs[g[k].Out]
+			lds[k] = b.prog.Bufs[g[k].Out].Width
+		}
+		ops.MulQGroup(b.pool, mats[:len(g)], xq, n, outs[:len(g)], lds[:len(g)])
+	}
+	for k := range group {
+		if op := &group[k]; op.Bias != nil {
+			for t := 0; t < n; t++ {
+				ops.AddTo(b.row(op.Out, t), op.Bias.Vector)
+			}
+		}
+	}
+}
+
+func (b *Backend) row(id ir.BufID, t int) []float32 {
+	w := b.prog.Bufs[id].Width
+	return b.bufs[id][t*w : (t+1)*w]
+}
+
+// exec runs one op over n rows on the CPU.
+func (b *Backend) exec(op *ir.Op, tokens []int, n, pos0 int) {
+	switch op.Kind {
+	case ir.OpEmbed:
+		b.pool.Run(n, 1, func(lo, hi int) {
+			for t := lo; t < hi; t++ {
+				op.W.Mat.DequantizeRow(tokens[t], b.row(op.Out, t))
+			}
+		})
+	case ir.OpNorm:
+		var w []float32
+		if op.W != nil {
+			w = op.W.Vector
+		}
+		b.pool.Run(n, 4, func(lo, hi int) {
+			for t := lo; t < hi; t++ {
+				ops.RMSNorm(b.row(op.Out, t), b.row(op.In, t), w, op.Eps)
+			}
+		})
+	case ir.OpHeadNorm:
+		b.pool.Run(n, 4, func(lo, hi int) {
+			for t := lo; t < hi; t++ {
+				r := b.row(op.In, t)
+				for hd := 0; hd < op.Heads; hd++ {
+					v := r[hd*op.HeadSize : (hd+1)*op.HeadSize]
+					ops.RMSNorm(v, v, op.W.Vector, op.Eps)
+				}
+			}
+		})
+	case ir.OpMatMul:
+		width := b.prog.Bufs[op.Out].Width
+		op.W.Mat.Mul(b.pool, b.bufs[op.In][:n*op.W.Mat.Cols], n, b.bufs[op.Out], width, b.scratch)
+		if op.Bias != nil {
+			for t := 0; t < n; t++ {
+				ops.AddTo(b.row(op.Out, t), op.Bias.Vector)
+			}
+		}
+	case ir.OpRoPE:
+		cos, sin := b.ropeTable(op.Rope, pos0, n)
+		half := op.Rope.Dims / 2
+		b.pool.Run(n, 4, func(lo, hi int) {
+			for t := lo; t < hi; t++ {
+				op.Rope.Apply(b.row(op.In, t), op.Heads, op.HeadSize, cos[t*half:(t+1)*half], sin[t*half:(t+1)*half])
+			}
+		})
+	case ir.OpAttention:
+		kv := b.kv[op.Layer]
+		for t := 0; t < n; t++ {
+			kv.Store(pos0+t, b.row(op.In2, t), b.row(op.In3, t))
+		}
+		op.Attn.Run(b.pool, kv, b.bufs[op.In], b.bufs[op.Out], n, pos0)
+	case ir.OpSwiGLU:
+		b.pool.Run(n, 4, func(lo, hi int) {
+			for t := lo; t < hi; t++ {
+				out := b.row(op.Out, t)
+				if op.In2 < 0 {
+					in := b.row(op.In, t)
+					ops.SwiGLU(out, in[:len(out)], in[len(out):])
+				} else {
+					ops.SwiGLU(out, b.row(op.In, t), b.row(op.In2, t))
+				}
+			}
+		})
+	case ir.OpAdd:
+		for t := 0; t < n; t++ {
+			ops.Add(b.row(op.Out, t), b.row(op.In, t), b.row(op.In2, t))
+		}
+	case ir.OpMoE:
+		b.moeFFN(op, n)
+	default:
+		panic(fmt.Sprintf("runtime: op %v has no CPU implementation", op.Kind))
+	}
+}
+
+// ropeCache holds the rotation table of the current batch: every layer's
+// Q and K rotations use the same positions, so cos and sin are computed
+// once per batch instead of once per op (2·layers times).
+type ropeCache struct {
+	r        *ops.Rope
+	pos0, n  int
+	cos, sin []float32 // n rows of Dims/2
+}
+
+// ropeTable returns cos and sin for positions pos0..pos0+n-1 under r.
+func (b *Backend) ropeTable(r *ops.Rope, pos0, n int) (cos, sin []float32) {
+	rc := &b.rope
+	half := r.Dims / 2
+	if rc.r != r || rc.pos0 != pos0 || rc.n != n {
+		if cap(rc.cos) < n*half {
+			rc.cos, rc.sin = make([]float32, n*half), make([]float32, n*half)
+		}
+		cs, sn := rc.cos[:n*half], rc.sin[:n*half]
+		b.pool.Run(n, 1, func(lo, hi int) {
+			for t := lo; t < hi; t++ {
+				r.Table(pos0+t, cs[t*half:(t+1)*half], sn[t*half:(t+1)*half])
+			}
+		})
+		rc.r, rc.pos0, rc.n = r, pos0, n
+	}
+	return rc.cos[:n*half], rc.sin[:n*half]
+}
+
+// moeScratch holds the buffers of the mixture-of-experts op.
+type moeScratch struct {
+	probs   []float32 // [n][nExpert] router output
+	choice  []int     // [n][topK] chosen experts
+	weight  []float32 // [n][topK] their weights
+	in      []float32 // [cnt][nEmbd] gathered rows for one expert
+	gate    []float32 // [cnt][nFF]
+	up      []float32 // [cnt][nFF]
+	down    []float32 // [cnt][nEmbd]
+	results []float32 // [n][topK][nEmbd] weighted expert outputs
+}
+
+func (s *moeScratch) grow(batch int, op *ir.Op) {
+	ne, k := op.W.Mat.Rows, op.TopK
+	emb, ff := op.Gate.Stack[0].Cols, op.Gate.Stack[0].Rows
+	fit := func(b []float32, n int) []float32 {
+		if len(b) < n {
+			return make([]float32, n)
+		}
+		return b
+	}
+	s.probs = fit(s.probs, batch*ne)
+	s.weight = fit(s.weight, batch*k)
+	if len(s.choice) < batch*k {
+		s.choice = make([]int, batch*k)
+	}
+	s.in = fit(s.in, batch*emb)
+	s.gate = fit(s.gate, batch*ff)
+	s.up = fit(s.up, batch*ff)
+	s.down = fit(s.down, batch*emb)
+	s.results = fit(s.results, batch*k*emb)
+}
+
+// Route routes one token: softmax over the router's logits p (in
+// place), the k most probable experts into choice (ties: the lower id
+// first) and their probabilities into weight, renormalised to sum to 1 when
+// norm is set. idx is scratch of len(p).
+func Route(p []float32, k int, norm bool, choice []int, weight []float32, idx []int) {
+	ops.Softmax(p)
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return p[idx[a]] > p[idx[b]] })
+	var sum float32
+	for j := 0; j < k; j++ {
+		choice[j] = idx[j]
+		weight[j] = p[idx[j]]
+		sum += p[idx[j]]
+	}
+	if norm {
+		for j := 0; j < k; j++ {
+			weight[j] /= sum
+		}
+	}
+}
+
+// moeFFN routes each token to its top experts and sums their outputs in
+// slot order, as llama.cpp's build_moe_ffn does.
+func (b *Backend) moeFFN(op *ir.Op, n int) {
+	s := &b.moe
+	ne, k := op.W.Mat.Rows, op.TopK
+	emb := op.Gate.Stack[0].Cols
+	ff := op.Gate.Stack[0].Rows
+	op.W.Mat.Mul(b.pool, b.bufs[op.In][:n*emb], n, s.probs, ne, b.scratch)
+	idx := make([]int, ne)
+	for t := 0; t < n; t++ {
+		Route(s.probs[t*ne:(t+1)*ne], k, op.NormTopK, s.choice[t*k:(t+1)*k], s.weight[t*k:(t+1)*k], idx)
+	}
+	type slot struct{ t, j int }
+	for e := 0; e < ne; e++ {
+		var users []slot
+		for t := 0; t < n; t++ {
+			for j := 0; j < k; j++ {
+				if s.choice[t*k+j] == e {
+					users = append(users, slot{t, j})
+				}
+			}
+		}
+		if len(users) == 0 {
+			continue
+		}
+		cnt := len(users)
+		for i, u := range users {
+			copy(s.in[i*emb:(i+1)*emb], b.row(op.In, u.t))
+		}
+		gate, up, down := op.Gate.Stack[e], op.Up.Stack[e], op.Down.Stack[e]
+		xq := gate.QuantizeActs(b.pool, s.in[:cnt*emb], cnt, b.scratch)
+		gate.MulQ(b.pool, xq, cnt, s.gate, ff)
+		if up.Kernel.ActType == gate.Kernel.ActType {
+			up.MulQ(b.pool, xq, cnt, s.up, ff)
+		} else {
+			up.Mul(b.pool, s.in[:cnt*emb], cnt, s.up, ff, b.scratch)
+		}
+		ops.SwiGLU(s.gate[:cnt*ff], s.gate[:cnt*ff], s.up[:cnt*ff])
+		down.Mul(b.pool, s.gate[:cnt*ff], cnt, s.down, emb, b.scratch)
+		for i, u := range users {
+			dst := s.results[(u.t*k+u.j)*emb : (u.t*k+u.j+1)*emb]
+			w := s.weight[u.t*k+u.j]
+			for d := range dst {
+				dst[d] = s.down[i*emb+d] * w
+			}
+		}
+	}
+	for t := 0; t < n; t++ {
+		out := b.row(op.Out, t)
+		copy(out, s.results[t*k*emb:(t*k+1)*emb])
+		for j := 1; j < k; j++ {
+			ops.AddTo(out, s.results[(t*k+j)*emb:(t*k+j+1)*emb])
+		}
+	}
+}

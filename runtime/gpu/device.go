@@ -1,0 +1,111 @@
+// Package gpu is the CUDA backend of the executor: device memory for the
+// resident weights, the activation buffers and the KV caches of the layers
+// whose attention runs on the GPU; a staging ring through which other
+// weights stream; and the program's ops compiled, segment by segment, into
+// fused kernel launches (compile.go) run on a compute stream, with weight
+// copies on a copy stream (exec.go). It executes; it never decides: which
+// op runs where and which weight is resident come from the executor
+// (runtime/exec.go) and the planner.
+package gpu
+
+import (
+	"fmt"
+	"sync"
+
+	"github.com/atsinfer/ats/cudadrv"
+	"github.com/atsinfer/ats/cudadrv/kernels"
+)
+
+// Device is the process's view of device 0: its primary context and the
+// loaded kernel modules. It is made once and kept: the driver frees
+// everything at exit, and the modules are small.
+type Device struct {
+	ctx  *cudadrv.Context
+	info cudadrv.DeviceInfo
+
+	norm *kernels.Norm
+	rope *kernels.Rope
+	attn *kernels.Attention
+	moe  *kernels.MoERoute
+	glu  *kernels.GLU
+	elem *kernels.Elementwise
+	util *kernels.Util
+	w    WeightOps // the weight kernels contexts use
+	ref  WeightOps // the float32 reference weight kernels
+}
+
+var sharedGPU struct {
+	once sync.Once
+	dev  *Device
+	err  error
+}
+
+// Open returns the shared device 0, opening it on first use. Its error
+// wraps cudadrv.ErrUnavailable when there is no driver or device.
+func Open() (*Device, error) {
+	sharedGPU.once.Do(func() { sharedGPU.dev, sharedGPU.err = newDevice() })
+	return sharedGPU.dev, sharedGPU.err
+}
+
+func newDevice() (*Device, error) {
+	if err := cudadrv.Init(); err != nil {
+		return nil, err
+	}
+	d, err := cudadrv.GetDevice(0)
+	if err != nil {
+		return nil, err
+	}
+	g := &Device{}
+	if g.info, err = d.Info(); err != nil {
+		return nil, fmt.Errorf("gpu: device 0: %w", err)
+	}
+	if g.ctx, err = d.RetainPrimaryContext(); err != nil {
+		return nil, fmt.Errorf("gpu: device 0 (%s): %w", g.info.Name, err)
+	}
+	load := func(name string, f func() error) {
+		if err == nil {
+			if e := f(); e != nil {
+				err = fmt.Errorf("gpu: loading the %s kernels: %w", name, e)
+			}
+		}
+	}
+	load("norm", func() (e error) { g.norm, e = kernels.LoadNorm(g.ctx); return })
+	load("rope", func() (e error) { g.rope, e = kernels.LoadRope(g.ctx); return })
+	load("attention", func() (e error) { g.attn, e = kernels.LoadAttention(g.ctx); return })
+	load("moe routing", func() (e error) { g.moe, e = kernels.LoadMoERoute(g.ctx); return })
+	load("glu", func() (e error) { g.glu, e = kernels.LoadGLU(g.ctx); return })
+	load("elementwise", func() (e error) { g.elem, e = kernels.LoadElementwise(g.ctx); return })
+	load("util", func() (e error) { g.util, e = kernels.LoadUtil(g.ctx); return })
+	load("weight", func() (e error) { g.w, g.ref, e = loadWeightOps(g.ctx, g.info); return })
+	if err != nil {
+		return nil, err
+	}
+	return g, nil
+}
+
+// Info describes the device.
+func (d *Device) Info() cudadrv.DeviceInfo { return d.info }
+
+// Context is the device's primary context.
+func (d *Device) Context() *cudadrv.Context { return d.ctx }
+
+// MemInfo is the device memory free and in total, in bytes.
+func (d *Device) MemInfo() (free, total int64, err error) {
+	f, t, err := d.ctx.MemInfo()
+	return int64(f), int64(t), err
+}
+
+// WeightsOverride, when set (by tests), replaces the device's weight
+// kernels for new Execs.
+var WeightsOverride WeightOps
+
+// Weights returns the weight kernels a new Exec uses.
+func (d *Device) Weights() WeightOps {
+	if WeightsOverride != nil {
+		return WeightsOverride
+	}
+	return d.w
+}
+
+// Reference returns the float32 reference weight kernels (for tests).
+func (d *Device) Reference() WeightOps { return d.ref }

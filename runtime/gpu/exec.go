@@ -1,0 +1,665 @@
+package gpu
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"time"
+	"unsafe"
+
+	"github.com/atsinfer/ats/cudadrv"
+	"github.com/atsinfer/ats/cudadrv/kernels"
+	"github.com/atsinfer/ats/runtime/ir"
+)
+
+// Exec is the GPU side of one context. It holds, in one device arena, the
+// activation buffers of the ops that may run here (Batch rows each), the
+// KV caches of the layers whose attention runs here, the weight kernels'
+// scratch and the staging ring; the resident weights live in a weight set
+// shared with the model's other contexts (weights.go).
+//
+// The executor hands it segments: runs of consecutive ops placed on the
+// GPU, each with the activation buffers that cross into it (from the CPU
+// backend's mapped pinned memory) and out of it. Compile turns a
+// schedule's segments into steps, closures over device pointers with the
+// fusions of compile.go; Run queues one segment on the compute stream,
+// transfers included, or replays its CUDA graph for a decode step.
+//
+// Weights that are not resident stream through a ring of two slots in
+// device memory: the copy stream uploads the next weight while the compute
+// stream multiplies with the current one, and two events per slot order
+// them (streamer below).
+type Exec struct {
+	dev  *Device
+	w    WeightOps
+	prog *ir.Program
+	cfg  Config
+	s    *cudadrv.Stream // compute: kernels and the zero-copy transfers
+	cs   *cudadrv.Stream // copy: weights streamed into the ring
+
+	arena cudadrv.DevicePtr // everything below but the weight set
+	bytes int64             // the arena's size
+
+	bufs     []cudadrv.DevicePtr // by BufID: Batch rows (LogitRows for the logits), 0 if unused here
+	kvK, kvV []cudadrv.DevicePtr // by layer: CtxSize rows of f16, 0 where attention runs on the CPU
+	in       *cudadrv.HostMem    // pinned: int32 pos0, then the batch's token ids
+	dIn      cudadrv.DevicePtr   // the same on the device
+	nTok     int                 // tokens of the current batch (Begin)
+	logits   *cudadrv.HostMem    // pinned: one row of logits
+	scratch  cudadrv.DevicePtr   // the weight ops' (quantized activations)
+	act      cudadrv.DevicePtr   // a group's input in the weight kernels' format
+
+	moe struct { // MoE intermediates, sized for the largest MoE op
+		probs, ids, weights, gate, up, down cudadrv.DevicePtr
+	}
+	attn struct { // split-K decode attention
+		splits, chunk int
+		part, ml      cudadrv.DevicePtr
+	}
+	st streamer
+
+	ws      *weightSet
+	resolve func(*ir.Weight) (*mat, error) // during compile: resident or streamed
+	reg     *registration                  // the model file pinned for streaming (nil when nothing streams)
+	prof    *profile                       // EnvGPUProfile
+	timing  [2]*cudadrv.Event              // TimeRun's
+}
+
+// Config describes what an Exec may run.
+type Config struct {
+	// Model identifies the model: Execs of one model that keep the same
+	// matrices resident share their upload.
+	Model          any
+	Batch, CtxSize int
+	// LogitRows is the rows of the logits buffer (at most Batch): a batch
+	// whose every logit is wanted must not be longer.
+	LogitRows int
+	// Runs says which ops may run on the GPU (in some schedule): buffers,
+	// scratch and KV caches are made for those.
+	Runs func(op int) bool
+	// Resident says which matrices live in device memory.
+	Resident func(w *ir.Weight) bool
+	// Streams says which matrices may stream through the ring (it is sized
+	// for the largest); nil for none.
+	Streams func(w *ir.Weight) bool
+	// Files is the model file's mapping, registered with the driver while
+	// anything streams (and during the upload).
+	Files [][]byte
+}
+
+// EnvGPUGraphs set to "0" turns off the CUDA graphs of decode segments (every
+// launch is then queued one by one), for profiling and debugging.
+const EnvGPUGraphs = "ATS_GPU_GRAPHS"
+
+// bufSpec is one carve of the arena.
+type bufSpec struct {
+	name  string
+	bytes int64
+	dst   *cudadrv.DevicePtr
+}
+
+// layout lists the arena's carves; New allocates them and Need sums
+// them. g's pointers are the destinations.
+func (g *Exec) layout(dev *Device, w WeightOps, p *ir.Program, cfg Config) []bufSpec {
+	var specs []bufSpec
+	add := func(name string, bytes int64, dst *cudadrv.DevicePtr) {
+		if bytes > 0 {
+			specs = append(specs, bufSpec{name, bytes, dst})
+		}
+	}
+	runs := cfg.Runs
+	B := int64(cfg.Batch)
+	used := make([]bool, len(p.Bufs))
+	for i := range p.Ops {
+		if runs(i) {
+			for _, id := range p.Ops[i].Buffers() {
+				used[id] = true
+			}
+		}
+	}
+	g.bufs = make([]cudadrv.DevicePtr, len(p.Bufs))
+	for i, b := range p.Bufs {
+		rows := B
+		if ir.BufID(i) == p.Logits {
+			rows = int64(cfg.LogitRows)
+		}
+		if used[i] {
+			add("buffer "+b.Name, 4*rows*int64(b.Width), &g.bufs[i])
+		}
+	}
+	add("input", 4*(1+B), &g.dIn)
+	g.kvK = make([]cudadrv.DevicePtr, p.Hyper.NLayer)
+	g.kvV = make([]cudadrv.DevicePtr, p.Hyper.NLayer)
+	var scratch, act, probs, ids, slots, slotsOut int64
+	kvSeen := map[int]bool{}
+	g.attn.splits = 0
+	// The weight kernels switch paths with the batch size (matrix-vector up
+	// to a few tokens, tensor cores above): size the scratch for the
+	// largest batch of each.
+	sizes := []int{1, min(cfg.Batch, kernels.MatVecMaxTokens), cfg.Batch}
+	for i := range p.Ops {
+		if !runs(i) {
+			continue
+		}
+		op := &p.Ops[i]
+		switch op.Kind {
+		case ir.OpAttention:
+			a := op.Attn
+			if !kvSeen[op.Layer] {
+				kvSeen[op.Layer] = true
+				kv := 2 * int64(cfg.CtxSize) * int64(a.NKVHeads*a.HeadSize) // f16
+				add(fmt.Sprintf("layer %d keys", op.Layer), kv, &g.kvK[op.Layer])
+				add(fmt.Sprintf("layer %d values", op.Layer), kv, &g.kvV[op.Layer])
+			}
+			splits, chunk := kernels.DecodeSplits(cfg.CtxSize, a.NKVHeads, dev.info.Multiprocessors)
+			if splits > 1 && splits >= g.attn.splits {
+				g.attn.splits, g.attn.chunk = splits, chunk
+			}
+		case ir.OpMatMul:
+			m := matOf(op.W, 0)
+			rows := sizes
+			if op.Out == p.Logits {
+				rows = []int{1, min(cfg.LogitRows, kernels.MatVecMaxTokens), cfg.LogitRows}
+			}
+			for _, n := range rows {
+				scratch = max(scratch, int64(w.ScratchBytes(&m, n)))
+				if p, ok := w.(preparedOps); ok {
+					act = max(act, int64(p.InputBytes(p.InputFormat(&m, n), n, m.Cols)))
+				}
+			}
+		case ir.OpMoE:
+			k := int64(op.TopK)
+			gate, down := matOf(op.Gate, 0), matOf(op.Down, 0)
+			router := matOf(op.W, 0)
+			for _, n := range sizes {
+				scratch = max(scratch,
+					int64(w.ScratchBytes(&router, n)),
+					int64(w.MoEScratchBytes(&gate, n, op.TopK, false)),
+					int64(w.MoEScratchBytes(&down, n, op.TopK, true)))
+			}
+			if p, ok := w.(preparedOps); ok {
+				// Decode's Q8_1 inputs of gate/up and of down (compile.go).
+				nq := min(cfg.Batch, kernels.MoEMatVecMaxTokens)
+				act = max(act, int64(p.InputBytes(actQ8_1, nq, gate.Cols)), int64(p.InputBytes(actQ8_1, nq*op.TopK, down.Cols)))
+			}
+			probs = max(probs, B*int64(router.Rows))
+			ids = max(ids, B*k)
+			slots = max(slots, B*k*int64(gate.Rows))
+			slotsOut = max(slotsOut, B*k*int64(down.Rows))
+		}
+	}
+	add("weight scratch", scratch, &g.scratch)
+	add("prepared activations", act, &g.act)
+	add("moe probabilities", 4*probs, &g.moe.probs)
+	add("moe ids", 4*ids, &g.moe.ids)
+	add("moe weights", 4*ids, &g.moe.weights)
+	add("moe gate", 4*slots, &g.moe.gate)
+	add("moe up", 4*slots, &g.moe.up)
+	add("moe down", 4*slotsOut, &g.moe.down)
+	if g.attn.splits > 1 {
+		var part, ml int
+		for i := range p.Ops {
+			if a := p.Ops[i].Attn; a != nil && runs(i) {
+				pb, mb := kernels.AttnScratch(1, a.NHeads, a.HeadSize, g.attn.splits)
+				part, ml = max(part, pb), max(ml, mb)
+			}
+		}
+		add("attention partials", int64(part), &g.attn.part)
+		add("attention maxima", int64(ml), &g.attn.ml)
+	}
+	if slot := ringSlotBytes(w, p, cfg.Streams); slot > 0 {
+		g.st.bytes = slot
+		add("staging ring slot 0", slot, &g.st.slot[0])
+		add("staging ring slot 1", slot, &g.st.slot[1])
+	}
+	return specs
+}
+
+// ringSlotBytes is the size of a ring slot: the largest matrix that may
+// stream.
+func ringSlotBytes(w WeightOps, p *ir.Program, streams func(*ir.Weight) bool) int64 {
+	var n int64
+	if streams == nil {
+		return 0
+	}
+	for _, wt := range programWeights(p) {
+		if !isVector(wt) && streams(wt) {
+			n = max(n, align(w.DeviceBytes(wt)))
+		}
+	}
+	return n
+}
+
+// Need is the device memory an Exec of cfg would allocate: its arena
+// (activations, KV caches, scratch, ring) and the weight set, the latter
+// zero when another Exec holds the same set already.
+func Need(dev *Device, w WeightOps, p *ir.Program, cfg Config) (arena, weights int64) {
+	for _, s := range (&Exec{}).layout(dev, w, p, cfg) {
+		arena += align(s.bytes)
+	}
+	weightSets.Lock()
+	held := weightSets.m[weightSetKey{cfg.Model, w, residentKey(p, cfg.Resident)}] != nil
+	weightSets.Unlock()
+	if !held {
+		weights = setBytes(w, p, cfg.Resident)
+	}
+	return arena, weights
+}
+
+// New uploads the resident weights (unless an Exec already did), carves
+// the arena and makes the streams.
+func New(dev *Device, w WeightOps, p *ir.Program, cfg Config) (g *Exec, err error) {
+	if cfg.CtxSize >= 1<<31-1 {
+		return nil, fmt.Errorf("gpu: context size %d too large", cfg.CtxSize)
+	}
+	if cfg.LogitRows <= 0 || cfg.LogitRows > cfg.Batch {
+		cfg.LogitRows = cfg.Batch
+	}
+	g = &Exec{dev: dev, w: w, prog: p, cfg: cfg}
+	defer func() {
+		if err != nil {
+			g.Close()
+		}
+	}()
+	specs := g.layout(dev, w, p, cfg)
+	if g.st.bytes > 0 {
+		// Pinned for the context's life: every streamed copy reads it.
+		g.reg, _ = registerFiles(dev, cfg.Files)
+	}
+	if g.ws, err = acquireWeights(dev, w, p, cfg.Model, cfg.Resident, cfg.Files); err != nil {
+		return nil, err
+	}
+	for _, s := range specs {
+		g.bytes += align(s.bytes)
+	}
+	if g.arena, err = dev.ctx.Alloc(int(max(g.bytes, 256))); err != nil {
+		return nil, fmt.Errorf("gpu: activations, KV cache and scratch (%.2f GiB): %w", float64(g.bytes)/(1<<30), err)
+	}
+	off := int64(0)
+	for _, s := range specs {
+		*s.dst = g.arena.Add(int(off))
+		off += align(s.bytes)
+	}
+	if g.in, err = dev.ctx.HostAlloc(4*(1+cfg.Batch), cudadrv.HostAllocPortable); err != nil {
+		return nil, fmt.Errorf("gpu: %w", err)
+	}
+	if g.logits, err = dev.ctx.HostAlloc(4*p.Hyper.NVocab, cudadrv.HostAllocPortable); err != nil {
+		return nil, fmt.Errorf("gpu: %w", err)
+	}
+	if g.s, err = dev.ctx.NewStream(cudadrv.StreamNonBlocking, 0); err != nil {
+		return nil, fmt.Errorf("gpu: %w", err)
+	}
+	if g.st.bytes > 0 {
+		if g.cs, err = dev.ctx.NewStream(cudadrv.StreamNonBlocking, 0); err != nil {
+			return nil, fmt.Errorf("gpu: %w", err)
+		}
+		for k := range g.st.copied {
+			if g.st.copied[k], err = dev.ctx.NewEvent(cudadrv.EventDisableTiming); err != nil {
+				return nil, fmt.Errorf("gpu: %w", err)
+			}
+			if g.st.used[k], err = dev.ctx.NewEvent(cudadrv.EventDisableTiming); err != nil {
+				return nil, fmt.Errorf("gpu: %w", err)
+			}
+		}
+	}
+	g.prof = newProfile()
+	return g, nil
+}
+
+// Bytes is the device memory the Exec allocated itself (the arena), and
+// that of the weight set it shares.
+func (g *Exec) Bytes() (arena, weights int64) {
+	if g.ws != nil {
+		weights = g.ws.bytes
+	}
+	return g.bytes, weights
+}
+
+// Pinned says whether streamed weights are read from page-locked memory
+// (the registered file), and why not.
+func (g *Exec) Pinned() (bool, string) {
+	if g.reg == nil {
+		return false, "nothing streams"
+	}
+	return g.reg.Pinned, g.reg.Why
+}
+
+// Close frees what the Exec holds on the device.
+func (g *Exec) Close() error {
+	var errs []error
+	if g.s != nil {
+		errs = append(errs, g.s.Synchronize())
+	}
+	if g.cs != nil {
+		errs = append(errs, g.cs.Synchronize())
+	}
+	if g.prof != nil {
+		g.prof.report(os.Stderr)
+		g.prof.close()
+		g.prof = nil
+	}
+	for k := range g.st.copied {
+		errs = append(errs, g.st.copied[k].Destroy(), g.st.used[k].Destroy(), g.timing[k].Destroy())
+	}
+	errs = append(errs, g.s.Destroy(), g.cs.Destroy())
+	if g.arena != 0 {
+		errs = append(errs, g.dev.ctx.Free(g.arena))
+		g.arena = 0
+	}
+	if g.in != nil {
+		errs = append(errs, g.in.Free())
+	}
+	if g.logits != nil {
+		errs = append(errs, g.logits.Free())
+	}
+	if g.ws != nil {
+		errs = append(errs, releaseWeights(g.dev, g.ws))
+		g.ws = nil
+	}
+	g.reg.release()
+	return errors.Join(errs...)
+}
+
+// HostBuffer allocates n floats of mapped pinned host memory: the CPU
+// backend computes in it, and transfer kernels read and write it through
+// its device address.
+func (g *Exec) HostBuffer(n int) (*cudadrv.HostMem, error) {
+	return g.dev.ctx.HostAlloc(4*max(n, 1), cudadrv.HostAllocPortable|cudadrv.HostAllocDeviceMap)
+}
+
+// Transfer is an activation buffer crossing between the backends: Host
+// is the device address of the mapped pinned memory the CPU backend keeps
+// it in.
+type Transfer struct {
+	Buf  ir.BufID
+	Host cudadrv.DevicePtr
+}
+
+// SegmentSpec is a run of ops [Lo, Hi) placed on the GPU, with the
+// buffers to bring in from the host before it (In) and to send back after
+// it (Out), and whether it ends with the program's logits.
+type SegmentSpec struct {
+	Lo, Hi  int
+	In, Out []Transfer
+	Logits  bool
+}
+
+// Segment is a compiled SegmentSpec.
+type Segment struct {
+	SegmentSpec
+	first bool // uploads the batch's position and token ids
+	steps []step
+	graph *cudadrv.GraphExec // decode: captured on first use
+	// graphable: nothing streams in the segment (a graph replays fixed
+	// pointers, and streaming needs the copy stream's events).
+	graphable bool
+}
+
+// Schedule is the GPU segments of one executor schedule, and the weights
+// that stream, in the order the segments use them.
+type Schedule struct {
+	Segs     []*Segment
+	streamed []*mat
+}
+
+// Compile compiles the segments of a schedule; streams says which
+// non-resident matrices its segments stream through the ring.
+func (g *Exec) Compile(specs []SegmentSpec, streams func(*ir.Weight) bool) (*Schedule, error) {
+	sch := &Schedule{}
+	for i, spec := range specs {
+		seg := &Segment{SegmentSpec: spec, first: i == 0}
+		before := len(sch.streamed)
+		steps, err := g.compile(spec.Lo, spec.Hi, func(w *ir.Weight) (*mat, error) {
+			if m := g.ws.mats[w]; m != nil {
+				return m, nil
+			}
+			if streams == nil || !streams(w) || g.st.bytes == 0 {
+				return nil, fmt.Errorf("weight %q is neither resident nor streamed", w.Name)
+			}
+			if b := align(g.w.DeviceBytes(w)); b > g.st.bytes {
+				return nil, fmt.Errorf("weight %q (%d bytes) does not fit a ring slot of %d", w.Name, b, g.st.bytes)
+			}
+			seq := len(sch.streamed)
+			m := matOf(w, g.st.slot[seq%2])
+			m.seq = seq
+			sch.streamed = append(sch.streamed, &m)
+			return &m, nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		seg.steps = steps
+		seg.graphable = len(sch.streamed) == before
+		sch.Segs = append(sch.Segs, seg)
+	}
+	return sch, nil
+}
+
+// Release destroys the schedule's graphs.
+func (sch *Schedule) Release() error {
+	var errs []error
+	for _, seg := range sch.Segs {
+		errs = append(errs, seg.graph.Destroy())
+		seg.graph = nil
+	}
+	return errors.Join(errs...)
+}
+
+// Begin starts a batch: the position and token ids for the first segment
+// to upload, and the first weights of the schedule on their way into the
+// ring.
+func (g *Exec) Begin(sch *Schedule, tokens []int, pos0 int) error {
+	in := unsafe.Slice((*int32)(g.in.Pointer()), 1+g.cfg.Batch)
+	in[0] = int32(pos0)
+	for i, t := range tokens {
+		in[1+i] = int32(t)
+	}
+	g.nTok = len(tokens)
+	return g.streamBegin(sch.streamed)
+}
+
+// Run queues segment seg of a batch at rows rows (mode says which logits
+// are wanted) and returns the rows it leaves: the output head, when the
+// segment has it, moves the last row first (ir.OutputLast) or computes none
+// (ir.OutputNone). A decode step (one row) replays the segment's graph.
+func (g *Exec) Run(seg *Segment, rows int, mode ir.OutputMode) (int, error) {
+	if rows == 1 && mode != ir.OutputNone && seg.graphable && g.prof == nil && os.Getenv(EnvGPUGraphs) != "0" {
+		if seg.graph == nil {
+			if err := g.capture(seg); err != nil {
+				return 0, err
+			}
+		}
+		if err := seg.graph.Launch(g.s); err != nil {
+			return 0, fmt.Errorf("gpu: decode graph of ops %d-%d: %w", seg.Lo, seg.Hi, err)
+		}
+		return 1, nil
+	}
+	start := time.Now()
+	rows, err := g.queue(seg, rows, mode)
+	if err != nil {
+		return 0, err
+	}
+	if g.prof != nil {
+		if err := g.s.Synchronize(); err != nil {
+			return 0, fmt.Errorf("gpu: %w", err)
+		}
+		if err := g.prof.collect(g.nTok, time.Since(start)); err != nil {
+			return 0, fmt.Errorf("gpu: profile: %w", err)
+		}
+	}
+	return rows, nil
+}
+
+// Sync waits for everything queued: the CPU may then read what the
+// segments sent back.
+func (g *Exec) Sync() error {
+	if err := g.s.Synchronize(); err != nil {
+		return fmt.Errorf("gpu: %w", err)
+	}
+	return nil
+}
+
+// LogitsRow is the pinned row of logits a segment with Logits copied out
+// for one row (valid after Sync).
+func (g *Exec) LogitsRow() []float32 {
+	return unsafe.Slice((*float32)(g.logits.Pointer()), g.prog.Hyper.NVocab)
+}
+
+// ReadLogits copies rows rows of logits from the device (after Sync).
+func (g *Exec) ReadLogits(dst []float32) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	if err := g.dev.ctx.CopyDtoH(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*len(dst)), g.bufs[g.prog.Logits]); err != nil {
+		return fmt.Errorf("gpu: reading logits: %w", err)
+	}
+	return nil
+}
+
+// queue queues a segment: the input upload (first segment), the
+// transfers in, the steps, the transfers out and the copy of a single row
+// of logits to g.logits.
+func (g *Exec) queue(seg *Segment, rows int, mode ir.OutputMode) (int, error) {
+	s := g.s
+	if g.prof != nil {
+		// Hold the device while the host queues the run, so the events
+		// time the kernels rather than the launch rate (see profile.go).
+		if err := g.dev.util.Spin(s, profileSpinCycles); err != nil {
+			return 0, err
+		}
+	}
+	if seg.first {
+		if err := s.CopyHtoD(g.dIn, g.in.Bytes()[:4*(1+g.nTok)]); err != nil {
+			return 0, fmt.Errorf("gpu: input: %w", err)
+		}
+	}
+	for _, t := range seg.In {
+		if err := g.dev.elem.CopyF32(s, g.bufs[t.Buf], t.Host, rows*g.width(t.Buf)); err != nil {
+			return 0, fmt.Errorf("gpu: buffer %s to the device: %w", g.prog.Bufs[t.Buf].Name, err)
+		}
+	}
+	for i := range seg.steps {
+		st := &seg.steps[i]
+		if st.output {
+			if mode == ir.OutputNone {
+				return 0, nil // the output head is the program's tail
+			}
+			if mode == ir.OutputLast && rows > 1 {
+				// Only the last token's logits are wanted: move its row first.
+				in := g.prog.Ops[st.op].In
+				w := 4 * g.width(in)
+				if err := s.CopyDtoD(g.bufs[in], g.bufs[in].Add((rows-1)*w), w); err != nil {
+					return 0, fmt.Errorf("gpu: %w", err)
+				}
+				rows = 1
+			}
+		}
+		if g.prof != nil {
+			if err := g.prof.mark(g.dev.ctx, s, st.name); err != nil {
+				return 0, err
+			}
+		}
+		if err := st.run(s, rows); err != nil {
+			return 0, fmt.Errorf("gpu: op %d (%s, layer %d): %w", st.op, st.name, g.prog.Ops[st.op].Layer, err)
+		}
+	}
+	if g.prof != nil {
+		if err := g.prof.mark(g.dev.ctx, s, ""); err != nil {
+			return 0, err
+		}
+	}
+	for _, t := range seg.Out {
+		if err := g.dev.elem.CopyF32(s, t.Host, g.bufs[t.Buf], rows*g.width(t.Buf)); err != nil {
+			return 0, fmt.Errorf("gpu: buffer %s to the host: %w", g.prog.Bufs[t.Buf].Name, err)
+		}
+	}
+	if seg.Logits && rows == 1 {
+		nv := g.prog.Hyper.NVocab
+		if err := s.CopyDtoH(g.logits.Bytes()[:4*nv], g.bufs[g.prog.Logits]); err != nil {
+			return 0, fmt.Errorf("gpu: logits: %w", err)
+		}
+	}
+	return rows, nil
+}
+
+// capture records a decode segment (one row, its logits) into seg.graph.
+func (g *Exec) capture(seg *Segment) error {
+	graph, err := g.s.Capture(cudadrv.CaptureRelaxed, func() error {
+		_, err := g.queue(seg, 1, ir.OutputLast)
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("gpu: capturing the decode segment of ops %d-%d: %w", seg.Lo, seg.Hi, err)
+	}
+	defer graph.Destroy()
+	if seg.graph, err = graph.Instantiate(0); err != nil {
+		return fmt.Errorf("gpu: %w", err)
+	}
+	return nil
+}
+
+// streamer moves non-resident weights through the ring's two slots: the
+// copy stream uploads weight i+2 into the slot of weight i once the
+// compute stream has finished with weight i (event used), and the compute
+// stream waits for weight i's upload (event copied) before reading it.
+type streamer struct {
+	bytes        int64 // per slot
+	slot         [2]cudadrv.DevicePtr
+	copied, used [2]*cudadrv.Event
+	order        []*mat // this batch's streamed weights, in order of use
+	bytesMoved   int64  // statistics: bytes copied since the Exec began
+}
+
+// streamBegin queues the first two weights of a batch.
+func (g *Exec) streamBegin(order []*mat) error {
+	g.st.order = order
+	for i := 0; i < min(2, len(order)); i++ {
+		if err := g.streamCopy(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// streamCopy queues the upload of weight i of the order into its slot,
+// after the compute stream is done with the slot's previous weight.
+func (g *Exec) streamCopy(i int) error {
+	m, k := g.st.order[i], i%2
+	if i >= 2 {
+		if err := g.cs.WaitEvent(g.st.used[k]); err != nil {
+			return fmt.Errorf("gpu: streaming %s: %w", m.W.Name, err)
+		}
+	}
+	if _, err := g.w.Upload(g.cs, m.W, g.st.slot[k]); err != nil {
+		return fmt.Errorf("gpu: streaming %s: %w", m.W.Name, err)
+	}
+	g.st.bytesMoved += g.w.DeviceBytes(m.W)
+	return g.st.copied[k].Record(g.cs)
+}
+
+// acquire makes the compute stream wait for m's upload (resident weights:
+// nothing).
+func (g *Exec) acquire(s *cudadrv.Stream, m *mat) error {
+	if m.seq < 0 {
+		return nil
+	}
+	return s.WaitEvent(g.st.copied[m.seq%2])
+}
+
+// release marks m's slot free once the compute stream passes this point,
+// and queues the weight that goes into the slot next.
+func (g *Exec) release(s *cudadrv.Stream, m *mat) error {
+	if m.seq < 0 {
+		return nil
+	}
+	if err := g.st.used[m.seq%2].Record(s); err != nil {
+		return err
+	}
+	if next := m.seq + 2; next < len(g.st.order) {
+		return g.streamCopy(next)
+	}
+	return nil
+}
+
+// StreamedBytes is the weight bytes streamed through the ring so far.
+func (g *Exec) StreamedBytes() int64 { return g.st.bytesMoved }

@@ -1,0 +1,304 @@
+package runtime
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/atsinfer/ats/plan"
+	"github.com/atsinfer/ats/runtime/gpu"
+	"github.com/atsinfer/ats/runtime/ir"
+)
+
+// Planning: from the profile to a placement. The residency (what lives in
+// VRAM) is chosen by plan.Static for the workload it is optimised for;
+// then, for each profiled prefill batch, a second run of the same dynamic
+// program without a budget decides which CPU units stream to the GPU.
+
+// planWith places units under budget: every unit on the GPU when the
+// model fits, else the dynamic program over the model's profile.
+func (m *Model) planWith(dev *gpu.Device, units []Unit, opt ContextOptions, budget int64) (*Placement, error) {
+	all := newPlacement(m, units, BackendGPU)
+	all.Budget = budget
+	arena, weights := m.needBytes(dev, all, opt)
+	if arena+weights <= budget {
+		all.Note = "the model fits the budget: every unit on the GPU"
+		all.FixedBytes = max(arena+weights-all.GPUBytes, 0)
+		return all, nil
+	}
+	fixed := m.fixedBytes(dev, units, opt)
+	if budget < fixed {
+		return nil, fmt.Errorf("--vram-budget %s is below the %s ats needs on the GPU before any weight (activations for batches of %d tokens, scratch, the staging ring, norms): give at least that, a smaller batch (-b), or --vram-budget 0 to run on the CPU",
+			FormatBytes(budget), FormatBytes(fixed), opt.Batch)
+	}
+	prof, err := m.profile(dev, units, opt)
+	if err != nil {
+		return nil, err
+	}
+	return m.placeByProfile(prof, units, opt, budget, fixed)
+}
+
+// fixedBytes is the device memory a hybrid context needs beside its
+// resident units: activations and scratch for every op, the staging ring
+// for the largest streamable matrix, and the always-resident vectors.
+func (m *Model) fixedBytes(dev *gpu.Device, units []Unit, opt ContextOptions) int64 {
+	p := m.Prog
+	streamable := map[*ir.Weight]bool{}
+	var kv int64
+	for _, u := range units {
+		if u.Streamable {
+			for _, w := range u.Mats {
+				streamable[w] = true
+			}
+		}
+		if u.Op == ir.OpAttention {
+			kv += u.Bytes
+		}
+	}
+	cfg := gpu.Config{Model: m, Batch: opt.Batch, CtxSize: opt.CtxSize, LogitRows: min(opt.Batch, maxLogitRows),
+		Runs:     func(int) bool { return true },
+		Resident: func(*ir.Weight) bool { return false },
+		Streams:  func(w *ir.Weight) bool { return streamable[w] }}
+	arena, vectors := gpu.Need(dev, dev.Weights(), p, cfg)
+	return arena - kv + vectors
+}
+
+// PlanOptions are the inputs of Plan beyond the context's.
+type PlanOptions struct {
+	ContextOptions
+	Fresh bool // measure the profile again even when one is cached
+}
+
+// Plan is the placement a context of opt would get (Backend "auto"),
+// with the profile it was planned from (nil when none was needed).
+func (m *Model) Plan(opt PlanOptions) (*Placement, *plan.Profile, error) {
+	o := opt.ContextOptions
+	if o.CtxSize <= 0 {
+		o.CtxSize = min(m.Prog.Hyper.NCtxTrain, 4096)
+	}
+	if o.Batch <= 0 {
+		o.Batch = 512
+	}
+	o.Batch = min(o.Batch, o.CtxSize)
+	dev, err := gpu.Open()
+	if err != nil {
+		return nil, nil, fmt.Errorf("plan: %w", err)
+	}
+	units := programUnits(m.Prog, o.CtxSize, dev.Weights().DeviceBytes)
+	budget, inUse, err := budgetFor(dev, o)
+	if err != nil {
+		return nil, nil, err
+	}
+	var prof *plan.Profile
+	if opt.Fresh {
+		if prof, err = m.Profile(o, true); err != nil {
+			return nil, nil, err
+		}
+	}
+	var pl *Placement
+	if prof != nil {
+		fixed := m.fixedBytes(dev, units, o)
+		if budget < fixed {
+			return nil, nil, fmt.Errorf("--vram-budget %s is below the %s needed before any weight", FormatBytes(budget), FormatBytes(fixed))
+		}
+		pl, err = m.placeByProfile(prof, units, o, budget, fixed)
+	} else {
+		pl, err = m.planWith(dev, units, o, budget)
+	}
+	if err != nil {
+		return nil, nil, err
+	}
+	pl.Budget, pl.ContextBytes = budget, inUse
+	if err := m.checkBudget(dev, pl, o); err != nil {
+		return nil, nil, err
+	}
+	if pl.OptimizedFor != "" && prof == nil {
+		prof, _ = m.profile(dev, units, o) // cached by planWith
+	}
+	return pl, prof, nil
+}
+
+// problem is the static placement problem of units at profiled batch bi
+// (n tokens): the measured times, each unit's bytes, and the switch
+// costs of the activations that cross before it.
+func problem(prof *plan.Profile, units []Unit, bi, n int, budget int64, hyper ir.Hyper) plan.Problem {
+	sw := prof.Switch[bi]
+	pr := plan.Problem{Budget: max(budget, 0), Start: plan.CPU, End: plan.CPU,
+		ToGPU: sw.Latency, ToCPU: sw.Latency}
+	for i, u := range units {
+		t := prof.Units[i]
+		cross := sw.Time(u.InBytes * int64(max(n, 1)))
+		pu := plan.Unit{Name: u.Name, Bytes: u.Bytes, CPU: t.CPU[bi], GPU: t.GPU[bi],
+			CPUAlone: t.CPUAlone[bi], GPUAlone: t.GPUAlone[bi], ToGPU: cross, ToCPU: cross}
+		if u.Op == ir.OpMoE {
+			pu.Group = "expert"
+		}
+		pr.Units = append(pr.Units, pu)
+	}
+	// The logits cross back at the end (one row).
+	pr.ToCPU = sw.Time(4 * int64(hyper.NVocab))
+	for i := range units {
+		var tie []int
+		for j := i + 1; j < len(units); j++ {
+			if sharesMat(units[i], units[j]) {
+				tie = append(tie, j)
+			}
+		}
+		if len(tie) > 0 {
+			pr.Ties = append(pr.Ties, append([]int{i}, tie...))
+		}
+	}
+	return pr
+}
+
+// placeByProfile solves the residency under budget-fixed bytes, then the
+// prefill streaming of each profiled batch size.
+func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOptions, budget, fixed int64) (*Placement, error) {
+	if len(prof.Units) != len(units) {
+		return nil, fmt.Errorf("plan: the profile has %d units, the model %d", len(prof.Units), len(units))
+	}
+	for i, u := range units {
+		if prof.Units[i].Name != u.Name {
+			return nil, fmt.Errorf("plan: profile unit %d is %s, the model's %s", i, prof.Units[i].Name, u.Name)
+		}
+	}
+	forPrefill := opt.PlanFor == "prefill"
+	n := 1
+	if forPrefill {
+		n = opt.Batch
+	}
+	bi := prof.BatchIndex(n)
+	pr := problem(prof, units, bi, prof.Batches[bi], budget-fixed, m.Prog.Hyper)
+	var sol plan.Placement
+	var err error
+	if forPrefill {
+		sol, err = m.solvePrefillResidency(prof, units, pr, bi)
+	} else {
+		sol, err = plan.Static(pr)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("plan: %w", err)
+	}
+	pl := newPlacement(m, units, BackendCPU)
+	pl.OptimizedFor = "decode"
+	if forPrefill {
+		pl.OptimizedFor = "prefill"
+	}
+	pl.FixedBytes = fixed
+	d0 := prof.BatchIndex(1)
+	for i := range units {
+		if sol.On[i] == plan.GPU {
+			pl.Units[i].Backend = BackendGPU
+		}
+		t := prof.Units[i]
+		pl.Units[i].CPU, pl.Units[i].GPU = t.CPU[d0], t.GPU[d0]
+		if units[i].Bytes > 0 {
+			pl.Units[i].Density = (t.CPU[d0] - t.GPU[d0]) / float64(units[i].Bytes)
+		}
+	}
+	pl.sum()
+	// Prefill: which CPU units stream, per profiled batch size.
+	pred := &Prediction{}
+	var last []string
+	for b, size := range prof.Batches {
+		if size <= 1 || size > opt.Batch {
+			continue
+		}
+		stream, t, err := prefillStreams(prof, units, pl, b, size, m.Prog.Hyper)
+		if err != nil {
+			return nil, err
+		}
+		if len(stream) > 0 && !equalStrings(stream, last) {
+			pl.Prefill = append(pl.Prefill, PrefillSchedule{MinBatch: size, Stream: stream})
+			last = stream
+		} else if len(stream) == 0 && len(last) > 0 {
+			pl.Prefill = append(pl.Prefill, PrefillSchedule{MinBatch: size, Stream: []string{}})
+			last = nil
+		}
+		pred.PrefillBatch, pred.PrefillStepSeconds = size, t
+	}
+	if pred.PrefillStepSeconds > 0 {
+		pred.PrefillTokensPerS = float64(pred.PrefillBatch) / pred.PrefillStepSeconds
+	}
+	dec := problem(prof, units, d0, 1, 0, m.Prog.Hyper)
+	on := make([]plan.Backend, len(units))
+	for i := range units {
+		if pl.resident(i) {
+			on[i] = plan.GPU
+		}
+	}
+	pred.DecodeStepSeconds, _, _ = dec.Cost(on)
+	if pred.DecodeStepSeconds > 0 {
+		pred.DecodeTokensPerS = 1 / pred.DecodeStepSeconds
+	}
+	pl.Predicted = pred
+	return pl, nil
+}
+
+// solvePrefillResidency places for prefill: the residency that makes the
+// prefill batch fastest, given that CPU units may stream. Streaming makes
+// a non-resident unit cost max(copy, compute) on the GPU, so the problem's
+// GPU-versus-CPU trade is between residency (no copy) and the budget.
+func (m *Model) solvePrefillResidency(prof *plan.Profile, units []Unit, pr plan.Problem, bi int) (plan.Placement, error) {
+	// A unit's CPU option becomes "not resident": the better of the CPU
+	// and streaming; the DP then spends VRAM where the copy is exposed.
+	for i, u := range units {
+		if !u.Streamable {
+			continue
+		}
+		st := max(prof.Stream.Time(u.Bytes), pr.Units[i].GPU)
+		if st < pr.Units[i].CPU {
+			pr.Units[i].CPU, pr.Units[i].CPUAlone = st, st
+		}
+	}
+	return plan.Static(pr)
+}
+
+// prefillStreams decides, for batches of size (profile batch b), which
+// non-resident units stream: a budget-free DP where resident units are
+// pinned to the GPU, attention and the embedding of CPU layers to the
+// CPU, and a streamed unit costs the longer of its copy and its compute
+// (the ring overlaps the two). It returns the streamed units' names and
+// the predicted seconds of the batch.
+func prefillStreams(prof *plan.Profile, units []Unit, pl *Placement, b, size int, h ir.Hyper) ([]string, float64, error) {
+	pr := problem(prof, units, b, size, 0, h)
+	pr.Ties = nil
+	for i, u := range units {
+		pu := &pr.Units[i]
+		pu.Bytes = 0
+		switch {
+		case pl.resident(i):
+			pu.Pin = plan.OnlyGPU
+		case u.Streamable:
+			st := max(prof.Stream.Time(u.Bytes), pu.GPU)
+			pu.GPU, pu.GPUAlone = st, st+(pu.GPUAlone-pu.GPU)
+		default:
+			pu.Pin = plan.OnlyCPU
+		}
+	}
+	sol, err := plan.Static(pr)
+	if errors.Is(err, plan.ErrInfeasible) {
+		return nil, 0, fmt.Errorf("plan: prefill at %d tokens: %w", size, err)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	var out []string
+	for i, u := range units {
+		if sol.On[i] == plan.GPU && !pl.resident(i) {
+			out = append(out, u.Name)
+		}
+	}
+	return out, sol.Time, nil
+}
+
+func equalStrings(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,460 @@
+package runtime
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/klauspost/cpuid/v2"
+
+	"github.com/atsinfer/ats/cudadrv"
+	"github.com/atsinfer/ats/ops"
+	"github.com/atsinfer/ats/plan"
+	"github.com/atsinfer/ats/runtime/cpu"
+	"github.com/atsinfer/ats/runtime/gpu"
+	"github.com/atsinfer/ats/runtime/ir"
+)
+
+// The placement profile: every unit's time on the CPU and on the GPU at
+// decode and at prefill batch sizes, measured on this machine. Units of one
+// signature (the same ops over tensors of the same shapes and types, such
+// as attn_q of every layer but the first) share one measurement, so a
+// 40-layer model measures about twenty units and its layers' fusions.
+//
+// Each unit is timed by itself ("alone": its own segment, so fusions with
+// the unit before are broken), and one layer of each kind is timed whole:
+// the ratio of the whole to the sum of its units scales their "fused"
+// times, the cost when the unit before runs on the same backend. The GPU
+// is timed with device events (kernels only); what a switch of backend
+// costs beyond that, the launch and the wait, is measured apart by moving
+// activations through mapped memory and back. Streaming is timed by
+// copying a weight from the mapped file to the device.
+
+// ProfileBatches are the batch sizes a profile measures: decode, and
+// prefill batches.
+var ProfileBatches = []int{1, 32, 128, 512}
+
+// profileDecodePos is the cache position at which decode attention is
+// timed: a conversation a few turns in.
+const profileDecodePos = 256
+
+// modelIdentity digests what makes a model file itself for a profile:
+// its tensor table (names, types, shapes, offsets) and its size.
+func modelIdentity(m *Model) string {
+	h := sha256.New()
+	for _, p := range m.File.Parts {
+		fmt.Fprintf(h, "%d\n", len(p.Data))
+	}
+	for _, t := range m.File.Tensors {
+		fmt.Fprintf(h, "%s %s %v %d\n", t.Name, t.Type, t.Dims, t.Offset)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// hardware is the fingerprint a profile is keyed by.
+func hardware(dev *gpu.Device, threads int) plan.Hardware {
+	hw := plan.Hardware{CPU: strings.TrimSpace(cpuid.CPU.BrandName), Cores: cpuid.CPU.PhysicalCores, Threads: threads}
+	if dev != nil {
+		info := dev.Info()
+		hw.GPU, hw.VRAM = info.Name, int64(info.TotalMem)
+		if v, err := cudadrv.DriverVersion(); err == nil {
+			hw.Driver = fmt.Sprintf("%d.%d", v/1000, v%1000/10)
+		}
+	}
+	return hw
+}
+
+// profileBatches are the batch sizes profiled for contexts of batch tokens.
+func profileBatches(batch int) []int {
+	var out []int
+	for _, b := range ProfileBatches {
+		if b <= batch {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// profile returns the model's profile on this machine: cached, or
+// measured now (and cached).
+func (m *Model) profile(dev *gpu.Device, units []Unit, opt ContextOptions) (*plan.Profile, error) {
+	threads := ops.NewPool(opt.Threads)
+	nThreads := threads.Threads()
+	threads.Close()
+	batches := profileBatches(opt.Batch)
+	key := plan.ProfileKey(modelIdentity(m), hardware(dev, nThreads), batches)
+	dir, err := plan.CacheDir()
+	if err == nil {
+		if p, err := plan.LoadProfile(dir, key); err == nil && p != nil && len(p.Units) == len(units) {
+			return p, nil
+		}
+	}
+	p, err := m.MeasureProfile(dev, units, opt, batches)
+	if err != nil {
+		return nil, err
+	}
+	p.Key = key
+	if dir != "" {
+		if err := plan.SaveProfile(dir, p); err != nil {
+			fmt.Fprintf(os.Stderr, "ats: could not cache the profile: %v\n", err)
+		}
+	}
+	return p, nil
+}
+
+// Profile is the model's placement profile for contexts of opt on this
+// machine, from the cache or measured now; fresh measures again even when
+// one is cached.
+func (m *Model) Profile(opt ContextOptions, fresh bool) (*plan.Profile, error) {
+	if opt.CtxSize <= 0 {
+		opt.CtxSize = min(m.Prog.Hyper.NCtxTrain, 4096)
+	}
+	if opt.Batch <= 0 {
+		opt.Batch = 512
+	}
+	dev, err := gpu.Open()
+	if err != nil {
+		return nil, fmt.Errorf("profile: %w", err)
+	}
+	units := programUnits(m.Prog, opt.CtxSize, dev.Weights().DeviceBytes)
+	if fresh {
+		batches := profileBatches(opt.Batch)
+		p, err := m.MeasureProfile(dev, units, opt, batches)
+		if err != nil {
+			return nil, err
+		}
+		pool := ops.NewPool(opt.Threads)
+		p.Key = plan.ProfileKey(modelIdentity(m), hardware(dev, pool.Threads()), batches)
+		pool.Close()
+		if dir, err := plan.CacheDir(); err == nil {
+			if err := plan.SaveProfile(dir, p); err != nil {
+				fmt.Fprintf(os.Stderr, "ats: could not cache the profile: %v\n", err)
+			}
+		}
+		return p, nil
+	}
+	return m.profile(dev, units, opt)
+}
+
+// profileRun is the state of one measurement.
+type profileRun struct {
+	m       *Model
+	units   []Unit
+	batches []int
+	cb      *cpu.Backend
+	ge      *gpu.Exec
+	tokens  []int
+	done    int
+	total   int
+	note    func(done, total int, what string)
+}
+
+// MeasureProfile measures units on the CPU and the GPU at the batch
+// sizes.
+func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions, batches []int) (*plan.Profile, error) {
+	start := time.Now()
+	p := m.Prog
+	// One unit of each signature, and one layer of each kind.
+	rep := map[string]int{}
+	var reps []int
+	for _, u := range units {
+		if _, ok := rep[u.Sig]; !ok {
+			rep[u.Sig] = u.Index
+			reps = append(reps, u.Index)
+		}
+	}
+	type layer struct{ first, last int } // unit indices
+	layers := map[int]*layer{}
+	for _, u := range units {
+		if u.Layer < 0 {
+			continue
+		}
+		if l := layers[u.Layer]; l == nil {
+			layers[u.Layer] = &layer{u.Index, u.Index}
+		} else {
+			l.last = u.Index
+		}
+	}
+	layerRep := map[string]*layer{}
+	var layerKinds []*layer
+	for l := 0; l < p.Hyper.NLayer; l++ {
+		ly := layers[l]
+		if ly == nil {
+			continue
+		}
+		var sig []string
+		for i := ly.first; i <= ly.last; i++ {
+			sig = append(sig, units[i].Sig)
+		}
+		k := strings.Join(sig, "|")
+		if layerRep[k] == nil {
+			layerRep[k] = ly
+			layerKinds = append(layerKinds, ly)
+		}
+	}
+	layerOf := map[int]*layer{} // unit -> its layer's representative
+	for l := 0; l < p.Hyper.NLayer; l++ {
+		ly := layers[l]
+		if ly == nil {
+			continue
+		}
+		var sig []string
+		for i := ly.first; i <= ly.last; i++ {
+			sig = append(sig, units[i].Sig)
+		}
+		r := layerRep[strings.Join(sig, "|")]
+		for i := ly.first; i <= ly.last; i++ {
+			layerOf[i] = r
+		}
+	}
+	// The ops and weights the measurement needs.
+	runs := make([]bool, len(p.Ops))
+	resident := map[*ir.Weight]bool{}
+	mark := func(ui int) {
+		u := units[ui]
+		for i := u.Lo; i < u.Hi; i++ {
+			runs[i] = true
+		}
+		for _, w := range u.Mats {
+			resident[w] = true
+		}
+	}
+	for _, i := range reps {
+		mark(i)
+	}
+	for _, ly := range layerKinds {
+		for i := ly.first; i <= ly.last; i++ {
+			mark(i)
+		}
+	}
+	maxB := batches[len(batches)-1]
+	ctxSize := profileDecodePos + maxB + 1
+	pool := ops.NewPool(opt.Threads)
+	defer pool.Close()
+	cb, err := cpu.New(p, pool, cpu.Options{Batch: maxB, CtxSize: ctxSize, LogitRows: 1, Runs: func(i int) bool { return runs[i] }})
+	if err != nil {
+		return nil, fmt.Errorf("profile: %w", err)
+	}
+	var files [][]byte
+	for _, part := range m.File.Parts {
+		files = append(files, part.Data)
+	}
+	ge, err := gpu.New(dev, dev.Weights(), p, gpu.Config{Model: profileKey{m}, Batch: maxB, CtxSize: ctxSize, LogitRows: 1,
+		Runs: func(i int) bool { return runs[i] }, Resident: func(w *ir.Weight) bool { return resident[w] }, Files: files})
+	if err != nil {
+		return nil, fmt.Errorf("profile: %w", err)
+	}
+	defer ge.Close()
+	// Activations: random rows of a realistic scale on both sides.
+	rng := rand.New(rand.NewPCG(1, 2))
+	for id, b := range p.Bufs {
+		rows := maxB
+		if ir.BufID(id) == p.Logits {
+			rows = 1
+		}
+		v := make([]float32, rows*b.Width)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		if host := cb.Buf(ir.BufID(id)); host != nil {
+			copy(host, v)
+		}
+		if err := ge.WriteBuffer(ir.BufID(id), v); err != nil {
+			return nil, fmt.Errorf("profile: %w", err)
+		}
+	}
+	r := &profileRun{m: m, units: units, batches: batches, cb: cb, ge: ge, note: opt.Progress}
+	r.tokens = make([]int, maxB)
+	for i := range r.tokens {
+		r.tokens[i] = rng.IntN(p.Hyper.NVocab)
+	}
+	r.total = len(batches) * 2 * (len(reps) + len(layerKinds))
+	prof := &plan.Profile{Version: plan.ProfileVersion, Model: filepath.Base(m.File.Path), Hardware: hardware(dev, pool.Threads()),
+		Created: time.Now().UTC(), Batches: batches, DecodePos: profileDecodePos, Measured: len(reps)}
+	prof.Units = make([]plan.UnitTimes, len(units))
+	for i, u := range units {
+		t := &prof.Units[i]
+		t.Name, t.Sig = u.Name, u.Sig
+		t.CPU, t.GPU = make([]float64, len(batches)), make([]float64, len(batches))
+		t.CPUAlone, t.GPUAlone = make([]float64, len(batches)), make([]float64, len(batches))
+	}
+	// Each representative unit alone, on each backend.
+	alone := map[int][2][]float64{}
+	for _, i := range reps {
+		u := units[i]
+		sch, err := ge.Compile([]gpu.SegmentSpec{{Lo: u.Lo, Hi: u.Hi, Logits: u.Hi == len(p.Ops)}}, nil)
+		if err != nil {
+			return nil, fmt.Errorf("profile: %s: %w", u.Name, err)
+		}
+		var c, g []float64
+		for _, n := range batches {
+			tc, err := r.timeCPU(u.Lo, u.Hi, n)
+			if err != nil {
+				return nil, err
+			}
+			tg, err := r.timeGPU(sch, n)
+			if err != nil {
+				sch.Release()
+				return nil, fmt.Errorf("profile: %s on the GPU: %w", u.Name, err)
+			}
+			c, g = append(c, tc), append(g, tg)
+			r.step(u.Name)
+		}
+		sch.Release()
+		alone[i] = [2][]float64{c, g}
+	}
+	for i := range units {
+		a := alone[rep[units[i].Sig]]
+		copy(prof.Units[i].CPUAlone, a[0])
+		copy(prof.Units[i].GPUAlone, a[1])
+		copy(prof.Units[i].CPU, a[0])
+		copy(prof.Units[i].GPU, a[1])
+	}
+	// Each kind of layer whole: its fusion ratio scales its units.
+	ratio := map[*layer][2][]float64{}
+	for _, ly := range layerKinds {
+		lo, hi := units[ly.first].Lo, units[ly.last].Hi
+		sch, err := ge.Compile([]gpu.SegmentSpec{{Lo: lo, Hi: hi, Logits: hi == len(p.Ops)}}, nil)
+		if err != nil {
+			return nil, fmt.Errorf("profile: layer %d: %w", units[ly.first].Layer, err)
+		}
+		var rc, rg []float64
+		for bi, n := range batches {
+			tc, err := r.timeCPU(lo, hi, n)
+			if err != nil {
+				sch.Release()
+				return nil, err
+			}
+			tg, err := r.timeGPU(sch, n)
+			if err != nil {
+				sch.Release()
+				return nil, fmt.Errorf("profile: layer %d on the GPU: %w", units[ly.first].Layer, err)
+			}
+			var sc, sg float64
+			for i := ly.first; i <= ly.last; i++ {
+				sc += prof.Units[i].CPUAlone[bi]
+				sg += prof.Units[i].GPUAlone[bi]
+			}
+			rc, rg = append(rc, min(tc/sc, 1)), append(rg, min(tg/sg, 1))
+			r.step(fmt.Sprintf("layer %d", units[ly.first].Layer))
+		}
+		sch.Release()
+		ratio[ly] = [2][]float64{rc, rg}
+	}
+	for i := range units {
+		ly := layerOf[i]
+		if ly == nil {
+			continue
+		}
+		rt := ratio[ly]
+		for bi := range batches {
+			prof.Units[i].CPU[bi] = prof.Units[i].CPUAlone[bi] * rt[0][bi]
+			prof.Units[i].GPU[bi] = prof.Units[i].GPUAlone[bi] * rt[1][bi]
+		}
+	}
+	// Switches: activations of one hidden row per token, there and back,
+	// at two sizes for a latency and a rate.
+	for _, n := range batches {
+		small := p.Hyper.NEmbd * n
+		t1, err := dev.MeasureSwitch(small, 7)
+		if err != nil {
+			return nil, fmt.Errorf("profile: switch: %w", err)
+		}
+		t2, err := dev.MeasureSwitch(8*small, 7)
+		if err != nil {
+			return nil, fmt.Errorf("profile: switch: %w", err)
+		}
+		l := plan.Link{Latency: t1}
+		if t2 > t1 {
+			l.BytesPerSec = float64(4*7*small) / (t2 - t1)
+			l.Latency = max(t1-float64(4*small)/l.BytesPerSec, 0)
+		}
+		prof.Switch = append(prof.Switch, l)
+	}
+	// Streaming: the largest streamable matrix from the file.
+	var big *ir.Weight
+	for _, u := range units {
+		if !u.Streamable {
+			continue
+		}
+		for _, w := range u.Mats {
+			if big == nil || len(w.Data) > len(big.Data) {
+				big = w
+			}
+		}
+	}
+	if big != nil {
+		bps, pinned, err := dev.MeasureUpload(big.Data, files, 3)
+		if err != nil {
+			return nil, fmt.Errorf("profile: streaming %s: %w", big.Name, err)
+		}
+		prof.Stream, prof.Pinned = plan.Link{BytesPerSec: bps}, pinned
+	}
+	prof.Took = time.Since(start).Seconds()
+	return prof, nil
+}
+
+// profileKey keeps the profile's weight set apart from a context's.
+type profileKey struct{ m *Model }
+
+func (r *profileRun) step(what string) {
+	r.done++
+	if r.note != nil {
+		r.note(r.done, r.total, what)
+	}
+}
+
+// pos0 is where a batch of n is timed: decode deep in a conversation,
+// prefill from the start.
+func pos0(n int) int {
+	if n == 1 {
+		return profileDecodePos
+	}
+	return 0
+}
+
+// timeCPU is the median seconds of ops [lo, hi) on the CPU over n rows.
+func (r *profileRun) timeCPU(lo, hi, n int) (float64, error) {
+	return medianOf(func() (float64, error) {
+		start := time.Now()
+		r.cb.Run(lo, hi, r.tokens[:n], n, pos0(n), ir.OutputLast)
+		return time.Since(start).Seconds(), nil
+	})
+}
+
+// timeGPU is the median device seconds of a one-segment schedule.
+func (r *profileRun) timeGPU(sch *gpu.Schedule, n int) (float64, error) {
+	return medianOf(func() (float64, error) {
+		if err := r.ge.Begin(sch, r.tokens[:n], pos0(n)); err != nil {
+			return 0, err
+		}
+		d, err := r.ge.TimeRun(sch.Segs[0], n, ir.OutputLast)
+		return d.Seconds(), err
+	})
+}
+
+// medianOf runs f once to warm up, then until it has at least 3 samples
+// and 20 ms of them (at most 15), and returns the median.
+func medianOf(f func() (float64, error)) (float64, error) {
+	if _, err := f(); err != nil {
+		return 0, err
+	}
+	var ts []float64
+	sum := 0.0
+	for len(ts) < 3 || (sum < 0.02 && len(ts) < 15) {
+		t, err := f()
+		if err != nil {
+			return 0, err
+		}
+		ts = append(ts, t)
+		sum += t
+	}
+	sort.Float64s(ts)
+	return ts[len(ts)/2], nil
+}

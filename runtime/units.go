@@ -1,0 +1,139 @@
+package runtime
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/atsinfer/ats/runtime/ir"
+)
+
+// Unit is what the planner places: a weight-consuming op (an embedding,
+// a matrix product, an MoE layer with its router and expert stacks) or an
+// attention op (its "weight" is the layer's KV cache), together with the
+// elementwise ops that feed it since the previous unit (norms, rope, adds,
+// SwiGLU). Every op of the program belongs to exactly one unit, so a
+// placement of units is a placement of ops: nothing is computed twice and
+// nothing moves silently.
+type Unit struct {
+	Index  int
+	Name   string    // the anchor's tensor, or blk.N.attention
+	Role   string    // the name without blk.N. and .weight: attn_q, ffn_down, attention, ffn_moe, output, ...
+	Layer  int       // -1 outside the blocks
+	Op     ir.OpKind // the anchor op's kind
+	Lo, Hi int       // ops[Lo:Hi]
+	Type   string    // the anchor tensor's type, kv_f16 for attention
+	// Mats are the matrices the unit's ops read (vectors such as norms
+	// and biases always live on the GPU: they are tiny).
+	Mats []*ir.Weight
+	// Bytes is the device memory the unit takes when resident: its
+	// matrices in the GPU's format, or the KV cache at the context size.
+	Bytes int64
+	// Streamable units may run on the GPU without being resident, their
+	// matrices copied into the staging ring for the batch (prefill).
+	Streamable bool
+	// Output marks the output head's unit (norm and logits).
+	Output bool
+	// InBytes is the activations, per token, a switch of backend just
+	// before the unit moves: the buffers its ops read that earlier units
+	// wrote.
+	InBytes int64
+	// Sig identifies units of the same shape and types: they cost the
+	// same, so a profile measures one of each.
+	Sig string
+}
+
+// programUnits cuts p into units. deviceBytes is a matrix's size in the
+// GPU's weight format (nil: its size in the file); ctxSize sizes the KV
+// caches.
+func programUnits(p *ir.Program, ctxSize int, deviceBytes func(*ir.Weight) int64) []Unit {
+	if deviceBytes == nil {
+		deviceBytes = (*ir.Weight).Bytes
+	}
+	var units []Unit
+	lo := 0
+	for i := range p.Ops {
+		op := &p.Ops[i]
+		switch op.Kind {
+		case ir.OpEmbed, ir.OpMatMul, ir.OpMoE, ir.OpAttention:
+		default:
+			continue
+		}
+		u := Unit{Index: len(units), Layer: op.Layer, Op: op.Kind, Lo: lo, Hi: i + 1, Output: op.Output}
+		switch op.Kind {
+		case ir.OpAttention:
+			u.Name = ir.Blk(op.Layer, "attention")
+			u.Role, u.Type = "attention", "kv_f16"
+			u.Bytes = 2 * 2 * int64(ctxSize) * int64(op.Attn.NKVHeads*op.Attn.HeadSize)
+		case ir.OpMoE:
+			u.Name = ir.Blk(op.Layer, "ffn_moe")
+			u.Role, u.Type = "ffn_moe", op.Gate.Type.String()
+			u.Streamable = true
+		default:
+			u.Name, u.Role, u.Type = op.W.Name, role(op.W.Name), op.W.Type.String()
+			u.Streamable = op.Kind == ir.OpMatMul && !op.Output
+		}
+		units = append(units, u)
+		lo = i + 1
+	}
+	if len(units) > 0 {
+		units[len(units)-1].Hi = len(p.Ops) // trailing ops join the last unit
+	}
+	written := map[ir.BufID]bool{}
+	for k := range units {
+		u := &units[k]
+		var sig []string
+		mine := map[ir.BufID]bool{}
+		in := map[ir.BufID]bool{}
+		for i := u.Lo; i < u.Hi; i++ {
+			op := &p.Ops[i]
+			for _, b := range op.Reads() {
+				if !mine[b] && written[b] {
+					in[b] = true
+				}
+			}
+			for _, b := range op.Writes() {
+				mine[b] = true
+			}
+			sig = append(sig, op.Kind.String())
+			for _, w := range op.Weights() {
+				if len(w.Dims) > 1 {
+					u.Mats = append(u.Mats, w)
+					u.Bytes += deviceBytes(w)
+				}
+				sig = append(sig, fmt.Sprintf("%s%v", w.Type, w.Dims))
+			}
+		}
+		for b := range mine {
+			written[b] = true
+		}
+		for b := range in {
+			u.InBytes += 4 * int64(p.Bufs[b].Width)
+		}
+		if u.Output {
+			sig = append(sig, "output")
+		}
+		u.Sig = strings.Join(sig, " ")
+	}
+	return units
+}
+
+// role is a tensor's name without blk.N. and .weight.
+func role(name string) string {
+	if rest, ok := strings.CutPrefix(name, "blk."); ok {
+		if _, after, ok := strings.Cut(rest, "."); ok {
+			name = after
+		}
+	}
+	return strings.TrimSuffix(name, ".weight")
+}
+
+// unitOfOp maps each op to the index of its unit.
+func unitOfOp(units []Unit, nOps int) []int {
+	of := make([]int, nOps)
+	for _, u := range units {
+		for i := u.Lo; i < u.Hi; i++ {
+			of[i] = u.Index
+		}
+	}
+	return of
+}
