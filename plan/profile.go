@@ -27,10 +27,10 @@ type Profile struct {
 	Batches  []int     `json:"batches"`
 	// DecodePos is the cache position at which decode attention was timed.
 	DecodePos int         `json:"decode_pos"`
-	Units     []UnitTimes `json:"units"`   // by unit index
-	Switch    []Link      `json:"switch"`  // by batch: activation transfers (zero-copy kernels and a wait)
-	Stream    Link        `json:"stream"`  // weight copies from the model file to the staging ring
-	Pinned    bool        `json:"pinned"`  // whether the model file was page-locked for those copies
+	Units     []UnitTimes `json:"units"`    // by unit index
+	Switch    []Link      `json:"switch"`   // by batch: activation transfers (zero-copy kernels and a wait)
+	Stream    Link        `json:"stream"`   // weight copies from the model file to the staging ring
+	Pinned    bool        `json:"pinned"`   // whether the model file was page-locked for those copies
 	Measured  int         `json:"measured"` // distinct unit shapes measured
 }
 
