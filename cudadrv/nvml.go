@@ -57,6 +57,9 @@ var (
 	nvmlDeviceGetCurrPcieLinkGeneration = nvSym("nvmlDeviceGetCurrPcieLinkGeneration")
 	// nvmlReturn_t nvmlDeviceGetCurrPcieLinkWidth(nvmlDevice_t device, unsigned int *currLinkWidth);
 	nvmlDeviceGetCurrPcieLinkWidth = nvSym("nvmlDeviceGetCurrPcieLinkWidth")
+	// nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device, unsigned int *infoCount, nvmlProcessInfo_t *infos);
+	// nvmlProcessInfo_t: {unsigned int pid; unsigned long long usedGpuMemory; unsigned int gpuInstanceId, computeInstanceId;}
+	nvmlDeviceGetComputeRunningProcesses = nvSym("nvmlDeviceGetComputeRunningProcesses_v3")
 )
 
 // NVMLError is a failed NVML call.
@@ -320,4 +323,29 @@ func (g *GPU) Sample() (Sample, error) {
 	keep(err)
 	s.PowerW = float64(mw) / 1000
 	return s, errors.Join(errs...)
+}
+
+// nvmlProcessInfo is nvmlProcessInfo_t (v2 and v3 layouts agree).
+type nvmlProcessInfo struct {
+	PID           uint32
+	_             uint32
+	UsedGPUMemory uint64
+	GPUInstance   uint32
+	ComputeInst   uint32
+}
+
+// ProcessMemory is the device memory NVML charges to process pid, and
+// whether NVML lists the process at all (a PID namespace can hide it).
+func (g *GPU) ProcessMemory(pid int) (int64, bool, error) {
+	infos := make([]nvmlProcessInfo, 256)
+	n := uint32(len(infos))
+	if err := nvmlDeviceGetComputeRunningProcesses.nvcall(g.h, uintptr(unsafe.Pointer(&n)), uintptr(unsafe.Pointer(&infos[0]))); err != nil {
+		return 0, false, err
+	}
+	for _, in := range infos[:min(int(n), len(infos))] {
+		if int(in.PID) == pid {
+			return int64(in.UsedGPUMemory), true, nil
+		}
+	}
+	return 0, false, nil
 }

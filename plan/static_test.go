@@ -10,7 +10,7 @@ import (
 
 const mib = 1 << 20
 
-// bruteForce tries every assignment.
+// bruteForce tries every assignment that respects the pins and ties.
 func bruteForce(p Problem) (best float64, on []Backend) {
 	n := len(p.Units)
 	best = math.Inf(1)
@@ -18,6 +18,9 @@ func bruteForce(p Problem) (best float64, on []Backend) {
 	for mask := 0; mask < 1<<n; mask++ {
 		for i := range cand {
 			cand[i] = Backend(mask >> i & 1)
+		}
+		if !p.Feasible(cand) {
+			continue
 		}
 		t, _, bytes := p.Cost(cand)
 		if bytes <= p.Budget && t < best-1e-15 {
@@ -27,14 +30,35 @@ func bruteForce(p Problem) (best float64, on []Backend) {
 	return best, on
 }
 
+// randomProblem draws units with fused and unfused costs, per-unit switch
+// costs, some pins and sometimes a tie.
 func randomProblem(r *rand.Rand, n int) Problem {
 	p := Problem{Bucket: mib, ToGPU: r.Float64() * 2e-4, ToCPU: r.Float64() * 2e-4}
 	var total int64
 	for i := 0; i < n; i++ {
 		u := Unit{Name: "u", Bytes: int64(1+r.IntN(64)) * mib, CPU: r.Float64() * 1e-3}
 		u.GPU = u.CPU * (0.05 + r.Float64()) // mostly faster on the GPU, sometimes not
+		if r.IntN(3) == 0 {                  // a fusion with the unit before that a switch breaks
+			u.CPUAlone, u.GPUAlone = u.CPU*(1+r.Float64()*0.3), u.GPU*(1+r.Float64()*0.5)
+		}
+		if r.IntN(3) == 0 {
+			u.ToGPU, u.ToCPU = r.Float64()*3e-4, r.Float64()*3e-4
+		}
+		switch r.IntN(10) {
+		case 0:
+			u.Pin = OnlyCPU
+		case 1:
+			u.Pin = OnlyGPU
+			u.Bytes = 0 // as when scheduling a batch: resident already
+		}
 		total += u.Bytes
 		p.Units = append(p.Units, u)
+	}
+	if n >= 3 && r.IntN(4) == 0 {
+		a, b := r.IntN(n), r.IntN(n)
+		if a != b && p.Units[a].Pin == Free && p.Units[b].Pin == Free {
+			p.Ties = [][]int{{min(a, b), max(a, b)}}
+		}
 	}
 	p.Budget = int64(r.Float64() * float64(total))
 	p.Start, p.End = Backend(r.IntN(2)), Backend(r.IntN(2))
@@ -45,21 +69,27 @@ func randomProblem(r *rand.Rand, n int) Problem {
 // random problems whose sizes are whole buckets (so rounding is exact).
 func TestStaticIsOptimal(t *testing.T) {
 	r := rand.New(rand.NewPCG(1, 2))
-	for trial := 0; trial < 300; trial++ {
+	for trial := 0; trial < 600; trial++ {
 		p := randomProblem(r, 1+r.IntN(12))
-		pl, err := Static(p)
-		if err != nil {
-			t.Fatal(err)
-		}
 		want, _ := bruteForce(p)
+		pl, err := Static(p)
+		if math.IsInf(want, 1) {
+			if err == nil {
+				t.Fatalf("trial %d: infeasible problem solved: %+v", trial, pl)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("trial %d: %v", trial, err)
+		}
 		if math.Abs(pl.Time-want) > 1e-12 {
 			t.Fatalf("trial %d: DP time %g, exhaustive %g", trial, pl.Time, want)
 		}
-		if pl.GPUBytes > p.Budget {
-			t.Fatalf("trial %d: %d bytes placed over the budget %d", trial, pl.GPUBytes, p.Budget)
+		if pl.GPUBytes > p.Budget || !p.Feasible(pl.On) {
+			t.Fatalf("trial %d: %d bytes placed (budget %d), feasible %v", trial, pl.GPUBytes, p.Budget, p.Feasible(pl.On))
 		}
 		g, _ := Greedy(p)
-		if g.Time < pl.Time-1e-12 {
+		if _, _, gb := p.Cost(g.On); gb <= p.Budget && p.Feasible(g.On) && g.Time < pl.Time-1e-12 {
 			t.Fatalf("trial %d: greedy %g beats the DP %g", trial, g.Time, pl.Time)
 		}
 	}
@@ -120,6 +150,145 @@ func TestStaticEdges(t *testing.T) {
 	pl, _ = Static(Problem{Units: []Unit{{Bytes: mib + 1, CPU: 1, GPU: 0}}, Budget: mib + 1, Bucket: mib})
 	if pl.GPUBytes > mib+1 {
 		t.Errorf("over budget: %d", pl.GPUBytes)
+	}
+}
+
+// layeredProblem is a model-like problem: layers of the same units
+// (attention projections, the cache, an FFN) with realistic ratios.
+func layeredProblem(r *rand.Rand, layers int) (Problem, int) {
+	p := Problem{Bucket: mib, ToGPU: 20e-6, ToCPU: 20e-6}
+	shape := []struct {
+		bytes int64
+		cpu   float64
+	}{{14, 200e-6}, {3, 45e-6}, {3, 45e-6}, {2, 30e-6}, {14, 200e-6}, {50, 700e-6}, {50, 700e-6}, {70, 950e-6}}
+	var total int64
+	for l := 0; l < layers; l++ {
+		for _, s := range shape {
+			jitter := 0.8 + 0.4*r.Float64()
+			u := Unit{Name: "u", Bytes: s.bytes * mib, CPU: s.cpu * jitter, GPU: s.cpu * jitter / (20 + 20*r.Float64())}
+			u.CPUAlone, u.GPUAlone = u.CPU*1.05, u.GPU*1.2
+			total += u.Bytes
+			p.Units = append(p.Units, u)
+		}
+	}
+	p.Budget = total / 2
+	return p, len(shape)
+}
+
+// TestStaticBeatsSplits checks the DP against the greedy density ranking
+// and against every layer split (the first k layers on the GPU, or the
+// last k, or only the FFNs of some) on the same cost model.
+func TestStaticBeatsSplits(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for trial := 0; trial < 20; trial++ {
+		p, per := layeredProblem(r, 4+r.IntN(20))
+		layers := len(p.Units) / per
+		p.Budget = int64(r.Float64() * float64(p.Budget) * 2)
+		pl, err := Static(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pl.GPUBytes > p.Budget {
+			t.Fatalf("over budget: %d > %d", pl.GPUBytes, p.Budget)
+		}
+		g, _ := Greedy(p)
+		if g.Time < pl.Time-1e-12 {
+			t.Fatalf("greedy %g beats the DP %g", g.Time, pl.Time)
+		}
+		try := func(name string, on []Backend) {
+			if tm, _, b := p.Cost(on); b <= p.Budget && tm < pl.Time-1e-12 {
+				t.Fatalf("trial %d: %s (%g s, %d bytes) beats the DP (%g s)", trial, name, tm, b, pl.Time)
+			}
+		}
+		for k := 0; k <= layers; k++ {
+			first, last, ffn := make([]Backend, len(p.Units)), make([]Backend, len(p.Units)), make([]Backend, len(p.Units))
+			for i := range p.Units {
+				l := i / per
+				if l < k {
+					first[i] = GPU
+					ffn[i] = GPU
+				}
+				if l >= layers-k {
+					last[i] = GPU
+				}
+				if l >= k && i%per < 5 { // attention of the other layers
+					ffn[i] = GPU
+				}
+			}
+			try("first layers", first)
+			try("last layers", last)
+			try("attention everywhere, FFN of the first layers", ffn)
+		}
+	}
+}
+
+// TestStaticMoEGroups: on a MoE-shaped problem (dense attention units
+// used by every token, expert stacks that a token reads an eighth of), the
+// dense units go first and expert stacks are placed whole.
+func TestStaticMoEGroups(t *testing.T) {
+	p := Problem{Bucket: mib, ToGPU: 15e-6, ToCPU: 15e-6}
+	const layers = 12
+	var dense int64
+	for l := 0; l < layers; l++ {
+		for _, b := range []int64{8, 1, 1, 8} { // q, k, v, o: read whole each token
+			p.Units = append(p.Units, Unit{Name: "attn", Bytes: b * mib, CPU: float64(b) * 14e-6, GPU: float64(b) * 0.5e-6})
+			dense += b * mib
+		}
+		// 128 experts, 8 used: the CPU reads an eighth of the stack.
+		p.Units = append(p.Units, Unit{Name: "experts", Group: "expert", Bytes: 330 * mib, CPU: 330.0 / 16 * 14e-6, GPU: 330.0 / 16 * 0.5e-6})
+	}
+	p.Budget = dense + 3*330*mib
+	pl, err := Static(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	experts := 0
+	for i, u := range p.Units {
+		if u.Group == "" && pl.On[i] != GPU {
+			t.Errorf("dense unit %d left on the CPU while expert stacks take VRAM", i)
+		}
+		if u.Group == "expert" && pl.On[i] == GPU {
+			experts++
+		}
+	}
+	if experts != 3 {
+		t.Errorf("%d expert stacks on the GPU, want the 3 that fit", experts)
+	}
+}
+
+// TestStaticTies: a tied embedding/output pair is placed together and its
+// bytes count once.
+func TestStaticTies(t *testing.T) {
+	p := Problem{Bucket: mib, Budget: 100 * mib, ToGPU: 1e-3, ToCPU: 1e-3,
+		Units: []Unit{
+			{Name: "embed", Bytes: 100 * mib, CPU: 1e-6, GPU: 2e-6},
+			{Name: "layer", Bytes: 0, CPU: 1, GPU: 0.1, Pin: OnlyGPU},
+			{Name: "output", Bytes: 100 * mib, CPU: 9e-3, GPU: 1e-4},
+		},
+		Ties: [][]int{{0, 2}}}
+	pl, err := Static(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff([]Backend{GPU, GPU, GPU}, pl.On); diff != "" {
+		t.Errorf("tied pair (-want +got):\n%s", diff)
+	}
+	if pl.GPUBytes != 100*mib {
+		t.Errorf("tied bytes counted %d, want once (%d)", pl.GPUBytes, 100*mib)
+	}
+	p.Budget = 99 * mib
+	pl, err = Static(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pl.On[0] != CPU || pl.On[2] != CPU {
+		t.Errorf("over budget: the pair must stay on the CPU, got %v", pl.On)
+	}
+	p.Units[1].Pin, p.Units[1].Bytes = OnlyGPU, 0
+	p.Units[0].Pin, p.Units[2].Pin = OnlyCPU, OnlyGPU
+	p.Budget = 1 << 30
+	if _, err := Static(p); err == nil {
+		t.Error("a tie whose units are pinned apart was solved")
 	}
 }
 

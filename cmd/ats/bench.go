@@ -43,7 +43,9 @@ type benchResult struct {
 	StddevTs    float64   `json:"stddev_ts"`
 	SamplesNs   []int64   `json:"samples_ns"`
 	SamplesTs   []float64 `json:"samples_ts"`
-	WeightGBps  float64   `json:"weight_gbps,omitempty"` // tg only: weight bytes read per second
+	WeightGBps  float64   `json:"weight_gbps,omitempty"`  // tg only: weight bytes read per second
+	Placement   string    `json:"placement,omitempty"`    // where the units live (GPU contexts)
+	PredictedTs float64   `json:"predicted_ts,omitempty"` // what the placement's cost model expects
 	modelPretty string
 }
 
@@ -58,7 +60,7 @@ type benchOptions struct {
 	output   string
 	noWarmup bool
 	progress bool
-	backend  string // cpu, gpu or auto (runtime.ContextOptions.Backend)
+	place    placementFlags
 }
 
 func init() {
@@ -112,7 +114,7 @@ names too, so the two tools' results can be put side by side).
 		f.StringVarP(&o.output, "output", "o", "md", "output format: md, json or csv")
 		f.BoolVar(&o.noWarmup, "no-warmup", false, "skip the warm-up run")
 		f.BoolVar(&o.progress, "progress", false, "print each run to stderr as it finishes")
-		f.StringVar(&o.backend, "backend", runtime.BackendAuto, "cpu, gpu (every op on the GPU) or auto (the GPU when usable)")
+		o.place.register(f)
 		return cmd
 	})
 }
@@ -169,6 +171,13 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 				if err := benchOne(m, &r, o, stderr); err != nil {
 					m.Close()
 					return err
+				}
+				if r.Placement != "" {
+					fmt.Fprintf(stderr, "ats: %s: %s", r.Test, r.Placement)
+					if r.PredictedTs > 0 {
+						fmt.Fprintf(stderr, "; the cost model predicts %.1f t/s, measured %.1f", r.PredictedTs, r.AvgTs)
+					}
+					fmt.Fprintln(stderr)
 				}
 				if md {
 					printMarkdownRow(stdout, &r)
@@ -283,13 +292,29 @@ func fillCommon(r *benchResult, info modelInfo, threads, batch int) {
 func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer) error {
 	h := m.Hyper()
 	ctxSize := r.NPrompt + r.NGen
-	c, err := m.NewContext(runtime.ContextOptions{Threads: r.NThreads, CtxSize: ctxSize, Batch: o.batch, Backend: o.backend})
+	copt := runtime.ContextOptions{Threads: r.NThreads, CtxSize: ctxSize, Batch: o.batch}
+	if err := o.place.apply(&copt, stderr); err != nil {
+		return err
+	}
+	c, err := m.NewContext(copt)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
-	if c.Backend() == runtime.BackendGPU {
+	switch c.Backend() {
+	case runtime.BackendGPU:
 		r.Backend = "CUDA" // llama-bench's name for it
+	case runtime.BackendHybrid:
+		r.Backend = "CPU+CUDA"
+	}
+	if pl := c.Placement(); c.Backend() != runtime.BackendCPU {
+		r.Placement = pl.Describe()
+		if p := pl.Predicted; p != nil {
+			r.PredictedTs = p.DecodeTokensPerS
+			if r.NPrompt > 0 && p.PrefillStepSeconds > 0 {
+				r.PredictedTs = p.PrefillTokensPerS
+			}
+		}
 	}
 	rng := rand.New(rand.NewPCG(uint64(ctxSize), uint64(r.NThreads)))
 	tokens := func(n int) []int {

@@ -26,7 +26,7 @@ func init() {
 		var (
 			modelPath, system, history string
 			nPredict, ctxSize, thrds   int
-			backend                    string
+			pf                         placementFlags
 			think                      bool
 			sf                         samplingFlags
 		)
@@ -59,7 +59,11 @@ same syntax, commands too), prints the answers and exits at the end.`,
 				stdin := cmd.InOrStdin()
 				interactive := stdin == io.Reader(os.Stdin) && isTerminal(os.Stdin) && isTerminal(stdout)
 				warn := func(s string) { fmt.Fprintln(stderr, "ats: warning:", s) }
-				sess, err := loadSession(modelPath, runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds, Backend: backend}, stderr, warn)
+				copt := runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds}
+				if err := pf.apply(&copt, stderr); err != nil {
+					return err
+				}
+				sess, err := loadSession(modelPath, copt, stderr, warn)
 				if err != nil {
 					return err
 				}
@@ -155,7 +159,7 @@ same syntax, commands too), prints the answers and exits at the end.`,
 		f.IntVarP(&nPredict, "n-predict", "n", -1, "most tokens per answer (-1: until the end of the turn)")
 		f.IntVarP(&ctxSize, "ctx-size", "c", 0, "context size in tokens (0: the model's, at most 4096)")
 		f.IntVarP(&thrds, "threads", "t", 0, "CPU threads (0: all cores)")
-		f.StringVar(&backend, "backend", "auto", "cpu, gpu, or auto (the GPU when one is usable)")
+		pf.register(f)
 		f.BoolVar(&think, "think", true, "let reasoning models think (sets enable_thinking where the template has it)")
 		f.StringVar(&history, "history", defaultHistoryFile(), "file that keeps the input history (\"\": none)")
 		sf.register(f)

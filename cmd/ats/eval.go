@@ -42,8 +42,9 @@ func parseTokens(s string) ([]int, error) {
 func init() {
 	register(func() *cobra.Command {
 		var (
-			modelPath, tokens, out, backend, kvType string
-			nGen, threads, ctxSize                  int
+			modelPath, tokens, out, kvType string
+			pf                             placementFlags
+			nGen, threads, ctxSize         int
 		)
 		cmd := &cobra.Command{
 			Use:   "eval -m MODEL --tokens 1,2,3 [--n-gen N] [--logits-json OUT]",
@@ -64,12 +65,10 @@ ats's numerics are checked against llama.cpp's.`,
 				if nGen < 0 {
 					return fmt.Errorf("eval: --n-gen %d is negative", nGen)
 				}
-				switch backend {
-				case runtime.BackendCPU, runtime.BackendGPU, runtime.BackendAuto:
-				default:
-					return fmt.Errorf("eval: --backend %q: want cpu, gpu or auto", backend)
+				opt := runtime.ContextOptions{Threads: threads, CtxSize: ctxSize}
+				if err := pf.apply(&opt, cmd.ErrOrStderr()); err != nil {
+					return fmt.Errorf("eval: %w", err)
 				}
-				opt := runtime.ContextOptions{Threads: threads, CtxSize: ctxSize, Backend: backend}
 				switch kvType {
 				case "f16":
 				case "f32":
@@ -142,7 +141,7 @@ ats's numerics are checked against llama.cpp's.`,
 		f.StringVar(&tokens, "tokens", "", "prompt token ids, comma separated")
 		f.IntVar(&nGen, "n-gen", 0, "tokens to greedy-decode after the prompt")
 		f.StringVar(&out, "logits-json", "", "write logits JSON to this file (- for stdout)")
-		f.StringVar(&backend, "backend", "auto", "cpu, gpu or auto")
+		pf.register(f)
 		f.IntVarP(&threads, "threads", "t", 0, "CPU threads (0: all cores)")
 		f.IntVarP(&ctxSize, "ctx-size", "c", 0, "context size in tokens (0: enough for the prompt and n-gen)")
 		f.StringVar(&kvType, "kv-type", "f16", "KV cache type: f16 or f32")

@@ -19,7 +19,7 @@ func init() {
 	register(func() *cobra.Command {
 		var (
 			modelPath, prompt, system string
-			backend                   string
+			pf                        placementFlags
 			raw, printTokens, special bool
 			think                     bool
 			nPredict, ctxSize, thrds  int
@@ -54,7 +54,11 @@ stderr. Without -p the prompt is read from standard input.`,
 					return err
 				}
 				defer m.Close()
-				s, err := runtime.NewSession(m, runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds, Backend: backend}, warn)
+				copt := runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds}
+				if err := pf.apply(&copt, stderr); err != nil {
+					return err
+				}
+				s, err := runtime.NewSession(m, copt, warn)
 				if err != nil {
 					return err
 				}
@@ -119,7 +123,7 @@ stderr. Without -p the prompt is read from standard input.`,
 		f.IntVarP(&nPredict, "n-predict", "n", -1, "tokens to generate (-1: until the end of the turn or a full context)")
 		f.IntVarP(&ctxSize, "ctx-size", "c", 0, "context size in tokens (0: the model's, at most 4096)")
 		f.IntVarP(&thrds, "threads", "t", 0, "CPU threads (0: all cores)")
-		f.StringVar(&backend, "backend", "auto", "cpu, gpu, or auto (the GPU when one is usable)")
+		pf.register(f)
 		sf.register(f)
 		return cmd
 	})

@@ -23,7 +23,7 @@ func init() {
 		var (
 			modelPath, host, apiKey, alias string
 			port, ctxSize, thrds, queue    int
-			backend                        string
+			pf                             placementFlags
 			grace                          time.Duration
 			verbose                        bool
 			sf                             samplingFlags
@@ -67,7 +67,11 @@ and exits; a second Ctrl-C quits at once.`,
 				log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 				warn := func(s string) { fmt.Fprintln(stderr, "ats: warning:", s) }
 
-				sess, err := loadSession(modelPath, runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds, Backend: backend}, stderr, warn)
+				copt := runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds}
+				if err := pf.apply(&copt, stderr); err != nil {
+					return err
+				}
+				sess, err := loadSession(modelPath, copt, stderr, warn)
 				if err != nil {
 					return err
 				}
@@ -124,7 +128,7 @@ and exits; a second Ctrl-C quits at once.`,
 		f.StringVar(&alias, "alias", "", "model id in the API (default: the file name without .gguf)")
 		f.IntVarP(&ctxSize, "ctx-size", "c", 0, "context size in tokens (0: the model's, at most 4096)")
 		f.IntVarP(&thrds, "threads", "t", 0, "CPU threads (0: all cores)")
-		f.StringVar(&backend, "backend", "auto", "cpu, gpu, or auto (the GPU when one is usable)")
+		pf.register(f)
 		f.IntVar(&queue, "queue", 16, "requests that may wait while one is generated; more get 503")
 		f.DurationVar(&grace, "shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long running requests may take to finish before they are cancelled")
 		f.BoolVarP(&verbose, "verbose", "v", false, "log every request and generation")

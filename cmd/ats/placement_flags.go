@@ -1,0 +1,136 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/schollz/progressbar/v3"
+	"github.com/spf13/pflag"
+
+	"github.com/atsinfer/ats/runtime"
+)
+
+// placementFlags are the flags of every command that runs a model: where
+// it computes, the VRAM budget, a placement to use instead of planning,
+// and what the planner optimises for.
+type placementFlags struct {
+	backend   string
+	budget    string
+	placement string
+	planFor   string
+}
+
+func (p *placementFlags) register(f *pflag.FlagSet) {
+	f.StringVar(&p.backend, "backend", runtime.BackendAuto,
+		"cpu, gpu (every op on the GPU) or auto (the GPU when usable: the whole model when it fits --vram-budget, else a measured CPU+GPU placement)")
+	f.StringVar(&p.budget, "vram-budget", "",
+		"GPU memory ats may use for weights, KV cache and buffers, e.g. 4.5GiB or 800MiB (default: the free memory less a margin; 0: CPU only)")
+	f.StringVar(&p.placement, "placement", "", "place units as this JSON says (from `ats plan --json`, possibly edited) instead of planning")
+	f.StringVar(&p.planFor, "plan-for", "decode", "what the placement is optimised for: decode or prefill")
+}
+
+// apply sets the placement fields of o; progress (when not nil) receives
+// the profiling run that planning may need.
+func (p *placementFlags) apply(o *runtime.ContextOptions, stderr io.Writer) error {
+	switch p.backend {
+	case runtime.BackendCPU, runtime.BackendGPU, runtime.BackendAuto:
+	default:
+		return fmt.Errorf("--backend %q: want cpu, gpu or auto", p.backend)
+	}
+	o.Backend = p.backend
+	switch p.planFor {
+	case "decode", "prefill":
+		o.PlanFor = p.planFor
+	default:
+		return fmt.Errorf("--plan-for %q: want decode or prefill", p.planFor)
+	}
+	if p.budget != "" {
+		b, err := parseSize(p.budget)
+		if err != nil {
+			return fmt.Errorf("--vram-budget: %w", err)
+		}
+		if b == 0 {
+			if p.backend == runtime.BackendGPU || p.placement != "" {
+				return fmt.Errorf("--vram-budget 0 leaves nothing for the GPU, but --backend gpu or --placement asks for it")
+			}
+			o.Backend = runtime.BackendCPU
+		}
+		o.VRAMBudget = b
+	}
+	if p.placement != "" {
+		pl, err := runtime.ReadPlacement(p.placement)
+		if err != nil {
+			return fmt.Errorf("--placement: %w", err)
+		}
+		if p.backend == runtime.BackendCPU {
+			return fmt.Errorf("--placement needs the GPU; --backend cpu runs without it")
+		}
+		o.Placement = pl
+	}
+	if stderr != nil {
+		o.Progress = profileProgress(stderr)
+	}
+	return nil
+}
+
+// parseSize reads a byte size: a number with an optional unit, binary
+// (KiB, MiB, GiB, TiB, and K, M, G, T alone) or decimal (KB, MB, GB, TB).
+func parseSize(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	i := 0
+	for i < len(t) && (t[i] >= '0' && t[i] <= '9' || t[i] == '.') {
+		i++
+	}
+	num, unit := t[:i], strings.ToLower(strings.TrimSpace(t[i:]))
+	v, err := strconv.ParseFloat(num, 64)
+	if err != nil || num == "" {
+		return 0, fmt.Errorf("%q is not a size (say 4.5GiB, 800MiB or a number of bytes)", s)
+	}
+	mult := map[string]float64{
+		"": 1, "b": 1,
+		"k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40,
+		"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+	}[unit]
+	if mult == 0 {
+		return 0, fmt.Errorf("%q: unknown unit %q (say B, KiB, MiB, GiB, TiB, or KB, MB, GB, TB)", s, t[i:])
+	}
+	b := v * mult
+	if math.IsInf(b, 0) || b >= 1<<62 {
+		return 0, fmt.Errorf("%q is too large", s)
+	}
+	return int64(b), nil
+}
+
+// profileProgress shows a profiling run: a bar on a terminal, a line at
+// the start and the end otherwise.
+func profileProgress(w io.Writer) func(done, total int, what string) {
+	var once sync.Once
+	var bar *progressbar.ProgressBar
+	var start time.Time
+	return func(done, total int, what string) {
+		once.Do(func() {
+			start = time.Now()
+			fmt.Fprintln(w, "ats: measuring this model's units on the CPU and the GPU for the placement (once; the profile is cached)")
+			if isTerminal(w) {
+				bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(w), progressbar.OptionSetDescription("profiling"),
+					progressbar.OptionSetWidth(30), progressbar.OptionThrottle(50*time.Millisecond), progressbar.OptionClearOnFinish(),
+					progressbar.OptionShowCount())
+			}
+		})
+		if bar != nil {
+			bar.Describe("profiling " + what)
+			bar.Set(done)
+		}
+		if done == total {
+			if bar != nil {
+				bar.Finish()
+			}
+			fmt.Fprintf(w, "ats: profiled %d measurements in %.1fs\n", total, time.Since(start).Seconds())
+		}
+	}
+}

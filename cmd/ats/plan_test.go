@@ -1,0 +1,80 @@
+package main
+
+import (
+	"encoding/xml"
+	"io"
+	"strings"
+	"testing"
+
+	"github.com/atsinfer/ats/runtime"
+)
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{
+		"4.5GiB": 4831838208, "800MiB": 800 << 20, "4.5G": 4831838208, "1GB": 1e9, "0": 0, "123": 123,
+		"2 GiB": 2 << 30, "512kib": 512 << 10, "1.5TB": 1.5e12,
+	} {
+		got, err := parseSize(in)
+		if err != nil || got != want {
+			t.Errorf("parseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "GiB", "4.5 furlongs", "-1GiB", "1e400", "99999999999TiB"} {
+		if _, err := parseSize(in); err == nil {
+			t.Errorf("parseSize(%q) accepted", in)
+		}
+	}
+}
+
+func TestPlacementFlags(t *testing.T) {
+	var o runtime.ContextOptions
+	pf := placementFlags{backend: "auto", budget: "0", planFor: "decode"}
+	if err := pf.apply(&o, nil); err != nil || o.Backend != runtime.BackendCPU {
+		t.Errorf("--vram-budget 0: backend %q, %v; want the CPU", o.Backend, err)
+	}
+	for _, bad := range []placementFlags{
+		{backend: "tpu", planFor: "decode"},
+		{backend: "auto", planFor: "training"},
+		{backend: "gpu", budget: "0", planFor: "decode"},
+		{backend: "auto", budget: "lots", planFor: "decode"},
+		{backend: "auto", placement: "/nonexistent/placement.json", planFor: "decode"},
+	} {
+		if err := bad.apply(&runtime.ContextOptions{}, nil); err == nil {
+			t.Errorf("%+v accepted", bad)
+		}
+	}
+}
+
+// TestPlacementSVG draws a made-up placement and checks the SVG parses and
+// shows both backends.
+func TestPlacementSVG(t *testing.T) {
+	pl := &runtime.Placement{Model: "m.gguf", Arch: "qwen3", Layers: 2, Budget: 300 << 20, FixedBytes: 100 << 20, Note: "test"}
+	for l := 0; l < 2; l++ {
+		for j, role := range []string{"attn_q", "attention", "ffn_down"} {
+			b := "cpu"
+			if (l+j)%2 == 0 {
+				b = "gpu"
+			}
+			pl.Units = append(pl.Units, runtime.UnitPlacement{Name: role, Layer: l, Role: role, Bytes: 100 << 20, Backend: b, Density: float64(j+1) * 1e-12})
+		}
+	}
+	pl.Units = append(pl.Units, runtime.UnitPlacement{Name: "output.weight", Layer: -1, Role: "output", Bytes: 50 << 20, Backend: "gpu"})
+	svg := placementSVG(pl)
+	d := xml.NewDecoder(strings.NewReader(svg))
+	for {
+		if _, err := d.Token(); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("SVG does not parse: %v", err)
+		}
+	}
+	for _, want := range []string{"#2e8b57", "#c8c8c8", "budget for units", "output.weight", "attn_q"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("SVG lacks %q", want)
+		}
+	}
+	roles, byLayer, other := placementGrid(pl)
+	if len(roles) != 3 || len(byLayer) != 2 || len(other) != 1 {
+		t.Errorf("grid: %v roles, %d layers, %d others", roles, len(byLayer), len(other))
+	}
+}

@@ -1,0 +1,301 @@
+package runtime
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/atsinfer/ats/gguf"
+	"github.com/atsinfer/ats/internal/testenv"
+	"github.com/atsinfer/ats/plan"
+	"github.com/atsinfer/ats/runtime/ir"
+)
+
+func openOracle(t *testing.T, name string) *Model {
+	t.Helper()
+	path := filepath.Join(testenv.SharedDir(t), "testdata", "oracle", name+".gguf")
+	if _, err := os.Stat(path); err != nil {
+		t.Skip(err)
+	}
+	m, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+// TestUnitsPartitionOps checks the units of every oracle: each op in
+// exactly one unit, units in order, every matrix in a unit, attention
+// units sized by the KV cache.
+func TestUnitsPartitionOps(t *testing.T) {
+	for _, path := range oracleFiles(t) {
+		name := strings.TrimSuffix(filepath.Base(path), ".gguf")
+		t.Run(name, func(t *testing.T) {
+			m := openOracle(t, name)
+			const ctx = 100
+			units := programUnits(m.Prog, ctx, nil)
+			next := 0
+			mats := map[*ir.Weight]int{}
+			for i, u := range units {
+				if u.Index != i || u.Lo != next || u.Hi <= u.Lo {
+					t.Fatalf("unit %d (%s) covers ops [%d,%d), want to start at %d", i, u.Name, u.Lo, u.Hi, next)
+				}
+				next = u.Hi
+				for _, w := range u.Mats {
+					mats[w]++
+				}
+				if u.Op == ir.OpAttention {
+					a := m.Prog.Ops[u.Hi-1].Attn
+					if want := int64(4 * ctx * a.NKVHeads * a.HeadSize); u.Bytes != want {
+						t.Errorf("%s: %d bytes, want the KV cache's %d", u.Name, u.Bytes, want)
+					}
+				}
+			}
+			if next != len(m.Prog.Ops) {
+				t.Fatalf("units end at op %d of %d", next, len(m.Prog.Ops))
+			}
+			for i := range m.Prog.Ops {
+				for _, w := range m.Prog.Ops[i].Weights() {
+					if len(w.Dims) > 1 && mats[w] == 0 {
+						t.Errorf("matrix %s is in no unit", w.Name)
+					}
+				}
+			}
+			// Roles of layer 1.
+			var roles []string
+			for _, u := range units {
+				if u.Layer == 1 {
+					roles = append(roles, u.Role)
+				}
+			}
+			t.Logf("%d ops, %d units; layer 1: %s", len(m.Prog.Ops), len(units), strings.Join(roles, " "))
+		})
+	}
+}
+
+func TestUnitsRoles(t *testing.T) {
+	for name, want := range map[string]string{
+		"tiny-qwen3-q4_k_m":    "attn_q attn_k attn_v attention attn_output ffn_gate ffn_up ffn_down",
+		"tiny-qwen3moe-q4_k_m": "attn_q attn_k attn_v attention attn_output ffn_moe",
+		"tiny-glm4-q8_0":       "attn_q attn_k attn_v attention attn_output ffn_up ffn_down",
+	} {
+		t.Run(name, func(t *testing.T) {
+			m := openOracle(t, name)
+			var roles []string
+			for _, u := range programUnits(m.Prog, 64, nil) {
+				if u.Layer == 1 {
+					roles = append(roles, u.Role)
+				}
+				if u.Role == "ffn_moe" && len(u.Mats) != 4 {
+					t.Errorf("%s: %d matrices, want the router and three stacks", u.Name, len(u.Mats))
+				}
+			}
+			if got := strings.Join(roles, " "); got != want {
+				t.Errorf("layer 1 roles %q, want %q", got, want)
+			}
+		})
+	}
+}
+
+// TestTransfers checks the executor's coherence walk: with units
+// alternating between the backends, every read sees the rows written last,
+// on its own backend or moved there just before.
+func TestTransfers(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	units := programUnits(m.Prog, 64, nil)
+	p := m.Prog
+	dev := make([]plan.Backend, len(p.Ops))
+	for _, u := range units {
+		for i := u.Lo; i < u.Hi; i++ {
+			dev[i] = plan.Backend(u.Index % 2)
+		}
+	}
+	moves := transfers(p, dev)
+	if len(moves) == 0 {
+		t.Fatal("no transfers for alternating units")
+	}
+	// Replay: where is each buffer valid?
+	valid := map[ir.BufID]map[plan.Backend]bool{}
+	k := 0
+	for i := range p.Ops {
+		for k < len(moves) && moves[k].before == i {
+			mv := moves[k]
+			if valid[mv.buf] == nil || valid[mv.buf][mv.to] {
+				t.Fatalf("op %d: move of %s to %s, which is unwritten or already there", i, p.Bufs[mv.buf].Name, mv.to)
+			}
+			valid[mv.buf][mv.to] = true
+			k++
+		}
+		op := &p.Ops[i]
+		for _, r := range op.Reads() {
+			if !valid[r][dev[i]] {
+				t.Fatalf("op %d (%s on %s) reads %s, not valid there", i, op.Kind, dev[i], p.Bufs[r].Name)
+			}
+		}
+		for _, w := range op.Writes() {
+			valid[w] = map[plan.Backend]bool{dev[i]: true}
+		}
+	}
+	// All on one backend: nothing moves.
+	for i := range dev {
+		dev[i] = plan.GPU
+	}
+	if moves := transfers(p, dev); len(moves) != 0 {
+		t.Errorf("all on the GPU: %d transfers", len(moves))
+	}
+}
+
+// TestPlacementJSON writes a placement, reads it back and binds it; and
+// checks the errors of a hand-edited file.
+func TestPlacementJSON(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	units := programUnits(m.Prog, 64, nil)
+	pl := newPlacement(m, units, BackendCPU)
+	for i := range pl.Units {
+		if i%3 == 0 {
+			pl.Units[i].Backend = BackendGPU
+		}
+	}
+	for i := range units {
+		for j := i + 1; j < len(units); j++ {
+			if sharesMat(units[i], units[j]) {
+				pl.Units[j].Backend = pl.Units[i].Backend
+			}
+		}
+	}
+	pl.Prefill = []PrefillSchedule{{MinBatch: 32, Stream: []string{units[len(units)-2].Name}}}
+	if pl.resident(len(units) - 2) {
+		pl.Prefill[0].Stream = nil
+	}
+	pl.sum()
+	b, err := pl.JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "p.json")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	read, err := ReadPlacement(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bound, err := read.bind(m, units)
+	if err != nil {
+		t.Fatal(err)
+	}
+	backends := func(p *Placement) []string {
+		var out []string
+		for _, u := range p.Units {
+			out = append(out, u.Backend)
+		}
+		return out
+	}
+	if diff := cmp.Diff(backends(pl), backends(bound)); diff != "" {
+		t.Errorf("backends after a round trip (-want +got):\n%s", diff)
+	}
+	if bound.GPUBytes+bound.CPUBytes == 0 || bound.GPUBytes != pl.GPUBytes {
+		t.Errorf("bytes %d/%d, want %d/%d", bound.GPUBytes, bound.CPUBytes, pl.GPUBytes, pl.CPUBytes)
+	}
+	// Hand edits gone wrong.
+	bad := func(name string, edit func(p *Placement), wantErr string) {
+		t.Helper()
+		var q Placement
+		q.Units = append([]UnitPlacement(nil), pl.Units...)
+		q.Prefill = pl.Prefill
+		edit(&q)
+		_, err := q.bind(m, units)
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("%s: error %v, want one saying %q", name, err, wantErr)
+		}
+	}
+	bad("missing unit", func(p *Placement) { p.Units = p.Units[1:] }, "not placed")
+	bad("unknown unit", func(p *Placement) { p.Units = append(p.Units, UnitPlacement{Name: "blk.99.attn_q.weight", Backend: "gpu"}) }, "has no unit blk.99")
+	bad("streams a resident unit", func(p *Placement) {
+		p.Prefill = []PrefillSchedule{{MinBatch: 32, Stream: []string{p.Units[0].Name}}}
+		p.Units[0].Backend = BackendGPU
+	}, "resident or cannot stream")
+	if err := os.WriteFile(path, []byte(`{"units":[{"name":"x","backend":"tpu"}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ReadPlacement(path); err == nil || !strings.Contains(err.Error(), `"tpu"`) {
+		t.Errorf("backend tpu: error %v", err)
+	}
+}
+
+// TestSchedules checks that a placement's schedules run resident units on
+// the GPU, streamed ones on the GPU from their batch size on, and the
+// rest on the CPU.
+func TestSchedules(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	units := programUnits(m.Prog, 64, nil)
+	pl := newPlacement(m, units, BackendCPU)
+	pl.Units[1].Backend = BackendGPU
+	pl.Prefill = []PrefillSchedule{{MinBatch: 32, Stream: []string{units[2].Name}}, {MinBatch: 128, Stream: []string{}}}
+	ss := pl.schedules(512)
+	if len(ss) != 3 || ss[0].minBatch != 1 || ss[1].minBatch != 32 || ss[2].minBatch != 128 {
+		t.Fatalf("schedules %+v", ss)
+	}
+	at := func(s *schedule, u int) plan.Backend { return s.dev[units[u].Lo] }
+	if at(ss[0], 1) != plan.GPU || at(ss[0], 2) != plan.CPU || at(ss[1], 2) != plan.GPU || at(ss[2], 2) != plan.CPU {
+		t.Errorf("unit 1 (resident) and 2 (streamed at 32..127) on %v %v %v %v", at(ss[0], 1), at(ss[0], 2), at(ss[1], 2), at(ss[2], 2))
+	}
+	if !ss[1].stream[2] || ss[0].stream[2] || !ss[1].streams(units, units[2].Mats[0]) {
+		t.Error("unit 2 should stream in the second schedule only")
+	}
+	if got := pl.schedules(64); len(got) != 2 {
+		t.Errorf("batches of 64: %d schedules, want 2", len(got))
+	}
+}
+
+// TestHyperChecks covers hostile hyperparameters: non-finite or
+// non-positive norm epsilon and rope base, and a block_count past the
+// file's blocks.
+func TestHyperChecks(t *testing.T) {
+	src := filepath.Join(testenv.SharedDir(t), "testdata", "oracle", "tiny-qwen3-q4_k_m.gguf")
+	if _, err := os.Stat(src); err != nil {
+		t.Skip(err)
+	}
+	for _, c := range []struct {
+		key  string
+		val  any
+		want string
+	}{
+		{"qwen3.attention.layer_norm_rms_epsilon", float32(0), "layer_norm_rms_epsilon is 0"},
+		{"qwen3.attention.layer_norm_rms_epsilon", float32(-1e-6), "must be a finite number above 0"},
+		{"qwen3.attention.layer_norm_rms_epsilon", nan32(), "NaN"},
+		{"qwen3.rope.freq_base", inf32(), "+Inf"},
+		{"qwen3.rope.freq_base", float32(0), "rope.freq_base is 0"},
+		{"qwen3.block_count", uint32(1_000_000), "block_count is 1000000 but the file's tensors stop at block 2"},
+	} {
+		path := rewriteKV(t, src, c.key, c.val)
+		_, err := Open(path)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s = %v: error %v, want one saying %q", c.key, c.val, err, c.want)
+		}
+	}
+}
+
+// rewriteKV copies an oracle model with one metadata value replaced.
+func rewriteKV(t *testing.T, src, key string, val any) string {
+	t.Helper()
+	return rewrite(t, src, func(kv map[string]gguf.Value, infos []gguf.TensorInfo) []gguf.TensorInfo {
+		switch v := val.(type) {
+		case float32:
+			kv[key] = gguf.Float32(v)
+		case uint32:
+			kv[key] = gguf.Uint32(v)
+		default:
+			t.Fatalf("rewriteKV: %T", val)
+		}
+		return infos
+	})
+}
+
+func nan32() float32 { return float32(math.NaN()) }
+func inf32() float32 { return float32(math.Inf(1)) }
