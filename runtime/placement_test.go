@@ -215,7 +215,9 @@ func TestPlacementJSON(t *testing.T) {
 		}
 	}
 	bad("missing unit", func(p *Placement) { p.Units = p.Units[1:] }, "not placed")
-	bad("unknown unit", func(p *Placement) { p.Units = append(p.Units, UnitPlacement{Name: "blk.99.attn_q.weight", Backend: "gpu"}) }, "has no unit blk.99")
+	bad("unknown unit", func(p *Placement) {
+		p.Units = append(p.Units, UnitPlacement{Name: "blk.99.attn_q.weight", Backend: "gpu"})
+	}, "has no unit blk.99")
 	bad("streams a resident unit", func(p *Placement) {
 		p.Prefill = []PrefillSchedule{{MinBatch: 32, Stream: []string{p.Units[0].Name}}}
 		p.Units[0].Backend = BackendGPU
