@@ -522,3 +522,28 @@ func (c *Context) Backend() string {
 	}
 	return BackendHybrid
 }
+
+// VRAMUse is a context's device memory.
+type VRAMUse struct {
+	Allocated int64  // what the context allocated (its arena and its share of the weights), at the driver's granularity
+	Budget    int64  // the placement's budget
+	Process   int64  // what NVML charges the process, less the CUDA context's own memory (Context); 0 without NVML
+	Context   int64  // the CUDA context and kernel modules, reported apart
+	How       string // where Process comes from
+}
+
+// VRAM reports the context's device memory (zero on the CPU).
+func (c *Context) VRAM() VRAMUse {
+	if c.gpu == nil {
+		return VRAMUse{}
+	}
+	arena, weights := c.gpu.Bytes()
+	u := VRAMUse{Allocated: arena + weights, Budget: c.place.Budget}
+	if dev, err := gpu.Open(); err == nil {
+		if n, how, ok := dev.ProcessMemory(); ok {
+			u.Context = dev.ContextBytes()
+			u.Process, u.How = n-u.Context, how
+		}
+	}
+	return u
+}

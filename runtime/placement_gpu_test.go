@@ -3,12 +3,10 @@ package runtime
 import (
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
-	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/runtime/gpu"
 )
 
@@ -49,34 +47,11 @@ func forcedPlacement(t *testing.T, m *Model, ctxSize int, gpuAt func(i int, u Un
 	return pl
 }
 
-// processVRAM is the device memory NVML charges to this process, or the
-// device-wide use where NVML does not list it (a PID namespace); ok is
-// false without NVML.
-func processVRAM(dev *gpu.Device) (int64, string, bool) {
-	mon, _ := cudadrv.OpenMonitor()
-	if mon == nil {
-		return 0, "", false
-	}
-	defer mon.Close()
-	g, err := mon.DeviceByPCIBusID(dev.Info().PCIBusID)
-	if err != nil {
-		return 0, "", false
-	}
-	if n, found, err := g.ProcessMemory(os.Getpid()); err == nil && found {
-		return n, "NVML, this process", true
-	}
-	s, err := g.Sample()
-	if err != nil || s.MemUsed == 0 {
-		return 0, "", false
-	}
-	return int64(s.MemUsed), "NVML, whole device", true
-}
-
 func TestOraclesPlacements(t *testing.T) {
 	dev := needGPUDevice(t)
 	files := oracleFiles(t)
 	const ctx = 128
-	base, baseHow, haveNVML := processVRAM(dev)
+	base, baseHow, haveNVML := dev.ProcessMemory()
 	t.Logf("device memory in use before the tests (%s): %s", baseHow, FormatBytes(base))
 	for _, path := range files {
 		name := strings.TrimSuffix(filepath.Base(path), ".gguf")
@@ -142,7 +117,7 @@ func TestOraclesPlacements(t *testing.T) {
 					pl := c.Placement()
 					used := "-"
 					if haveNVML && c.Backend() != BackendCPU {
-						now, how, _ := processVRAM(dev)
+						now, how, _ := dev.ProcessMemory()
 						used = fmt.Sprintf("%s (%s, less %s before)", FormatBytes(now-base), how, FormatBytes(base))
 						if pl.Budget > 0 && now-base > pl.Budget {
 							t.Errorf("device memory %s over the budget %s", FormatBytes(now-base), FormatBytes(pl.Budget))

@@ -59,7 +59,9 @@ func (m *Model) fixedBytes(dev *gpu.Device, units []Unit, opt ContextOptions) in
 		Resident: func(*ir.Weight) bool { return false },
 		Streams:  func(w *ir.Weight) bool { return streamable[w] }}
 	arena, vectors := gpu.Need(dev, dev.Weights(), p, cfg)
-	return arena - kv + vectors
+	// Need rounds each allocation up; the arena and the weight set of a
+	// placement round up by at most one granule each beyond their parts.
+	return arena - kv + vectors + 2*gpu.AllocGranularity
 }
 
 // PlanOptions are the inputs of Plan beyond the context's.

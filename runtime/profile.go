@@ -70,24 +70,13 @@ func hardware(dev *gpu.Device, threads int) plan.Hardware {
 	return hw
 }
 
-// profileBatches are the batch sizes profiled for contexts of batch tokens.
-func profileBatches(batch int) []int {
-	var out []int
-	for _, b := range ProfileBatches {
-		if b <= batch {
-			out = append(out, b)
-		}
-	}
-	return out
-}
-
 // profile returns the model's profile on this machine: cached, or
 // measured now (and cached).
 func (m *Model) profile(dev *gpu.Device, units []Unit, opt ContextOptions) (*plan.Profile, error) {
 	threads := ops.NewPool(opt.Threads)
 	nThreads := threads.Threads()
 	threads.Close()
-	batches := profileBatches(opt.Batch)
+	batches := ProfileBatches
 	key := plan.ProfileKey(modelIdentity(m), hardware(dev, nThreads), batches)
 	dir, err := plan.CacheDir()
 	if err == nil {
@@ -115,16 +104,13 @@ func (m *Model) Profile(opt ContextOptions, fresh bool) (*plan.Profile, error) {
 	if opt.CtxSize <= 0 {
 		opt.CtxSize = min(m.Prog.Hyper.NCtxTrain, 4096)
 	}
-	if opt.Batch <= 0 {
-		opt.Batch = 512
-	}
 	dev, err := gpu.Open()
 	if err != nil {
 		return nil, fmt.Errorf("profile: %w", err)
 	}
 	units := programUnits(m.Prog, opt.CtxSize, dev.Weights().DeviceBytes)
 	if fresh {
-		batches := profileBatches(opt.Batch)
+		batches := ProfileBatches
 		p, err := m.MeasureProfile(dev, units, opt, batches)
 		if err != nil {
 			return nil, err

@@ -46,6 +46,9 @@ type benchResult struct {
 	WeightGBps  float64   `json:"weight_gbps,omitempty"`  // tg only: weight bytes read per second
 	Placement   string    `json:"placement,omitempty"`    // where the units live (GPU contexts)
 	PredictedTs float64   `json:"predicted_ts,omitempty"` // what the placement's cost model expects
+	VRAMBudget  int64     `json:"vram_budget_bytes,omitempty"`
+	VRAMUsed    int64     `json:"vram_used_bytes,omitempty"`    // NVML: this process less the CUDA context
+	VRAMContext int64     `json:"vram_context_bytes,omitempty"` // the CUDA context and modules, apart
 	modelPretty string
 }
 
@@ -176,6 +179,10 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 					fmt.Fprintf(stderr, "ats: %s: %s", r.Test, r.Placement)
 					if r.PredictedTs > 0 {
 						fmt.Fprintf(stderr, "; the cost model predicts %.1f t/s, measured %.1f", r.PredictedTs, r.AvgTs)
+					}
+					if r.VRAMUsed > 0 {
+						fmt.Fprintf(stderr, "; VRAM in use %s of the budget %s (CUDA context %s apart)",
+							runtime.FormatBytes(r.VRAMUsed), runtime.FormatBytes(r.VRAMBudget), runtime.FormatBytes(r.VRAMContext))
 					}
 					fmt.Fprintln(stderr)
 				}
@@ -349,6 +356,11 @@ func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer
 		}
 		return time.Since(start), nil
 	}
+	defer func() {
+		if v := c.VRAM(); v.Allocated > 0 {
+			r.VRAMBudget, r.VRAMUsed, r.VRAMContext = v.Budget, v.Process, v.Context
+		}
+	}()
 	if !o.noWarmup {
 		if _, err := run(true); err != nil {
 			return err

@@ -93,7 +93,7 @@ ranking with the budget line.`,
 		var (
 			modelPath     string
 			fresh, asJSON bool
-			thrds, batch  int
+			thrds         int
 		)
 		cmd := &cobra.Command{
 			Use:   "profile -m MODEL [--fresh] [--json]",
@@ -115,7 +115,7 @@ reused by planning; --fresh measures again.`,
 					return err
 				}
 				defer m.Close()
-				opt := runtime.ContextOptions{Threads: thrds, Batch: batch, Progress: profileProgress(cmd.ErrOrStderr())}
+				opt := runtime.ContextOptions{Threads: thrds, Progress: profileProgress(cmd.ErrOrStderr())}
 				prof, err := m.Profile(opt, fresh)
 				if err != nil {
 					return fmt.Errorf("profile: %w", err)
@@ -134,7 +134,6 @@ reused by planning; --fresh measures again.`,
 		f.BoolVar(&fresh, "fresh", false, "measure again even when a profile is cached")
 		f.BoolVar(&asJSON, "json", false, "print the profile as JSON")
 		f.IntVarP(&thrds, "threads", "t", 0, "CPU threads (0: all cores)")
-		f.IntVarP(&batch, "batch-size", "b", 512, "largest prefill batch to measure")
 		var budget string
 		f.StringVar(&budget, "vram-budget", "", "accepted for symmetry with the run commands (a profile does not depend on it)")
 		return cmd

@@ -32,6 +32,10 @@ type Device struct {
 	util *kernels.Util
 	w    WeightOps // the weight kernels contexts use
 	ref  WeightOps // the float32 reference weight kernels
+	// contextBytes is what NVML charged the process once the context and
+	// the modules were loaded, before any allocation of ats (0 without
+	// NVML): the CUDA context's own memory, reported apart from budgets.
+	contextBytes int64
 }
 
 var sharedGPU struct {
@@ -80,6 +84,7 @@ func newDevice() (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
+	g.contextBytes, _, _ = g.ProcessMemory()
 	return g, nil
 }
 
@@ -109,3 +114,7 @@ func (d *Device) Weights() WeightOps {
 
 // Reference returns the float32 reference weight kernels (for tests).
 func (d *Device) Reference() WeightOps { return d.ref }
+
+// ContextBytes is the device memory of the CUDA context and kernel modules
+// (NVML, before ats allocated anything; 0 without NVML).
+func (d *Device) ContextBytes() int64 { return d.contextBytes }

@@ -230,9 +230,18 @@ func ringSlotBytes(w WeightOps, p *ir.Program, streams func(*ir.Weight) bool) in
 	return n
 }
 
-// Need is the device memory an Exec of cfg would allocate: its arena
-// (activations, KV caches, scratch, ring) and the weight set, the latter
-// zero when another Exec holds the same set already.
+// AllocGranularity is what the driver rounds a device allocation up to:
+// budgets count allocations at that size.
+const AllocGranularity = 2 << 20
+
+func roundAlloc(n int64) int64 {
+	return (n + AllocGranularity - 1) / AllocGranularity * AllocGranularity
+}
+
+// Need is the device memory an Exec of cfg would allocate, at the
+// driver's granularity: its arena (activations, KV caches, scratch, ring)
+// and the weight set, the latter zero when another Exec holds the same set
+// already.
 func Need(dev *Device, w WeightOps, p *ir.Program, cfg Config) (arena, weights int64) {
 	for _, s := range (&Exec{}).layout(dev, w, p, cfg) {
 		arena += align(s.bytes)
@@ -241,9 +250,9 @@ func Need(dev *Device, w WeightOps, p *ir.Program, cfg Config) (arena, weights i
 	held := weightSets.m[weightSetKey{cfg.Model, w, residentKey(p, cfg.Resident)}] != nil
 	weightSets.Unlock()
 	if !held {
-		weights = setBytes(w, p, cfg.Resident)
+		weights = roundAlloc(setBytes(w, p, cfg.Resident))
 	}
-	return arena, weights
+	return roundAlloc(arena), weights
 }
 
 // New uploads the resident weights (unless an Exec already did), carves
@@ -310,9 +319,9 @@ func New(dev *Device, w WeightOps, p *ir.Program, cfg Config) (g *Exec, err erro
 // that of the weight set it shares.
 func (g *Exec) Bytes() (arena, weights int64) {
 	if g.ws != nil {
-		weights = g.ws.bytes
+		weights = roundAlloc(g.ws.bytes)
 	}
-	return g.bytes, weights
+	return roundAlloc(g.bytes), weights
 }
 
 // Pinned says whether streamed weights are read from page-locked memory

@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"os"
 	"sync"
 
 	"github.com/atsinfer/ats/cudadrv"
@@ -44,4 +45,27 @@ func Stats() []Stat {
 			Util: float64(s.GPUUtil) / 100, PCIeRX: float64(s.PCIeRX), PCIeTX: float64(s.PCIeTX)})
 	}
 	return out
+}
+
+// ProcessMemory is the device memory NVML charges to this process on d
+// (the CUDA context, the kernel modules and every allocation), or, where
+// NVML does not list the process (a PID namespace), the device's whole
+// use; how says which. ok is false without NVML.
+func (d *Device) ProcessMemory() (n int64, how string, ok bool) {
+	nvml.once.Do(func() { nvml.mon, _ = cudadrv.OpenMonitor() })
+	if nvml.mon == nil {
+		return 0, "", false
+	}
+	g, err := nvml.mon.DeviceByPCIBusID(d.info.PCIBusID)
+	if err != nil {
+		return 0, "", false
+	}
+	if n, found, err := g.ProcessMemory(os.Getpid()); err == nil && found {
+		return n, "NVML, this process", true
+	}
+	s, err := g.Sample()
+	if err != nil || s.MemUsed == 0 {
+		return 0, "", false
+	}
+	return int64(s.MemUsed), "NVML, whole device", true
 }

@@ -339,8 +339,11 @@ func uploadWeights(dev *Device, wo WeightOps, p *ir.Program, resident func(*ir.W
 
 // registration is the model file's mapping page-locked for the device, so
 // weight copies from it run on the copy engine at the link's speed.
+// Registrations are shared: a part registered by one holder is reused by
+// the next and unregistered when the last lets go (the driver refuses to
+// register the same pages twice).
 type registration struct {
-	regs []*cudadrv.Registration
+	parts []*registeredPart
 	// Pinned says whether every part is registered; when false, copies
 	// from the file go through the driver's pageable path (about a third
 	// of the link's speed).
@@ -348,9 +351,19 @@ type registration struct {
 	Why    string // why not, when Pinned is false
 }
 
+type registeredPart struct {
+	reg  *cudadrv.Registration
+	refs int
+}
+
+var registered = struct {
+	sync.Mutex
+	m map[*byte]*registeredPart
+}{m: map[*byte]*registeredPart{}}
+
 // registerFiles registers each part of the mapped file, read-only where
-// the device allows. It never fails: what could not be registered is
-// said in Why.
+// the device allows. It never fails: what could not be registered is said
+// in Why, and copies still work from pageable memory.
 func registerFiles(dev *Device, files [][]byte) (*registration, error) {
 	r := &registration{Pinned: len(files) > 0}
 	if !dev.info.HostRegisterSupported {
@@ -361,16 +374,25 @@ func registerFiles(dev *Device, files [][]byte) (*registration, error) {
 	if dev.info.ReadOnlyHostRegisterSupport {
 		flags |= cudadrv.HostRegisterReadOnly
 	}
+	registered.Lock()
+	defer registered.Unlock()
 	for _, part := range files {
 		if len(part) == 0 {
 			continue
 		}
-		reg, err := dev.ctx.HostRegister(part, flags)
-		if err != nil {
-			r.Pinned, r.Why = false, err.Error()
-			continue
+		key := &part[0]
+		p := registered.m[key]
+		if p == nil {
+			reg, err := dev.ctx.HostRegister(part, flags)
+			if err != nil {
+				r.Pinned, r.Why = false, err.Error()
+				continue
+			}
+			p = &registeredPart{reg: reg}
+			registered.m[key] = p
 		}
-		r.regs = append(r.regs, reg)
+		p.refs++
+		r.parts = append(r.parts, p)
 	}
 	return r, nil
 }
@@ -379,10 +401,19 @@ func (r *registration) release() {
 	if r == nil {
 		return
 	}
-	for _, reg := range r.regs {
-		_ = reg.Unregister()
+	registered.Lock()
+	defer registered.Unlock()
+	for _, p := range r.parts {
+		if p.refs--; p.refs == 0 {
+			_ = p.reg.Unregister()
+			for k, v := range registered.m {
+				if v == p {
+					delete(registered.m, k)
+				}
+			}
+		}
 	}
-	r.regs = nil
+	r.parts = nil
 }
 
 // actFormat is a format of activations as the weight kernels read them.
