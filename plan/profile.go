@@ -36,7 +36,7 @@ type Profile struct {
 
 // ProfileVersion changes whenever what a profile means changes; older
 // cached profiles are measured again.
-const ProfileVersion = 1
+const ProfileVersion = 2
 
 // UnitTimes are one unit's figures, by batch index (Profile.Batches).
 type UnitTimes struct {

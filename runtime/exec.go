@@ -84,6 +84,9 @@ type ExecStats struct {
 	DecodeTime    time.Duration // wall time of the decode steps
 	StreamedBytes int64         // weight bytes streamed through the ring
 	Switches      int           // backend switches of the last batch
+	// DecodeCPU and DecodeGPU split the decode steps' wall time: in CPU
+	// segments, and in queuing GPU segments and waiting for them.
+	DecodeCPU, DecodeGPU time.Duration
 }
 
 // schedule is where every op runs for batches of at least minBatch tokens.
@@ -450,6 +453,8 @@ func (c *Context) run(tokens []int, mode ir.OutputMode) ([]float32, error) {
 		}
 	}
 	rows, pending, switches := n, false, 0
+	var onCPU, onGPU time.Duration
+	t0 := start
 	for k, sg := range s.segs {
 		if k > 0 {
 			switches++
@@ -473,7 +478,11 @@ func (c *Context) run(tokens []int, mode ir.OutputMode) ([]float32, error) {
 			}
 			pending = false
 		}
+		t1 := time.Now()
+		onGPU += t1.Sub(t0)
 		rows = c.cpu.Run(sg.lo, sg.hi, tokens, rows, pos0, mode)
+		t0 = time.Now()
+		onCPU += t0.Sub(t1)
 	}
 	if pending {
 		if err := c.gpu.Sync(); err != nil {
@@ -486,6 +495,8 @@ func (c *Context) run(tokens []int, mode ir.OutputMode) ([]float32, error) {
 	if n == 1 {
 		c.stats.DecodeSteps++
 		c.stats.DecodeTime += time.Since(start)
+		c.stats.DecodeCPU += onCPU
+		c.stats.DecodeGPU += time.Since(start) - onCPU
 	}
 	if mode == ir.OutputNone || rows == 0 {
 		return nil, nil

@@ -27,6 +27,11 @@ import (
 // as attn_q of every layer but the first) share one measurement, so a
 // 40-layer model measures about twenty units and its layers' fusions.
 //
+// A decode step reads every weight once, from memory: so each timing runs
+// on weights that are not in the caches, rotating among the units (and
+// layers) of the same shape until the rotation is several times the size
+// of the CPU's last-level cache or the GPU's L2.
+//
 // Each unit is timed by itself ("alone": its own segment, so fusions with
 // the unit before are broken), and one layer of each kind is timed whole:
 // the ratio of the whole to the sum of its units scales their "fused"
@@ -199,31 +204,99 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 			layerOf[i] = r
 		}
 	}
-	// The ops and weights the measurement needs.
-	runs := make([]bool, len(p.Ops))
+	// Rotations: units (and layers) of one shape, enough of them that a
+	// timing finds its weights in memory rather than in a cache.
+	cpuCold, gpuCold := coldBytes(dev)
+	sameSig := map[string][]int{}
+	for _, u := range units {
+		sameSig[u.Sig] = append(sameSig[u.Sig], u.Index)
+	}
+	rotation := func(list []int, bytes func(int) int64, target int64) []int {
+		var out []int
+		var sum int64
+		for _, i := range list {
+			if len(out) > 0 && sum >= target {
+				break
+			}
+			out = append(out, i)
+			sum += bytes(i)
+		}
+		return out
+	}
+	unitBytes := func(i int) int64 { return max(units[i].Bytes, 1) }
+	sameLayer := map[*layer][]*layer{}
+	for l := 0; l < p.Hyper.NLayer; l++ {
+		if ly := layers[l]; ly != nil {
+			r := layerOf[ly.first]
+			sameLayer[r] = append(sameLayer[r], ly)
+		}
+	}
+	layerBytes := func(ly *layer) int64 {
+		var n int64
+		for i := ly.first; i <= ly.last; i++ {
+			n += unitBytes(i)
+		}
+		return n
+	}
+	layerRotation := func(r *layer, target int64) []*layer {
+		var out []*layer
+		var sum int64
+		for _, ly := range sameLayer[r] {
+			if len(out) > 0 && sum >= target {
+				break
+			}
+			out = append(out, ly)
+			sum += layerBytes(ly)
+		}
+		return out
+	}
+	// The ops the CPU side runs, the ops and weights the GPU side needs.
+	cpuRuns, gpuRuns := make([]bool, len(p.Ops)), make([]bool, len(p.Ops))
 	resident := map[*ir.Weight]bool{}
-	mark := func(ui int) {
+	mark := func(ui int, onGPU bool) {
 		u := units[ui]
 		for i := u.Lo; i < u.Hi; i++ {
-			runs[i] = true
+			cpuRuns[i] = true
+			if onGPU {
+				gpuRuns[i] = true
+			}
 		}
-		for _, w := range u.Mats {
-			resident[w] = true
+		if onGPU {
+			for _, w := range u.Mats {
+				resident[w] = true
+			}
 		}
 	}
+	cpuRot, gpuRot := map[int][]int{}, map[int][]int{}
 	for _, i := range reps {
-		mark(i)
+		cpuRot[i] = rotation(sameSig[units[i].Sig], unitBytes, cpuCold)
+		gpuRot[i] = rotation(sameSig[units[i].Sig], unitBytes, gpuCold)
+		for _, j := range cpuRot[i] {
+			mark(j, false)
+		}
+		for _, j := range gpuRot[i] {
+			mark(j, true)
+		}
 	}
+	cpuLayers, gpuLayers := map[*layer][]*layer{}, map[*layer][]*layer{}
 	for _, ly := range layerKinds {
-		for i := ly.first; i <= ly.last; i++ {
-			mark(i)
+		cpuLayers[ly], gpuLayers[ly] = layerRotation(ly, cpuCold), layerRotation(ly, gpuCold)
+		for _, l := range cpuLayers[ly] {
+			for i := l.first; i <= l.last; i++ {
+				mark(i, false)
+			}
+		}
+		for _, l := range gpuLayers[ly] {
+			for i := l.first; i <= l.last; i++ {
+				mark(i, true)
+			}
 		}
 	}
 	maxB := batches[len(batches)-1]
 	ctxSize := profileDecodePos + maxB + 1
 	pool := ops.NewPool(opt.Threads)
 	defer pool.Close()
-	cb, err := cpu.New(p, pool, cpu.Options{Batch: maxB, CtxSize: ctxSize, LogitRows: 1, Runs: func(i int) bool { return runs[i] }})
+	cb, err := cpu.New(p, pool, cpu.Options{Batch: maxB, CtxSize: ctxSize, LogitRows: 1, Runs: func(i int) bool { return cpuRuns[i] }})
 	if err != nil {
 		return nil, fmt.Errorf("profile: %w", err)
 	}
@@ -232,7 +305,7 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 		files = append(files, part.Data)
 	}
 	ge, err := gpu.New(dev, dev.Weights(), p, gpu.Config{Model: profileKey{m}, Batch: maxB, CtxSize: ctxSize, LogitRows: 1,
-		Runs: func(i int) bool { return runs[i] }, Resident: func(w *ir.Weight) bool { return resident[w] }, Files: files})
+		Runs: func(i int) bool { return gpuRuns[i] }, Resident: func(w *ir.Weight) bool { return resident[w] }, Files: files})
 	if err != nil {
 		return nil, fmt.Errorf("profile: %w", err)
 	}
@@ -274,25 +347,34 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 	alone := map[int][2][]float64{}
 	for _, i := range reps {
 		u := units[i]
-		sch, err := ge.Compile([]gpu.SegmentSpec{{Lo: u.Lo, Hi: u.Hi, Logits: u.Hi == len(p.Ops)}}, nil)
+		var cr [][2]int
+		for _, j := range cpuRot[i] {
+			cr = append(cr, [2]int{units[j].Lo, units[j].Hi})
+		}
+		var gr [][2]int
+		for _, j := range gpuRot[i] {
+			gr = append(gr, [2]int{units[j].Lo, units[j].Hi})
+		}
+		schs, err := r.compile(gr)
 		if err != nil {
 			return nil, fmt.Errorf("profile: %s: %w", u.Name, err)
 		}
 		var c, g []float64
 		for _, n := range batches {
-			tc, err := r.timeCPU(u.Lo, u.Hi, n)
+			tc, err := r.timeCPU(cr, n)
 			if err != nil {
+				release(schs)
 				return nil, err
 			}
-			tg, err := r.timeGPU(sch, n)
+			tg, err := r.timeGPU(schs, n)
 			if err != nil {
-				sch.Release()
+				release(schs)
 				return nil, fmt.Errorf("profile: %s on the GPU: %w", u.Name, err)
 			}
 			c, g = append(c, tc), append(g, tg)
 			r.step(u.Name)
 		}
-		sch.Release()
+		release(schs)
 		alone[i] = [2][]float64{c, g}
 	}
 	for i := range units {
@@ -305,21 +387,27 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 	// Each kind of layer whole: its fusion ratio scales its units.
 	ratio := map[*layer][2][]float64{}
 	for _, ly := range layerKinds {
-		lo, hi := units[ly.first].Lo, units[ly.last].Hi
-		sch, err := ge.Compile([]gpu.SegmentSpec{{Lo: lo, Hi: hi, Logits: hi == len(p.Ops)}}, nil)
+		span := func(ls []*layer) [][2]int {
+			var out [][2]int
+			for _, l := range ls {
+				out = append(out, [2]int{units[l.first].Lo, units[l.last].Hi})
+			}
+			return out
+		}
+		schs, err := r.compile(span(gpuLayers[ly]))
 		if err != nil {
 			return nil, fmt.Errorf("profile: layer %d: %w", units[ly.first].Layer, err)
 		}
 		var rc, rg []float64
 		for bi, n := range batches {
-			tc, err := r.timeCPU(lo, hi, n)
+			tc, err := r.timeCPU(span(cpuLayers[ly]), n)
 			if err != nil {
-				sch.Release()
+				release(schs)
 				return nil, err
 			}
-			tg, err := r.timeGPU(sch, n)
+			tg, err := r.timeGPU(schs, n)
 			if err != nil {
-				sch.Release()
+				release(schs)
 				return nil, fmt.Errorf("profile: layer %d on the GPU: %w", units[ly.first].Layer, err)
 			}
 			var sc, sg float64
@@ -330,7 +418,7 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 			rc, rg = append(rc, min(tc/sc, 1)), append(rg, min(tg/sg, 1))
 			r.step(fmt.Sprintf("layer %d", units[ly.first].Layer))
 		}
-		sch.Release()
+		release(schs)
 		ratio[ly] = [2][]float64{rc, rg}
 	}
 	for i := range units {
@@ -405,24 +493,78 @@ func pos0(n int) int {
 	return 0
 }
 
-// timeCPU is the median seconds of ops [lo, hi) on the CPU over n rows.
-func (r *profileRun) timeCPU(lo, hi, n int) (float64, error) {
+// compile makes a one-segment GPU schedule of each op range.
+func (r *profileRun) compile(ranges [][2]int) ([]*gpu.Schedule, error) {
+	var out []*gpu.Schedule
+	nOps := len(r.m.Prog.Ops)
+	for _, rg := range ranges {
+		sch, err := r.ge.Compile([]gpu.SegmentSpec{{Lo: rg[0], Hi: rg[1], Logits: rg[1] == nOps}}, nil)
+		if err != nil {
+			release(out)
+			return nil, err
+		}
+		out = append(out, sch)
+	}
+	return out, nil
+}
+
+func release(schs []*gpu.Schedule) {
+	for _, s := range schs {
+		_ = s.Release()
+	}
+}
+
+// timeCPU is the median seconds of one of the op ranges (the next in turn
+// each run) on the CPU over n rows.
+func (r *profileRun) timeCPU(ranges [][2]int, n int) (float64, error) {
+	for _, rg := range ranges[1:] { // first touches (medianOf warms the first)
+		r.cb.Run(rg[0], rg[1], r.tokens[:n], n, pos0(n), ir.OutputLast)
+	}
+	k := 0
 	return medianOf(func() (float64, error) {
+		rg := ranges[k%len(ranges)]
+		k++
 		start := time.Now()
-		r.cb.Run(lo, hi, r.tokens[:n], n, pos0(n), ir.OutputLast)
+		r.cb.Run(rg[0], rg[1], r.tokens[:n], n, pos0(n), ir.OutputLast)
 		return time.Since(start).Seconds(), nil
 	})
 }
 
-// timeGPU is the median device seconds of a one-segment schedule.
-func (r *profileRun) timeGPU(sch *gpu.Schedule, n int) (float64, error) {
+// timeGPU is the median device seconds of one of the schedules (the next
+// in turn each run).
+func (r *profileRun) timeGPU(schs []*gpu.Schedule, n int) (float64, error) {
+	for _, sch := range schs[1:] { // graph captures (medianOf warms the first)
+		if err := r.ge.Begin(sch, r.tokens[:n], pos0(n)); err != nil {
+			return 0, err
+		}
+		if _, err := r.ge.TimeRun(sch.Segs[0], n, ir.OutputLast); err != nil {
+			return 0, err
+		}
+	}
+	k := 0
 	return medianOf(func() (float64, error) {
+		sch := schs[k%len(schs)]
+		k++
 		if err := r.ge.Begin(sch, r.tokens[:n], pos0(n)); err != nil {
 			return 0, err
 		}
 		d, err := r.ge.TimeRun(sch.Segs[0], n, ir.OutputLast)
 		return d.Seconds(), err
 	})
+}
+
+// coldBytes is how many bytes of weights a rotation covers on each side:
+// four times the CPU's last-level cache and twice the GPU's L2, at least
+// 256 and 128 MiB.
+func coldBytes(dev *gpu.Device) (cpu, gpu int64) {
+	cpu, gpu = 256<<20, 128<<20
+	if l3 := int64(cpuid.CPU.Cache.L3); l3 > 0 {
+		cpu = max(cpu, 4*l3)
+	}
+	if l2 := int64(dev.Info().L2CacheBytes); l2 > 0 {
+		gpu = max(gpu, 2*l2)
+	}
+	return cpu, gpu
 }
 
 // medianOf runs f once to warm up, then until it has at least 3 samples

@@ -49,6 +49,10 @@ type benchResult struct {
 	VRAMBudget  int64     `json:"vram_budget_bytes,omitempty"`
 	VRAMUsed    int64     `json:"vram_used_bytes,omitempty"`    // NVML: this process less the CUDA context
 	VRAMContext int64     `json:"vram_context_bytes,omitempty"` // the CUDA context and modules, apart
+	// DecodeCPUMs and DecodeGPUMs split a decode step's wall time (tg of
+	// mixed placements): CPU segments, and GPU segments with their waits.
+	DecodeCPUMs float64 `json:"decode_cpu_ms,omitempty"`
+	DecodeGPUMs float64 `json:"decode_gpu_ms,omitempty"`
 	modelPretty string
 }
 
@@ -179,6 +183,9 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 					fmt.Fprintf(stderr, "ats: %s: %s", r.Test, r.Placement)
 					if r.PredictedTs > 0 {
 						fmt.Fprintf(stderr, "; the cost model predicts %.1f t/s, measured %.1f", r.PredictedTs, r.AvgTs)
+					}
+					if r.DecodeCPUMs > 0 {
+						fmt.Fprintf(stderr, "; a decode step: %.2f ms in CPU segments, %.2f ms in GPU segments and waits", r.DecodeCPUMs, r.DecodeGPUMs)
 					}
 					if r.VRAMUsed > 0 {
 						fmt.Fprintf(stderr, "; VRAM in use %s of the budget %s (CUDA context %s apart)",
@@ -359,6 +366,10 @@ func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer
 	defer func() {
 		if v := c.VRAM(); v.Allocated > 0 {
 			r.VRAMBudget, r.VRAMUsed, r.VRAMContext = v.Budget, v.Process, v.Context
+		}
+		if st := c.Stats(); st.DecodeSteps > 0 && c.Backend() == runtime.BackendHybrid {
+			r.DecodeCPUMs = float64(st.DecodeCPU.Microseconds()) / 1e3 / float64(st.DecodeSteps)
+			r.DecodeGPUMs = float64(st.DecodeGPU.Microseconds()) / 1e3 / float64(st.DecodeSteps)
 		}
 	}()
 	if !o.noWarmup {

@@ -5,6 +5,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"runtime/pprof"
 
 	"github.com/spf13/cobra"
 )
@@ -32,9 +33,27 @@ var commands []func() *cobra.Command
 
 func register(c func() *cobra.Command) { commands = append(commands, c) }
 
+// EnvCPUProfile names a file to write a Go CPU profile of the whole
+// command to (for `go tool pprof`): how a run spends its CPU time.
+const EnvCPUProfile = "ATS_CPUPROFILE"
+
 func main() {
+	if path := os.Getenv(EnvCPUProfile); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "ats:", EnvCPUProfile+":", err)
+			os.Exit(1)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintln(os.Stderr, "ats:", EnvCPUProfile+":", err)
+			os.Exit(1)
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
 	if err := newRootCmd().Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "ats:", err)
+		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
 }
