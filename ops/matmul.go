@@ -75,6 +75,18 @@ func (m Matrix) DequantizeRow(r int, dst []float32) { m.Kernel.Dequantize(dst[:m
 // activation format, as for Q, K and V), splitting their rows together over
 // the pool: one dispatch and one barrier instead of one per matrix.
 func MulQGroup(p *Pool, ms []Matrix, xq []byte, nTok int, outs [][]float32, ldOuts []int) {
+	xqs := make([][]byte, len(ms))
+	for i := range xqs {
+		xqs[i] = xq
+	}
+	MulQEach(p, ms, xqs, nTok, outs, ldOuts)
+}
+
+// MulQEach is MulQGroup with an input of its own for each matrix: out_i =
+// W_i·x_i, xqs[i] quantized for W_i (the chosen experts' down projections
+// of one token, each reading its own expert's activations). The matrices
+// share Cols and activation format; one dispatch and one barrier for all.
+func MulQEach(p *Pool, ms []Matrix, xqs [][]byte, nTok int, outs [][]float32, ldOuts []int) {
 	if len(ms) == 0 {
 		return
 	}
@@ -82,7 +94,7 @@ func MulQGroup(p *Pool, ms []Matrix, xq []byte, nTok int, outs [][]float32, ldOu
 	total := 0
 	for _, m := range ms {
 		if m.Cols != ms[0].Cols || m.Kernel.ActType != ms[0].Kernel.ActType {
-			panic("ops: MulQGroup: matrices differ in columns or activation format")
+			panic("ops: MulQEach: matrices differ in columns or activation format")
 		}
 		total += m.Rows
 	}
@@ -92,7 +104,7 @@ func MulQGroup(p *Pool, ms []Matrix, xq []byte, nTok int, outs [][]float32, ldOu
 			a, b := max(lo-base, 0), min(hi-base, m.Rows)
 			if a < b {
 				rb := m.Kernel.RowBytes(m.Cols)
-				m.Kernel.mul(m.Cols, m.Data[a*rb:b*rb], rb, b-a, xq, ab, nTok, outs[i][a:], ldOuts[i])
+				m.Kernel.mul(m.Cols, m.Data[a*rb:b*rb], rb, b-a, xqs[i], ab, nTok, outs[i][a:], ldOuts[i])
 			}
 			base += m.Rows
 		}

@@ -175,6 +175,65 @@ type moeScratch struct {
 	up      []float32 // [cnt][nFF]
 	down    []float32 // [cnt][nEmbd]
 	results []float32 // [n][topK][nEmbd] weighted expert outputs
+	downAct []byte    // moeSlots: the slots' down inputs, quantized
+	// moeSlots' argument lists, kept to spare allocations.
+	mats []ops.Matrix
+	xqs  [][]byte
+	outs [][]float32
+	lds  []int
+}
+
+// maxMoESlots is the most (token, expert) pairs moeSlots takes: decode
+// and small batches, where each expert has one or two tokens.
+const maxMoESlots = 32
+
+// moeSlots is the MoE FFN of a few tokens: every chosen (token, expert)
+// pair is a slot, and the pairs' gate and up products run in one
+// dispatch over the pool, their down products in another, instead of
+// several dispatches per expert. Each slot's arithmetic is that of the
+// expert loop (the same quantized rows through the same kernels), so the
+// results are identical.
+func (b *Backend) moeSlots(op *ir.Op, n int) {
+	s := &b.moe
+	k := op.TopK
+	gate0, down0 := op.Gate.Stack[0], op.Down.Stack[0]
+	emb, ff := gate0.Cols, gate0.Rows
+	slots := n * k
+	xq := gate0.QuantizeActs(b.pool, b.bufs[op.In][:n*emb], n, b.scratch)
+	ab := gate0.Kernel.ActRowBytes(emb)
+	s.mats, s.xqs, s.outs, s.lds = s.mats[:0], s.xqs[:0], s.outs[:0], s.lds[:0]
+	for i := 0; i < slots; i++ {
+		e, x := s.choice[i], xq[i/k*ab:(i/k+1)*ab]
+		s.mats = append(s.mats, op.Gate.Stack[e], op.Up.Stack[e])
+		s.xqs = append(s.xqs, x, x)
+		s.outs = append(s.outs, s.gate[i*ff:(i+1)*ff], s.up[i*ff:(i+1)*ff])
+		s.lds = append(s.lds, ff, ff)
+	}
+	ops.MulQEach(b.pool, s.mats, s.xqs, 1, s.outs, s.lds)
+	ops.SwiGLU(s.gate[:slots*ff], s.gate[:slots*ff], s.up[:slots*ff])
+	xd := down0.QuantizeActs(b.pool, s.gate[:slots*ff], slots, s.downAct)
+	db := down0.Kernel.ActRowBytes(ff)
+	s.mats, s.xqs, s.outs, s.lds = s.mats[:0], s.xqs[:0], s.outs[:0], s.lds[:0]
+	for i := 0; i < slots; i++ {
+		s.mats = append(s.mats, op.Down.Stack[s.choice[i]])
+		s.xqs = append(s.xqs, xd[i*db:(i+1)*db])
+		s.outs = append(s.outs, s.down[i*emb:(i+1)*emb])
+		s.lds = append(s.lds, emb)
+	}
+	ops.MulQEach(b.pool, s.mats, s.xqs, 1, s.outs, s.lds)
+	for i := 0; i < slots; i++ {
+		dst, w := s.results[i*emb:(i+1)*emb], s.weight[i]
+		for d := range dst {
+			dst[d] = s.down[i*emb+d] * w
+		}
+	}
+	for t := 0; t < n; t++ {
+		out := b.row(op.Out, t)
+		copy(out, s.results[t*k*emb:(t*k+1)*emb])
+		for j := 1; j < k; j++ {
+			ops.AddTo(out, s.results[(t*k+j)*emb:(t*k+j+1)*emb])
+		}
+	}
 }
 
 func (s *moeScratch) grow(batch int, op *ir.Op) {
@@ -191,10 +250,14 @@ func (s *moeScratch) grow(batch int, op *ir.Op) {
 	if len(s.choice) < batch*k {
 		s.choice = make([]int, batch*k)
 	}
+	rows := max(batch, min(batch*k, maxMoESlots)) // the expert loop's, or moeSlots' slots
 	s.in = fit(s.in, batch*emb)
-	s.gate = fit(s.gate, batch*ff)
-	s.up = fit(s.up, batch*ff)
-	s.down = fit(s.down, batch*emb)
+	s.gate = fit(s.gate, rows*ff)
+	s.up = fit(s.up, rows*ff)
+	s.down = fit(s.down, rows*emb)
+	if n := min(batch*k, maxMoESlots) * op.Down.Stack[0].Kernel.ActRowBytes(ff); len(s.downAct) < n {
+		s.downAct = make([]byte, n)
+	}
 	s.results = fit(s.results, batch*k*emb)
 }
 
@@ -227,12 +290,25 @@ func (b *Backend) moeFFN(op *ir.Op, n int) {
 	s := &b.moe
 	ne, k := op.W.Mat.Rows, op.TopK
 	emb := op.Gate.Stack[0].Cols
-	ff := op.Gate.Stack[0].Rows
 	op.W.Mat.Mul(b.pool, b.bufs[op.In][:n*emb], n, s.probs, ne, b.scratch)
 	idx := make([]int, ne)
 	for t := 0; t < n; t++ {
 		Route(s.probs[t*ne:(t+1)*ne], k, op.NormTopK, s.choice[t*k:(t+1)*k], s.weight[t*k:(t+1)*k], idx)
 	}
+	if gate0 := op.Gate.Stack[0]; n*k <= maxMoESlots && op.Up.Stack[0].Kernel.ActType == gate0.Kernel.ActType {
+		b.moeSlots(op, n)
+		return
+	}
+	b.moeLoop(op, n)
+}
+
+// moeLoop runs the experts one by one, each over the tokens that chose it
+// (the choice made by moeFFN's routing).
+func (b *Backend) moeLoop(op *ir.Op, n int) {
+	s := &b.moe
+	ne, k := op.W.Mat.Rows, op.TopK
+	emb := op.Gate.Stack[0].Cols
+	ff := op.Gate.Stack[0].Rows
 	type slot struct{ t, j int }
 	for e := 0; e < ne; e++ {
 		var users []slot

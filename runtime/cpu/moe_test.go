@@ -1,0 +1,72 @@
+package cpu
+
+import (
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/atsinfer/ats/gguf"
+	"github.com/atsinfer/ats/internal/testenv"
+	"github.com/atsinfer/ats/ops"
+	"github.com/atsinfer/ats/runtime/ir"
+)
+
+// TestMoESlotsMatchExpertLoop checks that the few-token MoE path (one
+// dispatch for every slot's gate and up, one for the downs) computes what
+// the per-expert loop does, bit for bit, with top-k from 1 to all experts.
+func TestMoESlotsMatchExpertLoop(t *testing.T) {
+	path := filepath.Join(testenv.SharedDir(t), "testdata", "oracle", "tiny-qwen3moe-q4_k_m.gguf")
+	if _, err := os.Stat(path); err != nil {
+		t.Skip(err)
+	}
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h, err := ir.ReadHyper(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := ops.NewPool(3)
+	defer pool.Close()
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, topK := range []int{1, 2, 5, h.NExpert} {
+		for _, n := range []int{1, 3} {
+			b := ir.NewBuilder(f, h)
+			in, out := b.Buf("in", h.NEmbd), b.Buf("out", h.NEmbd)
+			b.MoE(in,
+				b.Weight(ir.Blk(1, "ffn_gate_inp.weight"), h.NEmbd, h.NExpert),
+				b.Weight(ir.Blk(1, "ffn_gate_exps.weight"), h.NEmbd, h.NFFExpert, h.NExpert),
+				b.Weight(ir.Blk(1, "ffn_up_exps.weight"), h.NEmbd, h.NFFExpert, h.NExpert),
+				b.Weight(ir.Blk(1, "ffn_down_exps.weight"), h.NFFExpert, h.NEmbd, h.NExpert),
+				topK, true, out)
+			p, err := b.Finish(out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n*topK > maxMoESlots {
+				continue
+			}
+			be, err := New(p, pool, Options{Batch: 4, CtxSize: 4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			x := be.Buf(in)
+			for i := range x {
+				x[i] = float32(rng.NormFloat64())
+			}
+			be.Run(0, 1, nil, n, 0, ir.OutputAll) // n*topK slots: moeSlots
+			slots := slices.Clone(be.Buf(out)[:n*h.NEmbd])
+			// The expert loop, forced: route and run as when slots overflow.
+			op := &p.Ops[0]
+			be.moeLoop(op, n)
+			loop := be.Buf(out)[:n*h.NEmbd]
+			if !slices.Equal(slots, loop) {
+				t.Errorf("top-%d of %d, %d tokens: the slot path differs from the expert loop", topK, h.NExpert, n)
+			}
+		}
+	}
+}
