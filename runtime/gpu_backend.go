@@ -28,8 +28,9 @@ const (
 )
 
 // gpuDevice is the process's view of device 0: its primary context and the
-// loaded kernel modules. It is made once and kept: the driver frees
-// everything at exit, and the modules are small.
+// kernel sets, each of which loads its module at its first launch (a dense
+// model never loads the MoE routing). It is made once and kept: the driver
+// frees everything at exit, and the modules are small.
 type gpuDevice struct {
 	ctx  *cudadrv.Context
 	info cudadrv.DeviceInfo
@@ -80,13 +81,13 @@ func newGPUDevice() (*gpuDevice, error) {
 			}
 		}
 	}
-	load("norm", func() (e error) { g.norm, e = kernels.LoadNorm(g.ctx); return })
-	load("rope", func() (e error) { g.rope, e = kernels.LoadRope(g.ctx); return })
-	load("attention", func() (e error) { g.attn, e = kernels.LoadAttention(g.ctx); return })
-	load("moe routing", func() (e error) { g.moe, e = kernels.LoadMoERoute(g.ctx); return })
-	load("glu", func() (e error) { g.glu, e = kernels.LoadGLU(g.ctx); return })
-	load("elementwise", func() (e error) { g.elem, e = kernels.LoadElementwise(g.ctx); return })
-	load("util", func() (e error) { g.util, e = kernels.LoadUtil(g.ctx); return })
+	load("norm", func() (e error) { g.norm, e = kernels.NewNorm(g.ctx); return })
+	load("rope", func() (e error) { g.rope, e = kernels.NewRope(g.ctx); return })
+	load("attention", func() (e error) { g.attn, e = kernels.NewAttention(g.ctx); return })
+	load("moe routing", func() (e error) { g.moe, e = kernels.NewMoERoute(g.ctx); return })
+	load("glu", func() (e error) { g.glu, e = kernels.NewGLU(g.ctx); return })
+	load("elementwise", func() (e error) { g.elem, e = kernels.NewElementwise(g.ctx); return })
+	load("util", func() (e error) { g.util, e = kernels.NewUtil(g.ctx); return })
 	load("weight", func() (e error) { g.w, g.ref, e = loadWeightOps(g.ctx, g.info); return })
 	if err != nil {
 		return nil, err
