@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -232,7 +231,11 @@ func BenchmarkModuleLoad(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		b.Run(fmt.Sprintf("%s/%s", name, strings.ReplaceAll(strings.ReplaceAll(img.String(), " ", "_"), ",", "")), func(b *testing.B) {
+		kind := fmt.Sprintf("compute_%d_PTX_JIT", img.Arch)
+		if img.SASS {
+			kind = fmt.Sprintf("sm_%d_SASS", img.Arch)
+		}
+		b.Run(name+"/"+kind, func(b *testing.B) {
 			for range b.N {
 				m, err := kernels.Load(ctx, name)
 				if err != nil {

@@ -126,7 +126,7 @@ func (i Image) String() string {
 	if i.SASS {
 		return fmt.Sprintf("sm_%d SASS", i.Arch)
 	}
-	return fmt.Sprintf("compute_%d PTX, JIT", i.Arch)
+	return fmt.Sprintf("compute_%d PTX (JIT)", i.Arch)
 }
 
 // Images returns what module name's fatbin holds: its SASS, then its PTX,
