@@ -3,8 +3,11 @@ package cudadrv_test
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"math"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/cudadrv/kernels"
@@ -84,32 +87,165 @@ func equalF32(t *testing.T, what string, got, want []float32) {
 	}
 }
 
-// TestEmbeddedPTXLoads JIT-compiles every embedded PTX variant the device
-// can run: the check that nvcc 11.8's output loads on this driver.
-func TestEmbeddedPTXLoads(t *testing.T) {
+// TestEmbeddedImagesLoad loads every embedded fatbin (the driver runs the
+// image kernels.Select names) and JIT-compiles every committed PTX variant
+// the device can run: the check that nvcc 11.8's output, SASS and PTX,
+// loads on this driver.
+func TestEmbeddedImagesLoad(t *testing.T) {
 	ctx, info := cudadrv.NeedGPU(t)
 	for _, name := range kernels.Modules() {
-		sel, err := kernels.SelectArch(name, info.CC())
+		start := time.Now()
+		m, err := kernels.Load(ctx, name)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, arch := range kernels.Archs(name) {
-			if arch > info.CC() {
+		t.Logf("%s: loaded in %v (JIT %v)", m.Name(), time.Since(start), m.JITTime)
+		if err := m.Unload(); err != nil {
+			t.Fatal(err)
+		}
+		for _, img := range kernels.Images(name) {
+			if img.SASS || img.Arch > info.CC() {
 				continue
 			}
-			src, err := kernels.PTX(name, arch)
+			src, err := os.ReadFile(fmt.Sprintf("kernels/ptx/%s.compute_%d.ptx", name, img.Arch))
 			if err != nil {
 				t.Fatal(err)
 			}
 			m, err := ctx.LoadModule(name, src, true)
 			if err != nil {
-				t.Fatalf("%s compute_%d: %v", name, arch, err)
+				t.Fatalf("%s %v: %v", name, img, err)
 			}
-			t.Logf("%s compute_%d (selected: %v): JIT %v", name, arch, arch == sel, m.JITTime)
+			t.Logf("%s %v: JIT %v", name, img, m.JITTime)
 			if err := m.Unload(); err != nil {
 				t.Fatal(err)
 			}
 		}
+	}
+}
+
+// TestLazyLoading checks that kernel sets load their modules at the first
+// launch that needs them, and WeightOps each of its two on its own.
+func TestLazyLoading(t *testing.T) {
+	ctx, _ := cudadrv.NeedGPU(t)
+	s, err := ctx.NewStream(cudadrv.StreamNonBlocking, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+
+	e, err := kernels.NewElementwise(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Unload()
+	if e.Loaded() {
+		t.Fatal("NewElementwise loaded its module")
+	}
+	const n = 64
+	x := upload(t, ctx, randF32(1, n))
+	if err := errors.Join(e.ScaleF32(s, x, x, 1, n), s.Synchronize()); err != nil {
+		t.Fatal(err)
+	}
+	if !e.Loaded() {
+		t.Fatal("elementwise not loaded after a launch")
+	}
+
+	w, err := kernels.NewWeightOps(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Unload()
+	if mv, mm := w.Loaded(); mv || mm {
+		t.Fatalf("NewWeightOps loaded matvec %v, matmul %v", mv, mm)
+	}
+	q8, err := ctx.Alloc(kernels.Q8_1Bytes(1, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctx.Free(q8)
+	if err := errors.Join(w.QuantizeQ8_1(s, x, n, 1, n, q8), s.Synchronize()); err != nil {
+		t.Fatal(err)
+	}
+	if mv, mm := w.Loaded(); !mv || mm {
+		t.Fatalf("after a quantization: matvec loaded %v (want true), matmul %v (want false)", mv, mm)
+	}
+	xh, err := ctx.Alloc(kernels.F16Bytes(1, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctx.Free(xh)
+	if err := errors.Join(w.ConvertF16(s, x, n, 1, n, xh), s.Synchronize()); err != nil {
+		t.Fatal(err)
+	}
+	if mv, mm := w.Loaded(); !mv || !mm {
+		t.Fatalf("after a conversion to f16: matvec loaded %v, matmul %v (want both)", mv, mm)
+	}
+}
+
+// TestFirstLaunchInCapture loads a module inside a (relaxed) stream
+// capture, as the GPU executor does when the first decode step is the
+// first use of a kernel set, and replays the graph.
+func TestFirstLaunchInCapture(t *testing.T) {
+	ctx, _ := cudadrv.NeedGPU(t)
+	k, err := kernels.NewElementwise(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer k.Unload()
+	s, err := ctx.NewStream(cudadrv.StreamNonBlocking, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	const n = 4099
+	a, b := randF32(7, n), randF32(8, n)
+	da, db, sum := upload(t, ctx, a), upload(t, ctx, b), poisoned(t, ctx, n)
+	g, err := s.Capture(cudadrv.CaptureRelaxed, func() error { return k.AddF32(s, sum, da, db, n) })
+	if err != nil {
+		t.Fatalf("first launch (the module load) inside a capture: %v", err)
+	}
+	defer g.Destroy()
+	ge, err := g.Instantiate(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ge.Destroy()
+	if err := errors.Join(ge.Launch(s), s.Synchronize()); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]float32, n)
+	for i := range a {
+		want[i] = a[i] + b[i]
+	}
+	equalF32(t, "sum from the graph", download(t, ctx, sum, n), want)
+}
+
+// BenchmarkModuleLoad loads each embedded module (the image Select names)
+// and unloads it: the start-up cost of a module. With CUDA_CACHE_DISABLE=1
+// every PTX load pays the JIT; CUDA_FORCE_PTX_JIT=1 measures the JIT of the
+// PTX instead of the SASS load. tools/ptx/coldstart.sh runs it.
+func BenchmarkModuleLoad(b *testing.B) {
+	ctx, info := cudadrv.NeedGPU(b)
+	for _, name := range kernels.Modules() {
+		img, err := kernels.Select(name, info.CC())
+		if err != nil {
+			b.Fatal(err)
+		}
+		kind := fmt.Sprintf("compute_%d_PTX_JIT", img.Arch)
+		if img.SASS {
+			kind = fmt.Sprintf("sm_%d_SASS", img.Arch)
+		}
+		b.Run(name+"/"+kind, func(b *testing.B) {
+			for range b.N {
+				m, err := kernels.Load(ctx, name)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := m.Unload(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
 

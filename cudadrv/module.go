@@ -77,16 +77,19 @@ func (e *JITError) Error() string {
 
 func (e *JITError) Unwrap() error { return e.Err }
 
-// LoadModule JIT-compiles PTX text for the context's device and loads it.
+// LoadModule loads a module image for the context's device: PTX text,
+// which the driver JIT-compiles, a cubin, or a fatbin, from which the driver
+// takes the SASS that runs on the device or else JIT-compiles its PTX.
 // name identifies the module in errors. A compile failure returns a
 // *JITError holding the JIT's error log. With verbose, the info log (register
 // and spill counts per kernel) is kept in Module.InfoLog.
-func (c *Context) LoadModule(name string, ptx []byte, verbose bool) (*Module, error) {
-	// The JIT reads the image as a C string: give it a NUL-terminated copy.
-	// The copy and the log buffers are Go memory the driver writes during the
-	// call, so they are pinned for its duration.
-	img := make([]byte, len(ptx)+1)
-	copy(img, ptx)
+func (c *Context) LoadModule(name string, image []byte, verbose bool) (*Module, error) {
+	// The JIT reads PTX as a C string: give it a NUL-terminated copy (a
+	// binary image ignores the extra byte). The copy and the log buffers are
+	// Go memory the driver reads or writes during the call, so they are
+	// pinned for its duration.
+	img := make([]byte, len(image)+1)
+	copy(img, image)
 	infoLog := make([]byte, jitLogBufferSize)
 	errLog := make([]byte, jitLogBufferSize)
 	verb := uintptr(0)

@@ -9,9 +9,9 @@ import (
 )
 
 // Attention holds the kernels of attention.cu (KV-cache writes, flash
-// attention over an f16 cache, the split-K combine) loaded in one context.
+// attention over an f16 cache, the split-K combine) for one context.
 type Attention struct {
-	Module  *cudadrv.Module
+	lazyModule
 	store   *cudadrv.Function
 	combine *cudadrv.Function
 	attn    map[int]*cudadrv.Function // by values per lane: ceil(headSize/32)
@@ -21,40 +21,42 @@ type Attention struct {
 	optin int
 }
 
-// LoadAttention loads attention.cu's PTX for the context's device.
-func LoadAttention(ctx *cudadrv.Context) (*Attention, error) {
-	m, err := Load(ctx, "attention")
-	if err != nil {
-		return nil, err
-	}
-	k := &Attention{Module: m, attn: map[int]*cudadrv.Function{}}
-	if err := lookup(m, map[string]**cudadrv.Function{"kv_store_f16": &k.store, "attn_combine": &k.combine}); err != nil {
-		_ = m.Unload()
-		return nil, err
-	}
+// NewAttention prepares attention.cu's kernels for the context's device;
+// the module loads at the first launch.
+func NewAttention(ctx *cudadrv.Context) (*Attention, error) {
 	optin, err := ctx.Device().Attribute(cudadrv.AttrMaxSharedMemoryPerBlockOptin)
 	if err != nil {
-		_ = m.Unload()
 		return nil, err
 	}
-	k.optin = max(attnShared, optin)
-	for _, d := range attnDPL {
-		f, err := m.Function(fmt.Sprintf("attn_f16_d%d", d))
-		if err == nil && k.optin > attnShared {
-			// Opting in once, at load, keeps the launches capturable.
-			err = f.SetAttribute(cudadrv.FuncMaxDynamicSharedSizeBytes, k.optin)
-		}
-		if err != nil {
-			_ = m.Unload()
-			return nil, err
-		}
-		k.attn[d] = f
+	k := &Attention{attn: map[int]*cudadrv.Function{}, optin: max(attnShared, optin)}
+	if err := k.prepare(ctx, "attention", k.bind); err != nil {
+		return nil, err
 	}
 	return k, nil
 }
 
-// Unload unloads the module.
-func (k *Attention) Unload() error { return k.Module.Unload() }
+// LoadAttention is NewAttention with the module loaded now.
+func LoadAttention(ctx *cudadrv.Context) (*Attention, error) { return loadNow(NewAttention(ctx)) }
+
+// bind looks the kernels up in m and grants the attention kernels the
+// opt-in shared memory: once, at load, so that the launches stay
+// capturable.
+func (k *Attention) bind(m *cudadrv.Module) error {
+	if err := lookup(m, map[string]**cudadrv.Function{"kv_store_f16": &k.store, "attn_combine": &k.combine}); err != nil {
+		return err
+	}
+	for _, d := range attnDPL {
+		f, err := m.Function(fmt.Sprintf("attn_f16_d%d", d))
+		if err == nil && k.optin > attnShared {
+			err = f.SetAttribute(cudadrv.FuncMaxDynamicSharedSizeBytes, k.optin)
+		}
+		if err != nil {
+			return err
+		}
+		k.attn[d] = f
+	}
+	return nil
+}
 
 // attnDPL are the instantiated values per lane (head sizes up to 32*d).
 var attnDPL = []int{1, 2, 3, 4, 8}
@@ -74,6 +76,9 @@ func (k *Attention) Store(s *cudadrv.Stream, kc, vc, kSrc, vSrc cudadrv.DevicePt
 	n := width * nTok
 	if n == 0 {
 		return nil
+	}
+	if err := k.ready(); err != nil {
+		return err
 	}
 	return launch(k.store, s, grid1(n, 256), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
 		a.Ptr(kc).Ptr(vc).Ptr(kSrc).Ptr(vSrc).I32(int32(width)).Ptr(pos0).I32(int32(nTok))
@@ -213,6 +218,9 @@ func (k *Attention) Run(s *cudadrv.Stream, a *AttnArgs) error {
 	}
 	binary.LittleEndian.PutUint64(b[96:], uint64(q8))
 	binary.LittleEndian.PutUint64(b[104:], uint64(q8ds))
+	if err := k.ready(); err != nil {
+		return err
+	}
 	if err := launch(k.attn[p.dpl], s, grid, cudadrv.D1(attnThreads), p.shared, func(args *cudadrv.Args) {
 		args.Bytes(b[:])
 	}); err != nil {

@@ -5,34 +5,31 @@ import (
 )
 
 // Dense holds the kernels of dense.cu: the reference products of float32
-// weights with float32 activations, loaded in one context.
+// weights with float32 activations, for one context.
 type Dense struct {
-	Module    *cudadrv.Module
+	lazyModule
 	matmul    *cudadrv.Function
 	getRows   *cudadrv.Function
 	moeMatmul *cudadrv.Function
 }
 
-// LoadDense loads dense.cu's PTX for the context's device.
-func LoadDense(ctx *cudadrv.Context) (*Dense, error) {
-	m, err := Load(ctx, "dense")
-	if err != nil {
-		return nil, err
-	}
-	k := &Dense{Module: m}
-	if err := lookup(m, map[string]**cudadrv.Function{
+// NewDense prepares dense.cu's kernels for the context's device; the module
+// loads at the first launch.
+func NewDense(ctx *cudadrv.Context) (*Dense, error) {
+	k := &Dense{}
+	err := k.prepareLookup(ctx, "dense", map[string]**cudadrv.Function{
 		"dense_matmul_f32":     &k.matmul,
 		"dense_get_rows_f32":   &k.getRows,
 		"dense_moe_matmul_f32": &k.moeMatmul,
-	}); err != nil {
-		_ = m.Unload()
+	})
+	if err != nil {
 		return nil, err
 	}
 	return k, nil
 }
 
-// Unload unloads the module.
-func (k *Dense) Unload() error { return k.Module.Unload() }
+// LoadDense is NewDense with the module loaded now.
+func LoadDense(ctx *cudadrv.Context) (*Dense, error) { return loadNow(NewDense(ctx)) }
 
 // denseWarps is the warps per block of the products (one output row each).
 const denseWarps = 4
@@ -47,6 +44,9 @@ func (k *Dense) MatMul(s *cudadrv.Stream, out, w, x cudadrv.DevicePtr, rows, col
 	if rows == 0 || nTok == 0 {
 		return nil
 	}
+	if err := k.ready(); err != nil {
+		return err
+	}
 	return launch(k.matmul, s, denseGrid(rows), cudadrv.D1(32*denseWarps), 0, func(a *cudadrv.Args) {
 		a.Ptr(out).Ptr(w).Ptr(x).I32(int32(rows)).I32(int32(cols)).I32(int32(nTok)).I32(int32(ldOut))
 	})
@@ -57,6 +57,9 @@ func (k *Dense) GetRows(s *cudadrv.Stream, out, w, ids cudadrv.DevicePtr, cols, 
 	n := cols * nTok
 	if n == 0 {
 		return nil
+	}
+	if err := k.ready(); err != nil {
+		return err
 	}
 	return launch(k.getRows, s, grid1(n, 256), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
 		a.Ptr(out).Ptr(w).Ptr(ids).I32(int32(cols)).I32(int32(nTok))
@@ -74,6 +77,9 @@ func (k *Dense) MoEMatMul(s *cudadrv.Stream, out, w, x cudadrv.DevicePtr, perSlo
 	ps := int32(0)
 	if perSlot {
 		ps = 1
+	}
+	if err := k.ready(); err != nil {
+		return err
 	}
 	return launch(k.moeMatmul, s, denseGrid(n), cudadrv.D1(32*denseWarps), 0, func(a *cudadrv.Args) {
 		a.Ptr(out).Ptr(w).Ptr(x).I32(ps).Ptr(ids).I32(int32(rows)).I32(int32(cols)).I32(int32(nTok)).I32(int32(topK))

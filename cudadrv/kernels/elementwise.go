@@ -4,39 +4,39 @@ import (
 	"github.com/atsinfer/ats/cudadrv"
 )
 
-// Elementwise holds the kernels of elementwise.cu loaded in one context.
+// Elementwise holds the kernels of elementwise.cu for one context.
 type Elementwise struct {
-	Module   *cudadrv.Module
+	lazyModule
 	addF32   *cudadrv.Function
 	scaleF32 *cudadrv.Function
 	copyF32  *cudadrv.Function
 }
 
-// LoadElementwise loads elementwise.cu's PTX for the context's device.
-func LoadElementwise(ctx *cudadrv.Context) (*Elementwise, error) {
-	m, err := Load(ctx, "elementwise")
-	if err != nil {
-		return nil, err
-	}
-	k := &Elementwise{Module: m}
-	if err := lookup(m, map[string]**cudadrv.Function{
+// NewElementwise prepares elementwise.cu's kernels for the context's device;
+// the module loads at the first launch.
+func NewElementwise(ctx *cudadrv.Context) (*Elementwise, error) {
+	k := &Elementwise{}
+	err := k.prepareLookup(ctx, "elementwise", map[string]**cudadrv.Function{
 		"add_f32":   &k.addF32,
 		"scale_f32": &k.scaleF32,
 		"copy_f32":  &k.copyF32,
-	}); err != nil {
-		_ = m.Unload()
+	})
+	if err != nil {
 		return nil, err
 	}
 	return k, nil
 }
 
-// Unload unloads the module.
-func (k *Elementwise) Unload() error { return k.Module.Unload() }
+// LoadElementwise is NewElementwise with the module loaded now.
+func LoadElementwise(ctx *cudadrv.Context) (*Elementwise, error) { return loadNow(NewElementwise(ctx)) }
 
 const elementwiseBlock = 256
 
 // AddF32 queues dst[i] = a[i] + b[i] for i < n on s. dst may alias a or b.
 func (k *Elementwise) AddF32(s *cudadrv.Stream, dst, a, b cudadrv.DevicePtr, n int) error {
+	if err := k.ready(); err != nil {
+		return err
+	}
 	return launch(k.addF32, s, grid1(n, elementwiseBlock), cudadrv.D1(elementwiseBlock), 0, func(p *cudadrv.Args) {
 		p.Ptr(dst).Ptr(a).Ptr(b).I64(int64(n))
 	})
@@ -44,6 +44,9 @@ func (k *Elementwise) AddF32(s *cudadrv.Stream, dst, a, b cudadrv.DevicePtr, n i
 
 // ScaleF32 queues dst[i] = src[i] * scale for i < n on s.
 func (k *Elementwise) ScaleF32(s *cudadrv.Stream, dst, src cudadrv.DevicePtr, scale float32, n int) error {
+	if err := k.ready(); err != nil {
+		return err
+	}
 	return launch(k.scaleF32, s, grid1(n, elementwiseBlock), cudadrv.D1(elementwiseBlock), 0, func(p *cudadrv.Args) {
 		p.Ptr(dst).Ptr(src).F32(scale).I64(int64(n))
 	})
@@ -54,6 +57,9 @@ func (k *Elementwise) ScaleF32(s *cudadrv.Stream, dst, src cudadrv.DevicePtr, sc
 // of activations between the backends (it never waits behind weight copies
 // on the copy engine). dst and src must not overlap.
 func (k *Elementwise) CopyF32(s *cudadrv.Stream, dst, src cudadrv.DevicePtr, n int) error {
+	if err := k.ready(); err != nil {
+		return err
+	}
 	// float4 per thread: a quarter of the threads.
 	return launch(k.copyF32, s, grid1((n+3)/4, elementwiseBlock), cudadrv.D1(elementwiseBlock), 0, func(p *cudadrv.Args) {
 		p.Ptr(dst).Ptr(src).I64(int64(n))

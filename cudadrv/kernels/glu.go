@@ -6,35 +6,32 @@ import (
 	"github.com/atsinfer/ats/cudadrv"
 )
 
-// GLU holds the kernels of glu.cu (SwiGLU and the bias add) loaded in one
+// GLU holds the kernels of glu.cu (SwiGLU and the bias add) for one
 // context.
 type GLU struct {
-	Module   *cudadrv.Module
+	lazyModule
 	swiglu   *cudadrv.Function
 	swigluQ8 *cudadrv.Function
 	addBias  *cudadrv.Function
 }
 
-// LoadGLU loads glu.cu's PTX for the context's device.
-func LoadGLU(ctx *cudadrv.Context) (*GLU, error) {
-	m, err := Load(ctx, "glu")
-	if err != nil {
-		return nil, err
-	}
-	k := &GLU{Module: m}
-	if err := lookup(m, map[string]**cudadrv.Function{
+// NewGLU prepares glu.cu's kernels for the context's device; the module
+// loads at the first launch.
+func NewGLU(ctx *cudadrv.Context) (*GLU, error) {
+	k := &GLU{}
+	err := k.prepareLookup(ctx, "glu", map[string]**cudadrv.Function{
 		"swiglu_f32":   &k.swiglu,
 		"swiglu_q8_1":  &k.swigluQ8,
 		"add_bias_f32": &k.addBias,
-	}); err != nil {
-		_ = m.Unload()
+	})
+	if err != nil {
 		return nil, err
 	}
 	return k, nil
 }
 
-// Unload unloads the module.
-func (k *GLU) Unload() error { return k.Module.Unload() }
+// LoadGLU is NewGLU with the module loaded now.
+func LoadGLU(ctx *cudadrv.Context) (*GLU, error) { return loadNow(NewGLU(ctx)) }
 
 const gluBlock = 256
 
@@ -47,6 +44,9 @@ func (k *GLU) SwiGLU(s *cudadrv.Stream, out, gate, up cudadrv.DevicePtr, width, 
 	if n == 0 {
 		return nil
 	}
+	if err := k.ready(); err != nil {
+		return err
+	}
 	return launch(k.swiglu, s, grid1(n, gluBlock), cudadrv.D1(gluBlock), 0, func(a *cudadrv.Args) {
 		a.Ptr(out).Ptr(gate).Ptr(up).I32(int32(width)).I32(int32(ld)).I64(int64(rows))
 	})
@@ -57,6 +57,9 @@ func (k *GLU) AddBias(s *cudadrv.Stream, x, b cudadrv.DevicePtr, width, rows int
 	n := width * rows
 	if n == 0 {
 		return nil
+	}
+	if err := k.ready(); err != nil {
+		return err
 	}
 	return launch(k.addBias, s, grid1(n, gluBlock), cudadrv.D1(gluBlock), 0, func(a *cudadrv.Args) {
 		a.Ptr(x).Ptr(b).I32(int32(width)).I64(int64(rows))
@@ -73,6 +76,9 @@ func (k *GLU) SwiGLUQ8(s *cudadrv.Stream, out, gate, up cudadrv.DevicePtr, width
 	}
 	if n == 0 {
 		return nil
+	}
+	if err := k.ready(); err != nil {
+		return err
 	}
 	return launch(k.swigluQ8, s, grid1(n, gluBlock), cudadrv.D1(gluBlock), 0, func(a *cudadrv.Args) {
 		a.Ptr(out).Ptr(gate).Ptr(up).I32(int32(width)).I32(int32(ld)).I64(int64(rows)).

@@ -7,32 +7,29 @@ import (
 )
 
 // MoERoute holds the kernels of moe_route.cu (top-k routing and the
-// weighted sum of expert outputs) loaded in one context.
+// weighted sum of expert outputs) for one context.
 type MoERoute struct {
-	Module      *cudadrv.Module
+	lazyModule
 	route       *cudadrv.Function
 	weightedSum *cudadrv.Function
 }
 
-// LoadMoERoute loads moe_route.cu's PTX for the context's device.
-func LoadMoERoute(ctx *cudadrv.Context) (*MoERoute, error) {
-	m, err := Load(ctx, "moe_route")
-	if err != nil {
-		return nil, err
-	}
-	k := &MoERoute{Module: m}
-	if err := lookup(m, map[string]**cudadrv.Function{
+// NewMoERoute prepares moe_route.cu's kernels for the context's device; the
+// module loads at the first launch.
+func NewMoERoute(ctx *cudadrv.Context) (*MoERoute, error) {
+	k := &MoERoute{}
+	err := k.prepareLookup(ctx, "moe_route", map[string]**cudadrv.Function{
 		"moe_route":        &k.route,
 		"moe_weighted_sum": &k.weightedSum,
-	}); err != nil {
-		_ = m.Unload()
+	})
+	if err != nil {
 		return nil, err
 	}
 	return k, nil
 }
 
-// Unload unloads the module.
-func (k *MoERoute) Unload() error { return k.Module.Unload() }
+// LoadMoERoute is NewMoERoute with the module loaded now.
+func LoadMoERoute(ctx *cudadrv.Context) (*MoERoute, error) { return loadNow(NewMoERoute(ctx)) }
 
 // MaxExperts and MaxTopK bound what Route handles (a warp holds every
 // expert's probability in registers, one lane keeps each chosen one).
@@ -58,6 +55,9 @@ func (k *MoERoute) Route(s *cudadrv.Stream, logits cudadrv.DevicePtr, ne, topK i
 	if norm {
 		nb = 1
 	}
+	if err := k.ready(); err != nil {
+		return err
+	}
 	return launch(k.route, s, cudadrv.D1(cudadrv.Blocks(nTok, warpsPerBlock)), cudadrv.D1(32*warpsPerBlock), 0, func(a *cudadrv.Args) {
 		a.Ptr(logits).I32(int32(ne)).I32(int32(topK)).I32(int32(nb)).Ptr(ids).Ptr(weights).I32(int32(nTok))
 	})
@@ -69,6 +69,9 @@ func (k *MoERoute) WeightedSum(s *cudadrv.Stream, out, y, w cudadrv.DevicePtr, w
 	n := width * nTok
 	if n == 0 {
 		return nil
+	}
+	if err := k.ready(); err != nil {
+		return err
 	}
 	return launch(k.weightedSum, s, grid1(n, 256), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
 		a.Ptr(out).Ptr(y).Ptr(w).I32(int32(width)).I32(int32(topK)).I32(int32(nTok))

@@ -7,34 +7,31 @@ import (
 )
 
 // Norm holds the kernels of norm.cu (RMSNorm, plain and fused with the
-// residual add) loaded in one context.
+// residual add) for one context.
 type Norm struct {
-	Module     *cudadrv.Module
+	lazyModule
 	rmsNorm    *cudadrv.Function
 	addRMSNorm *cudadrv.Function
 	rmsNormEx  *cudadrv.Function
 }
 
-// LoadNorm loads norm.cu's PTX for the context's device.
-func LoadNorm(ctx *cudadrv.Context) (*Norm, error) {
-	m, err := Load(ctx, "norm")
-	if err != nil {
-		return nil, err
-	}
-	k := &Norm{Module: m}
-	if err := lookup(m, map[string]**cudadrv.Function{
+// NewNorm prepares norm.cu's kernels for the context's device; the module
+// loads at the first launch.
+func NewNorm(ctx *cudadrv.Context) (*Norm, error) {
+	k := &Norm{}
+	err := k.prepareLookup(ctx, "norm", map[string]**cudadrv.Function{
 		"rms_norm_f32":     &k.rmsNorm,
 		"add_rms_norm_f32": &k.addRMSNorm,
 		"rms_norm_ex":      &k.rmsNormEx,
-	}); err != nil {
-		_ = m.Unload()
+	})
+	if err != nil {
 		return nil, err
 	}
 	return k, nil
 }
 
-// Unload unloads the module.
-func (k *Norm) Unload() error { return k.Module.Unload() }
+// LoadNorm is NewNorm with the module loaded now.
+func LoadNorm(ctx *cudadrv.Context) (*Norm, error) { return loadNow(NewNorm(ctx)) }
 
 // normBlock picks the threads of the block that normalises one row of cols:
 // about four columns a thread, a multiple of the warp, at most 1024.
@@ -60,6 +57,9 @@ func (k *Norm) RMSNorm(s *cudadrv.Stream, dst, src, w cudadrv.DevicePtr, cols in
 	if err := checkNorm(cols, rows); err != nil || rows == 0 {
 		return err
 	}
+	if err := k.ready(); err != nil {
+		return err
+	}
 	return launch(k.rmsNorm, s, normGrid(rows), normBlock(cols), 0, func(a *cudadrv.Args) {
 		a.Ptr(dst).Ptr(src).Ptr(w).I32(int32(cols)).F32(eps).I64(int64(rows))
 	})
@@ -70,6 +70,9 @@ func (k *Norm) RMSNorm(s *cudadrv.Stream, dst, src, w cudadrv.DevicePtr, cols in
 // a or b; dst must differ from all three.
 func (k *Norm) AddRMSNorm(s *cudadrv.Stream, sum, a, b, dst, w cudadrv.DevicePtr, cols int, eps float32, rows int) error {
 	if err := checkNorm(cols, rows); err != nil || rows == 0 {
+		return err
+	}
+	if err := k.ready(); err != nil {
 		return err
 	}
 	return launch(k.addRMSNorm, s, normGrid(rows), normBlock(cols), 0, func(p *cudadrv.Args) {
@@ -107,6 +110,9 @@ func (k *Norm) RMSNormEx(s *cudadrv.Stream, a *NormEx) error {
 			return fmt.Errorf("kernels: Q8_1 output of a norm of %d columns", a.Cols)
 		}
 		q, ds = a.Q8, a.Q8.Add(align16(a.Rows*a.Cols))
+	}
+	if err := k.ready(); err != nil {
+		return err
 	}
 	return launch(k.rmsNormEx, s, normGrid(a.Rows), normBlock(a.Cols), 0, func(p *cudadrv.Args) {
 		p.Ptr(a.Sum).Ptr(a.A).Ptr(a.B).Ptr(a.Y).Ptr(a.YW).I32(int32(a.K)).Ptr(a.BOut).

@@ -8,28 +8,27 @@ import (
 )
 
 // Rope holds the kernel of rope.cu (rotary embedding with an optional
-// per-head RMSNorm before it) loaded in one context.
+// per-head RMSNorm before it) for one context.
 type Rope struct {
-	Module *cudadrv.Module
-	rope   *cudadrv.Function
+	lazyModule
+	rope *cudadrv.Function
 }
 
-// LoadRope loads rope.cu's PTX for the context's device.
-func LoadRope(ctx *cudadrv.Context) (*Rope, error) {
-	m, err := Load(ctx, "rope")
+// NewRope prepares rope.cu's kernels for the context's device; the module
+// loads at the first launch.
+func NewRope(ctx *cudadrv.Context) (*Rope, error) {
+	k := &Rope{}
+	err := k.prepareLookup(ctx, "rope", map[string]**cudadrv.Function{
+		"rope_norm_f32": &k.rope,
+	})
 	if err != nil {
-		return nil, err
-	}
-	k := &Rope{Module: m}
-	if err := lookup(m, map[string]**cudadrv.Function{"rope_norm_f32": &k.rope}); err != nil {
-		_ = m.Unload()
 		return nil, err
 	}
 	return k, nil
 }
 
-// Unload unloads the module.
-func (k *Rope) Unload() error { return k.Module.Unload() }
+// LoadRope is NewRope with the module loaded now.
+func LoadRope(ctx *cudadrv.Context) (*Rope, error) { return loadNow(NewRope(ctx)) }
 
 // RopeTensor is one tensor a rope launch rotates in place: NTok rows of
 // Heads heads of the launch's HeadSize floats, each head normalised with
@@ -121,6 +120,9 @@ func (k *Rope) Run(s *cudadrv.Stream, a *RopeArgs) error {
 			return fmt.Errorf("kernels: rope stores tensor %d of %d", a.KV.T, a.NTensors)
 		}
 		kv = *a.KV
+	}
+	if err := k.ready(); err != nil {
+		return err
 	}
 	return launch(k.rope, s, grid, cudadrv.D1(32*ropeWarps), 0, func(p *cudadrv.Args) {
 		p.Ptr(a.T[0].X).I32(int32(a.T[0].Heads)).Ptr(a.T[0].NormW).

@@ -101,9 +101,12 @@ type typeKernels struct {
 	getRows *cudadrv.Function
 }
 
-// WeightOps holds the weight kernels loaded in one context.
+// WeightOps holds the weight kernels of one context. Each of its two
+// modules loads at the first launch that needs it: matvec.cu at the first
+// matrix-vector product (decode, small batches), matmul.cu at the first
+// tensor-core product (prefill), embedding rows or MoE grouping.
 type WeightOps struct {
-	MatVecModule, MatMulModule *cudadrv.Module
+	matvec, matmul lazyModule
 
 	quantizeQ8_1, convertF16, moeGroup *cudadrv.Function
 	types                              [int(gguf.TypeBF16) + 1]*typeKernels
@@ -115,21 +118,14 @@ type WeightOps struct {
 	mvRows, mvKS int
 }
 
-// LoadWeightOps JIT-compiles and loads matvec.cu and matmul.cu for the
-// context's device.
-func LoadWeightOps(ctx *cudadrv.Context) (*WeightOps, error) {
+// NewWeightOps prepares matvec.cu's and matmul.cu's kernels for the
+// context's device; the modules load when first needed.
+func NewWeightOps(ctx *cudadrv.Context) (*WeightOps, error) {
 	sms, err := ctx.Device().Attribute(cudadrv.AttrMultiprocessorCount)
 	if err != nil {
 		return nil, err
 	}
 	w := &WeightOps{sms: max(1, sms)}
-	if w.MatVecModule, err = Load(ctx, "matvec"); err != nil {
-		return nil, err
-	}
-	if w.MatMulModule, err = Load(ctx, "matmul"); err != nil {
-		w.MatVecModule.Unload()
-		return nil, err
-	}
 	mv := map[string]**cudadrv.Function{"quantize_q8_1": &w.quantizeQ8_1}
 	mm := map[string]**cudadrv.Function{"convert_f16": &w.convertF16, "moe_group": &w.moeGroup}
 	for _, t := range WeightTypes {
@@ -150,21 +146,33 @@ func LoadWeightOps(ctx *cudadrv.Context) (*WeightOps, error) {
 		mm["mm_"+n] = &k.mm
 		mm["get_rows_"+n] = &k.getRows
 	}
-	err = lookup(w.MatVecModule, mv)
-	if err == nil {
-		err = lookup(w.MatMulModule, mm)
+	if err := w.matvec.prepareLookup(ctx, "matvec", mv); err != nil {
+		return nil, err
 	}
-	if err != nil {
-		w.Unload()
+	if err := w.matmul.prepareLookup(ctx, "matmul", mm); err != nil {
 		return nil, err
 	}
 	return w, nil
 }
 
+// LoadWeightOps is NewWeightOps with both modules loaded now.
+func LoadWeightOps(ctx *cudadrv.Context) (*WeightOps, error) { return loadNow(NewWeightOps(ctx)) }
+
+// Load loads both modules now if they are not yet.
+func (w *WeightOps) Load() error {
+	if err := w.matvec.ready(); err != nil {
+		return err
+	}
+	return w.matmul.ready()
+}
+
+// Loaded reports which of the two modules are loaded.
+func (w *WeightOps) Loaded() (matvec, matmul bool) { return w.matvec.Loaded(), w.matmul.Loaded() }
+
 // Unload unloads both modules.
 func (w *WeightOps) Unload() error {
-	err1 := w.MatVecModule.Unload()
-	err2 := w.MatMulModule.Unload()
+	err1 := w.matvec.Unload()
+	err2 := w.matmul.Unload()
 	if err1 != nil {
 		return err1
 	}
@@ -206,6 +214,9 @@ func (w *WeightOps) QuantizeQ8_1(s *cudadrv.Stream, x cudadrv.DevicePtr, ldx, nT
 	if cols%32 != 0 || nTok < 1 || ldx < cols {
 		return fmt.Errorf("kernels: quantize_q8_1 of %d rows of %d (stride %d): cols must be a multiple of 32", nTok, cols, ldx)
 	}
+	if err := w.matvec.ready(); err != nil {
+		return err
+	}
 	blocks := nTok * cols / 32 // one warp each, 8 per CTA
 	return launch(w.quantizeQ8_1, s, grid1(cudadrv.Blocks(blocks, 8), 1), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
 		a.Ptr(x).I64(int64(ldx)).I32(int32(nTok)).I32(int32(cols)).Ptr(dst).Ptr(dst.Add(align16(nTok * cols)))
@@ -231,6 +242,9 @@ func (w *WeightOps) ConvertF16(s *cudadrv.Stream, x cudadrv.DevicePtr, ldx, nTok
 func (w *WeightOps) convert(s *cudadrv.Stream, x cudadrv.DevicePtr, ldx, nRows, cols int, perm cudadrv.DevicePtr, actDiv int, dst cudadrv.DevicePtr) error {
 	if nRows < 1 || cols < 1 || ldx < cols {
 		return fmt.Errorf("kernels: convert_f16 of %d rows of %d (stride %d)", nRows, cols, ldx)
+	}
+	if err := w.matmul.ready(); err != nil {
+		return err
 	}
 	ldh := F16Stride(cols)
 	return launch(w.convertF16, s, grid1(nRows*ldh/2, 256), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
@@ -282,6 +296,9 @@ const mvWarps = 4 // MV_WARPS
 // mvLaunch picks the kernel for nTok (<= 8) tokens and the K split, and
 // queues problems matvecs of p.rows rows.
 func (w *WeightOps) mvLaunch(s *cudadrv.Stream, k *typeKernels, m Matrix, p *mvArgs, nTok, problems int) error {
+	if err := w.matvec.ready(); err != nil {
+		return err
+	}
 	var f *cudadrv.Function
 	ntok := 1
 	for i, nt := range []int{1, 2, 4, 8} {
@@ -402,6 +419,9 @@ func (w *WeightOps) MatMulF16(s *cudadrv.Stream, m Matrix, xh cudadrv.DevicePtr,
 }
 
 func (w *WeightOps) mmLaunch(s *cudadrv.Stream, k *typeKernels, m Matrix, grid cudadrv.Dim3, expertBytes int, xh cudadrv.DevicePtr, nTok int, tiles, ntiles, perm, out cudadrv.DevicePtr, ldOut int) error {
+	if err := w.matmul.ready(); err != nil {
+		return err
+	}
 	return launch(k.mm, s, grid, cudadrv.D1(256), 0, func(a *cudadrv.Args) {
 		a.Ptr(m.Data).I64(int64(m.RowBytes())).I32(int32(m.Rows)).I32(int32(m.Cols)).I64(int64(expertBytes)).
 			Ptr(xh).I32(int32(F16Stride(m.Cols))).I32(int32(nTok)).Ptr(tiles).Ptr(ntiles).Ptr(perm).Ptr(out).I64(int64(ldOut))
@@ -456,6 +476,9 @@ func (w *WeightOps) GetRows(s *cudadrv.Stream, m Matrix, ids cudadrv.DevicePtr, 
 	}
 	if n < 1 {
 		return fmt.Errorf("kernels: get_rows of %d rows", n)
+	}
+	if err := w.matmul.ready(); err != nil {
+		return err
 	}
 	threads := min(256, max(32, (m.Cols/16+31)&^31))
 	return launch(k.getRows, s, cudadrv.D1(min(n, 65535)), cudadrv.D1(threads), 0, func(a *cudadrv.Args) {
@@ -557,6 +580,9 @@ func (w *WeightOps) MoEMatMul(s *cudadrv.Stream, e MoE, ids cudadrv.DevicePtr, x
 	}
 	permOff, tilesOff, ntilesOff, xhOff, _, maxTiles := e.moeLayout(nTok)
 	perm, tiles, ntiles, xh := scratch.Add(permOff), scratch.Add(tilesOff), scratch.Add(ntilesOff), scratch.Add(xhOff)
+	if err := w.matmul.ready(); err != nil {
+		return err
+	}
 	err = launch(w.moeGroup, s, cudadrv.D1(1), cudadrv.D1(1024), 12*e.NExpert, func(a *cudadrv.Args) {
 		a.Ptr(ids).I32(int32(nslots)).I32(int32(e.NExpert)).I32(mmTile).Ptr(perm).Ptr(tiles).Ptr(ntiles)
 	})

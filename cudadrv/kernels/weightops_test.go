@@ -425,7 +425,7 @@ func woCases() []woCase {
 
 func TestWeightOps(t *testing.T) {
 	ctx, w := woSetup(t)
-	t.Logf("%s (CC %d.%d, %d SMs): weight kernels loaded (JIT) in %v; seed %d (WEIGHTOPS_SEED)",
+	t.Logf("%s (CC %d.%d, %d SMs): weight kernels loaded in %v; seed %d (WEIGHTOPS_SEED)",
 		woFix.info.Name, woFix.info.Major, woFix.info.Minor, woFix.info.Multiprocessors, woFix.jit, woFix.seed)
 	t.Cleanup(func() { woFreeWeights(ctx) })
 	type worst struct {

@@ -17,8 +17,9 @@ import (
 )
 
 // Device is the process's view of device 0: its primary context and the
-// loaded kernel modules. It is made once and kept: the driver frees
-// everything at exit, and the modules are small.
+// kernel sets, each of which loads its module at its first launch (a dense
+// model never loads the MoE routing). It is made once and kept: the driver
+// frees everything at exit, and the modules are small.
 type Device struct {
 	ctx  *cudadrv.Context
 	info cudadrv.DeviceInfo
@@ -73,13 +74,13 @@ func newDevice() (*Device, error) {
 			}
 		}
 	}
-	load("norm", func() (e error) { g.norm, e = kernels.LoadNorm(g.ctx); return })
-	load("rope", func() (e error) { g.rope, e = kernels.LoadRope(g.ctx); return })
-	load("attention", func() (e error) { g.attn, e = kernels.LoadAttention(g.ctx); return })
-	load("moe routing", func() (e error) { g.moe, e = kernels.LoadMoERoute(g.ctx); return })
-	load("glu", func() (e error) { g.glu, e = kernels.LoadGLU(g.ctx); return })
-	load("elementwise", func() (e error) { g.elem, e = kernels.LoadElementwise(g.ctx); return })
-	load("util", func() (e error) { g.util, e = kernels.LoadUtil(g.ctx); return })
+	load("norm", func() (e error) { g.norm, e = kernels.NewNorm(g.ctx); return })
+	load("rope", func() (e error) { g.rope, e = kernels.NewRope(g.ctx); return })
+	load("attention", func() (e error) { g.attn, e = kernels.NewAttention(g.ctx); return })
+	load("moe routing", func() (e error) { g.moe, e = kernels.NewMoERoute(g.ctx); return })
+	load("glu", func() (e error) { g.glu, e = kernels.NewGLU(g.ctx); return })
+	load("elementwise", func() (e error) { g.elem, e = kernels.NewElementwise(g.ctx); return })
+	load("util", func() (e error) { g.util, e = kernels.NewUtil(g.ctx); return })
 	load("weight", func() (e error) { g.w, g.ref, e = loadWeightOps(g.ctx, g.info); return })
 	if err != nil {
 		return nil, err
@@ -118,3 +119,19 @@ func (d *Device) Reference() WeightOps { return d.ref }
 // ContextBytes is the device memory of the CUDA context and kernel modules
 // (NVML, before ats allocated anything; 0 without NVML).
 func (d *Device) ContextBytes() int64 { return d.contextBytes }
+
+// loadModules loads every kernel module a program needs now rather than at
+// its first launch: a module load inside a graph capture is not allowed by
+// every driver, so the first decode capture calls this before it starts.
+func (d *Device) loadModules(moe bool) error {
+	sets := []interface{ Load() error }{d.norm, d.rope, d.attn, d.glu, d.elem, d.util}
+	if moe {
+		sets = append(sets, d.moe)
+	}
+	for _, s := range sets {
+		if err := s.Load(); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -593,6 +593,13 @@ func (g *Exec) queue(seg *Segment, rows int, mode ir.OutputMode) (int, error) {
 
 // capture records a decode segment (one row, its logits) into seg.graph.
 func (g *Exec) capture(seg *Segment) error {
+	moe := false
+	for i := range g.prog.Ops {
+		moe = moe || g.prog.Ops[i].Kind == ir.OpMoE
+	}
+	if err := g.dev.loadModules(moe); err != nil {
+		return fmt.Errorf("gpu: %w", err)
+	}
 	graph, err := g.s.Capture(cudadrv.CaptureRelaxed, func() error {
 		_, err := g.queue(seg, 1, ir.OutputLast)
 		return err

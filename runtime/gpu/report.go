@@ -10,9 +10,10 @@ import (
 )
 
 // Report writes whether ats can use a GPU here (and why not), each CUDA
-// device's name, compute capability, memory and multiprocessors, the PTX
-// variant ats loads on it, and NVML's live figures where NVML is
-// installed. It only queries: no context is created, no memory allocated.
+// device's name, compute capability, memory and multiprocessors, the kernel
+// images ats loads on it (SASS, or PTX the driver JIT-compiles), and NVML's
+// live figures where NVML is installed. It only queries: no context is
+// created, no memory allocated.
 func Report(w io.Writer) error {
 	ok, reason := cudadrv.Available()
 	if !ok {
@@ -49,7 +50,7 @@ func Report(w io.Writer) error {
 			return fmt.Errorf("device %d: %w", i, err)
 		}
 		fmt.Fprintf(w, "\ndevice %d: %s\n", i, info.Name)
-		fmt.Fprintf(w, "  compute capability %d.%d, PTX %s\n", info.Major, info.Minor, ptxVariants(info.CC()))
+		fmt.Fprintf(w, "  compute capability %d.%d, kernels %s\n", info.Major, info.Minor, kernelImages(info.CC()))
 		fmt.Fprintf(w, "  memory %s, %d SMs, L2 %s, shared memory per block %s (opt-in %s)\n",
 			gib(info.TotalMem), info.Multiprocessors, mib(uint64(info.L2CacheBytes)),
 			kib(info.MaxSharedPerBlock), kib(info.MaxSharedPerBlockOptin))
@@ -76,15 +77,15 @@ func Report(w io.Writer) error {
 	return nil
 }
 
-// ptxVariants says which PTX variant each embedded module would load for a
-// device of capability cc, collapsed when they all agree.
-func ptxVariants(cc int) string {
+// kernelImages says which image of each embedded module loads on a device
+// of capability cc, collapsed when they all agree.
+func kernelImages(cc int) string {
 	byArch := map[string][]string{}
 	var order []string
 	for _, m := range kernels.Modules() {
 		v := "none"
-		if a, err := kernels.SelectArch(m, cc); err == nil {
-			v = fmt.Sprintf("compute_%d", a)
+		if img, err := kernels.Select(m, cc); err == nil {
+			v = img.String()
 		} else {
 			v = "none (" + err.Error() + ")"
 		}

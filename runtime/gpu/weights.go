@@ -61,7 +61,7 @@ const EnvGPUWeights = "ATS_GPU_WEIGHTS"
 // device's contexts use: the quantized kernels unless EnvGPUWeights says
 // "ref" or this build has none.
 func loadWeightOps(ctx *cudadrv.Context, info cudadrv.DeviceInfo) (use, ref WeightOps, err error) {
-	d, err := kernels.LoadDense(ctx)
+	d, err := kernels.NewDense(ctx)
 	if err != nil {
 		return nil, nil, err
 	}
