@@ -64,6 +64,9 @@ type Config struct {
 	// the session's backend; GPUStats to none (serve passes NVMLStats).
 	Placement func() Placement
 	GPUStats  func() []GPUStat
+	// CORS says which other origins' web pages may call the API (nil:
+	// ParseCORS(DefaultCORS), pages on localhost).
+	CORS *CORSPolicy
 	// Log receives a line per request and the server's notes (default:
 	// discard).
 	Log *slog.Logger
@@ -81,6 +84,7 @@ type Server struct {
 
 	q       *queue
 	met     *metrics
+	cors    *CORSPolicy
 	handler http.Handler
 
 	// base is the parent of every generation's context: cancelling it
@@ -135,6 +139,13 @@ func New(sess *runtime.Session, cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if cfg.CORS == nil {
+		p, err := ParseCORS(DefaultCORS)
+		if err != nil {
+			return nil, fmt.Errorf("server: %w", err)
+		}
+		cfg.CORS = p
+	}
 	nVocab := sess.Model.Hyper().NVocab
 	if _, err := sampler.New(def, nVocab); err != nil {
 		return nil, fmt.Errorf("server: default sampling: %w", err)
@@ -152,6 +163,7 @@ func New(sess *runtime.Session, cfg Config) (*Server, error) {
 		nVocab:  nVocab,
 		created: time.Now().Unix(),
 		fp:      fingerprint(sess.Model),
+		cors:    cfg.CORS,
 	}
 	if fi, err := os.Stat(sess.Model.File.Path); err == nil {
 		s.created = fi.ModTime().Unix()
@@ -305,6 +317,9 @@ func (s *Server) routes() http.Handler {
 			s.cfg.Log.Info("request", "method", r.Method, "path", r.URL.Path, "status", code, "duration", time.Since(start).Round(time.Microsecond))
 		}()
 
+		if !s.applyCORS(rec, r) {
+			return
+		}
 		path := r.URL.Path
 		rt, ok := table[path]
 		var model string
@@ -320,6 +335,10 @@ func (s *Server) routes() http.Handler {
 		if !ok {
 			writeError(rec, &apiError{Status: http.StatusNotFound, Type: typeNotFound,
 				Message: fmt.Sprintf("no such endpoint: %s %s (ats serves /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics)", r.Method, path)})
+			return
+		}
+		if r.Method == http.MethodOptions {
+			s.handleOptions(rec, r, rt)
 			return
 		}
 		method := r.Method
