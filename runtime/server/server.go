@@ -289,6 +289,10 @@ func (s *Server) routes() http.Handler {
 		"/v1/models": modelsR, "/models": modelsR,
 		"/health": healthR, "/v1/health": healthR,
 		"/metrics": {http.MethodGet: metricsHandler.ServeHTTP},
+		// llama-server's utility endpoints.
+		"/tokenize":   {http.MethodPost: s.handleTokenize},
+		"/detokenize": {http.MethodPost: s.handleDetokenize},
+		"/props":      {http.MethodGet: s.handleProps},
 	}
 	endpoints := map[string]string{}
 	for p := range table {
@@ -334,7 +338,7 @@ func (s *Server) routes() http.Handler {
 		}
 		if !ok {
 			writeError(rec, &apiError{Status: http.StatusNotFound, Type: typeNotFound,
-				Message: fmt.Sprintf("no such endpoint: %s %s (ats serves /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics)", r.Method, path)})
+				Message: fmt.Sprintf("no such endpoint: %s %s (ats serves /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /tokenize, /detokenize and /props)", r.Method, path)})
 			return
 		}
 		if r.Method == http.MethodOptions {
