@@ -64,6 +64,10 @@ type Config struct {
 	// the session's backend; GPUStats to none (serve passes NVMLStats).
 	Placement func() Placement
 	GPUStats  func() []GPUStat
+	// PlacementMap gives the JSON placement map of GET /v1/ats/placement
+	// (the shape `ats plan --json` prints); nil: the endpoint answers 404,
+	// as for a model run wholly on the CPU.
+	PlacementMap func() ([]byte, error)
 	// CORS says which other origins' web pages may call the API (nil:
 	// ParseCORS(DefaultCORS), pages on localhost).
 	CORS *CORSPolicy
@@ -290,9 +294,10 @@ func (s *Server) routes() http.Handler {
 		"/health": healthR, "/v1/health": healthR,
 		"/metrics": {http.MethodGet: metricsHandler.ServeHTTP},
 		// llama-server's utility endpoints.
-		"/tokenize":   {http.MethodPost: s.handleTokenize},
-		"/detokenize": {http.MethodPost: s.handleDetokenize},
-		"/props":      {http.MethodGet: s.handleProps},
+		"/tokenize":         {http.MethodPost: s.handleTokenize},
+		"/detokenize":       {http.MethodPost: s.handleDetokenize},
+		"/props":            {http.MethodGet: s.handleProps},
+		"/v1/ats/placement": {http.MethodGet: s.handlePlacement},
 	}
 	endpoints := map[string]string{}
 	for p := range table {
@@ -338,7 +343,7 @@ func (s *Server) routes() http.Handler {
 		}
 		if !ok {
 			writeError(rec, &apiError{Status: http.StatusNotFound, Type: typeNotFound,
-				Message: fmt.Sprintf("no such endpoint: %s %s (ats serves /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /tokenize, /detokenize and /props)", r.Method, path)})
+				Message: fmt.Sprintf("no such endpoint: %s %s (ats serves /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /tokenize, /detokenize, /props and /v1/ats/placement)", r.Method, path)})
 			return
 		}
 		if r.Method == http.MethodOptions {
