@@ -332,18 +332,22 @@ func (s *Server) routes() http.Handler {
 		path := r.URL.Path
 		rt, ok := table[path]
 		var model string
+		public := false // served without the API key
 		if !ok {
 			// /v1/models/{id}
 			if id, found := strings.CutPrefix(path, "/v1/models/"); found && id != "" {
 				rt, ok, model = modelsR, true, id
 				endpoint = "/models/{id}"
+			} else if a, found := webUIRoute(path); found {
+				rt, ok, public = route{http.MethodGet: func(w http.ResponseWriter, r *http.Request) { s.serveWebUI(w, r, a) }}, true, true
+				endpoint = "webui"
 			}
 		} else {
 			endpoint = endpoints[path]
 		}
 		if !ok {
 			writeError(rec, &apiError{Status: http.StatusNotFound, Type: typeNotFound,
-				Message: fmt.Sprintf("no such endpoint: %s %s (ats serves /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /tokenize, /detokenize, /props and /v1/ats/placement)", r.Method, path)})
+				Message: fmt.Sprintf("no such endpoint: %s %s (ats serves /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /tokenize, /detokenize, /props, /v1/ats/placement and the web UI at /)", r.Method, path)})
 			return
 		}
 		if r.Method == http.MethodOptions {
@@ -365,7 +369,7 @@ func (s *Server) routes() http.Handler {
 				Message: fmt.Sprintf("%s does not accept %s; use %s", path, r.Method, strings.Join(allowed, " or "))})
 			return
 		}
-		if endpoint != "/health" && !s.authorized(r) {
+		if !public && endpoint != "/health" && !s.authorized(r) {
 			writeError(rec, withCode(&apiError{Status: http.StatusUnauthorized, Type: typeAuthentication,
 				Message: "invalid or missing API key: send it as \"Authorization: Bearer KEY\""}, "invalid_api_key"))
 			return
