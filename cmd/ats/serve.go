@@ -46,9 +46,11 @@ requests that leave a setting out.
 Beyond loopback, set --api-key (or $ATS_API_KEY): clients then send
 "Authorization: Bearer KEY". Web pages of other origins may call the API
 from a browser when --cors allows their origin (default: pages on
-localhost); the API key is still required. On SIGINT or SIGTERM the server stops taking
-requests, lets running ones finish for --shutdown-grace, cancels the rest
-and exits; a second Ctrl-C quits at once.`,
+localhost); the API key is still required.
+
+On SIGINT or SIGTERM the server stops taking requests, lets running ones
+finish for --shutdown-grace, cancels the rest and exits; a second Ctrl-C
+quits at once.`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				if modelPath == "" {
