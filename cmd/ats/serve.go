@@ -22,6 +22,7 @@ func init() {
 	register(func() *cobra.Command {
 		var (
 			modelPath, host, apiKey, alias string
+			corsOrigins                    string
 			port, ctxSize, thrds, queue    int
 			pf                             placementFlags
 			grace                          time.Duration
@@ -32,8 +33,10 @@ func init() {
 			Use:   "serve -m MODEL [--host 127.0.0.1] [--port 8080]",
 			Short: "Serve a model over HTTP with OpenAI's API",
 			Long: `serve answers OpenAI-style requests: POST /v1/chat/completions (streamed or
-not, with tools and reasoning), POST /v1/completions, GET /v1/models, and
-GET /health and GET /metrics (Prometheus).
+not, with tools and reasoning), POST /v1/completions, GET /v1/models,
+GET /health and GET /metrics (Prometheus), llama-server's POST /tokenize,
+POST /detokenize and GET /props, and a web UI at / (chat, and a machine
+page with the placement map and live figures).
 
 Requests take turns on the model; up to --queue of them wait while one is
 generated, and more get 503. A request that continues the previous
@@ -41,9 +44,13 @@ conversation reuses its KV cache. The sampling flags set the defaults for
 requests that leave a setting out.
 
 Beyond loopback, set --api-key (or $ATS_API_KEY): clients then send
-"Authorization: Bearer KEY". On SIGINT or SIGTERM the server stops taking
-requests, lets running ones finish for --shutdown-grace, cancels the rest
-and exits; a second Ctrl-C quits at once.`,
+"Authorization: Bearer KEY". Web pages of other origins may call the API
+from a browser when --cors allows their origin (default: pages on
+localhost); the API key is still required.
+
+On SIGINT or SIGTERM the server stops taking requests, lets running ones
+finish for --shutdown-grace, cancels the rest and exits; a second Ctrl-C
+quits at once.`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				if modelPath == "" {
@@ -58,6 +65,10 @@ and exits; a second Ctrl-C quits at once.`,
 				}
 				if len(sf.stop) > 0 {
 					return errors.New("serve: --stop is per request; send \"stop\" in the request instead")
+				}
+				cors, err := server.ParseCORS(corsOrigins)
+				if err != nil {
+					return fmt.Errorf("serve: --cors: %w", err)
 				}
 				stderr := cmd.ErrOrStderr()
 				level := slog.LevelWarn
@@ -77,7 +88,7 @@ and exits; a second Ctrl-C quits at once.`,
 				}
 				defer sess.Model.Close()
 				defer sess.Close()
-				srv, err := server.New(sess, server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: server.NVMLStats})
+				srv, err := server.New(sess, server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: server.NVMLStats, CORS: cors})
 				if err != nil {
 					return err
 				}
@@ -87,6 +98,9 @@ and exits; a second Ctrl-C quits at once.`,
 				}
 				if apiKey == "" && !loopback(host) {
 					warn(fmt.Sprintf("serving on %s without --api-key: anyone who can reach this port can use the model", host))
+				}
+				if apiKey == "" && cors.AllowsAll() {
+					warn("--cors * without --api-key: every web page opened in a browser that can reach this server can use the model")
 				}
 				// Catch the signals before saying we serve, so whoever waits
 				// for that line can stop us gracefully at once.
@@ -126,6 +140,7 @@ and exits; a second Ctrl-C quits at once.`,
 		f.IntVar(&port, "port", 8080, "port to listen on (0: any free port)")
 		f.StringVar(&apiKey, "api-key", "", "require this key as \"Authorization: Bearer KEY\" (default $ATS_API_KEY)")
 		f.StringVar(&alias, "alias", "", "model id in the API (default: the file name without .gguf)")
+		f.StringVar(&corsOrigins, "cors", server.DefaultCORS, "origins whose web pages may call the API from a browser: comma-separated origins (https://app.example.com), localhost (any port), * (all) or none")
 		f.IntVarP(&ctxSize, "ctx-size", "c", 0, "context size in tokens (0: the model's, at most 4096)")
 		f.IntVarP(&thrds, "threads", "t", 0, "CPU threads (0: all cores)")
 		pf.register(f)

@@ -64,6 +64,13 @@ type Config struct {
 	// the session's backend; GPUStats to none (serve passes NVMLStats).
 	Placement func() Placement
 	GPUStats  func() []GPUStat
+	// PlacementMap gives the JSON placement map of GET /v1/ats/placement
+	// (the shape `ats plan --json` prints); nil: the endpoint answers 404,
+	// as for a model run wholly on the CPU.
+	PlacementMap func() ([]byte, error)
+	// CORS says which other origins' web pages may call the API (nil:
+	// ParseCORS(DefaultCORS), pages on localhost).
+	CORS *CORSPolicy
 	// Log receives a line per request and the server's notes (default:
 	// discard).
 	Log *slog.Logger
@@ -81,6 +88,7 @@ type Server struct {
 
 	q       *queue
 	met     *metrics
+	cors    *CORSPolicy
 	handler http.Handler
 
 	// base is the parent of every generation's context: cancelling it
@@ -135,6 +143,13 @@ func New(sess *runtime.Session, cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
+	if cfg.CORS == nil {
+		p, err := ParseCORS(DefaultCORS)
+		if err != nil {
+			return nil, fmt.Errorf("server: %w", err)
+		}
+		cfg.CORS = p
+	}
 	nVocab := sess.Model.Hyper().NVocab
 	if _, err := sampler.New(def, nVocab); err != nil {
 		return nil, fmt.Errorf("server: default sampling: %w", err)
@@ -152,6 +167,7 @@ func New(sess *runtime.Session, cfg Config) (*Server, error) {
 		nVocab:  nVocab,
 		created: time.Now().Unix(),
 		fp:      fingerprint(sess.Model),
+		cors:    cfg.CORS,
 	}
 	if fi, err := os.Stat(sess.Model.File.Path); err == nil {
 		s.created = fi.ModTime().Unix()
@@ -277,6 +293,11 @@ func (s *Server) routes() http.Handler {
 		"/v1/models": modelsR, "/models": modelsR,
 		"/health": healthR, "/v1/health": healthR,
 		"/metrics": {http.MethodGet: metricsHandler.ServeHTTP},
+		// llama-server's utility endpoints.
+		"/tokenize":         {http.MethodPost: s.handleTokenize},
+		"/detokenize":       {http.MethodPost: s.handleDetokenize},
+		"/props":            {http.MethodGet: s.handleProps},
+		"/v1/ats/placement": {http.MethodGet: s.handlePlacement},
 	}
 	endpoints := map[string]string{}
 	for p := range table {
@@ -305,21 +326,32 @@ func (s *Server) routes() http.Handler {
 			s.cfg.Log.Info("request", "method", r.Method, "path", r.URL.Path, "status", code, "duration", time.Since(start).Round(time.Microsecond))
 		}()
 
+		if !s.applyCORS(rec, r) {
+			return
+		}
 		path := r.URL.Path
 		rt, ok := table[path]
 		var model string
+		public := false // served without the API key
 		if !ok {
 			// /v1/models/{id}
 			if id, found := strings.CutPrefix(path, "/v1/models/"); found && id != "" {
 				rt, ok, model = modelsR, true, id
 				endpoint = "/models/{id}"
+			} else if a, found := webUIRoute(path); found {
+				rt, ok, public = route{http.MethodGet: func(w http.ResponseWriter, r *http.Request) { s.serveWebUI(w, r, a) }}, true, true
+				endpoint = "webui"
 			}
 		} else {
 			endpoint = endpoints[path]
 		}
 		if !ok {
 			writeError(rec, &apiError{Status: http.StatusNotFound, Type: typeNotFound,
-				Message: fmt.Sprintf("no such endpoint: %s %s (ats serves /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics)", r.Method, path)})
+				Message: fmt.Sprintf("no such endpoint: %s %s (ats serves /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /tokenize, /detokenize, /props, /v1/ats/placement and the web UI at /)", r.Method, path)})
+			return
+		}
+		if r.Method == http.MethodOptions {
+			s.handleOptions(rec, r, rt)
 			return
 		}
 		method := r.Method
@@ -337,7 +369,7 @@ func (s *Server) routes() http.Handler {
 				Message: fmt.Sprintf("%s does not accept %s; use %s", path, r.Method, strings.Join(allowed, " or "))})
 			return
 		}
-		if endpoint != "/health" && !s.authorized(r) {
+		if !public && endpoint != "/health" && !s.authorized(r) {
 			writeError(rec, withCode(&apiError{Status: http.StatusUnauthorized, Type: typeAuthentication,
 				Message: "invalid or missing API key: send it as \"Authorization: Bearer KEY\""}, "invalid_api_key"))
 			return
