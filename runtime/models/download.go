@@ -141,8 +141,12 @@ func (c *Client) fetch(ctx context.Context, spec fetchSpec, p Progress) (File, e
 			errors.As(err, &ue) && d.have == 0 {
 			return File{}, fmt.Errorf("%s: %w", name, err)
 		}
+		// A transfer that broke after bringing data resumes at once;
+		// failures without progress wait longer each time, then give up.
 		if d.have > before {
 			failures, wait = 0, c.retryWait()
+			p.Retry(err, 0)
+			continue
 		}
 		if failures++; failures > c.retries() {
 			return File{}, fmt.Errorf("%s: gave up after %d tries without progress (%d of %s bytes kept in %s; pull again to resume): %w",

@@ -434,7 +434,10 @@ func TestPullUnreachable(t *testing.T) {
 // Cancelling a pull keeps what arrived for the next one.
 func TestPullCancelKeepsPartial(t *testing.T) {
 	repo := testRepo()
-	st, c, _ := newTest(t, repo)
+	st, c, srv := newTest(t, repo)
+	// The server holds the transfer after 50 kB: the cancel below comes
+	// while it waits, as a Ctrl-C would.
+	srv.StallAfter, srv.Stalls = 50_000, 1
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &cancelAfter{n: 1, cancel: cancel}
 	_, err := st.Pull(ctx, c, mustRef(t, "hf.co/Org/Tiny-GGUF:Q4_K_M"), PullOptions{Progress: p})
