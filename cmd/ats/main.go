@@ -19,10 +19,15 @@ on the CPU and the GPU, keeps on the GPU the tensors that save the most time
 per byte, and streams or computes the rest on the CPU.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       versionLine(),
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	for _, add := range commands {
 		root.AddCommand(add())
 	}
+	// The model commands' shared habits (model.go): the model as an
+	// argument or a pulled name, -ngl, -v, value completion.
+	adaptModelCommands(root)
 	return root
 }
 
@@ -33,7 +38,9 @@ var commands []func() *cobra.Command
 func register(c func() *cobra.Command) { commands = append(commands, c) }
 
 func main() {
-	if err := newRootCmd().Execute(); err != nil {
+	root := newRootCmd()
+	root.SetArgs(llamaSpellings(os.Args[1:]))
+	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "ats:", err)
 		os.Exit(1)
 	}
