@@ -19,6 +19,7 @@ func init() {
 	register(func() *cobra.Command {
 		var (
 			modelPath, prompt, system string
+			promptFile                string
 			backend                   string
 			raw, printTokens, special bool
 			think                     bool
@@ -26,17 +27,30 @@ func init() {
 			sf                        samplingFlags
 		)
 		cmd := &cobra.Command{
-			Use:   "run -m MODEL [-p PROMPT]",
+			Use:   "run MODEL [-p PROMPT | -f FILE]",
 			Short: "Generate a reply to one prompt, streamed to stdout",
 			Long: `run applies the model's chat template to the prompt (unless --raw), then
 streams the generated text to stdout and prints prefill and decode speed to
-stderr. Without -p the prompt is read from standard input.`,
+stderr. Without -p or -f the prompt is read from standard input; when that
+is a terminal, run starts an interactive chat instead (as ats chat does).
+MODEL (or -m MODEL) is a GGUF file or the name of a pulled model.`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				if modelPath == "" {
 					return errors.New("run: -m MODEL is required")
 				}
-				if !cmd.Flags().Changed("prompt") {
+				switch {
+				case promptFile != "" && cmd.Flags().Changed("prompt"):
+					return errors.New("run: give the prompt once: -p or -f")
+				case promptFile != "":
+					b, err := readPromptFile(cmd, promptFile)
+					if err != nil {
+						return err
+					}
+					prompt = strings.TrimRight(string(b), "\n")
+				case !cmd.Flags().Changed("prompt") && stdinIsTerminal(cmd):
+					return runAsChat(cmd)
+				case !cmd.Flags().Changed("prompt"):
 					b, err := io.ReadAll(cmd.InOrStdin())
 					if err != nil {
 						return fmt.Errorf("run: reading the prompt from stdin: %w", err)
@@ -49,15 +63,13 @@ stderr. Without -p the prompt is read from standard input.`,
 				}
 				stderr := cmd.ErrOrStderr()
 				warn := func(s string) { fmt.Fprintln(stderr, "ats: warning:", s) }
-				m, err := runtime.Open(modelPath)
+				// Loading shows its progress and time, so the prompt speed
+				// below is the prompt's alone.
+				s, err := loadSession(modelPath, runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds, Backend: backend}, stderr, warn)
 				if err != nil {
 					return err
 				}
-				defer m.Close()
-				s, err := runtime.NewSession(m, runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds, Backend: backend}, warn)
-				if err != nil {
-					return err
-				}
+				defer s.Model.Close()
 				defer s.Close()
 				text := prompt
 				if !raw {
@@ -111,6 +123,7 @@ stderr. Without -p the prompt is read from standard input.`,
 		f := cmd.Flags()
 		f.StringVarP(&modelPath, "model", "m", "", "GGUF model file")
 		f.StringVarP(&prompt, "prompt", "p", "", "prompt (default: read standard input)")
+		f.StringVarP(&promptFile, "file", "f", "", "read the prompt from this file (- for standard input)")
 		f.StringVarP(&system, "system", "s", "", "system prompt")
 		f.BoolVar(&raw, "raw", false, "send the prompt as it is, without the chat template")
 		f.BoolVar(&think, "think", true, "let reasoning models think (sets enable_thinking where the template has it)")
