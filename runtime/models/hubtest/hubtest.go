@@ -40,9 +40,10 @@ type Repo struct {
 type Server struct {
 	*httptest.Server
 
-	mu    sync.Mutex
-	repos map[string]*Repo
-	plain map[string][]byte
+	mu      sync.Mutex
+	repos   map[string]*Repo
+	digests map[*byte]string // SHA256 of a file's content, by its first byte's address
+	plain   map[string][]byte
 	// CutAfter > 0 breaks off each of the next Cuts transfers from the CDN
 	// after that many bytes of body.
 	CutAfter int64
@@ -63,7 +64,7 @@ type Request struct {
 
 // New starts a server with the repositories.
 func New(repos ...*Repo) *Server {
-	s := &Server{repos: map[string]*Repo{}, plain: map[string][]byte{}}
+	s := &Server{repos: map[string]*Repo{}, plain: map[string][]byte{}, digests: map[*byte]string{}}
 	for _, r := range repos {
 		if r.SHA == "" {
 			r.SHA = fmt.Sprintf("%040x", len(r.ID))
@@ -140,12 +141,28 @@ func (s *Server) repo(w http.ResponseWriter, r *http.Request, id string) *Repo {
 	return repo
 }
 
-func (repo *Repo) digest(path string) string {
-	d := SHA256(repo.Files[path])
-	if repo.WrongSHA[path] {
-		d = SHA256(append([]byte("not "), repo.Files[path]...))
+// sum is SHA256(b), computed once per content.
+func (s *Server) sum(b []byte) string {
+	if len(b) == 0 {
+		return SHA256(b)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	d, ok := s.digests[&b[0]]
+	if !ok {
+		d = SHA256(b)
+		s.digests[&b[0]] = d
 	}
 	return d
+}
+
+// digest is the sha256 the hub publishes for a file: wrong where the
+// repository says so.
+func (s *Server) digest(repo *Repo, path string) string {
+	if repo.WrongSHA[path] {
+		return SHA256(append([]byte("not "), repo.Files[path]...))
+	}
+	return s.sum(repo.Files[path])
 }
 
 // listing answers GET /api/models/ORG/REPO[/revision/REV][?blobs=true].
@@ -180,7 +197,7 @@ func (s *Server) listing(w http.ResponseWriter, r *http.Request, rest string) {
 			sb.Size = &n
 			sb.BlobID = fmt.Sprintf("%040x", n)
 			if !repo.InGit[p] {
-				sb.LFS = &lfs{SHA256: repo.digest(p), Size: n, PointerSize: 134}
+				sb.LFS = &lfs{SHA256: s.digest(repo, p), Size: n, PointerSize: 134}
 			}
 		}
 		sib = append(sib, sb)
@@ -220,27 +237,31 @@ func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {
 		s.content(w, r, b)
 		return
 	}
-	d := repo.digest(file)
+	d := s.digest(repo, file)
 	w.Header().Set("X-Linked-Etag", `"`+d+`"`)
 	w.Header().Set("X-Linked-Size", fmt.Sprint(len(b)))
 	w.Header().Set("ETag", `"`+d+`"`)
-	w.Header().Set("Location", "/cdn/"+SHA256(b)+"?response-content-disposition=attachment")
+	w.Header().Set("Location", "/cdn/"+s.sum(b)+"?response-content-disposition=attachment")
 	w.WriteHeader(http.StatusFound)
 }
 
 // cdn serves a blob by its real digest.
 func (s *Server) cdn(w http.ResponseWriter, r *http.Request, digest string) {
 	s.mu.Lock()
-	var b []byte
-	found := false
+	var files [][]byte
 	for _, repo := range s.repos {
 		for _, c := range repo.Files {
-			if SHA256(c) == digest {
-				b, found = c, true
-			}
+			files = append(files, c)
 		}
 	}
 	s.mu.Unlock()
+	var b []byte
+	found := false
+	for _, c := range files {
+		if s.sum(c) == digest {
+			b, found = c, true
+		}
+	}
 	if !found {
 		http.NotFound(w, r)
 		return
