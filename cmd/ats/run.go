@@ -48,9 +48,12 @@ MODEL (or -m MODEL) is a GGUF file or the name of a pulled model.`,
 						return err
 					}
 					prompt = strings.TrimRight(string(b), "\n")
-				case !cmd.Flags().Changed("prompt") && stdinIsTerminal(cmd):
+				case !cmd.Flags().Changed("prompt") && stdinIsTerminal(cmd) && isTerminal(cmd.OutOrStdout()):
 					return runAsChat(cmd)
 				case !cmd.Flags().Changed("prompt"):
+					if stdinIsTerminal(cmd) { // the reply goes to a file or a pipe
+						fmt.Fprintln(cmd.ErrOrStderr(), "ats: type the prompt, then Ctrl-D (or give it with -p or -f)")
+					}
 					b, err := io.ReadAll(cmd.InOrStdin())
 					if err != nil {
 						return fmt.Errorf("run: reading the prompt from stdin: %w", err)
