@@ -44,6 +44,15 @@ func adaptModelCommands(root *cobra.Command) {
 			c.ValidArgsFunction = completeModelArg
 		}
 		f := c.Flags()
+		if mf := f.Lookup("model"); positionalModel[c.Name()] {
+			if _, many := mf.Value.(pflag.SliceValue); many {
+				mf.Usage = "GGUF model files or pulled models' names (repeat or comma-separate; or give them as arguments)"
+			} else {
+				mf.Usage = "the model: a GGUF file or a pulled model's name (or give it as the first argument)"
+			}
+		} else {
+			mf.Usage = "the model: a GGUF file or a pulled model's name"
+		}
 		if f.Lookup("backend") != nil {
 			f.String("n-gpu-layers", "", "llama.cpp's GPU layer count (-ngl), accepted for habit: ats places each tensor by measurement within --vram-budget; 0 means --backend cpu")
 		}
