@@ -228,20 +228,15 @@ func (d *download) transfer(ctx context.Context) (done bool, err error) {
 	if d.have > 0 {
 		req.Header.Set("Range", fmt.Sprintf("bytes=%d-", d.have))
 	}
-	hc := *d.c.httpClient()
-	hc.CheckRedirect = func(r *http.Request, via []*http.Request) error {
-		if len(via) >= 10 {
-			return errors.New("stopped after 10 redirects")
-		}
-		// The hub says what the file is in the redirect to its CDN.
-		if l := linkedDigest(r.Response.Header); l != "" {
+	// The hub says what the file is in its redirect to the CDN.
+	hc := d.c.httpClient(func(r *http.Response) {
+		if l := linkedDigest(r.Header); l != "" {
 			d.linked = l
 		}
-		if n, err := strconv.ParseInt(r.Response.Header.Get("X-Linked-Size"), 10, 64); err == nil && d.total < 0 {
+		if n, err := strconv.ParseInt(r.Header.Get("X-Linked-Size"), 10, 64); err == nil && d.total < 0 {
 			d.total = n
 		}
-		return nil
-	}
+	})
 	resp, err := hc.Do(req)
 	if err != nil {
 		return false, requestError(d.spec.url, err)

@@ -47,13 +47,38 @@ func NewClient() *Client {
 	return &Client{Endpoint: strings.TrimSuffix(ep, "/"), Token: os.Getenv("HF_TOKEN")}
 }
 
-func (c *Client) httpClient() *http.Client {
+// httpClient is the client for one request; seen, when not nil, hears the
+// response of every redirect.
+func (c *Client) httpClient(seen func(*http.Response)) *http.Client {
+	var hc http.Client
 	if c.HTTP != nil {
-		return c.HTTP
+		hc = *c.HTTP
+	} else {
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.ResponseHeaderTimeout = 60 * time.Second
+		hc.Transport = t
 	}
-	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.ResponseHeaderTimeout = 60 * time.Second
-	return &http.Client{Transport: t}
+	hc.CheckRedirect = func(r *http.Request, via []*http.Request) error {
+		if len(via) >= 10 {
+			return errors.New("stopped after 10 redirects")
+		}
+		// The token is for the hub: not for its CDN, nor for any other
+		// host (or port) a redirect leads to.
+		if !c.isEndpoint(r.URL) {
+			r.Header.Del("Authorization")
+		}
+		if seen != nil {
+			seen(r.Response)
+		}
+		return nil
+	}
+	return &hc
+}
+
+// isEndpoint reports whether u is on the hub's host and port.
+func (c *Client) isEndpoint(u *url.URL) bool {
+	ep, err := url.Parse(c.Endpoint)
+	return err == nil && strings.EqualFold(ep.Host, u.Host) && ep.Scheme == u.Scheme
 }
 
 func (c *Client) retries() int {
@@ -137,10 +162,8 @@ func (c *Client) newRequest(ctx context.Context, u string) (*http.Request, error
 		return nil, err
 	}
 	req.Header.Set("User-Agent", "ats")
-	if c.Token != "" {
-		if ep, err := url.Parse(c.Endpoint); err == nil && strings.EqualFold(ep.Host, req.URL.Host) {
-			req.Header.Set("Authorization", "Bearer "+c.Token)
-		}
+	if c.Token != "" && c.isEndpoint(req.URL) {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
 	}
 	return req, nil
 }
@@ -181,7 +204,7 @@ func (c *Client) Repo(ctx context.Context, repo string) (*RepoInfo, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp, err := c.httpClient().Do(req)
+	resp, err := c.httpClient(nil).Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("listing %s: %w", repo, requestError(u, err))
 	}

@@ -405,9 +405,27 @@ func TestPullErrors(t *testing.T) {
 			t.Errorf("%s: %v, want it to mention %q", tc.ref, err, tc.want)
 		}
 	}
+	// With the token it downloads; the token goes to the hub, not to the
+	// CDN on another host the hub redirects to.
+	cdn := hubtest.New(repo)
+	defer cdn.Close()
+	srv.CDN = cdn.URL
 	c.Token = "secret"
 	if _, err := st.Pull(ctx, c, mustRef(t, "hf.co/Org/Gated-GGUF:Q4_K_M"), PullOptions{}); err != nil {
 		t.Errorf("gated with the token: %v", err)
+	}
+	var hubAuth bool
+	for _, r := range srv.Requests() {
+		hubAuth = hubAuth || strings.Contains(r.Path, "/resolve/") && r.Auth == "Bearer secret"
+	}
+	cdnReqs := cdn.Requests()
+	if !hubAuth || len(cdnReqs) == 0 {
+		t.Errorf("hub requests with the token: %v; CDN requests: %v", hubAuth, cdnReqs)
+	}
+	for _, r := range cdnReqs {
+		if r.Auth != "" {
+			t.Errorf("the token went to the CDN: %+v", r)
+		}
 	}
 }
 

@@ -32,7 +32,9 @@ type Repo struct {
 	InGit map[string]bool
 	// WrongSHA are files whose listed and linked sha256 is wrong.
 	WrongSHA map[string]bool
-	// Token, when set, is required as "Authorization: Bearer TOKEN".
+	// Token, when set, makes the repository gated, as the hub does: it is
+	// listed to anyone, but its files are served only with
+	// "Authorization: Bearer TOKEN".
 	Token string
 }
 
@@ -54,7 +56,11 @@ type Server struct {
 	Stalls     int
 	// IgnoreRange makes the CDN answer every request with the whole file.
 	IgnoreRange bool
-	log         []Request
+	// CDN, when set, is the base URL the resolve redirects go to (another
+	// Server holding the same files, as the hub's CDN is another host);
+	// by default this server's /cdn/.
+	CDN string
+	log []Request
 }
 
 // Request is one request the server saw.
@@ -122,7 +128,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (s *Server) repo(w http.ResponseWriter, r *http.Request, id string) *Repo {
+func (s *Server) repo(w http.ResponseWriter, r *http.Request, id string, download bool) *Repo {
 	s.mu.Lock()
 	repo := s.repos[strings.ToLower(id)]
 	s.mu.Unlock()
@@ -132,7 +138,7 @@ func (s *Server) repo(w http.ResponseWriter, r *http.Request, id string) *Repo {
 		http.Error(w, `{"error":"Repository not found"}`, http.StatusNotFound)
 		return nil
 	}
-	if repo.Token != "" && r.Header.Get("Authorization") != "Bearer "+repo.Token {
+	if download && repo.Token != "" && r.Header.Get("Authorization") != "Bearer "+repo.Token {
 		w.Header().Set("X-Error-Code", "GatedRepo")
 		w.Header().Set("X-Error-Message", "Access to model "+repo.ID+" is restricted.")
 		http.Error(w, `{"error":"Access to model is restricted"}`, http.StatusUnauthorized)
@@ -168,7 +174,7 @@ func (s *Server) digest(repo *Repo, path string) string {
 // listing answers GET /api/models/ORG/REPO[/revision/REV][?blobs=true].
 func (s *Server) listing(w http.ResponseWriter, r *http.Request, rest string) {
 	id, _, _ := strings.Cut(rest, "/revision/")
-	repo := s.repo(w, r, id)
+	repo := s.repo(w, r, id, false)
 	if repo == nil {
 		return
 	}
@@ -214,7 +220,7 @@ func (s *Server) listing(w http.ResponseWriter, r *http.Request, rest string) {
 // an LFS file, the file itself for one in git.
 func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {
 	before, after, _ := strings.Cut(strings.TrimPrefix(r.URL.Path, "/"), "/resolve/")
-	repo := s.repo(w, r, before)
+	repo := s.repo(w, r, before, true)
 	if repo == nil {
 		return
 	}
@@ -241,7 +247,7 @@ func (s *Server) resolve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("X-Linked-Etag", `"`+d+`"`)
 	w.Header().Set("X-Linked-Size", fmt.Sprint(len(b)))
 	w.Header().Set("ETag", `"`+d+`"`)
-	w.Header().Set("Location", "/cdn/"+s.sum(b)+"?response-content-disposition=attachment")
+	w.Header().Set("Location", s.CDN+"/cdn/"+s.sum(b)+"?response-content-disposition=attachment")
 	w.WriteHeader(http.StatusFound)
 }
 
