@@ -347,6 +347,22 @@ func TestPullCorruptPartial(t *testing.T) {
 	}
 }
 
+// A hub file's download URL, pulled as a plain URL, is checked against
+// the sha256 the hub sends with its redirect (X-Linked-Etag).
+func TestPullHubFileURL(t *testing.T) {
+	repo := testRepo()
+	repo.WrongSHA = map[string]bool{"Tiny-Q4_K_M.gguf": true}
+	st, c, srv := newTest(t, repo)
+	res, err := st.Pull(context.Background(), c, mustRef(t, srv.URL+"/Org/Tiny-GGUF/resolve/main/Tiny-Q8_0.gguf"), PullOptions{})
+	if err != nil || !res.Manifest.Files[0].Verified || res.Manifest.Name != "Tiny-Q8_0" {
+		t.Fatalf("%v %+v", err, res)
+	}
+	var ce *ChecksumError
+	if _, err := st.Pull(context.Background(), c, mustRef(t, srv.URL+"/Org/Tiny-GGUF/resolve/main/Tiny-Q4_K_M.gguf"), PullOptions{}); !errors.As(err, &ce) {
+		t.Errorf("wrong X-Linked-Etag: %v", err)
+	}
+}
+
 func TestPullURL(t *testing.T) {
 	st, c, srv := newTest(t)
 	content := randomBytes(7, 70_000)
