@@ -25,7 +25,7 @@ per byte, and streams or computes the rest on the CPU.`,
 	for _, add := range commands {
 		root.AddCommand(add())
 	}
-	// The model commands' shared habits (model.go): the model as an
+	// The model commands' shared habits (model_args.go): the model as an
 	// argument or a pulled name, -ngl, -v, value completion.
 	adaptModelCommands(root)
 	return root
