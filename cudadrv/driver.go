@@ -106,7 +106,7 @@ func Init() error {
 func load() error {
 	h, path, err := openLibrary("ATS_LIBCUDA", cudaLibNames)
 	if err != nil {
-		return &unavailableError{msg: err.Error()}
+		return &unavailableError{msg: err.Error(), cause: err}
 	}
 	drv.path = path
 	for _, s := range cudaSyms {
@@ -160,10 +160,11 @@ func (e *unavailableError) Unwrap() []error {
 
 // Available reports whether CUDA can be used: a driver library was found,
 // cuInit succeeded and at least one device exists. When it cannot, reason
-// says why in one line suitable for the user.
+// says why in one line suitable for the user, with every place searched
+// for the library where it was not found (Init's error only counts them).
 func Available() (ok bool, reason string) {
 	if err := Init(); err != nil {
-		return false, err.Error()
+		return false, errorDetail(err)
 	}
 	return true, ""
 }

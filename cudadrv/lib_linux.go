@@ -33,8 +33,8 @@ var (
 // openLibrary dlopens the first of names that loads, trying each bare name
 // (the dynamic loader's search), then each name in every directory of
 // LD_LIBRARY_PATH and of libDirs. The environment variable env, when set,
-// names the one file to load instead. The error lists every attempt so a
-// user can see where ats looked.
+// names the one file to load instead. The error's Detail lists every
+// attempt so a user can see where ats looked.
 func openLibrary(env string, names []string) (uintptr, string, error) {
 	var cands []string
 	if p := os.Getenv(env); p != "" {
@@ -74,7 +74,7 @@ func openLibrary(env string, names []string) (uintptr, string, error) {
 		}
 		tried = append(tried, fmt.Sprintf("%s (%v)", c, err))
 	}
-	return 0, "", fmt.Errorf("no %s found; tried %s", names[0], strings.Join(tried, ", "))
+	return 0, "", &libraryNotFoundError{name: names[0], tried: tried}
 }
 
 // lookup returns the address of symbol name in the library, 0 if absent.

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"golang.org/x/sys/windows"
 )
@@ -49,7 +48,7 @@ func openLibrary(env string, names []string) (uintptr, string, error) {
 		}
 		tried = append(tried, fmt.Sprintf("%s (%v)", c.path, err))
 	}
-	return 0, "", fmt.Errorf("no %s found; tried %s", names[0], strings.Join(tried, ", "))
+	return 0, "", &libraryNotFoundError{name: names[0], tried: tried}
 }
 
 func lookup(h uintptr, name string) uintptr {

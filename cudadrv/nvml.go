@@ -159,7 +159,7 @@ var ErrNoNVML = errors.New("nvml: not available")
 func OpenMonitor() (*Monitor, string) {
 	nvml.once.Do(func() { nvml.err = loadNVML() })
 	if nvml.err != nil {
-		return nil, nvml.err.Error()
+		return nil, errorDetail(nvml.err)
 	}
 	nvml.mu.Lock()
 	defer nvml.mu.Unlock()

@@ -75,7 +75,7 @@ func init() {
 		var o benchOptions
 		var prompts, gens, threads string
 		cmd := &cobra.Command{
-			Use:   "bench -m MODEL [-p 512] [-n 128] [-r 5] [-t THREADS] [-o md|json|csv]",
+			Use:   "bench MODEL... [-p 512] [-n 128] [-r 5] [-t THREADS] [-o md|json|csv]",
 			Short: "Measure prompt processing and generation speed, like llama-bench",
 			Long: `bench measures tokens per second of prompt processing (pp: N random
 tokens in one batch from an empty cache) and of text generation (tg: N

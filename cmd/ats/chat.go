@@ -31,7 +31,7 @@ func init() {
 			sf                         samplingFlags
 		)
 		cmd := &cobra.Command{
-			Use:   "chat -m MODEL",
+			Use:   "chat MODEL",
 			Short: "Talk with a model in the terminal",
 			Long: `chat is an interactive conversation with the model: type a message and the
 answer streams back, with its speed after it. The conversation is kept, and

@@ -187,8 +187,8 @@ func (c *chatSession) stats() string {
 	}
 	fmt.Fprintf(&b, "model:    %s (%s), %.1f MiB of weights on the CPU; chat template: %s\n",
 		filepath.Base(c.modelPath), m, float64(m.WeightBytes())/(1<<20), tmpl)
-	fmt.Fprintf(&b, "context:  %d of %d tokens in the KV cache; %d exchanges in the conversation; %d threads\n",
-		c.sess.Cached(), c.sess.Ctx.CtxSize(), len(c.history)/2, c.sess.Ctx.Threads())
+	fmt.Fprintf(&b, "context:  %d of %d tokens in the KV cache; %s in the conversation; %d threads\n",
+		c.sess.Cached(), c.sess.Ctx.CtxSize(), plural(len(c.history)/2, "exchange", "exchanges"), c.sess.Ctx.Threads())
 	if r := c.last; r != nil {
 		fmt.Fprintf(&b, "last:     %d tokens at %.1f tokens/s, first after %s, %s in all (stop: %s)\n",
 			len(r.Tokens), r.DecodeRate(), c.lastTTFT.Round(100_000), c.lastTime.Round(100_000), r.StopReason)
@@ -199,4 +199,12 @@ func (c *chatSession) stats() string {
 	}
 	fmt.Fprintf(&b, "settings: %s", c.settings())
 	return b.String()
+}
+
+// plural is "1 exchange", "2 exchanges", "0 exchanges".
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }

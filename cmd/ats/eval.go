@@ -47,7 +47,7 @@ func init() {
 			nGen, threads, ctxSize         int
 		)
 		cmd := &cobra.Command{
-			Use:   "eval -m MODEL --tokens 1,2,3 [--n-gen N] [--logits-json OUT]",
+			Use:   "eval MODEL --tokens 1,2,3 [--n-gen N] [--logits-json OUT]",
 			Short: "Evaluate token ids and write the logits (for comparing runtimes)",
 			Long: `eval runs the prompt tokens in one batch, then greedy-decodes N tokens one
 at a time, and writes every logit as JSON in the layout of the oracle files

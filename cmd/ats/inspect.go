@@ -18,22 +18,28 @@ import (
 func init() { register(newInspectCmd) }
 
 func newInspectCmd() *cobra.Command {
-	var asJSON, tensors bool
+	var asJSON, tensors, template bool
 	cmd := &cobra.Command{
-		Use:   "inspect FILE.gguf [--json] [--tensors=false]",
+		Use:   "inspect MODEL [--json] [--tensors=false] [--template]",
 		Short: "Show what a GGUF model holds: architecture, hyperparameters, tokenizer, tensors",
 		Long: `inspect reads a GGUF file's header (the data stays mapped, so even a large
 model opens at once) and prints its architecture, parameter count, file
 type, every hyperparameter of the architecture, the tokenizer and its
 special tokens, the other metadata, a table of tensors and the totals per
 weight type. Give the first part of a split model
-(NAME-00001-of-0000N.gguf) to see the whole model.
+(NAME-00001-of-0000N.gguf) to see the whole model. MODEL is a file or the
+name of a pulled model (ats list).
 
---json prints one JSON object with the same content for scripts.
+--template adds the chat template's text (ats show does too). --json prints one JSON object with the same content for scripts.
 Tensor shapes are in ggml order: the row length comes first.`,
-		Args: cobra.ExactArgs(1),
+		Args:              cobra.ExactArgs(1),
+		ValidArgsFunction: completeModelArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			f, err := gguf.Open(args[0])
+			path, err := resolveModel(args[0])
+			if err != nil {
+				return fmt.Errorf("inspect: %w", err)
+			}
+			f, err := gguf.Open(path)
 			if err != nil {
 				return err
 			}
@@ -44,17 +50,45 @@ Tensor shapes are in ggml order: the row length comes first.`,
 				if !tensors {
 					r.Tensors = nil
 				}
+				if template {
+					r.ChatTemplate.Text = r.ChatTemplate.text
+				}
 				enc := json.NewEncoder(out)
 				enc.SetIndent("", "  ")
 				enc.SetEscapeHTML(false)
 				return enc.Encode(r)
 			}
-			return r.writeText(out, tensors)
+			if err := r.writeText(out, tensors); err != nil {
+				return err
+			}
+			if template {
+				return r.writeTemplate(out, isTerminal(out))
+			}
+			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&asJSON, "json", false, "print one JSON object instead of text")
 	cmd.Flags().BoolVar(&tensors, "tensors", true, "list every tensor (totals per type are always shown)")
+	cmd.Flags().BoolVar(&template, "template", false, "show the chat template's text")
 	return cmd
+}
+
+// writeTemplate prints the chat template's text. On a terminal its
+// control characters are made visible: the text comes from the file.
+func (r *inspectReport) writeTemplate(out io.Writer, terminal bool) error {
+	if !r.ChatTemplate.Present {
+		_, err := fmt.Fprintln(out, "\nchat template text: none in the file (ats uses its built-in template for the architecture)")
+		return err
+	}
+	text := r.ChatTemplate.text
+	if terminal {
+		text = visibleControls(text)
+	}
+	if !strings.HasSuffix(text, "\n") {
+		text += "\n"
+	}
+	_, err := fmt.Fprintf(out, "\nchat template text (%d bytes):\n%s", r.ChatTemplate.Bytes, text)
+	return err
 }
 
 // inspectReport is what inspect shows. Its JSON field names are a stable
@@ -105,8 +139,10 @@ type inspectToken struct {
 }
 
 type inspectChatTemplate struct {
-	Present bool `json:"present"`
-	Bytes   int  `json:"bytes"`
+	Present bool   `json:"present"`
+	Bytes   int    `json:"bytes"`
+	Text    string `json:"text,omitempty"` // with --template
+	text    string
 }
 
 type inspectKV struct {
@@ -224,7 +260,7 @@ func inspectModel(f *gguf.File) *inspectReport {
 
 	r.Tokenizer = inspectTokenizerOf(f, shown)
 	if s, err := f.String("tokenizer.chat_template"); err == nil {
-		r.ChatTemplate = inspectChatTemplate{Present: true, Bytes: len(s)}
+		r.ChatTemplate = inspectChatTemplate{Present: true, Bytes: len(s), text: s}
 		shown["tokenizer.chat_template"] = true
 	}
 

@@ -20,10 +20,15 @@ on the CPU and the GPU, keeps on the GPU the tensors that save the most time
 per byte, and streams or computes the rest on the CPU.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		Version:       versionLine(),
 	}
+	root.SetVersionTemplate("{{.Version}}\n")
 	for _, add := range commands {
 		root.AddCommand(add())
 	}
+	// The model commands' shared habits (model_args.go): the model as an
+	// argument or a pulled name, -ngl, -v, value completion.
+	adaptModelCommands(root)
 	return root
 }
 
@@ -51,7 +56,9 @@ func main() {
 		defer f.Close()
 		defer pprof.StopCPUProfile()
 	}
-	if err := newRootCmd().Execute(); err != nil {
+	root := newRootCmd()
+	root.SetArgs(llamaSpellings(os.Args[1:]))
+	if err := root.Execute(); err != nil {
 		fmt.Fprintln(os.Stderr, "ats:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)

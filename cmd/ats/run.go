@@ -19,6 +19,7 @@ func init() {
 	register(func() *cobra.Command {
 		var (
 			modelPath, prompt, system string
+			promptFile                string
 			pf                        placementFlags
 			raw, printTokens, special bool
 			think                     bool
@@ -26,17 +27,33 @@ func init() {
 			sf                        samplingFlags
 		)
 		cmd := &cobra.Command{
-			Use:   "run -m MODEL [-p PROMPT]",
+			Use:   "run MODEL [-p PROMPT | -f FILE]",
 			Short: "Generate a reply to one prompt, streamed to stdout",
 			Long: `run applies the model's chat template to the prompt (unless --raw), then
 streams the generated text to stdout and prints prefill and decode speed to
-stderr. Without -p the prompt is read from standard input.`,
+stderr. Without -p or -f the prompt is read from standard input; when that
+is a terminal, run starts an interactive chat instead (as ats chat does).
+MODEL (or -m MODEL) is a GGUF file or the name of a pulled model.`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				if modelPath == "" {
 					return errors.New("run: -m MODEL is required")
 				}
-				if !cmd.Flags().Changed("prompt") {
+				switch {
+				case promptFile != "" && cmd.Flags().Changed("prompt"):
+					return errors.New("run: give the prompt once: -p or -f")
+				case promptFile != "":
+					b, err := readPromptFile(cmd, promptFile)
+					if err != nil {
+						return err
+					}
+					prompt = strings.TrimRight(string(b), "\n")
+				case !cmd.Flags().Changed("prompt") && stdinIsTerminal(cmd) && isTerminal(cmd.OutOrStdout()):
+					return runAsChat(cmd)
+				case !cmd.Flags().Changed("prompt"):
+					if stdinIsTerminal(cmd) { // the reply goes to a file or a pipe
+						fmt.Fprintln(cmd.ErrOrStderr(), "ats: type the prompt, then Ctrl-D (or give it with -p or -f)")
+					}
 					b, err := io.ReadAll(cmd.InOrStdin())
 					if err != nil {
 						return fmt.Errorf("run: reading the prompt from stdin: %w", err)
@@ -49,19 +66,17 @@ stderr. Without -p the prompt is read from standard input.`,
 				}
 				stderr := cmd.ErrOrStderr()
 				warn := func(s string) { fmt.Fprintln(stderr, "ats: warning:", s) }
-				m, err := runtime.Open(modelPath)
-				if err != nil {
-					return err
-				}
-				defer m.Close()
+				// Loading shows its progress and time, so the prompt speed
+				// below is the prompt's alone.
 				copt := runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds}
 				if err := pf.apply(&copt, stderr); err != nil {
 					return err
 				}
-				s, err := runtime.NewSession(m, copt, warn)
+				s, err := loadSession(modelPath, copt, stderr, warn)
 				if err != nil {
 					return err
 				}
+				defer s.Model.Close()
 				defer s.Close()
 				text := prompt
 				if !raw {
@@ -115,6 +130,7 @@ stderr. Without -p the prompt is read from standard input.`,
 		f := cmd.Flags()
 		f.StringVarP(&modelPath, "model", "m", "", "GGUF model file")
 		f.StringVarP(&prompt, "prompt", "p", "", "prompt (default: read standard input)")
+		f.StringVarP(&promptFile, "file", "f", "", "read the prompt from this file (- for standard input)")
 		f.StringVarP(&system, "system", "s", "", "system prompt")
 		f.BoolVar(&raw, "raw", false, "send the prompt as it is, without the chat template")
 		f.BoolVar(&think, "think", true, "let reasoning models think (sets enable_thinking where the template has it)")

@@ -22,7 +22,7 @@ func runATSIn(t *testing.T, stdin string, args ...string) (string, string, error
 	root.SetOut(&out)
 	root.SetErr(&errb)
 	root.SetIn(strings.NewReader(stdin))
-	root.SetArgs(args)
+	root.SetArgs(llamaSpellings(args))
 	err := root.Execute()
 	return out.String(), errb.String(), err
 }
@@ -110,7 +110,7 @@ func TestRunErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"run", "-p", "x"}, "-m MODEL is required"},
+		{[]string{"run", "-p", "x"}, "no model given: ats run MODEL or -m MODEL"},
 		{[]string{"run", "-m", m, "-p", "x", "--logit-bias", "abc"}, "TOKEN+BIAS"},
 		{[]string{"run", "-m", m, "-p", "x", "--temp", "-1"}, "temperature"},
 		{[]string{"run", "-m", filepath.Join(t.TempDir(), "missing.gguf"), "-p", "x"}, "no such file"},

@@ -30,7 +30,7 @@ func init() {
 			sf                             samplingFlags
 		)
 		cmd := &cobra.Command{
-			Use:   "serve -m MODEL [--host 127.0.0.1] [--port 8080]",
+			Use:   "serve MODEL [--host 127.0.0.1] [--port 8080]",
 			Short: "Serve a model over HTTP with OpenAI's API",
 			Long: `serve answers OpenAI-style requests: POST /v1/chat/completions (streamed or
 not, with tools and reasoning), POST /v1/completions, GET /v1/models,
@@ -106,8 +106,12 @@ quits at once.`,
 				// for that line can stop us gracefully at once.
 				ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 				defer stop()
-				fmt.Fprintf(stderr, "ats: serving on http://%s (OpenAI API at http://%s/v1; tool calls: %s; queue %d)\n",
-					ln.Addr(), ln.Addr(), srv.ToolFormat(), queue)
+				url, remote := serveURLs(ln.Addr())
+				if remote != "" {
+					remote = "; on every interface, " + remote + " from other machines"
+				}
+				fmt.Fprintf(stderr, "ats: serving on %s (OpenAI API at %s/v1%s; tool calls: %s; queue %d)\n",
+					url, url, remote, srv.ToolFormat(), queue)
 				served := make(chan error, 1)
 				go func() { served <- srv.Serve(ln) }()
 				select {

@@ -2,9 +2,12 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -16,9 +19,9 @@ import (
 func init() {
 	register(func() *cobra.Command {
 		var (
-			opt           synth.Options
-			out           string
-			list, verbose bool
+			opt                  synth.Options
+			out                  string
+			list, verbose, force bool
 		)
 		cmd := &cobra.Command{
 			Use:   "synth --preset NAME [--layout q4_k_m] [--seed N] [--vocab FILE.gguf] -o OUT.gguf",
@@ -32,7 +35,8 @@ and llama.cpp loads these files too, so they stand in for the real ones.
 Layouts: f32, f16, q8_0, and q4_k_m (Q4_K with Q6_K for the output and for
 the attn_v / ffn_down tensors llama.cpp's Q4_K_M picks). The same seed gives
 the same file. --vocab copies the tokenizer (and chat template) of a real
-GGUF file instead of the made-up one. --list shows the presets.`,
+GGUF file instead of the made-up one. --list shows the presets. An
+existing file is only replaced with --force.`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				if list {
@@ -40,6 +44,10 @@ GGUF file instead of the made-up one. --list shows the presets.`,
 				}
 				if opt.Preset == "" || out == "" {
 					return fmt.Errorf("synth: --preset and -o are required (--list shows the presets)")
+				}
+				// Check -o now rather than after minutes of building.
+				if err := checkSynthOutput(out, opt, force); err != nil {
+					return err
 				}
 				stderr := cmd.ErrOrStderr()
 				opt.Progress = progressPrinter(stderr)
@@ -71,8 +79,32 @@ GGUF file instead of the made-up one. --list shows the presets.`,
 		f.StringVarP(&out, "output", "o", "", "file to write")
 		f.BoolVar(&list, "list", false, "list the presets with their parameter counts and sizes")
 		f.BoolVarP(&verbose, "verbose", "v", false, "print the peak resident memory at the end")
+		f.BoolVar(&force, "force", false, "replace the output file if it exists")
 		return cmd
 	})
+}
+
+// checkSynthOutput refuses an output that is a directory, an existing
+// file without --force, or a place that cannot be written.
+func checkSynthOutput(out string, opt synth.Options, force bool) error {
+	st, err := os.Stat(out)
+	switch {
+	case err == nil && st.IsDir():
+		return fmt.Errorf("synth: -o %s is a directory; give a file name, e.g. -o %s", out,
+			filepath.Join(out, opt.Preset+"-"+opt.Layout+".gguf"))
+	case err == nil && !force:
+		return fmt.Errorf("synth: %s exists; --force replaces it", out)
+	case err != nil && !errors.Is(err, fs.ErrNotExist):
+		return fmt.Errorf("synth: -o: %w", err)
+	}
+	dir := filepath.Dir(out)
+	probe, err := os.CreateTemp(dir, ".ats-synth-probe-*")
+	if err != nil {
+		return fmt.Errorf("synth: cannot write %s: %w", out, err)
+	}
+	probe.Close()
+	os.Remove(probe.Name())
+	return nil
 }
 
 // listPresets prints every preset with its size in every layout.
