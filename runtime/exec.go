@@ -340,6 +340,15 @@ func (c *Context) Threads() int { return c.pool.Threads() }
 // Placement is the context's placement.
 func (c *Context) Placement() *Placement { return c.place }
 
+// StreamedBytes is the weight bytes streamed to the GPU so far; unlike the
+// rest of a context, it may be read from any goroutine (metrics).
+func (c *Context) StreamedBytes() int64 {
+	if c.gpu == nil {
+		return 0
+	}
+	return c.gpu.StreamedBytes()
+}
+
 // Stats are the executor's counters.
 func (c *Context) Stats() ExecStats {
 	s := c.stats

@@ -88,7 +88,11 @@ quits at once.`,
 				}
 				defer sess.Model.Close()
 				defer sess.Close()
-				srv, err := server.New(sess, server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: server.NVMLStats, CORS: cors})
+				scfg := server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: server.NVMLStats, CORS: cors}
+				if sess.Ctx.Backend() != runtime.BackendCPU {
+					scfg.PlacementMap = sess.Ctx.Placement().JSON
+				}
+				srv, err := server.New(sess, scfg)
 				if err != nil {
 					return err
 				}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -622,8 +623,8 @@ type streamer struct {
 	bytes        int64 // per slot
 	slot         [2]cudadrv.DevicePtr
 	copied, used [2]*cudadrv.Event
-	order        []*mat // this batch's streamed weights, in order of use
-	bytesMoved   int64  // statistics: bytes copied since the Exec began
+	order        []*mat       // this batch's streamed weights, in order of use
+	bytesMoved   atomic.Int64 // statistics: bytes copied since the Exec began (read by metrics scrapes)
 }
 
 // streamBegin queues the first two weights of a batch.
@@ -649,7 +650,7 @@ func (g *Exec) streamCopy(i int) error {
 	if _, err := g.w.Upload(g.cs, m.W, g.st.slot[k]); err != nil {
 		return fmt.Errorf("gpu: streaming %s: %w", m.W.Name, err)
 	}
-	g.st.bytesMoved += g.w.DeviceBytes(m.W)
+	g.st.bytesMoved.Add(g.w.DeviceBytes(m.W))
 	return g.st.copied[k].Record(g.cs)
 }
 
@@ -678,4 +679,5 @@ func (g *Exec) release(s *cudadrv.Stream, m *mat) error {
 }
 
 // StreamedBytes is the weight bytes streamed through the ring so far.
-func (g *Exec) StreamedBytes() int64 { return g.st.bytesMoved }
+// It may be called from any goroutine.
+func (g *Exec) StreamedBytes() int64 { return g.st.bytesMoved.Load() }

@@ -23,6 +23,12 @@ type Placement struct {
 	// PromotedBytes is the size of CPU weights copied to the GPU for the
 	// last decode step (dynamic promotion), when the engine does that.
 	PromotedBytes int64
+	// StreamedBytes is the weight bytes streamed to the GPU so far
+	// (prefill batches run CPU-resident units there).
+	StreamedBytes int64
+	// VRAMBudget is the placement's budget, VRAMUsed what the context
+	// allocated on the GPU (both 0 on the CPU).
+	VRAMBudget, VRAMUsed int64
 }
 
 // GPUStat is one GPU's figures (NVML) for /metrics.
@@ -50,8 +56,11 @@ func SessionPlacement(s *runtime.Session) func() Placement {
 	pl := s.Ctx.Placement()
 	backend := map[string]string{runtime.BackendCPU: "cpu", runtime.BackendGPU: "cuda", runtime.BackendHybrid: "cpu+cuda"}[s.Ctx.Backend()]
 	cpuBytes, gpuBytes := pl.WeightBytes()
+	vram := s.Ctx.VRAM()
+	ctx := s.Ctx
 	return func() Placement {
-		return Placement{Backend: backend, WeightBytes: map[string]int64{"cpu": cpuBytes, "gpu": gpuBytes}}
+		return Placement{Backend: backend, WeightBytes: map[string]int64{"cpu": cpuBytes, "gpu": gpuBytes},
+			StreamedBytes: ctx.StreamedBytes(), VRAMBudget: vram.Budget, VRAMUsed: vram.Allocated}
 	}
 }
 
@@ -165,6 +174,9 @@ var (
 	descBackend  = prometheus.NewDesc("ats_backend_info", "The compute backend in use (value 1).", []string{"backend"}, nil)
 	descWeights  = prometheus.NewDesc("ats_weight_bytes", "Bytes of model weights placed on each device.", []string{"device"}, nil)
 	descPromoted = prometheus.NewDesc("ats_promoted_weight_bytes", "Bytes of CPU weights promoted to the GPU for the last decode step.", nil, nil)
+	descStreamed = prometheus.NewDesc("ats_streamed_weight_bytes_total", "Bytes of CPU-resident weights streamed to the GPU (prefill).", nil, nil)
+	descBudget   = prometheus.NewDesc("ats_vram_budget_bytes", "The VRAM budget of the placement.", nil, nil)
+	descVRAMUsed = prometheus.NewDesc("ats_vram_used_bytes", "GPU memory ats allocated (weights, KV caches, buffers, staging ring).", nil, nil)
 	descGPUCount = prometheus.NewDesc("ats_gpus", "GPUs ats uses.", nil, nil)
 	descGPUUsed  = prometheus.NewDesc("ats_gpu_memory_used_bytes", "GPU memory in use.", []string{"gpu", "name"}, nil)
 	descGPUTotal = prometheus.NewDesc("ats_gpu_memory_total_bytes", "GPU memory in total.", []string{"gpu", "name"}, nil)
@@ -174,7 +186,7 @@ var (
 )
 
 func (c *placementCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBackend, descWeights, descPromoted, descGPUCount, descGPUUsed, descGPUTotal, descGPUUtil, descPCIeRx, descPCIeTx} {
+	for _, d := range []*prometheus.Desc{descBackend, descWeights, descPromoted, descStreamed, descBudget, descVRAMUsed, descGPUCount, descGPUUsed, descGPUTotal, descGPUUtil, descPCIeRx, descPCIeTx} {
 		ch <- d
 	}
 }
@@ -187,6 +199,11 @@ func (c *placementCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descWeights, prometheus.GaugeValue, float64(n), dev)
 		}
 		ch <- prometheus.MustNewConstMetric(descPromoted, prometheus.GaugeValue, float64(p.PromotedBytes))
+		ch <- prometheus.MustNewConstMetric(descStreamed, prometheus.CounterValue, float64(p.StreamedBytes))
+		if p.VRAMBudget > 0 {
+			ch <- prometheus.MustNewConstMetric(descBudget, prometheus.GaugeValue, float64(p.VRAMBudget))
+			ch <- prometheus.MustNewConstMetric(descVRAMUsed, prometheus.GaugeValue, float64(p.VRAMUsed))
+		}
 	}
 	var gpus []GPUStat
 	if c.gpus != nil {
