@@ -58,6 +58,11 @@ type ContextOptions struct {
 	PlanFor string
 	// Progress, when set, hears of a profiling run (plan.go).
 	Progress func(done, total int, what string)
+	// StaticOnly turns off dynamic promotion: decode steps run every unit
+	// where the placement keeps it.
+	StaticOnly bool
+	// Trace, when set, receives the timeline of every batch (trace.go).
+	Trace *Trace
 }
 
 // Context is one sequence being evaluated: the KV caches, activation
@@ -68,11 +73,14 @@ type Context struct {
 	pool   *ops.Pool
 	units  []Unit
 	place  *Placement
-	cpu    *cpu.Backend       // nil when no op runs on the CPU
-	gpu    *gpu.Exec          // nil when no op runs on the GPU
-	host   []*cudadrv.HostMem // mapped pinned buffers of activations that cross
-	scheds []*schedule        // by ascending minBatch; scheds[0] has minBatch 1
-	logits []float32          // rows of logits read back from the GPU
+	cpu    *cpu.Backend                  // nil when no op runs on the CPU
+	gpu    *gpu.Exec                     // nil when no op runs on the GPU
+	host   []*cudadrv.HostMem            // mapped pinned buffers of activations that cross
+	scheds []*schedule                   // by ascending minBatch; scheds[0] has minBatch 1
+	hostOf map[ir.BufID]*cudadrv.HostMem // the mapped host memory of buffers that cross
+	prom   *promoter                     // dynamic promotion of decode steps (nil: off)
+	unitOf []int                         // by op: its unit (traces)
+	logits []float32                     // rows of logits read back from the GPU
 	pos    int
 	stats  ExecStats
 }
@@ -141,14 +149,24 @@ func (c *Context) init() error {
 	c.units = pl.units
 	p := c.m.Prog
 	scheds := pl.schedules(c.opt.Batch)
-	onCPU, onGPU := make([]bool, len(p.Ops)), make([]bool, len(p.Ops))
+	onCPU, onGPU := make([]bool, len(p.Ops)), pl.gpuOps(scheds)
 	for _, s := range scheds {
 		for i, d := range s.dev {
 			onCPU[i] = onCPU[i] || d == plan.CPU
-			onGPU[i] = onGPU[i] || d == plan.GPU
 		}
 	}
 	cross := crossingBuffers(p, scheds)
+	if pl.Dynamic {
+		// Promotion makes new schedules as the load changes: every buffer
+		// the CPU touches may cross.
+		for i := range p.Ops {
+			if onCPU[i] {
+				for _, b := range p.Ops[i].Buffers() {
+					cross[b] = true
+				}
+			}
+		}
+	}
 	logitRows := min(c.opt.Batch, maxLogitRows)
 	anyGPU := false
 	for _, g := range onGPU {
@@ -164,6 +182,7 @@ func (c *Context) init() error {
 		}
 	}
 	hostOf := map[ir.BufID]*cudadrv.HostMem{}
+	c.hostOf = hostOf
 	c.cpu, err = cpu.New(p, c.pool, cpu.Options{
 		Batch: c.opt.Batch, CtxSize: c.opt.CtxSize, KVF32: c.opt.KVF32, LogitRows: logitRows,
 		Runs: func(i int) bool { return onCPU[i] },
@@ -189,6 +208,10 @@ func (c *Context) init() error {
 		}
 	}
 	c.scheds = scheds
+	c.prom = c.newPromoter(scheds[0])
+	if c.gpu != nil && (c.prom != nil || c.opt.Trace != nil) {
+		c.gpu.Measure(true)
+	}
 	return nil
 }
 
@@ -456,6 +479,12 @@ func (c *Context) run(tokens []int, mode ir.OutputMode) ([]float32, error) {
 	n := len(tokens)
 	pos0 := c.pos
 	s := c.scheduleFor(n)
+	if n == 1 && c.prom != nil {
+		var err error
+		if s, err = c.prom.schedule(c); err != nil {
+			return nil, err
+		}
+	}
 	if s.gpu != nil {
 		if err := c.gpu.Begin(s.gpu, tokens, pos0); err != nil {
 			return nil, err
@@ -463,6 +492,7 @@ func (c *Context) run(tokens []int, mode ir.OutputMode) ([]float32, error) {
 	}
 	rows, pending, switches := n, false, 0
 	var onCPU, onGPU time.Duration
+	var cpuSpans []hostSpan
 	t0 := start
 	for k, sg := range s.segs {
 		if k > 0 {
@@ -492,6 +522,9 @@ func (c *Context) run(tokens []int, mode ir.OutputMode) ([]float32, error) {
 		rows = c.cpu.Run(sg.lo, sg.hi, tokens, rows, pos0, mode)
 		t0 = time.Now()
 		onCPU += t0.Sub(t1)
+		if c.opt.Trace != nil {
+			cpuSpans = append(cpuSpans, hostSpan{lo: sg.lo, hi: sg.hi, start: t1, end: t0})
+		}
 	}
 	if pending {
 		if err := c.gpu.Sync(); err != nil {
@@ -501,11 +534,24 @@ func (c *Context) run(tokens []int, mode ir.OutputMode) ([]float32, error) {
 	c.pos += n
 	c.stats.Steps++
 	c.stats.Switches = switches
+	wall := time.Since(start)
 	if n == 1 {
 		c.stats.DecodeSteps++
-		c.stats.DecodeTime += time.Since(start)
+		c.stats.DecodeTime += wall
 		c.stats.DecodeCPU += onCPU
-		c.stats.DecodeGPU += time.Since(start) - onCPU
+		c.stats.DecodeGPU += wall - onCPU
+	}
+	if c.gpu != nil && (c.prom != nil || c.opt.Trace != nil) && s.gpu != nil {
+		t, err := c.gpu.Times()
+		if err != nil {
+			return nil, fmt.Errorf("executor: step timing: %w", err)
+		}
+		if n == 1 && c.prom != nil {
+			c.prom.observe(c, s, wall, onCPU, t)
+		}
+		if c.opt.Trace != nil {
+			c.opt.Trace.batch(c, s, n, start, cpuSpans, t)
+		}
 	}
 	if mode == ir.OutputNone || rows == 0 {
 		return nil, nil

@@ -40,13 +40,21 @@ type Placement struct {
 	CPUBytes   int64 `json:"weights_cpu_bytes"`
 	// ContextBytes is what the device had in use before ats allocated
 	// anything (the CUDA context, other processes): not in the budget.
-	ContextBytes int64             `json:"cuda_context_bytes,omitempty"`
-	Predicted    *Prediction       `json:"predicted,omitempty"`
-	Prefill      []PrefillSchedule `json:"prefill,omitempty"`
-	Units        []UnitPlacement   `json:"units"`
+	ContextBytes int64 `json:"cuda_context_bytes,omitempty"`
+	// RingBytes is the staging ring through which CPU units stream to the
+	// GPU (prefill batches, and promoted units of decode steps).
+	RingBytes int64 `json:"ring_bytes,omitempty"`
+	// Dynamic says whether decode steps promote CPU units to the GPU
+	// (issue of load: planned from the profile, re-planned as the load
+	// changes); false with --dynamic=false or without a profile.
+	Dynamic   bool              `json:"dynamic"`
+	Predicted *Prediction       `json:"predicted,omitempty"`
+	Prefill   []PrefillSchedule `json:"prefill,omitempty"`
+	Units     []UnitPlacement   `json:"units"`
 
 	units   []Unit
-	vectors []*ir.Weight // the model's 1-D weights (norms, biases)
+	vectors []*ir.Weight  // the model's 1-D weights (norms, biases)
+	prof    *plan.Profile // what it was planned from (nil: not planned)
 }
 
 // UnitPlacement is one unit's place, with its profiled decode figures
@@ -191,7 +199,7 @@ func (pl *Placement) bind(m *Model, units []Unit) (*Placement, error) {
 		byName[u.Name] = u
 	}
 	out := newPlacement(m, units, BackendCPU)
-	out.OptimizedFor, out.Note, out.Prefill, out.Budget = pl.OptimizedFor, pl.Note, pl.Prefill, pl.Budget
+	out.OptimizedFor, out.Note, out.Prefill, out.Budget, out.Dynamic = pl.OptimizedFor, pl.Note, pl.Prefill, pl.Budget, pl.Dynamic
 	var missing []string
 	for i, u := range units {
 		got, ok := byName[u.Name]
@@ -295,6 +303,31 @@ func (pl *Placement) schedules(batch int) []*schedule {
 	return out
 }
 
+// gpuOps marks the ops that may run on the GPU: in some schedule, or in a
+// decode step that promotes their unit.
+func (pl *Placement) gpuOps(scheds []*schedule) []bool {
+	nOps := 0
+	if n := len(pl.units); n > 0 {
+		nOps = pl.units[n-1].Hi
+	}
+	on := make([]bool, nOps)
+	for _, s := range scheds {
+		for i, d := range s.dev {
+			on[i] = on[i] || d == plan.GPU
+		}
+	}
+	if pl.Dynamic {
+		for i, u := range pl.units {
+			if u.Streamable && !pl.resident(i) {
+				for op := u.Lo; op < u.Hi; op++ {
+					on[op] = true
+				}
+			}
+		}
+	}
+	return on
+}
+
 // streams says whether weight w streams in schedule s.
 func (s *schedule) streams(units []Unit, w *ir.Weight) bool {
 	for i, u := range units {
@@ -324,13 +357,16 @@ func (pl *Placement) gpuConfig(m *Model, opt ContextOptions, onGPU []bool, logit
 					streamed[w] = true
 				}
 			}
+			if pl.Dynamic && u.Streamable && !pl.resident(i) {
+				streamed[w] = true // a decode step may promote it
+			}
 		}
 	}
 	var files [][]byte
 	for _, part := range m.File.Parts {
 		files = append(files, part.Data)
 	}
-	cfg := gpu.Config{Model: m, Batch: opt.Batch, CtxSize: opt.CtxSize, LogitRows: logitRows,
+	cfg := gpu.Config{Model: m, Batch: opt.Batch, CtxSize: opt.CtxSize, LogitRows: logitRows, RingBytes: pl.RingBytes,
 		Runs:     func(op int) bool { return onGPU[op] },
 		Resident: func(w *ir.Weight) bool { return resident[w] },
 		Files:    files}
@@ -443,13 +479,10 @@ func budgetFor(dev *gpu.Device, opt ContextOptions) (budget, inUse int64, err er
 // needBytes is the device memory a context of pl would allocate.
 func (m *Model) needBytes(dev *gpu.Device, pl *Placement, opt ContextOptions) (arena, weights int64) {
 	scheds := pl.schedules(opt.Batch)
-	onGPU := make([]bool, len(m.Prog.Ops))
+	onGPU := pl.gpuOps(scheds)
 	any := false
-	for _, s := range scheds {
-		for i, d := range s.dev {
-			onGPU[i] = onGPU[i] || d == plan.GPU
-			any = any || d == plan.GPU
-		}
+	for _, g := range onGPU {
+		any = any || g
 	}
 	if !any {
 		return 0, 0

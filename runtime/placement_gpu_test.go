@@ -43,12 +43,15 @@ func forcedPlacement(t *testing.T, m *Model, ctxSize int, gpuAt func(i int, u Un
 		}
 	}
 	pl.Prefill = []PrefillSchedule{{MinBatch: 2, Stream: stream}}
+	pl.Dynamic = true // with promoteEverything, decode promotes them all
 	pl.sum()
 	return pl
 }
 
 func TestOraclesPlacements(t *testing.T) {
 	dev := needGPUDevice(t)
+	promoteEverything = true
+	defer func() { promoteEverything = false }()
 	files := oracleFiles(t)
 	const ctx = 128
 	base, baseHow, haveNVML := dev.ProcessMemory()
@@ -137,7 +140,7 @@ func TestOraclesPlacements(t *testing.T) {
 // fixedBytesFor is the planner's fixed device memory for contexts of ctx.
 func (m *Model) fixedBytesFor(t *testing.T, dev *gpu.Device, ctx int) int64 {
 	opt := ContextOptions{CtxSize: ctx, Batch: min(512, ctx)}
-	return m.fixedBytes(dev, programUnits(m.Prog, ctx, dev.Weights().DeviceBytes), opt)
+	return m.fixedBytes(dev, programUnits(m.Prog, ctx, dev.Weights().DeviceBytes), opt, ringWanted(opt, 0))
 }
 
 // flatOracle joins the oracle's prefill and decode logits.

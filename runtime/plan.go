@@ -25,7 +25,8 @@ func (m *Model) planWith(dev *gpu.Device, units []Unit, opt ContextOptions, budg
 		all.FixedBytes = max(arena+weights-all.GPUBytes, 0)
 		return all, nil
 	}
-	fixed := m.fixedBytes(dev, units, opt)
+	ring := ringWanted(opt, budget)
+	fixed := m.fixedBytes(dev, units, opt, ring)
 	if budget < fixed {
 		return nil, fmt.Errorf("--vram-budget %s is below the %s ats needs on the GPU before any weight (activations for batches of %d tokens, scratch, the staging ring, norms): give at least that, a smaller batch (-b), or --vram-budget 0 to run on the CPU",
 			FormatBytes(budget), FormatBytes(fixed), opt.Batch)
@@ -34,13 +35,24 @@ func (m *Model) planWith(dev *gpu.Device, units []Unit, opt ContextOptions, budg
 	if err != nil {
 		return nil, err
 	}
-	return m.placeByProfile(prof, units, opt, budget, fixed)
+	return m.placeByProfile(prof, units, opt, budget, fixed, ring)
+}
+
+// ringWanted is the staging ring a hybrid context asks for: with dynamic
+// promotion an eighth of the budget, so the copy engine can run well ahead
+// of the compute; without, the least (twice the largest streamed matrix,
+// for prefill).
+func ringWanted(opt ContextOptions, budget int64) int64 {
+	if opt.StaticOnly {
+		return 0
+	}
+	return budget / 8
 }
 
 // fixedBytes is the device memory a hybrid context needs beside its
 // resident units: activations and scratch for every op, the staging ring
 // for the largest streamable matrix, and the always-resident vectors.
-func (m *Model) fixedBytes(dev *gpu.Device, units []Unit, opt ContextOptions) int64 {
+func (m *Model) fixedBytes(dev *gpu.Device, units []Unit, opt ContextOptions, ring int64) int64 {
 	p := m.Prog
 	streamable := map[*ir.Weight]bool{}
 	var kv int64
@@ -54,7 +66,7 @@ func (m *Model) fixedBytes(dev *gpu.Device, units []Unit, opt ContextOptions) in
 			kv += u.Bytes
 		}
 	}
-	cfg := gpu.Config{Model: m, Batch: opt.Batch, CtxSize: opt.CtxSize, LogitRows: min(opt.Batch, maxLogitRows),
+	cfg := gpu.Config{Model: m, Batch: opt.Batch, CtxSize: opt.CtxSize, LogitRows: min(opt.Batch, maxLogitRows), RingBytes: ring,
 		Runs:     func(int) bool { return true },
 		Resident: func(*ir.Weight) bool { return false },
 		Streams:  func(w *ir.Weight) bool { return streamable[w] }}
@@ -98,11 +110,12 @@ func (m *Model) Plan(opt PlanOptions) (*Placement, *plan.Profile, error) {
 	}
 	var pl *Placement
 	if prof != nil {
-		fixed := m.fixedBytes(dev, units, o)
+		ring := ringWanted(o, budget)
+		fixed := m.fixedBytes(dev, units, o, ring)
 		if budget < fixed {
 			return nil, nil, fmt.Errorf("--vram-budget %s is below the %s needed before any weight", FormatBytes(budget), FormatBytes(fixed))
 		}
-		pl, err = m.placeByProfile(prof, units, o, budget, fixed)
+		pl, err = m.placeByProfile(prof, units, o, budget, fixed, ring)
 	} else {
 		pl, err = m.planWith(dev, units, o, budget)
 	}
@@ -154,7 +167,7 @@ func problem(prof *plan.Profile, units []Unit, bi, n int, budget int64, hyper ir
 
 // placeByProfile solves the residency under budget-fixed bytes, then the
 // prefill streaming of each profiled batch size.
-func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOptions, budget, fixed int64) (*Placement, error) {
+func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOptions, budget, fixed, ring int64) (*Placement, error) {
 	if len(prof.Units) != len(units) {
 		return nil, fmt.Errorf("plan: the profile has %d units, the model %d", len(prof.Units), len(units))
 	}
@@ -186,6 +199,18 @@ func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOpti
 		pl.OptimizedFor = "prefill"
 	}
 	pl.FixedBytes = fixed
+	pl.prof, pl.Dynamic = prof, !opt.StaticOnly
+	streamable := map[*ir.Weight]bool{}
+	for _, u := range units {
+		if u.Streamable {
+			for _, w := range u.Mats {
+				streamable[w] = true
+			}
+		}
+	}
+	if dev, err := gpu.Open(); err == nil {
+		pl.RingBytes = gpu.RingBytes(dev.Weights(), m.Prog, func(w *ir.Weight) bool { return streamable[w] }, ring)
+	}
 	d0 := prof.BatchIndex(1)
 	for i := range units {
 		if sol.On[i] == plan.GPU {

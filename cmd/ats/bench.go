@@ -68,6 +68,7 @@ type benchOptions struct {
 	noWarmup bool
 	progress bool
 	place    placementFlags
+	stress   string // cpu=PCT or gpu=PCT: the load experiment instead of the tests
 }
 
 func init() {
@@ -122,6 +123,7 @@ names too, so the two tools' results can be put side by side).
 		f.BoolVar(&o.noWarmup, "no-warmup", false, "skip the warm-up run")
 		f.BoolVar(&o.progress, "progress", false, "print each run to stderr as it finishes")
 		o.place.register(f)
+		f.StringVar(&o.stress, "stress", "", "load experiment: decode (tg of -n) static and with dynamic promotion, each with and without a competing load: cpu=PCT (busy threads on that share of the cores) or gpu=PCT (GPU memory and link busy that share of the time)")
 		return cmd
 	})
 }
@@ -151,7 +153,10 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 		fmt.Fprintln(stderr, "note:", n)
 	}
 	var results []benchResult
-	md := o.output == "md"
+	md := o.output == "md" && o.stress == ""
+	if o.stress != "" && o.gens[0] <= 0 {
+		return fmt.Errorf("bench: --stress measures decode: give -n tokens")
+	}
 	if md {
 		printMarkdownHeader(stdout)
 	}
@@ -161,6 +166,21 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 			return err
 		}
 		info := describeModel(m, path)
+		if o.stress != "" {
+			kind, pct, err := parseStress(o.stress)
+			if err != nil {
+				m.Close()
+				return err
+			}
+			for _, th := range o.threads {
+				if err := stressBench(stdout, stderr, m, o, th, o.gens[0], kind, pct); err != nil {
+					m.Close()
+					return err
+				}
+			}
+			m.Close()
+			continue
+		}
 		for _, th := range o.threads {
 			var tests []benchResult
 			for _, p := range o.prompts {

@@ -38,6 +38,19 @@ var commands []func() *cobra.Command
 
 func register(c func() *cobra.Command) { commands = append(commands, c) }
 
+// exits are what a command leaves to do when ats ends (close a trace).
+var exits []func()
+
+// atExit registers f to run when ats ends, error or not.
+func atExit(f func()) { exits = append(exits, f) }
+
+func runExits() {
+	for i := len(exits) - 1; i >= 0; i-- {
+		exits[i]()
+	}
+	exits = nil
+}
+
 // EnvCPUProfile names a file to write a Go CPU profile of the whole
 // command to (for `go tool pprof`): how a run spends its CPU time.
 const EnvCPUProfile = "ATS_CPUPROFILE"
@@ -58,7 +71,9 @@ func main() {
 	}
 	root := newRootCmd()
 	root.SetArgs(llamaSpellings(os.Args[1:]))
-	if err := root.Execute(); err != nil {
+	err := root.Execute()
+	runExits()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "ats:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)

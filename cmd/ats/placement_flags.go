@@ -1,9 +1,11 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -23,6 +25,8 @@ type placementFlags struct {
 	budget    string
 	placement string
 	planFor   string
+	dynamic   bool
+	trace     string
 }
 
 func (p *placementFlags) register(f *pflag.FlagSet) {
@@ -32,6 +36,8 @@ func (p *placementFlags) register(f *pflag.FlagSet) {
 		"GPU memory ats may use for weights, KV cache and buffers, e.g. 4.5GiB or 800MiB (default: the free memory less a margin; 0: CPU only)")
 	f.StringVar(&p.placement, "placement", "", "place units as this JSON says (from `ats plan --json`, possibly edited) instead of planning")
 	f.StringVar(&p.planFor, "plan-for", "decode", "what the placement is optimised for: decode or prefill")
+	f.BoolVar(&p.dynamic, "dynamic", true, "promote CPU tensors to the GPU for each decode step as the machine's load allows (false: the static placement only)")
+	f.StringVar(&p.trace, "trace", "", "write a Chrome/Perfetto trace of the CPU work, the GPU compute stream and the copy stream of every batch to this file")
 }
 
 // apply sets the placement fields of o; progress (when not nil) receives
@@ -71,6 +77,14 @@ func (p *placementFlags) apply(o *runtime.ContextOptions, stderr io.Writer) erro
 			return fmt.Errorf("--placement needs the GPU; --backend cpu runs without it")
 		}
 		o.Placement = pl
+	}
+	o.StaticOnly = !p.dynamic
+	if p.trace != "" {
+		t, err := openTrace(p.trace)
+		if err != nil {
+			return err
+		}
+		o.Trace = t
 	}
 	if stderr != nil {
 		o.Progress = profileProgress(stderr)
@@ -133,4 +147,26 @@ func profileProgress(w io.Writer) func(done, total int, what string) {
 			fmt.Fprintf(w, "ats: profiled %d measurements in %.1fs\n", total, time.Since(start).Seconds())
 		}
 	}
+}
+
+// traces are the trace files of this run by path: every context of a
+// command (bench makes several) writes into the same one.
+var traces = map[string]*runtime.Trace{}
+
+func openTrace(path string) (*runtime.Trace, error) {
+	if t := traces[path]; t != nil {
+		return t, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("--trace: %w", err)
+	}
+	t := runtime.NewTrace(f)
+	traces[path] = t
+	atExit(func() {
+		if err := errors.Join(t.Close(), f.Close()); err != nil {
+			fmt.Fprintln(os.Stderr, "ats: --trace:", err)
+		}
+	})
+	return t, nil
 }

@@ -64,6 +64,13 @@ type Exec struct {
 	reg     *registration                  // the model file pinned for streaming (nil when nothing streams)
 	prof    *profile                       // EnvGPUProfile
 	timing  [2]*cudadrv.Event              // TimeRun's
+
+	// Step measurement (Measure): an event at the start of each batch and
+	// around each segment run, and the segments in order.
+	measure bool
+	marks   []*cudadrv.Event
+	nMarks  int
+	ran     []*Segment
 }
 
 // Config describes what an Exec may run.
@@ -80,9 +87,10 @@ type Config struct {
 	Runs func(op int) bool
 	// Resident says which matrices live in device memory.
 	Resident func(w *ir.Weight) bool
-	// Streams says which matrices may stream through the ring (it is sized
-	// for the largest); nil for none.
-	Streams func(w *ir.Weight) bool
+	// Streams says which matrices may stream through the ring; nil for
+	// none. RingBytes sizes the ring (at least twice the largest of them).
+	Streams   func(w *ir.Weight) bool
+	RingBytes int64
 	// Files is the model file's mapping, registered with the driver while
 	// anything streams (and during the upload).
 	Files [][]byte
@@ -208,17 +216,17 @@ func (g *Exec) layout(dev *Device, w WeightOps, p *ir.Program, cfg Config) []buf
 		add("attention partials", int64(part), &g.attn.part)
 		add("attention maxima", int64(ml), &g.attn.ml)
 	}
-	if slot := ringSlotBytes(w, p, cfg.Streams); slot > 0 {
-		g.st.bytes = slot
-		add("staging ring slot 0", slot, &g.st.slot[0])
-		add("staging ring slot 1", slot, &g.st.slot[1])
+	if ring := RingBytes(w, p, cfg.Streams, cfg.RingBytes); ring > 0 {
+		g.st.bytes = ring
+		add("staging ring", ring, &g.st.base)
 	}
 	return specs
 }
 
-// ringSlotBytes is the size of a ring slot: the largest matrix that may
-// stream.
-func ringSlotBytes(w WeightOps, p *ir.Program, streams func(*ir.Weight) bool) int64 {
+// RingBytes is the size of the staging ring: at least twice the largest
+// matrix that may stream (one uploading while the other is read), or
+// want when that is more; 0 when nothing streams.
+func RingBytes(w WeightOps, p *ir.Program, streams func(*ir.Weight) bool, want int64) int64 {
 	var n int64
 	if streams == nil {
 		return 0
@@ -228,7 +236,10 @@ func ringSlotBytes(w WeightOps, p *ir.Program, streams func(*ir.Weight) bool) in
 			n = max(n, align(w.DeviceBytes(wt)))
 		}
 	}
-	return n
+	if n == 0 {
+		return 0
+	}
+	return align(max(2*n, want))
 }
 
 // AllocGranularity is what the driver rounds a device allocation up to:
@@ -303,14 +314,6 @@ func New(dev *Device, w WeightOps, p *ir.Program, cfg Config) (g *Exec, err erro
 		if g.cs, err = dev.ctx.NewStream(cudadrv.StreamNonBlocking, 0); err != nil {
 			return nil, fmt.Errorf("gpu: %w", err)
 		}
-		for k := range g.st.copied {
-			if g.st.copied[k], err = dev.ctx.NewEvent(cudadrv.EventDisableTiming); err != nil {
-				return nil, fmt.Errorf("gpu: %w", err)
-			}
-			if g.st.used[k], err = dev.ctx.NewEvent(cudadrv.EventDisableTiming); err != nil {
-				return nil, fmt.Errorf("gpu: %w", err)
-			}
-		}
 	}
 	g.prof = newProfile()
 	return g, nil
@@ -349,7 +352,10 @@ func (g *Exec) Close() error {
 		g.prof = nil
 	}
 	for k := range g.st.copied {
-		errs = append(errs, g.st.copied[k].Destroy(), g.st.used[k].Destroy(), g.timing[k].Destroy())
+		errs = append(errs, g.st.copied[k].Destroy(), g.st.used[k].Destroy(), g.st.started[k].Destroy())
+	}
+	for _, e := range append(g.timing[:], g.marks...) {
+		errs = append(errs, e.Destroy())
 	}
 	errs = append(errs, g.s.Destroy(), g.cs.Destroy())
 	if g.arena != 0 {
@@ -403,6 +409,7 @@ type Segment struct {
 	// graphable: nothing streams in the segment (a graph replays fixed
 	// pointers, and streaming needs the copy stream's events).
 	graphable bool
+	streamed  []string // the weights it streams, for traces
 }
 
 // Schedule is the GPU segments of one executor schedule, and the weights
@@ -410,6 +417,7 @@ type Segment struct {
 type Schedule struct {
 	Segs     []*Segment
 	streamed []*mat
+	waitFor  []int // ringLayout's
 }
 
 // Compile compiles the segments of a schedule; streams says which
@@ -426,12 +434,8 @@ func (g *Exec) Compile(specs []SegmentSpec, streams func(*ir.Weight) bool) (*Sch
 			if streams == nil || !streams(w) || g.st.bytes == 0 {
 				return nil, fmt.Errorf("weight %q is neither resident nor streamed", w.Name)
 			}
-			if b := align(g.w.DeviceBytes(w)); b > g.st.bytes {
-				return nil, fmt.Errorf("weight %q (%d bytes) does not fit a ring slot of %d", w.Name, b, g.st.bytes)
-			}
-			seq := len(sch.streamed)
-			m := matOf(w, g.st.slot[seq%2])
-			m.seq = seq
+			m := matOf(w, 0) // the ring address comes with the layout below
+			m.seq = len(sch.streamed)
 			sch.streamed = append(sch.streamed, &m)
 			return &m, nil
 		})
@@ -440,7 +444,14 @@ func (g *Exec) Compile(specs []SegmentSpec, streams func(*ir.Weight) bool) (*Sch
 		}
 		seg.steps = steps
 		seg.graphable = len(sch.streamed) == before
+		for _, m := range sch.streamed[before:] {
+			seg.streamed = append(seg.streamed, m.W.Name)
+		}
 		sch.Segs = append(sch.Segs, seg)
+	}
+	var err error
+	if sch.waitFor, err = g.ringLayout(sch.streamed); err != nil {
+		return nil, err
 	}
 	return sch, nil
 }
@@ -465,7 +476,13 @@ func (g *Exec) Begin(sch *Schedule, tokens []int, pos0 int) error {
 		in[1+i] = int32(t)
 	}
 	g.nTok = len(tokens)
-	return g.streamBegin(sch.streamed)
+	if g.measure {
+		g.nMarks = 0
+		if err := g.mark(); err != nil { // the batch's time base
+			return err
+		}
+	}
+	return g.streamBegin(sch)
 }
 
 // Run queues segment seg of a batch at rows rows (mode says which logits
@@ -473,6 +490,13 @@ func (g *Exec) Begin(sch *Schedule, tokens []int, pos0 int) error {
 // segment has it, moves the last row first (ir.OutputLast) or computes none
 // (ir.OutputNone). A decode step (one row) replays the segment's graph.
 func (g *Exec) Run(seg *Segment, rows int, mode ir.OutputMode) (int, error) {
+	if g.measure {
+		if err := g.mark(); err != nil {
+			return 0, err
+		}
+		defer func() { _ = g.mark() }()
+		g.ran = append(g.ran, seg)
+	}
 	if rows == 1 && mode != ir.OutputNone && seg.graphable && g.prof == nil && os.Getenv(EnvGPUGraphs) != "0" {
 		if seg.graph == nil {
 			if err := g.capture(seg); err != nil {
@@ -615,43 +639,100 @@ func (g *Exec) capture(seg *Segment) error {
 	return nil
 }
 
-// streamer moves non-resident weights through the ring's two slots: the
-// copy stream uploads weight i+2 into the slot of weight i once the
-// compute stream has finished with weight i (event used), and the compute
-// stream waits for weight i's upload (event copied) before reading it.
+// streamer moves non-resident weights through the staging ring, a byte
+// ring in device memory: a batch's streamed weights take consecutive
+// regions (wrapping at the end), and the copy stream uploads each as soon
+// as the weight that last held its region has been used, so the copy
+// engine runs as far ahead of the compute as the ring allows. Per weight,
+// event copied orders the compute after its upload, and event used orders
+// the next upload into its region after the compute that read it.
 type streamer struct {
-	bytes        int64 // per slot
-	slot         [2]cudadrv.DevicePtr
-	copied, used [2]*cudadrv.Event
-	order        []*mat       // this batch's streamed weights, in order of use
-	bytesMoved   atomic.Int64 // statistics: bytes copied since the Exec began (read by metrics scrapes)
+	base  cudadrv.DevicePtr
+	bytes int64 // the ring's size
+
+	order   []*mat // this batch's streamed weights, in order of use
+	waitFor []int  // by order: the latest earlier weight whose region overlaps (-1: none)
+	issued  int    // uploads queued
+	done    int    // the last weight released
+
+	copied, used, started []*cudadrv.Event // by order (grown as needed)
+	moved                 atomic.Int64     // bytes uploaded since the Exec began (read by metrics)
 }
 
-// streamBegin queues the first two weights of a batch.
-func (g *Exec) streamBegin(order []*mat) error {
-	g.st.order = order
-	for i := 0; i < min(2, len(order)); i++ {
-		if err := g.streamCopy(i); err != nil {
-			return err
+// ringLayout places a schedule's streamed weights in the ring: their
+// device addresses, and for each the latest earlier weight whose region
+// it overlaps.
+func (g *Exec) ringLayout(streamed []*mat) ([]int, error) {
+	off := make([]int64, len(streamed))
+	size := make([]int64, len(streamed))
+	cursor := int64(0)
+	for j, m := range streamed {
+		b := align(g.w.DeviceBytes(m.W))
+		if b > g.st.bytes {
+			return nil, fmt.Errorf("weight %q (%d bytes) does not fit the staging ring of %d", m.W.Name, b, g.st.bytes)
+		}
+		if cursor+b > g.st.bytes {
+			cursor = 0
+		}
+		off[j], size[j] = cursor, b
+		m.Ptr = g.st.base.Add(int(cursor))
+		cursor += b
+	}
+	waitFor := make([]int, len(streamed))
+	for j := range streamed {
+		waitFor[j] = -1
+		for k := j - 1; k >= 0; k-- {
+			if off[k] < off[j]+size[j] && off[j] < off[k]+size[k] {
+				waitFor[j] = k
+				break
+			}
 		}
 	}
-	return nil
+	return waitFor, nil
 }
 
-// streamCopy queues the upload of weight i of the order into its slot,
-// after the compute stream is done with the slot's previous weight.
-func (g *Exec) streamCopy(i int) error {
-	m, k := g.st.order[i], i%2
-	if i >= 2 {
-		if err := g.cs.WaitEvent(g.st.used[k]); err != nil {
+// streamBegin starts a batch: every upload whose region is free.
+func (g *Exec) streamBegin(sch *Schedule) error {
+	st := &g.st
+	st.order, st.waitFor, st.issued, st.done = sch.streamed, sch.waitFor, 0, -1
+	for len(st.copied) < len(st.order) {
+		var ev [3]*cudadrv.Event
+		for k, flags := range []cudadrv.EventFlags{cudadrv.EventDefault, cudadrv.EventDisableTiming, cudadrv.EventDefault} {
+			e, err := g.dev.ctx.NewEvent(flags)
+			if err != nil {
+				return fmt.Errorf("gpu: %w", err)
+			}
+			ev[k] = e
+		}
+		st.copied, st.used, st.started = append(st.copied, ev[0]), append(st.used, ev[1]), append(st.started, ev[2])
+	}
+	return g.streamIssue()
+}
+
+// streamIssue queues the uploads, in order, whose regions are free.
+func (g *Exec) streamIssue() error {
+	st := &g.st
+	for st.issued < len(st.order) && st.waitFor[st.issued] <= st.done {
+		j := st.issued
+		m := st.order[j]
+		if k := st.waitFor[j]; k >= 0 {
+			if err := g.cs.WaitEvent(st.used[k]); err != nil {
+				return fmt.Errorf("gpu: streaming %s: %w", m.W.Name, err)
+			}
+		}
+		if err := st.started[j].Record(g.cs); err != nil {
 			return fmt.Errorf("gpu: streaming %s: %w", m.W.Name, err)
 		}
+		if _, err := g.w.Upload(g.cs, m.W, m.Ptr); err != nil {
+			return fmt.Errorf("gpu: streaming %s: %w", m.W.Name, err)
+		}
+		if err := st.copied[j].Record(g.cs); err != nil {
+			return fmt.Errorf("gpu: streaming %s: %w", m.W.Name, err)
+		}
+		st.moved.Add(g.w.DeviceBytes(m.W))
+		st.issued++
 	}
-	if _, err := g.w.Upload(g.cs, m.W, g.st.slot[k]); err != nil {
-		return fmt.Errorf("gpu: streaming %s: %w", m.W.Name, err)
-	}
-	g.st.bytesMoved.Add(g.w.DeviceBytes(m.W))
-	return g.st.copied[k].Record(g.cs)
+	return nil
 }
 
 // acquire makes the compute stream wait for m's upload (resident weights:
@@ -660,24 +741,99 @@ func (g *Exec) acquire(s *cudadrv.Stream, m *mat) error {
 	if m.seq < 0 {
 		return nil
 	}
-	return s.WaitEvent(g.st.copied[m.seq%2])
+	return s.WaitEvent(g.st.copied[m.seq])
 }
 
-// release marks m's slot free once the compute stream passes this point,
-// and queues the weight that goes into the slot next.
+// release marks m's region free once the compute stream passes this point,
+// and queues the uploads that were waiting for it.
 func (g *Exec) release(s *cudadrv.Stream, m *mat) error {
 	if m.seq < 0 {
 		return nil
 	}
-	if err := g.st.used[m.seq%2].Record(s); err != nil {
+	if err := g.st.used[m.seq].Record(s); err != nil {
 		return err
 	}
-	if next := m.seq + 2; next < len(g.st.order) {
-		return g.streamCopy(next)
-	}
-	return nil
+	g.st.done = m.seq
+	return g.streamIssue()
 }
 
 // StreamedBytes is the weight bytes streamed through the ring so far.
 // It may be called from any goroutine.
-func (g *Exec) StreamedBytes() int64 { return g.st.bytesMoved.Load() }
+func (g *Exec) StreamedBytes() int64 { return g.st.moved.Load() }
+
+// Measure turns on the timing of batches: events around every segment and
+// every weight upload, read back by Times after Sync.
+func (g *Exec) Measure(on bool) { g.measure = on }
+
+// mark records the next timing event on the compute stream.
+func (g *Exec) mark() error {
+	if g.nMarks == len(g.marks) {
+		e, err := g.dev.ctx.NewEvent(cudadrv.EventDefault)
+		if err != nil {
+			return fmt.Errorf("gpu: %w", err)
+		}
+		g.marks = append(g.marks, e)
+	}
+	if g.nMarks == 0 {
+		g.ran = g.ran[:0]
+	}
+	err := g.marks[g.nMarks].Record(g.s)
+	g.nMarks++
+	return err
+}
+
+// Span is a stretch of device time, in seconds from the batch's start.
+type Span struct {
+	Name       string
+	Lo, Hi     int // segments: the ops
+	Start, End float64
+	Bytes      int64 // uploads: the weight's bytes
+	Streams    bool  // segments: whether it read streamed weights
+}
+
+// Times are one batch's device timeline (with Measure on, after Sync):
+// the segments on the compute stream and the uploads on the copy stream.
+type Times struct {
+	Segments []Span
+	Uploads  []Span
+}
+
+// Times reads the batch's events.
+func (g *Exec) Times() (Times, error) {
+	var t Times
+	if !g.measure || g.nMarks == 0 {
+		return t, nil
+	}
+	base := g.marks[0]
+	at := func(e *cudadrv.Event) (float64, error) {
+		d, err := cudadrv.Elapsed(base, e)
+		return d.Seconds(), err
+	}
+	for k, seg := range g.ran {
+		if 2+2*k >= g.nMarks {
+			break
+		}
+		a, err := at(g.marks[1+2*k])
+		if err != nil {
+			return t, err
+		}
+		b, err := at(g.marks[2+2*k])
+		if err != nil {
+			return t, err
+		}
+		t.Segments = append(t.Segments, Span{Name: fmt.Sprintf("ops %d-%d", seg.Lo, seg.Hi-1), Lo: seg.Lo, Hi: seg.Hi, Start: a, End: b, Streams: !seg.graphable})
+	}
+	for j := 0; j < g.st.issued; j++ {
+		a, err := at(g.st.started[j])
+		if err != nil {
+			return t, err
+		}
+		b, err := at(g.st.copied[j])
+		if err != nil {
+			return t, err
+		}
+		m := g.st.order[j]
+		t.Uploads = append(t.Uploads, Span{Name: m.W.Name, Start: a, End: b, Bytes: g.w.DeviceBytes(m.W)})
+	}
+	return t, nil
+}

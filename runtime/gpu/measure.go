@@ -1,6 +1,7 @@
 package gpu
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sort"
@@ -129,4 +130,55 @@ func (d *Device) MeasureUpload(src []byte, files [][]byte, reps int) (bytesPerSe
 	}
 	sort.Float64s(ts)
 	return float64(len(src)) / ts[len(ts)/2], reg.Pinned, nil
+}
+
+// Stress loads the device until ctx ends, busy for the fraction duty of
+// each 20 ms: copy kernels over 1 GiB of device memory (the memory
+// bandwidth a decode step lives on) and, on a stream of their own, 256 MiB
+// copies from pinned host memory over the link. It is the competing load
+// of `ats bench --stress gpu=N`.
+func (d *Device) Stress(ctx context.Context, duty float64) error {
+	const devBytes, hostBytes = 1 << 30, 256 << 20
+	a, err := d.ctx.Alloc(devBytes)
+	if err != nil {
+		return fmt.Errorf("gpu stress: %w", err)
+	}
+	defer d.ctx.Free(a)
+	b, err := d.ctx.Alloc(devBytes)
+	if err != nil {
+		return fmt.Errorf("gpu stress: %w", err)
+	}
+	defer d.ctx.Free(b)
+	host, err := d.ctx.HostAlloc(hostBytes, cudadrv.HostAllocPortable)
+	if err != nil {
+		return fmt.Errorf("gpu stress: %w", err)
+	}
+	defer host.Free()
+	ks, err := d.ctx.NewStream(cudadrv.StreamNonBlocking, 0)
+	if err != nil {
+		return fmt.Errorf("gpu stress: %w", err)
+	}
+	defer ks.Destroy()
+	cs, err := d.ctx.NewStream(cudadrv.StreamNonBlocking, 0)
+	if err != nil {
+		return fmt.Errorf("gpu stress: %w", err)
+	}
+	defer cs.Destroy()
+	period := 20 * time.Millisecond
+	busy := time.Duration(float64(period) * min(max(duty, 0), 1))
+	for ctx.Err() == nil {
+		start := time.Now()
+		for time.Since(start) < busy {
+			if err := errors.Join(d.elem.CopyF32(ks, b, a, devBytes/4), cs.CopyHtoD(a, host.Bytes()), ks.Synchronize(), cs.Synchronize()); err != nil {
+				return fmt.Errorf("gpu stress: %w", err)
+			}
+		}
+		if rest := period - time.Since(start); rest > 0 {
+			select {
+			case <-ctx.Done():
+			case <-time.After(rest):
+			}
+		}
+	}
+	return nil
 }

@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/gpu"
+)
+
+// The load experiments of `ats bench --stress`: a competing program that
+// takes a share of the CPU cores, or of the GPU and its link, while the
+// benchmark measures decode with and without dynamic promotion.
+
+func init() {
+	register(func() *cobra.Command {
+		var cpuPct, gpuPct int
+		cmd := &cobra.Command{
+			Use:    "stress [--cpu PCT] [--gpu PCT]",
+			Short:  "Load the machine until interrupted (the competing load of ats bench --stress)",
+			Hidden: true,
+			Args:   cobra.NoArgs,
+			RunE: func(cmd *cobra.Command, _ []string) error {
+				ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+				defer stop()
+				if cpuPct > 0 {
+					n := max(1, (goruntime.NumCPU()*cpuPct+50)/100)
+					for i := 0; i < n; i++ {
+						go func() {
+							goruntime.LockOSThread()
+							x := uint64(i)
+							for ctx.Err() == nil {
+								for k := 0; k < 1<<16; k++ {
+									x = x*6364136223846793005 + 1442695040888963407
+								}
+							}
+							_ = x
+						}()
+					}
+				}
+				if gpuPct > 0 {
+					dev, err := gpu.Open()
+					if err != nil {
+						return fmt.Errorf("stress: %w", err)
+					}
+					return dev.Stress(ctx, float64(gpuPct)/100)
+				}
+				<-ctx.Done()
+				return nil
+			},
+		}
+		cmd.Flags().IntVar(&cpuPct, "cpu", 0, "percent of the CPU's threads to keep busy")
+		cmd.Flags().IntVar(&gpuPct, "gpu", 0, "percent of the time to keep the GPU's memory and link busy")
+		return cmd
+	})
+}
+
+// parseStress reads --stress cpu=60 or gpu=60.
+func parseStress(s string) (kind string, pct int, err error) {
+	k, v, ok := strings.Cut(s, "=")
+	n, e := strconv.Atoi(v)
+	if !ok || (k != "cpu" && k != "gpu") || e != nil || n < 1 || n > 100 {
+		return "", 0, fmt.Errorf("--stress %q: want cpu=PCT or gpu=PCT, PCT from 1 to 100", s)
+	}
+	return k, n, nil
+}
+
+// startStress runs `ats stress` in a child process; stop ends it.
+func startStress(kind string, pct int) (stop func(), err error) {
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	c := exec.Command(self, "stress", fmt.Sprintf("--%s=%d", kind, pct))
+	c.Stderr = os.Stderr
+	if err := c.Start(); err != nil {
+		return nil, fmt.Errorf("starting the %s stress: %w", kind, err)
+	}
+	time.Sleep(500 * time.Millisecond) // let it take hold
+	return func() {
+		_ = c.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { _ = c.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			_ = c.Process.Kill()
+			<-done
+		}
+	}, nil
+}
+
+// stressBench measures decode (tg of n tokens, reps runs) static and with
+// dynamic promotion, each without and under the competing load, and writes
+// the time per output token and the degradations.
+func stressBench(stdout, stderr io.Writer, m *runtime.Model, o benchOptions, threads, nGen int, kind string, pct int) error {
+	type result struct {
+		dynamic, stressed bool
+		tpot              float64
+		promo             runtime.PromotionStats
+	}
+	var rs []result
+	for _, stressed := range []bool{false, true} {
+		var stop func()
+		if stressed {
+			var err error
+			if stop, err = startStress(kind, pct); err != nil {
+				return err
+			}
+		}
+		for _, dynamic := range []bool{false, true} {
+			copt := runtime.ContextOptions{Threads: threads, CtxSize: nGen + 8, Batch: o.batch}
+			pf := o.place
+			pf.dynamic = dynamic
+			if err := pf.apply(&copt, stderr); err != nil {
+				return err
+			}
+			c, err := m.NewContext(copt)
+			if err != nil {
+				if stop != nil {
+					stop()
+				}
+				return err
+			}
+			var total time.Duration
+			for r := 0; r <= o.reps; r++ { // the first run warms up
+				if err := c.Truncate(0); err != nil {
+					c.Close()
+					return err
+				}
+				start := time.Now()
+				tok := 1
+				for i := 0; i < nGen; i++ {
+					l, err := c.EvalView([]int{tok}, false)
+					if err != nil {
+						c.Close()
+						return err
+					}
+					tok = argmaxIn(l, m.Hyper().NVocab)
+				}
+				if r > 0 {
+					total += time.Since(start)
+				}
+			}
+			tpot := total.Seconds() / float64(o.reps*nGen)
+			rs = append(rs, result{dynamic: dynamic, stressed: stressed, tpot: tpot, promo: c.Promotion()})
+			fmt.Fprintf(stderr, "ats: stress %s=%d%% %v, dynamic %v: %.2f ms a token; %s\n", kind, pct, stressed, dynamic, 1e3*tpot, describePromotion(c.Promotion()))
+			c.Close()
+		}
+		if stop != nil {
+			stop()
+		}
+	}
+	get := func(dynamic, stressed bool) float64 {
+		for _, r := range rs {
+			if r.dynamic == dynamic && r.stressed == stressed {
+				return r.tpot
+			}
+		}
+		return 0
+	}
+	fmt.Fprintf(stdout, "| placement | no load: ms/token | %s=%d%%: ms/token | degradation |\n| --- | ---: | ---: | ---: |\n", kind, pct)
+	deg := map[bool]float64{}
+	for _, dynamic := range []bool{false, true} {
+		name := "static"
+		if dynamic {
+			name = "dynamic promotion"
+		}
+		a, b := get(dynamic, false), get(dynamic, true)
+		deg[dynamic] = b/a - 1
+		fmt.Fprintf(stdout, "| %s | %.2f | %.2f | %+.1f%% |\n", name, 1e3*a, 1e3*b, 100*deg[dynamic])
+	}
+	if deg[false] > 0 {
+		fmt.Fprintf(stdout, "\ndynamic promotion cuts the degradation by %.0f%% (%s=%d%%, %d threads, tg%d, %d runs)\n",
+			100*(1-deg[true]/deg[false]), kind, pct, threads, nGen, o.reps)
+	}
+	return nil
+}
+
+func argmaxIn(l []float32, n int) int {
+	best := 0
+	for i := 1; i < min(n, len(l)); i++ {
+		if l[i] > l[best] {
+			best = i
+		}
+	}
+	return best
+}
+
+// describePromotion says what dynamic promotion did in a line.
+func describePromotion(p runtime.PromotionStats) string {
+	if !p.On {
+		return "no promotion"
+	}
+	return fmt.Sprintf("promotes %d units (%s) a step; %d re-plans, the last took %v (all %v); estimates: CPU ×%.2f, GPU ×%.2f, link %.1f GB/s, overlap ×%.2f",
+		p.PromotedUnits, runtime.FormatBytes(p.PromotedBytes), p.Replans, p.LastPlanCost.Round(time.Microsecond), p.PlanCost.Round(time.Microsecond),
+		p.Estimates.CPU, p.Estimates.GPU, p.Estimates.Link/1e9, p.Estimates.Overlap)
+}

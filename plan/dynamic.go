@@ -1,0 +1,221 @@
+package plan
+
+import (
+	"errors"
+	"fmt"
+	"math"
+)
+
+// Dynamic promotion. Before a decode step, some CPU-resident units can be
+// copied into the GPU's staging ring and run there for this step. The copy
+// engine starts at the beginning of the step and copies the promoted units
+// back to back, in execution order, while the CPU and the GPU compute the
+// units before them; a promoted unit waits only for the part of its copy
+// that this compute did not hide (the exposed transfer time).
+//
+// The dynamic program walks the units in order keeping the slack: how
+// much compute has run since the copy engine last caught up, the time
+// still available to hide copies. Computing a unit adds its time to the
+// slack; promoting one spends its copy time out of it (waiting for the
+// rest). The ring bounds the slack: the copy engine cannot run further
+// ahead of the compute than the ring holds, Ring/LinkBytesPerSec seconds.
+
+// PromoteUnit is one unit in a promotion problem.
+type PromoteUnit struct {
+	Name string
+	// CPU and GPU are its seconds on each backend (GPU: weights in device
+	// memory, resident or promoted); Copy is the seconds to copy its
+	// weights to the GPU (0 when it cannot be promoted).
+	CPU, GPU, Copy float64
+	// ToGPU and ToCPU are the cost of switching backend just before it.
+	ToGPU, ToCPU float64
+	// Resident units run on the GPU, Fixed ones on the CPU (attention
+	// whose cache is on the host, the embedding); the others may be
+	// promoted.
+	Resident, Fixed bool
+}
+
+// PromoteProblem is one decode step's promotion choice.
+type PromoteProblem struct {
+	Units []PromoteUnit
+	// MaxSlack is the most copy time the ring lets the copy engine run
+	// ahead (ring bytes over link bytes per second).
+	MaxSlack float64
+	// Buckets is the resolution of the slack axis (0: 256).
+	Buckets int
+	// EndToCPU is the cost of bringing the logits back after the last unit
+	// when it runs on the GPU.
+	EndToCPU float64
+}
+
+// Promotion is a solved problem: the units promoted this step.
+type Promotion struct {
+	Promote []bool  // by unit
+	Time    float64 // predicted seconds of the step
+	Exposed float64 // of which waiting for copies
+	Count   int     // units promoted
+}
+
+// Timeline replays a choice exactly (slack not bucketed) and returns the
+// step's time and the part spent waiting for copies.
+func (p *PromoteProblem) Timeline(promote []bool) (time, exposed float64) {
+	slack := 0.0
+	prev := CPU
+	for i, u := range p.Units {
+		on := CPU
+		if u.Resident || promote[i] {
+			on = GPU
+		}
+		dt := 0.0
+		if on != prev && i > 0 {
+			if on == GPU {
+				dt += u.ToGPU
+			} else {
+				dt += u.ToCPU
+			}
+		}
+		if promote[i] && !u.Resident {
+			wait := max(u.Copy-slack, 0)
+			exposed += wait
+			dt += wait
+			slack = max(slack-u.Copy, 0)
+		}
+		if on == GPU {
+			dt += u.GPU
+		} else {
+			dt += u.CPU
+		}
+		slack = min(slack+dt, p.MaxSlack)
+		time += dt
+		prev = on
+	}
+	if prev == GPU {
+		time += p.EndToCPU
+	}
+	return time, exposed
+}
+
+// Promote chooses the units to promote with a dynamic program over (unit,
+// backend of the unit before, slack in buckets). Bucketing rounds the
+// slack down, so the plan never counts on more hiding than it has; the
+// reported time is the exact timeline of the choice.
+func Promote(p PromoteProblem) (Promotion, error) {
+	n := len(p.Units)
+	if n == 0 {
+		return Promotion{}, nil
+	}
+	bad := func(x float64) bool { return x < 0 || math.IsNaN(x) || math.IsInf(x, 0) }
+	if bad(p.MaxSlack) || bad(p.EndToCPU) {
+		return Promotion{}, errors.New("plan: invalid promotion bounds")
+	}
+	for i, u := range p.Units {
+		if bad(u.CPU) || bad(u.GPU) || bad(u.Copy) || bad(u.ToGPU) || bad(u.ToCPU) || (u.Resident && u.Fixed) {
+			return Promotion{}, fmt.Errorf("plan: promotion unit %d (%s) has invalid figures", i, u.Name)
+		}
+	}
+	nb := p.Buckets
+	if nb <= 0 {
+		nb = 256
+	}
+	width := p.MaxSlack / float64(nb)
+	bucket := func(s float64) int {
+		if width <= 0 {
+			return 0
+		}
+		return min(int(s/width+1e-6), nb) // the epsilon absorbs rounding of sums
+	}
+	slackOf := func(b int) float64 { return float64(b) * width }
+	inf := math.Inf(1)
+	type state struct {
+		t    float64
+		from int32 // previous state's index (backend*(nb+1) + bucket)
+		prom bool
+	}
+	states := nb + 1
+	cur := make([]state, 2*states)
+	next := make([]state, 2*states)
+	for i := range cur {
+		cur[i].t = inf
+	}
+	cur[int(CPU)*states] = state{t: 0, from: -1}
+	trail := make([][]state, n)
+	for i, u := range p.Units {
+		for j := range next {
+			next[j] = state{t: inf}
+		}
+		for pb := 0; pb < 2; pb++ {
+			for b := 0; b <= nb; b++ {
+				c := cur[pb*states+b]
+				if c.t == inf {
+					continue
+				}
+				slack := slackOf(b)
+				try := func(on Backend, promote bool) {
+					dt := 0.0
+					if Backend(pb) != on && i > 0 {
+						if on == GPU {
+							dt += u.ToGPU
+						} else {
+							dt += u.ToCPU
+						}
+					}
+					s := slack
+					if promote {
+						dt += max(u.Copy-s, 0)
+						s = max(s-u.Copy, 0)
+					}
+					if on == GPU {
+						dt += u.GPU
+					} else {
+						dt += u.CPU
+					}
+					s = min(s+dt, p.MaxSlack)
+					k := int(on)*states + bucket(s)
+					if t := c.t + dt; t < next[k].t {
+						next[k] = state{t: t, from: int32(pb*states + b), prom: promote}
+					}
+				}
+				switch {
+				case u.Resident:
+					try(GPU, false)
+				case u.Fixed || u.Copy <= 0:
+					try(CPU, false)
+				default:
+					try(CPU, false)
+					try(GPU, true)
+				}
+			}
+		}
+		trail[i] = append([]state(nil), next...)
+		cur, next = next, cur
+	}
+	best, bk := inf, -1
+	for k, c := range cur {
+		if c.t == inf {
+			continue
+		}
+		t := c.t
+		if k/states == int(GPU) {
+			t += p.EndToCPU
+		}
+		if t < best {
+			best, bk = t, k
+		}
+	}
+	if bk < 0 {
+		return Promotion{}, errors.New("plan: no promotion schedule")
+	}
+	pr := Promotion{Promote: make([]bool, n)}
+	for i := n - 1; i >= 0; i-- {
+		s := trail[i][bk]
+		pr.Promote[i] = s.prom
+		bk = int(s.from)
+	}
+	for i := range p.Units {
+		if pr.Promote[i] {
+			pr.Count++
+		}
+	}
+	pr.Time, pr.Exposed = p.Timeline(pr.Promote)
+	return pr, nil
+}

@@ -1,0 +1,133 @@
+package plan
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// bruteForcePromote tries every choice of promoted units.
+func bruteForcePromote(p PromoteProblem) (best float64, choice []bool) {
+	var free []int
+	for i, u := range p.Units {
+		if !u.Resident && !u.Fixed && u.Copy > 0 {
+			free = append(free, i)
+		}
+	}
+	best = math.Inf(1)
+	cand := make([]bool, len(p.Units))
+	for mask := 0; mask < 1<<len(free); mask++ {
+		for k, i := range free {
+			cand[i] = mask>>k&1 == 1
+		}
+		if t, _ := p.Timeline(cand); t < best-1e-12 {
+			best, choice = t, append([]bool(nil), cand...)
+		}
+	}
+	return best, choice
+}
+
+// randomPromote draws a step whose times are whole multiples of the slack
+// bucket, so the dynamic program's bucketing is exact.
+func randomPromote(r *rand.Rand, n int) PromoteProblem {
+	const q = 1e-4 // the bucket
+	nb := 64
+	p := PromoteProblem{MaxSlack: q * float64(nb), Buckets: nb, EndToCPU: q * float64(r.IntN(3))}
+	tick := func(lo, hi int) float64 { return q * float64(lo+r.IntN(hi-lo+1)) }
+	for i := 0; i < n; i++ {
+		u := PromoteUnit{Name: "u", CPU: tick(1, 40), GPU: tick(0, 3), Copy: tick(1, 30), ToGPU: tick(0, 2), ToCPU: tick(0, 2)}
+		switch r.IntN(6) {
+		case 0:
+			u.Resident = true
+		case 1:
+			u.Fixed = true
+		}
+		p.Units = append(p.Units, u)
+	}
+	return p
+}
+
+// TestPromoteIsOptimal compares the promotion DP with exhaustive search.
+func TestPromoteIsOptimal(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 12))
+	for trial := 0; trial < 400; trial++ {
+		p := randomPromote(r, 1+r.IntN(12))
+		want, _ := bruteForcePromote(p)
+		got, err := Promote(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if math.Abs(got.Time-want) > 1e-9 {
+			t.Fatalf("trial %d: DP %g s, exhaustive %g s", trial, got.Time, want)
+		}
+		for i, u := range p.Units {
+			if got.Promote[i] && (u.Resident || u.Fixed) {
+				t.Fatalf("trial %d: promoted unit %d that is resident or fixed", trial, i)
+			}
+		}
+	}
+}
+
+// TestPromoteHidesCopies: copies that fit behind the CPU work before them
+// are taken; with no ring nothing is hidden and a slow link promotes
+// nothing.
+func TestPromoteHidesCopies(t *testing.T) {
+	// A CPU unit of 15 ms, then two units each 5 ms on the CPU, 0.1 ms on
+	// the GPU and 6 ms to copy: with room for 15 ms of copies in the ring
+	// both hide behind the first unit; without, each copy would cost more
+	// than the CPU.
+	p := PromoteProblem{MaxSlack: 15e-3, Units: []PromoteUnit{
+		{Name: "a", CPU: 15e-3, Fixed: true},
+		{Name: "b", CPU: 5e-3, GPU: 1e-4, Copy: 6e-3},
+		{Name: "c", CPU: 5e-3, GPU: 1e-4, Copy: 6e-3},
+	}}
+	got, err := Promote(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !got.Promote[1] || !got.Promote[2] || got.Exposed > 1e-9 {
+		t.Fatalf("promotion %v, exposed %g", got.Promote, got.Exposed)
+	}
+	p.MaxSlack = 0 // no ring to copy ahead into: every copy is exposed
+	if got, _ = Promote(p); got.Promote[1] || got.Promote[2] {
+		t.Errorf("without a ring: promoted %v", got.Promote)
+	}
+	p.MaxSlack = 15e-3
+	p.Units[1].Copy, p.Units[2].Copy = 40e-3, 40e-3 // a slow link
+	if got, _ = Promote(p); got.Promote[1] || got.Promote[2] {
+		t.Errorf("slow link: promoted %v", got.Promote)
+	}
+}
+
+func TestReplanner(t *testing.T) {
+	var r Replanner
+	e := Estimates{CPU: 1, GPU: 1, Link: 50e9, Overlap: 1}
+	if !r.Step(e) {
+		t.Fatal("no plan yet: should plan")
+	}
+	r.Planned(e)
+	moved := e
+	moved.CPU = 1.2 // 20%
+	for step := 1; step < 5; step++ {
+		if r.Step(moved) {
+			t.Fatalf("step %d: re-planned before the plan is 5 steps old", step)
+		}
+	}
+	if !r.Step(moved) {
+		t.Fatal("a 20% move after 5 steps: should re-plan")
+	}
+	r.Planned(moved)
+	small := moved
+	small.Link *= 1.1 // 10%
+	for step := 0; step < 20; step++ {
+		if r.Step(small) {
+			t.Fatalf("a 10%% move re-planned at step %d", step)
+		}
+	}
+	var est Estimator
+	got := est.Observe(Estimates{CPU: 1, GPU: 2, Link: 10})
+	got = est.Observe(Estimates{CPU: 2, Link: 0})
+	if math.Abs(got.CPU-1.3) > 1e-12 || got.GPU != 2 || got.Link != 10 {
+		t.Errorf("estimates %+v", got)
+	}
+}

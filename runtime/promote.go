@@ -1,0 +1,231 @@
+package runtime
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/atsinfer/ats/plan"
+	"github.com/atsinfer/ats/runtime/gpu"
+)
+
+// Dynamic promotion (decode). Before each decode step the promoter may
+// re-plan which CPU-resident units to copy into the staging ring and run
+// on the GPU for the step (plan.Promote), from the profile corrected by
+// estimates of how the machine runs now: CPU and GPU speed against the
+// profile, the link's speed, and how well copies hide behind compute. The
+// estimates come from the steps themselves (device events around every
+// GPU segment and weight upload, wall time of the CPU segments), and a new
+// plan is made only when one moved by 15% and the plan is 5 steps old.
+// Each plan is a schedule of the executor, compiled once and kept.
+
+type promoter struct {
+	prof    *plan.Profile
+	ring    int64 // the staging ring's bytes
+	est     plan.Estimator
+	rp      plan.Replanner
+	cur     *schedule
+	curPlan plan.Promotion
+	byKey   map[string]*schedule
+
+	// Statistics.
+	replans   int
+	planCost  time.Duration // the last re-planning (the DP and, when new, the compile)
+	planTotal time.Duration
+	promoted  int64 // weight bytes the current plan promotes a step
+}
+
+// newPromoter starts the promotion of a context whose decode schedule is
+// base; nil when promotion is off.
+func (c *Context) newPromoter(base *schedule) *promoter {
+	pl := c.place
+	if !pl.Dynamic || c.gpu == nil || (pl.prof == nil && !promoteEverything) {
+		return nil
+	}
+	any := false
+	for i, u := range c.units {
+		any = any || (u.Streamable && !pl.resident(i))
+	}
+	if !any {
+		return nil
+	}
+	p := &promoter{prof: pl.prof, ring: pl.RingBytes, cur: base, byKey: map[string]*schedule{"": base}}
+	if p.prof != nil {
+		p.est.Observe(plan.Estimates{CPU: 1, GPU: 1, Overlap: 1, Link: pl.prof.Stream.BytesPerSec})
+	}
+	return p
+}
+
+// promoteEverything, set by tests, promotes every CPU unit that can
+// stream on every decode step, whatever it costs (no profile needed): the
+// promotion path at its busiest, for checking results.
+var promoteEverything bool
+
+// problem is the promotion problem of the next decode step under e.
+func (p *promoter) problem(c *Context, e plan.Estimates) plan.PromoteProblem {
+	d := p.prof.BatchIndex(1)
+	sw := p.prof.Switch[d]
+	link := plan.Link{BytesPerSec: e.Link}
+	pr := plan.PromoteProblem{MaxSlack: float64(p.ring) / e.Link / max(e.Overlap, 1), EndToCPU: sw.Time(4 * int64(c.m.Prog.Hyper.NVocab))}
+	for i, u := range c.units {
+		t := p.prof.Units[i]
+		cross := sw.Time(u.InBytes)
+		pu := plan.PromoteUnit{Name: u.Name, CPU: t.CPU[d] * e.CPU, GPU: t.GPU[d] * e.GPU, ToGPU: cross, ToCPU: cross,
+			Resident: c.place.resident(i)}
+		if !pu.Resident {
+			if u.Streamable {
+				pu.Copy = link.Time(u.Bytes)
+			} else {
+				pu.Fixed = true
+			}
+		}
+		pr.Units = append(pr.Units, pu)
+	}
+	return pr
+}
+
+// schedule is the decode schedule of the next step, re-planned first when
+// the estimates call for it.
+func (p *promoter) schedule(c *Context) (*schedule, error) {
+	e := p.est.Current()
+	if !p.rp.Step(e) {
+		return p.cur, nil
+	}
+	start := time.Now()
+	var sol plan.Promotion
+	if p.prof == nil { // promoteEverything
+		sol.Promote = make([]bool, len(c.units))
+		for i, u := range c.units {
+			sol.Promote[i] = u.Streamable && !c.place.resident(i)
+		}
+	} else {
+		var err error
+		if sol, err = plan.Promote(p.problem(c, e)); err != nil {
+			return nil, err
+		}
+	}
+	var key strings.Builder
+	var bytes int64
+	for i, on := range sol.Promote {
+		if on {
+			fmt.Fprintf(&key, "%d,", i)
+			bytes += c.units[i].Bytes
+		}
+	}
+	s := p.byKey[key.String()]
+	if s == nil {
+		var err error
+		if s, err = c.promotionSchedule(sol.Promote); err != nil {
+			return nil, err
+		}
+		p.byKey[key.String()] = s
+	}
+	p.cur, p.curPlan, p.promoted = s, sol, bytes
+	p.rp.Planned(e)
+	p.replans++
+	p.planCost = time.Since(start)
+	p.planTotal += p.planCost
+	return s, nil
+}
+
+// promotionSchedule compiles the decode schedule that also runs the
+// promoted units on the GPU, their weights streamed.
+func (c *Context) promotionSchedule(promote []bool) (*schedule, error) {
+	base := c.scheds[0]
+	s := &schedule{minBatch: 1, dev: append(base.dev[:0:0], base.dev...), stream: make([]bool, len(c.units))}
+	for i, u := range c.units {
+		if promote[i] {
+			s.stream[i] = true
+			for op := u.Lo; op < u.Hi; op++ {
+				s.dev[op] = plan.GPU
+			}
+		}
+	}
+	if err := c.compile(s, c.hostOf); err != nil {
+		return nil, fmt.Errorf("promotion: %w", err)
+	}
+	return s, nil
+}
+
+// observe folds a decode step's measurements into the estimates: the CPU
+// segments' wall time and the GPU segments' device time (those that did
+// not wait for uploads) against the profile, the uploads' speed, and the
+// step against the plan's prediction.
+func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t gpu.Times) {
+	if p.prof == nil {
+		return
+	}
+	d := p.prof.BatchIndex(1)
+	var cpuPred, gpuPred, gpuMeas float64
+	for i, u := range c.units {
+		if s.dev[u.Lo] == plan.CPU {
+			cpuPred += p.prof.Units[i].CPU[d]
+		}
+	}
+	for _, sp := range t.Segments {
+		if sp.Streams {
+			continue
+		}
+		gpuMeas += sp.End - sp.Start
+		for i, u := range c.units {
+			if u.Lo >= sp.Lo && u.Lo < sp.Hi {
+				gpuPred += p.prof.Units[i].GPU[d]
+			}
+		}
+	}
+	var moved int64
+	var busy float64
+	for _, up := range t.Uploads {
+		moved += up.Bytes
+		busy += up.End - up.Start
+	}
+	m := plan.Estimates{}
+	if cpuPred > 0 && onCPU > 0 {
+		m.CPU = onCPU.Seconds() / cpuPred
+	}
+	if gpuPred > 0 && gpuMeas > 0 {
+		m.GPU = gpuMeas / gpuPred
+	}
+	if moved > 0 && busy > 0 {
+		m.Link = float64(moved) / busy
+	}
+	// How the step compares with the plan's model under the same speeds.
+	cur := p.est.Current()
+	if len(t.Uploads) > 0 && m.CPU > 0 {
+		e := cur
+		e.CPU, e.Overlap = m.CPU, 1
+		if m.GPU > 0 {
+			e.GPU = m.GPU
+		}
+		if m.Link > 0 {
+			e.Link = m.Link
+		}
+		pr := p.problem(c, e)
+		if pred, _ := pr.Timeline(p.curPlan.Promote); pred > 0 {
+			m.Overlap = wall.Seconds() / pred
+		}
+	}
+	p.est.Observe(m)
+}
+
+// PromotionStats reports dynamic promotion.
+type PromotionStats struct {
+	On            bool
+	Replans       int
+	LastPlanCost  time.Duration // the last re-planning, compile included
+	PlanCost      time.Duration // all re-planning
+	PromotedBytes int64         // weight bytes the current plan promotes each step
+	PromotedUnits int
+	Predicted     float64 // seconds a step under the current plan and estimates
+	Estimates     plan.Estimates
+}
+
+// Promotion reports the context's dynamic promotion.
+func (c *Context) Promotion() PromotionStats {
+	p := c.prom
+	if p == nil {
+		return PromotionStats{}
+	}
+	return PromotionStats{On: true, Replans: p.replans, LastPlanCost: p.planCost, PlanCost: p.planTotal,
+		PromotedBytes: p.promoted, PromotedUnits: p.curPlan.Count, Predicted: p.curPlan.Time, Estimates: p.est.Current()}
+}
