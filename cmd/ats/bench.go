@@ -53,6 +53,7 @@ type benchResult struct {
 	// mixed placements): CPU segments, and GPU segments with their waits.
 	DecodeCPUMs float64 `json:"decode_cpu_ms,omitempty"`
 	DecodeGPUMs float64 `json:"decode_gpu_ms,omitempty"`
+	Promotion   string  `json:"promotion,omitempty"` // dynamic promotion's summary
 	modelPretty string
 }
 
@@ -206,6 +207,9 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 					}
 					if r.DecodeCPUMs > 0 {
 						fmt.Fprintf(stderr, "; a decode step: %.2f ms in CPU segments, %.2f ms in GPU segments and waits", r.DecodeCPUMs, r.DecodeGPUMs)
+					}
+					if r.Promotion != "" && r.NGen > 0 {
+						fmt.Fprintf(stderr, "; %s", r.Promotion)
 					}
 					if r.VRAMUsed > 0 {
 						fmt.Fprintf(stderr, "; VRAM in use %s of the budget %s (CUDA context %s apart)",
@@ -386,6 +390,9 @@ func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer
 	defer func() {
 		if v := c.VRAM(); v.Allocated > 0 {
 			r.VRAMBudget, r.VRAMUsed, r.VRAMContext = v.Budget, v.Process, v.Context
+		}
+		if pr := c.Promotion(); pr.On {
+			r.Promotion = describePromotion(pr)
 		}
 		if st := c.Stats(); st.DecodeSteps > 0 && c.Backend() == runtime.BackendHybrid {
 			r.DecodeCPUMs = float64(st.DecodeCPU.Microseconds()) / 1e3 / float64(st.DecodeSteps)

@@ -804,6 +804,11 @@ func (g *Exec) Times() (Times, error) {
 	if !g.measure || g.nMarks == 0 {
 		return t, nil
 	}
+	if g.cs != nil {
+		if err := g.cs.Synchronize(); err != nil {
+			return t, fmt.Errorf("gpu: %w", err)
+		}
+	}
 	base := g.marks[0]
 	at := func(e *cudadrv.Event) (float64, error) {
 		d, err := cudadrv.Elapsed(base, e)
