@@ -85,6 +85,9 @@ func (r *Replanner) Step(e Estimates) bool {
 	return moved(e.CPU, r.planned.CPU) || moved(e.GPU, r.planned.GPU) || moved(e.Link, r.planned.Link) || moved(e.Overlap, r.planned.Overlap)
 }
 
+// Age is how many steps the current plan has run.
+func (r *Replanner) Age() int { return r.age }
+
 // Planned records that a plan was made under e.
 func (r *Replanner) Planned(e Estimates) {
 	r.planned, r.age, r.has = e, 0, true

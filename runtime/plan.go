@@ -188,6 +188,9 @@ func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOpti
 	if forPrefill {
 		sol, err = m.solvePrefillResidency(prof, units, pr, bi)
 	} else {
+		if pb := prof.BatchIndex(opt.Batch); prof.Batches[pb] > 1 {
+			blendPrefill(&pr, prof, units, pb, prof.Batches[pb], m.Prog.Hyper)
+		}
 		sol, err = plan.Static(pr)
 	}
 	if err != nil {
@@ -259,6 +262,33 @@ func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOpti
 	}
 	pl.Predicted = pred
 	return pl, nil
+}
+
+// blendPrefill adds to a decode problem each unit's prefill cost per token
+// (a batch of n, profile batch pb): a prompt token then weighs as much as a
+// generated one. Decode dominates, but where it is indifferent the prefill
+// decides: attention, whose KV cache costs little VRAM and saves little at
+// decode between two switches, is twenty times faster on the GPU for a
+// batch of 512, and a CPU-resident attention cannot stream.
+func blendPrefill(pr *plan.Problem, prof *plan.Profile, units []Unit, pb, n int, h ir.Hyper) {
+	pre := problem(prof, units, pb, n, 0, h)
+	w := 1 / float64(n)
+	for i, u := range units {
+		p, q := &pr.Units[i], pre.Units[i]
+		cpu, cpuAlone := q.CPU, q.CPUAlone
+		if u.Streamable { // a CPU unit streams to the GPU when that is faster
+			st := max(prof.Stream.Time(u.Bytes), q.GPU)
+			cpu, cpuAlone = min(cpu, st), min(cpuAlone, st)
+		}
+		p.CPU += w * cpu
+		p.CPUAlone += w * cpuAlone
+		p.GPU += w * q.GPU
+		p.GPUAlone += w * q.GPUAlone
+		p.ToGPU += w * q.ToGPU
+		p.ToCPU += w * q.ToCPU
+	}
+	pr.ToGPU += w * pre.ToGPU
+	pr.ToCPU += w * pre.ToCPU
 }
 
 // solvePrefillResidency places for prefill: the residency that makes the

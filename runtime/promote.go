@@ -28,6 +28,12 @@ type promoter struct {
 	curPlan plan.Promotion
 	byKey   map[string]*schedule
 
+	// stepTime is the measured wall time of a decode step, by plan (a
+	// moving average): a plan measured slower than no promotion at all is
+	// not taken again, whatever the model predicts.
+	stepTime map[*schedule]float64
+	explored bool // no promotion has been measured for MinAge steps
+
 	// Statistics.
 	replans   int
 	planCost  time.Duration // the last re-planning (the DP and, when new, the compile)
@@ -49,12 +55,19 @@ func (c *Context) newPromoter(base *schedule) *promoter {
 	if !any {
 		return nil
 	}
-	p := &promoter{prof: pl.prof, ring: pl.RingBytes, cur: base, byKey: map[string]*schedule{"": base}}
+	p := &promoter{prof: pl.prof, ring: pl.RingBytes, cur: base, byKey: map[string]*schedule{"": base}, stepTime: map[*schedule]float64{}}
 	if p.prof != nil {
-		p.est.Observe(plan.Estimates{CPU: 1, GPU: 1, Overlap: 1, Link: pl.prof.Stream.BytesPerSec})
+		e := p.est.Observe(plan.Estimates{CPU: 1, GPU: 1, Overlap: 1, Link: pl.prof.Stream.BytesPerSec})
+		// The first steps run without promotion: they measure the machine
+		// and the static placement the plans are checked against.
+		p.rp.Planned(e)
 	}
 	return p
 }
+
+// minPlanAge is how many decode steps run without promotion before the
+// first plan (the Replanner's MinAge).
+const minPlanAge = 5
 
 // promoteEverything, set by tests, promotes every CPU unit that can
 // stream on every decode step, whatever it costs (no profile needed): the
@@ -88,9 +101,14 @@ func (p *promoter) problem(c *Context, e plan.Estimates) plan.PromoteProblem {
 // the estimates call for it.
 func (p *promoter) schedule(c *Context) (*schedule, error) {
 	e := p.est.Current()
-	if !p.rp.Step(e) {
+	first := !p.explored && p.rp.Age() >= minPlanAge
+	if !p.rp.Step(e) && !first && p.prof != nil {
 		return p.cur, nil
 	}
+	if p.prof == nil && p.replans > 0 {
+		return p.cur, nil // promoteEverything: planned once
+	}
+	p.explored = true
 	start := time.Now()
 	var sol plan.Promotion
 	if p.prof == nil { // promoteEverything
@@ -119,6 +137,12 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 			return nil, err
 		}
 		p.byKey[key.String()] = s
+	}
+	base := c.scheds[0]
+	if t, tb := p.stepTime[s], p.stepTime[base]; s != base && t > 0 && tb > 0 && t > 1.03*tb {
+		// Measured slower than no promotion: the model misjudges this
+		// machine (say, the copies slow the CPU's own memory reads).
+		s, sol, bytes = base, plan.Promotion{Promote: make([]bool, len(c.units))}, 0
 	}
 	p.cur, p.curPlan, p.promoted = s, sol, bytes
 	p.rp.Planned(e)
@@ -154,6 +178,11 @@ func (c *Context) promotionSchedule(promote []bool) (*schedule, error) {
 func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t gpu.Times) {
 	if p.prof == nil {
 		return
+	}
+	if old := p.stepTime[s]; old > 0 {
+		p.stepTime[s] = old + 0.3*(wall.Seconds()-old)
+	} else {
+		p.stepTime[s] = wall.Seconds()
 	}
 	d := p.prof.BatchIndex(1)
 	var cpuPred, gpuPred, gpuMeas float64
