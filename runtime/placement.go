@@ -45,7 +45,7 @@ type Placement struct {
 	// GPU (prefill batches, and promoted units of decode steps).
 	RingBytes int64 `json:"ring_bytes,omitempty"`
 	// Dynamic says whether decode steps promote CPU units to the GPU
-	// (issue of load: planned from the profile, re-planned as the load
+	// (planned from the profile, re-planned as the machine's load
 	// changes); false with --dynamic=false or without a profile.
 	Dynamic   bool              `json:"dynamic"`
 	Predicted *Prediction       `json:"predicted,omitempty"`

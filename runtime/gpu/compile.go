@@ -178,7 +178,7 @@ func (g *Exec) vec(w *ir.Weight) cudadrv.DevicePtr {
 	return g.ws.vecs[w]
 }
 
-// weight is the device matrix of w: resident, or a ring slot it streams
+// weight is the device matrix of w: resident, or the ring region it streams
 // into (Compile's resolver).
 func (g *Exec) weight(w *ir.Weight) (*mat, error) {
 	m, err := g.resolve(w)
@@ -673,7 +673,7 @@ func (g *Exec) moeExperts(s *cudadrv.Stream, gate, up, down *mat, in cudadrv.Dev
 }
 
 // with runs a launch that reads m between acquire and release: for a
-// streamed weight, after its upload and before its slot is reused.
+// streamed weight, after its upload and before its ring region is reused.
 func (g *Exec) with(s *cudadrv.Stream, m *mat, launch func() error) error {
 	if err := g.acquire(s, m); err != nil {
 		return err

@@ -26,10 +26,10 @@ import (
 // fusions of compile.go; Run queues one segment on the compute stream,
 // transfers included, or replays its CUDA graph for a decode step.
 //
-// Weights that are not resident stream through a ring of two slots in
-// device memory: the copy stream uploads the next weight while the compute
-// stream multiplies with the current one, and two events per slot order
-// them (streamer below).
+// Weights that are not resident stream through the staging ring (see
+// streamer): the copy stream uploads them, as far ahead as the ring holds,
+// while the compute stream multiplies with those already there; events
+// order the two.
 type Exec struct {
 	dev  *Device
 	w    WeightOps

@@ -23,8 +23,8 @@ type mat struct {
 	Ptr        cudadrv.DevicePtr
 	Rows, Cols int // of one expert for stacks
 	Experts    int // 1 for a plain matrix
-	// seq is a streamed weight's place in its schedule's order (its ring
-	// slot is seq%2); -1 for resident weights.
+	// seq is a streamed weight's place in its schedule's order of
+	// streamed weights (streamer); -1 for resident weights.
 	seq int
 }
 
