@@ -44,6 +44,20 @@ func (s isa) tokens() []int {
 	return []int{1, 2, 4}
 }
 
+// packedTokens lists the token counts of the kernels over repacked
+// weights (packed.go): their per-token state is one or two vectors, so
+// AVX-512 takes 8 tokens, AVX2's 16 registers 4.
+func (s isa) packedTokens() []int {
+	if v := os.Getenv("TOK"); v != "" {
+		n, _ := strconv.Atoi(v)
+		return []int{n}
+	}
+	if s.w512 {
+		return []int{1, 2, 4, 8}
+	}
+	return []int{1, 2, 4}
+}
+
 // vec allocates a vector register of the level's width.
 func (s isa) vec() VecVirtual {
 	if s.w512 {
