@@ -179,3 +179,32 @@ func BenchmarkMulPacked(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRepack is the load-time cost of Matrix.Repack: bytes of
+// original weights repacked per second, one thread.
+func BenchmarkRepack(b *testing.B) {
+	const n, rows = 4096, 1024
+	for _, typ := range packTypes {
+		k, _ := KernelFor(typ)
+		rng := rand.New(rand.NewPCG(1, 3))
+		data := make([]byte, 0, rows*k.RowBytes(n))
+		for range rows {
+			data = append(data, randomRow(typ, n, rng)...)
+		}
+		m, _ := NewMatrix(k, rows, n, data)
+		b.Run(typ.String(), func(b *testing.B) {
+			withPackedKernels(b, packedKernelsOrTwins(), func() {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				b.SetBytes(int64(len(data)))
+				c0 := threadCPUTime()
+				for b.Loop() {
+					m.Repack()
+				}
+				if c := threadCPUTime() - c0; c > 0 {
+					b.ReportMetric(float64(len(data))*float64(b.N)/c.Seconds()/1e9, "cpu-GB/s")
+				}
+			})
+		})
+	}
+}

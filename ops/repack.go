@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
 
 	"github.com/atsinfer/ats/gguf"
 )
@@ -105,7 +107,8 @@ type packedCopy struct {
 // for repacked weights of m's type (only Q4_K and Q6_K have them, on the
 // amd64 levels) or m has fewer than 16 rows. The copy is
 // RepackedBytes long, allocated on the Go heap; m.Data is not modified.
-// Repack may run concurrently for different matrices.
+// A large matrix is repacked by up to GOMAXPROCS goroutines; Repack may
+// also run concurrently for different matrices.
 func (m Matrix) Repack() (Matrix, bool) {
 	f := packFormats[m.Kernel.Type]
 	if f == nil || packedMul[m.Kernel.Type] == nil || m.Rows < packRows || m.packed != nil {
@@ -116,8 +119,21 @@ func (m Matrix) Repack() (Matrix, bool) {
 	groups := m.Rows / packRows
 	gb := nb * f.blockBytes
 	data := make([]byte, groups*gb)
-	for g := range groups {
-		f.pack(data[g*gb:(g+1)*gb], m.Data[g*packRows*rb:(g+1)*packRows*rb], rb, nb)
+	// A large matrix is repacked by several goroutines (about 1.5-3 GB/s
+	// each): loading a 14B model repacks gigabytes.
+	pack := func(g0, g1 int) {
+		for g := g0; g < g1; g++ {
+			f.pack(data[g*gb:(g+1)*gb], m.Data[g*packRows*rb:(g+1)*packRows*rb], rb, nb)
+		}
+	}
+	if workers := min(runtime.GOMAXPROCS(0), len(data)/(16<<20)); workers > 1 {
+		var wg sync.WaitGroup
+		for w := range workers {
+			wg.Go(func() { pack(w*groups/workers, (w+1)*groups/workers) })
+		}
+		wg.Wait()
+	} else {
+		pack(0, groups)
 	}
 	m.packed = &packedCopy{data: data, groups: groups, format: f}
 	return m, true
@@ -205,11 +221,9 @@ func packQ4K(dst, src []byte, rb, nb int) {
 			}
 			copy(o[2304+2*r:][:2], blk[0:2])
 			copy(o[2336+2*r:][:2], blk[2:4])
-			qs := blk[16:]
-			for g := range 4 {
-				for k := range 8 {
-					copy(o[512*g+64*k+4*r:][:4], qs[32*g+4*k:][:4])
-				}
+			qs := blk[16:][:128]
+			for q := range 32 { // the word of piece q/8, quad q%8
+				binary.LittleEndian.PutUint32(o[64*q+4*r:], binary.LittleEndian.Uint32(qs[4*q:]))
 			}
 		}
 	}
@@ -271,42 +285,45 @@ func mulPackedQ4K(nb int, w []byte, groups int, x []byte, ab, nTok int, out []fl
 
 // ---- Q6_K
 
-// q6Unsigned is element e (0..255) of a Q6_K block as stored: 0..63, the
-// value plus 32.
-func q6Unsigned(blk []byte, e int) uint8 {
-	h, l := e/128, e%128
-	lo := blk[64*h+l%64]
-	if l >= 64 {
-		lo >>= 4
-	}
-	hi := blk[128+32*h+l%32] >> (2 * (l / 32)) & 3
-	return lo&0xf | hi<<4
-}
-
-// packQ6K interleaves 16 Q6_K rows (see the layout above).
+// packQ6K interleaves 16 Q6_K rows (see the layout above), four elements
+// (one 32-bit word of each field) at a time. In the original block, element
+// 64g+l (l < 64) has its low 4 bits in ql[64(g/2) + l] (the high nibble
+// when g is odd) and its high 2 bits in qh[32(g/2) + l%32], bits
+// 2(2(g%2) + l/32).
 func packQ6K(dst, src []byte, rb, nb int) {
+	const lo4, lo2 = 0x0f0f0f0f, 0x03030303
+	le := binary.LittleEndian
 	for b := range nb {
 		o := dst[b*packQ6KBytes:][:packQ6KBytes]
-		clear(o[2048:3072]) // qh bits are ORed in
 		for r := range packRows {
 			blk := src[r*rb+b*blockQ6_K:][:blockQ6_K]
-			var q [qkK]uint8
-			for e := range q {
-				q[e] = q6Unsigned(blk, e)
-			}
 			for g := range 4 {
+				ql := blk[64*(g/2):][:64]
 				for k := range 8 {
-					for i := range 4 {
-						o[512*g+64*k+4*r+i] = q[64*g+4*k+i]&0xf | (q[64*g+32+4*k+i]&0xf)<<4
+					a, c := le.Uint32(ql[4*k:]), le.Uint32(ql[32+4*k:])
+					var w uint32
+					if g%2 == 0 {
+						w = a&lo4 | (c&lo4)<<4
+					} else {
+						w = a>>4&lo4 | c&^lo4
 					}
+					le.PutUint32(o[512*g+64*k+4*r:], w)
 				}
 			}
-			for j := range 16 {
-				for a := range 4 {
-					for i := range 4 {
-						o[2048+64*j+4*r+i] |= q[16*j+4*a+i] >> 4 << (2 * a)
-					}
+			// qh word m of half h holds, in bits 2c, 2c+1 of its bytes,
+			// elements l = 32c+4m+i of the half: group 8h+2c+m/4, quad m%4.
+			var qh [16]uint32
+			for h := range 2 {
+				for m := range 8 {
+					q, sh := le.Uint32(blk[128+32*h+4*m:]), 2*(m%4)
+					qh[8*h+m/4] |= (q & lo2) << sh
+					qh[8*h+2+m/4] |= (q >> 2 & lo2) << sh
+					qh[8*h+4+m/4] |= (q >> 4 & lo2) << sh
+					qh[8*h+6+m/4] |= (q >> 6 & lo2) << sh
 				}
+			}
+			for j, w := range qh {
+				le.PutUint32(o[2048+64*j+4*r:], w)
 			}
 			for p := range 8 {
 				o[3072+32*p+2*r] = blk[192+2*p]

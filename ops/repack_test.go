@@ -121,7 +121,7 @@ func TestPackLayout(t *testing.T) {
 
 // withPackedKernels runs f with the packed products of each type replaced
 // (the twins, where the level has none), restoring them after.
-func withPackedKernels(t *testing.T, kernels map[gguf.Type]packedMulFunc, f func()) {
+func withPackedKernels(t testing.TB, kernels map[gguf.Type]packedMulFunc, f func()) {
 	saved := map[gguf.Type]packedMulFunc{}
 	for k, v := range packedMul {
 		saved[k] = v
