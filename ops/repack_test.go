@@ -317,3 +317,31 @@ func TestPackedKernelsMatchTwin(t *testing.T) {
 		}
 	}
 }
+
+// TestRepackParallel: a matrix large enough to be repacked by several
+// goroutines gives the same bytes as packing group by group.
+func TestRepackParallel(t *testing.T) {
+	k, _ := KernelFor(gguf.TypeQ4_K)
+	const rows, n = 8192 + 16 + 5, 4096
+	data := make([]byte, rows*k.RowBytes(n))
+	rng := rand.New(rand.NewPCG(9, 86))
+	for i := range data {
+		data[i] = byte(rng.Uint32())
+	}
+	m, _ := NewMatrix(k, rows, n, data)
+	withPackedKernels(t, packedKernelsOrTwins(), func() {
+		r, ok := m.Repack()
+		if !ok {
+			t.Fatal("not repacked")
+		}
+		nb, rb := n/qkK, k.RowBytes(n)
+		gb := nb * packQ4KBytes
+		want := make([]byte, gb)
+		for g := range rows / packRows {
+			packQ4K(want, data[g*packRows*rb:], rb, nb)
+			if string(r.packed.data[g*gb:(g+1)*gb]) != string(want) {
+				t.Fatalf("group %d differs", g)
+			}
+		}
+	})
+}

@@ -91,6 +91,16 @@ func (k *packedKernel) pairs(disp int) Mem { return k.w(disp + k.half*16) }
 // acc is token t's float accumulator on the stack.
 func (k *packedKernel) acc(t int) Mem { return k.st.Offset(t * k.s.bytes()) }
 
+// prefetchNext prefetches part step of steps of the next weight block
+// (wBlock bytes on): the block's first loads otherwise wait for the L2 or
+// memory, which the hardware prefetchers do not run far enough ahead of.
+func (k *packedKernel) prefetchNext(wBlock, step, steps int) {
+	lines := (wBlock + 63) / 64
+	for l := step * lines / steps; l < (step+1)*lines/steps; l++ {
+		PREFETCHT0(k.w(wBlock + 64*l))
+	}
+}
+
 // bcastX returns a register with the activation dword at disp of token t
 // in every lane.
 func (k *packedKernel) bcastX(t, disp int) VecVirtual {
@@ -328,6 +338,7 @@ func genPackedQ4K(s isa, T int) {
 		for g := 0; g < 4; g++ {
 			for nib := 0; nib < 2; nib++ {
 				j := 2*g + nib
+				k.prefetchNext(2368, j, 8)
 				scv := dupWords(k, k.u8(2048+16*j), s.vnni)
 				for sh := 0; sh < 2; sh++ {
 					var W [4]VecVirtual
@@ -420,6 +431,7 @@ func genPackedQ6K(s isa, T int) {
 		for g := 0; g < 4; g++ {
 			for nib := 0; nib < 2; nib++ {
 				p := 2*g + nib // scale pair: groups 2p, 2p+1
+				k.prefetchNext(3360, p, 8)
 				pair := s.vec()
 				VPMOVSXBW(k.pairs(3072+32*p), pair) // words (sc_2p, sc_2p+1) per row
 				for sh := 0; sh < 2; sh++ {
