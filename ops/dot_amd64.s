@@ -3203,20 +3203,20 @@ mulP6KAVX21_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2048(AX), Y4
 	VPSLLW       $0x04, Y4, Y5
-	VPAND        Y1, Y5, Y5
 	VPAND        (AX), Y0, Y6
+	VPAND        Y1, Y5, Y5
 	VPOR         Y6, Y5, Y5
 	VPSLLW       $0x02, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        64(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VMOVDQU      Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        128(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        192(AX), Y0, Y8
+	VPAND        Y1, Y4, Y4
 	VPOR         Y8, Y4, Y4
 	VPBROADCASTD 4(BX), Y8
 	VPBROADCASTD 8(BX), Y9
@@ -3235,20 +3235,20 @@ mulP6KAVX21_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2112(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        256(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        320(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VPAND        384(AX), Y0, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        448(AX), Y0, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 20(BX), Y9
 	VPBROADCASTD 24(BX), Y10
@@ -3282,28 +3282,28 @@ mulP6KAVX21_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2176(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      (AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      64(AX), Y8
 	VPSRLW       $0x04, Y8, Y8
 	VPAND        Y0, Y8, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VMOVDQU      128(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      192(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 36(BX), Y9
 	VPBROADCASTD 40(BX), Y10
@@ -3323,28 +3323,28 @@ mulP6KAVX21_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2240(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      256(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      320(AX), Y8
 	VPSRLW       $0x04, Y8, Y8
 	VPAND        Y0, Y8, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VMOVDQU      384(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      448(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 52(BX), Y9
 	VPBROADCASTD 56(BX), Y10
@@ -3377,20 +3377,20 @@ mulP6KAVX21_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2304(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        512(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        576(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VPAND        640(AX), Y0, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        704(AX), Y0, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 68(BX), Y9
 	VPBROADCASTD 72(BX), Y10
@@ -3410,20 +3410,20 @@ mulP6KAVX21_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2368(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        768(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        832(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VPAND        896(AX), Y0, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        960(AX), Y0, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 84(BX), Y9
 	VPBROADCASTD 88(BX), Y10
@@ -3457,28 +3457,28 @@ mulP6KAVX21_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2432(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      512(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      576(AX), Y8
 	VPSRLW       $0x04, Y8, Y8
 	VPAND        Y0, Y8, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VMOVDQU      640(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      704(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 100(BX), Y9
 	VPBROADCASTD 104(BX), Y10
@@ -3498,28 +3498,28 @@ mulP6KAVX21_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2496(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      768(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      832(AX), Y8
 	VPSRLW       $0x04, Y8, Y8
 	VPAND        Y0, Y8, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VMOVDQU      896(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      960(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 116(BX), Y9
 	VPBROADCASTD 120(BX), Y10
@@ -3553,20 +3553,20 @@ mulP6KAVX21_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2560(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1024(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1088(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VPAND        1152(AX), Y0, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1216(AX), Y0, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 132(BX), Y9
 	VPBROADCASTD 136(BX), Y10
@@ -3586,20 +3586,20 @@ mulP6KAVX21_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2624(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1280(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1344(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VPAND        1408(AX), Y0, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1472(AX), Y0, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 148(BX), Y9
 	VPBROADCASTD 152(BX), Y10
@@ -3632,28 +3632,28 @@ mulP6KAVX21_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2688(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1024(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1088(AX), Y8
 	VPSRLW       $0x04, Y8, Y8
 	VPAND        Y0, Y8, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VMOVDQU      1152(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1216(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 164(BX), Y9
 	VPBROADCASTD 168(BX), Y10
@@ -3673,28 +3673,28 @@ mulP6KAVX21_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2752(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1280(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1344(AX), Y8
 	VPSRLW       $0x04, Y8, Y8
 	VPAND        Y0, Y8, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VMOVDQU      1408(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1472(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 180(BX), Y9
 	VPBROADCASTD 184(BX), Y10
@@ -3728,20 +3728,20 @@ mulP6KAVX21_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2816(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1536(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1600(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VPAND        1664(AX), Y0, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1728(AX), Y0, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 196(BX), Y9
 	VPBROADCASTD 200(BX), Y10
@@ -3761,20 +3761,20 @@ mulP6KAVX21_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2880(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1792(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1856(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VPAND        1920(AX), Y0, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1984(AX), Y0, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 212(BX), Y9
 	VPBROADCASTD 216(BX), Y10
@@ -3808,28 +3808,28 @@ mulP6KAVX21_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2944(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1536(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1600(AX), Y8
 	VPSRLW       $0x04, Y8, Y8
 	VPAND        Y0, Y8, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VMOVDQU      1664(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1728(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 228(BX), Y9
 	VPBROADCASTD 232(BX), Y10
@@ -3849,28 +3849,28 @@ mulP6KAVX21_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      3008(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1792(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1856(AX), Y8
 	VPSRLW       $0x04, Y8, Y8
 	VPAND        Y0, Y8, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VMOVDQU      1920(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1984(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 244(BX), Y9
 	VPBROADCASTD 248(BX), Y10
@@ -3924,20 +3924,20 @@ mulP6KAVX21_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2080(AX), Y4
 	VPSLLW       $0x04, Y4, Y5
-	VPAND        Y1, Y5, Y5
 	VPAND        32(AX), Y0, Y6
+	VPAND        Y1, Y5, Y5
 	VPOR         Y6, Y5, Y5
 	VPSLLW       $0x02, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        96(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VMOVDQU      Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        160(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        224(AX), Y0, Y8
+	VPAND        Y1, Y4, Y4
 	VPOR         Y8, Y4, Y4
 	VPBROADCASTD 4(DX), Y8
 	VPBROADCASTD 8(DX), Y9
@@ -3956,20 +3956,20 @@ mulP6KAVX21_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2144(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        288(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        352(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VPAND        416(AX), Y0, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        480(AX), Y0, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 20(DX), Y9
 	VPBROADCASTD 24(DX), Y10
@@ -4003,28 +4003,28 @@ mulP6KAVX21_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2208(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      32(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      96(AX), Y8
 	VPSRLW       $0x04, Y8, Y8
 	VPAND        Y0, Y8, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VMOVDQU      160(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      224(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 36(DX), Y9
 	VPBROADCASTD 40(DX), Y10
@@ -4044,28 +4044,28 @@ mulP6KAVX21_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2272(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      288(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      352(AX), Y8
 	VPSRLW       $0x04, Y8, Y8
 	VPAND        Y0, Y8, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VMOVDQU      416(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      480(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 52(DX), Y9
 	VPBROADCASTD 56(DX), Y10
@@ -4098,20 +4098,20 @@ mulP6KAVX21_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2336(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        544(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        608(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VPAND        672(AX), Y0, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        736(AX), Y0, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 68(DX), Y9
 	VPBROADCASTD 72(DX), Y10
@@ -4131,20 +4131,20 @@ mulP6KAVX21_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2400(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        800(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        864(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VPAND        928(AX), Y0, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        992(AX), Y0, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 84(DX), Y9
 	VPBROADCASTD 88(DX), Y10
@@ -4178,28 +4178,28 @@ mulP6KAVX21_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2464(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      544(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      608(AX), Y8
 	VPSRLW       $0x04, Y8, Y8
 	VPAND        Y0, Y8, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VMOVDQU      672(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      736(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 100(DX), Y9
 	VPBROADCASTD 104(DX), Y10
@@ -4219,28 +4219,28 @@ mulP6KAVX21_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2528(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      800(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      864(AX), Y8
 	VPSRLW       $0x04, Y8, Y8
 	VPAND        Y0, Y8, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VMOVDQU      928(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      992(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 116(DX), Y9
 	VPBROADCASTD 120(DX), Y10
@@ -4274,20 +4274,20 @@ mulP6KAVX21_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2592(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1056(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1120(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VPAND        1184(AX), Y0, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1248(AX), Y0, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 132(DX), Y9
 	VPBROADCASTD 136(DX), Y10
@@ -4307,20 +4307,20 @@ mulP6KAVX21_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2656(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1312(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1376(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VPAND        1440(AX), Y0, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1504(AX), Y0, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 148(DX), Y9
 	VPBROADCASTD 152(DX), Y10
@@ -4353,28 +4353,28 @@ mulP6KAVX21_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2720(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1056(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1120(AX), Y8
 	VPSRLW       $0x04, Y8, Y8
 	VPAND        Y0, Y8, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VMOVDQU      1184(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1248(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 164(DX), Y9
 	VPBROADCASTD 168(DX), Y10
@@ -4394,28 +4394,28 @@ mulP6KAVX21_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2784(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1312(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1376(AX), Y8
 	VPSRLW       $0x04, Y8, Y8
 	VPAND        Y0, Y8, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VMOVDQU      1440(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1504(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 180(DX), Y9
 	VPBROADCASTD 184(DX), Y10
@@ -4449,20 +4449,20 @@ mulP6KAVX21_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2848(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1568(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1632(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VPAND        1696(AX), Y0, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1760(AX), Y0, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 196(DX), Y9
 	VPBROADCASTD 200(DX), Y10
@@ -4482,20 +4482,20 @@ mulP6KAVX21_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2912(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1824(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1888(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VPAND        1952(AX), Y0, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        2016(AX), Y0, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 212(DX), Y9
 	VPBROADCASTD 216(DX), Y10
@@ -4529,28 +4529,28 @@ mulP6KAVX21_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2976(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1568(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1632(AX), Y8
 	VPSRLW       $0x04, Y8, Y8
 	VPAND        Y0, Y8, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VMOVDQU      1696(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1760(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 228(DX), Y9
 	VPBROADCASTD 232(DX), Y10
@@ -4570,28 +4570,28 @@ mulP6KAVX21_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      3040(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1824(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1888(AX), Y8
 	VPSRLW       $0x04, Y8, Y8
 	VPAND        Y0, Y8, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VMOVDQU      Y4, Y8
-	VPAND        Y1, Y8, Y8
 	VMOVDQU      1952(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y8, Y8
 	VPOR         Y9, Y8, Y8
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      2016(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y4, Y4
 	VPOR         Y9, Y4, Y4
 	VPBROADCASTD 244(DX), Y9
 	VPBROADCASTD 248(DX), Y10
@@ -6114,20 +6114,20 @@ mulP6KAVX22_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2048(AX), Y4
 	VPSLLW       $0x04, Y4, Y5
-	VPAND        Y1, Y5, Y5
 	VPAND        (AX), Y0, Y6
+	VPAND        Y1, Y5, Y5
 	VPOR         Y6, Y5, Y5
 	VPSLLW       $0x02, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        64(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VMOVDQU      Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        128(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        192(AX), Y0, Y8
+	VPAND        Y1, Y4, Y4
 	VPOR         Y8, Y4, Y4
 	VPBROADCASTD 4(SI), Y8
 	VPBROADCASTD 8(SI), Y9
@@ -6159,20 +6159,20 @@ mulP6KAVX22_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2112(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        256(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        320(AX), Y0, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VPAND        384(AX), Y0, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        448(AX), Y0, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 20(SI), Y10
 	VPBROADCASTD 24(SI), Y11
@@ -6223,28 +6223,28 @@ mulP6KAVX22_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2176(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      (AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      64(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VMOVDQU      128(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      192(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 36(SI), Y10
 	VPBROADCASTD 40(SI), Y11
@@ -6278,28 +6278,28 @@ mulP6KAVX22_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2240(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      256(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      320(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VMOVDQU      384(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      448(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 52(SI), Y10
 	VPBROADCASTD 56(SI), Y11
@@ -6349,20 +6349,20 @@ mulP6KAVX22_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2304(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        512(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        576(AX), Y0, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VPAND        640(AX), Y0, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        704(AX), Y0, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 68(SI), Y10
 	VPBROADCASTD 72(SI), Y11
@@ -6396,20 +6396,20 @@ mulP6KAVX22_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2368(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        768(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        832(AX), Y0, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VPAND        896(AX), Y0, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        960(AX), Y0, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 84(SI), Y10
 	VPBROADCASTD 88(SI), Y11
@@ -6460,28 +6460,28 @@ mulP6KAVX22_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2432(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      512(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      576(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VMOVDQU      640(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      704(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 100(SI), Y10
 	VPBROADCASTD 104(SI), Y11
@@ -6515,28 +6515,28 @@ mulP6KAVX22_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2496(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      768(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      832(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VMOVDQU      896(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      960(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 116(SI), Y10
 	VPBROADCASTD 120(SI), Y11
@@ -6587,20 +6587,20 @@ mulP6KAVX22_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2560(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1024(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1088(AX), Y0, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VPAND        1152(AX), Y0, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1216(AX), Y0, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 132(SI), Y10
 	VPBROADCASTD 136(SI), Y11
@@ -6634,20 +6634,20 @@ mulP6KAVX22_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2624(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1280(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1344(AX), Y0, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VPAND        1408(AX), Y0, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1472(AX), Y0, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 148(SI), Y10
 	VPBROADCASTD 152(SI), Y11
@@ -6697,28 +6697,28 @@ mulP6KAVX22_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2688(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1024(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1088(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VMOVDQU      1152(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1216(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 164(SI), Y10
 	VPBROADCASTD 168(SI), Y11
@@ -6752,28 +6752,28 @@ mulP6KAVX22_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2752(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1280(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1344(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VMOVDQU      1408(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1472(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 180(SI), Y10
 	VPBROADCASTD 184(SI), Y11
@@ -6824,20 +6824,20 @@ mulP6KAVX22_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2816(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1536(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1600(AX), Y0, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VPAND        1664(AX), Y0, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1728(AX), Y0, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 196(SI), Y10
 	VPBROADCASTD 200(SI), Y11
@@ -6871,20 +6871,20 @@ mulP6KAVX22_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2880(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1792(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1856(AX), Y0, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VPAND        1920(AX), Y0, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1984(AX), Y0, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 212(SI), Y10
 	VPBROADCASTD 216(SI), Y11
@@ -6935,28 +6935,28 @@ mulP6KAVX22_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2944(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1536(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1600(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VMOVDQU      1664(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1728(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 228(SI), Y10
 	VPBROADCASTD 232(SI), Y11
@@ -6990,28 +6990,28 @@ mulP6KAVX22_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      3008(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1792(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1856(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VMOVDQU      1920(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1984(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 244(SI), Y10
 	VPBROADCASTD 248(SI), Y11
@@ -7093,20 +7093,20 @@ mulP6KAVX22_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2080(AX), Y4
 	VPSLLW       $0x04, Y4, Y5
-	VPAND        Y1, Y5, Y5
 	VPAND        32(AX), Y0, Y6
+	VPAND        Y1, Y5, Y5
 	VPOR         Y6, Y5, Y5
 	VPSLLW       $0x02, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        96(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VMOVDQU      Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        160(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        224(AX), Y0, Y8
+	VPAND        Y1, Y4, Y4
 	VPOR         Y8, Y4, Y4
 	VPBROADCASTD 4(BX), Y8
 	VPBROADCASTD 8(BX), Y9
@@ -7138,20 +7138,20 @@ mulP6KAVX22_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2144(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        288(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        352(AX), Y0, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VPAND        416(AX), Y0, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        480(AX), Y0, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 20(BX), Y10
 	VPBROADCASTD 24(BX), Y11
@@ -7202,28 +7202,28 @@ mulP6KAVX22_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2208(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      32(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      96(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VMOVDQU      160(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      224(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 36(BX), Y10
 	VPBROADCASTD 40(BX), Y11
@@ -7257,28 +7257,28 @@ mulP6KAVX22_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2272(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      288(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      352(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VMOVDQU      416(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      480(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 52(BX), Y10
 	VPBROADCASTD 56(BX), Y11
@@ -7328,20 +7328,20 @@ mulP6KAVX22_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2336(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        544(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        608(AX), Y0, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VPAND        672(AX), Y0, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        736(AX), Y0, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 68(BX), Y10
 	VPBROADCASTD 72(BX), Y11
@@ -7375,20 +7375,20 @@ mulP6KAVX22_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2400(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        800(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        864(AX), Y0, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VPAND        928(AX), Y0, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        992(AX), Y0, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 84(BX), Y10
 	VPBROADCASTD 88(BX), Y11
@@ -7439,28 +7439,28 @@ mulP6KAVX22_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2464(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      544(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      608(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VMOVDQU      672(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      736(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 100(BX), Y10
 	VPBROADCASTD 104(BX), Y11
@@ -7494,28 +7494,28 @@ mulP6KAVX22_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2528(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      800(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      864(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VMOVDQU      928(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      992(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 116(BX), Y10
 	VPBROADCASTD 120(BX), Y11
@@ -7566,20 +7566,20 @@ mulP6KAVX22_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2592(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1056(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1120(AX), Y0, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VPAND        1184(AX), Y0, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1248(AX), Y0, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 132(BX), Y10
 	VPBROADCASTD 136(BX), Y11
@@ -7613,20 +7613,20 @@ mulP6KAVX22_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2656(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1312(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1376(AX), Y0, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VPAND        1440(AX), Y0, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1504(AX), Y0, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 148(BX), Y10
 	VPBROADCASTD 152(BX), Y11
@@ -7676,28 +7676,28 @@ mulP6KAVX22_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2720(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1056(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1120(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VMOVDQU      1184(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1248(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 164(BX), Y10
 	VPBROADCASTD 168(BX), Y11
@@ -7731,28 +7731,28 @@ mulP6KAVX22_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2784(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1312(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1376(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VMOVDQU      1440(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1504(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 180(BX), Y10
 	VPBROADCASTD 184(BX), Y11
@@ -7803,20 +7803,20 @@ mulP6KAVX22_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2848(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1568(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1632(AX), Y0, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VPAND        1696(AX), Y0, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1760(AX), Y0, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 196(BX), Y10
 	VPBROADCASTD 200(BX), Y11
@@ -7850,20 +7850,20 @@ mulP6KAVX22_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2912(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1824(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1888(AX), Y0, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VPAND        1952(AX), Y0, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        2016(AX), Y0, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 212(BX), Y10
 	VPBROADCASTD 216(BX), Y11
@@ -7914,28 +7914,28 @@ mulP6KAVX22_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2976(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1568(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1632(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VMOVDQU      1696(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1760(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 228(BX), Y10
 	VPBROADCASTD 232(BX), Y11
@@ -7969,28 +7969,28 @@ mulP6KAVX22_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      3040(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1824(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1888(AX), Y9
 	VPSRLW       $0x04, Y9, Y9
 	VPAND        Y0, Y9, Y9
+	VPAND        Y1, Y7, Y7
 	VPOR         Y9, Y7, Y7
 	VMOVDQU      Y4, Y9
-	VPAND        Y1, Y9, Y9
 	VMOVDQU      1952(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y9, Y9
 	VPOR         Y10, Y9, Y9
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      2016(AX), Y10
 	VPSRLW       $0x04, Y10, Y10
 	VPAND        Y0, Y10, Y10
+	VPAND        Y1, Y4, Y4
 	VPOR         Y10, Y4, Y4
 	VPBROADCASTD 244(BX), Y10
 	VPBROADCASTD 248(BX), Y11
@@ -10507,20 +10507,20 @@ mulP6KAVX24_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2048(AX), Y4
 	VPSLLW       $0x04, Y4, Y5
-	VPAND        Y1, Y5, Y5
 	VPAND        (AX), Y0, Y6
+	VPAND        Y1, Y5, Y5
 	VPOR         Y6, Y5, Y5
 	VPSLLW       $0x02, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        64(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VMOVDQU      Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        128(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        192(AX), Y0, Y8
+	VPAND        Y1, Y4, Y4
 	VPOR         Y8, Y4, Y4
 	VPBROADCASTD 4(SI), Y8
 	VPBROADCASTD 8(SI), Y9
@@ -10578,20 +10578,20 @@ mulP6KAVX24_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2112(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        256(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        320(AX), Y0, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VPAND        384(AX), Y0, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        448(AX), Y0, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 20(SI), Y12
 	VPBROADCASTD 24(SI), Y13
@@ -10676,28 +10676,28 @@ mulP6KAVX24_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2176(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      (AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      64(AX), Y11
 	VPSRLW       $0x04, Y11, Y11
 	VPAND        Y0, Y11, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VMOVDQU      128(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      192(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 36(SI), Y12
 	VPBROADCASTD 40(SI), Y13
@@ -10759,28 +10759,28 @@ mulP6KAVX24_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2240(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      256(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      320(AX), Y11
 	VPSRLW       $0x04, Y11, Y11
 	VPAND        Y0, Y11, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VMOVDQU      384(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      448(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 52(SI), Y12
 	VPBROADCASTD 56(SI), Y13
@@ -10864,20 +10864,20 @@ mulP6KAVX24_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2304(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        512(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        576(AX), Y0, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VPAND        640(AX), Y0, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        704(AX), Y0, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 68(SI), Y12
 	VPBROADCASTD 72(SI), Y13
@@ -10939,20 +10939,20 @@ mulP6KAVX24_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2368(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        768(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        832(AX), Y0, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VPAND        896(AX), Y0, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        960(AX), Y0, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 84(SI), Y12
 	VPBROADCASTD 88(SI), Y13
@@ -11037,28 +11037,28 @@ mulP6KAVX24_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2432(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      512(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      576(AX), Y11
 	VPSRLW       $0x04, Y11, Y11
 	VPAND        Y0, Y11, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VMOVDQU      640(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      704(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 100(SI), Y12
 	VPBROADCASTD 104(SI), Y13
@@ -11120,28 +11120,28 @@ mulP6KAVX24_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2496(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      768(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      832(AX), Y11
 	VPSRLW       $0x04, Y11, Y11
 	VPAND        Y0, Y11, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VMOVDQU      896(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      960(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 116(SI), Y12
 	VPBROADCASTD 120(SI), Y13
@@ -11226,20 +11226,20 @@ mulP6KAVX24_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2560(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1024(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1088(AX), Y0, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VPAND        1152(AX), Y0, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1216(AX), Y0, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 132(SI), Y12
 	VPBROADCASTD 136(SI), Y13
@@ -11301,20 +11301,20 @@ mulP6KAVX24_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2624(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1280(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1344(AX), Y0, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VPAND        1408(AX), Y0, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1472(AX), Y0, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 148(SI), Y12
 	VPBROADCASTD 152(SI), Y13
@@ -11398,28 +11398,28 @@ mulP6KAVX24_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2688(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1024(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1088(AX), Y11
 	VPSRLW       $0x04, Y11, Y11
 	VPAND        Y0, Y11, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VMOVDQU      1152(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1216(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 164(SI), Y12
 	VPBROADCASTD 168(SI), Y13
@@ -11481,28 +11481,28 @@ mulP6KAVX24_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2752(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1280(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1344(AX), Y11
 	VPSRLW       $0x04, Y11, Y11
 	VPAND        Y0, Y11, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VMOVDQU      1408(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1472(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 180(SI), Y12
 	VPBROADCASTD 184(SI), Y13
@@ -11587,20 +11587,20 @@ mulP6KAVX24_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2816(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1536(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1600(AX), Y0, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VPAND        1664(AX), Y0, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1728(AX), Y0, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 196(SI), Y12
 	VPBROADCASTD 200(SI), Y13
@@ -11662,20 +11662,20 @@ mulP6KAVX24_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2880(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1792(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1856(AX), Y0, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VPAND        1920(AX), Y0, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1984(AX), Y0, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 212(SI), Y12
 	VPBROADCASTD 216(SI), Y13
@@ -11760,28 +11760,28 @@ mulP6KAVX24_block0:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2944(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1536(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1600(AX), Y11
 	VPSRLW       $0x04, Y11, Y11
 	VPAND        Y0, Y11, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VMOVDQU      1664(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1728(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 228(SI), Y12
 	VPBROADCASTD 232(SI), Y13
@@ -11843,28 +11843,28 @@ mulP6KAVX24_block0:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      3008(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1792(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1856(AX), Y11
 	VPSRLW       $0x04, Y11, Y11
 	VPAND        Y0, Y11, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VMOVDQU      1920(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1984(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 244(SI), Y12
 	VPBROADCASTD 248(SI), Y13
@@ -11999,20 +11999,20 @@ mulP6KAVX24_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2080(AX), Y4
 	VPSLLW       $0x04, Y4, Y5
-	VPAND        Y1, Y5, Y5
 	VPAND        32(AX), Y0, Y6
+	VPAND        Y1, Y5, Y5
 	VPOR         Y6, Y5, Y5
 	VPSLLW       $0x02, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        96(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VMOVDQU      Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        160(AX), Y0, Y8
+	VPAND        Y1, Y7, Y7
 	VPOR         Y8, Y7, Y7
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        224(AX), Y0, Y8
+	VPAND        Y1, Y4, Y4
 	VPOR         Y8, Y4, Y4
 	VPBROADCASTD 4(BX), Y8
 	VPBROADCASTD 8(BX), Y9
@@ -12070,20 +12070,20 @@ mulP6KAVX24_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2144(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        288(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        352(AX), Y0, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VPAND        416(AX), Y0, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        480(AX), Y0, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 20(BX), Y12
 	VPBROADCASTD 24(BX), Y13
@@ -12168,28 +12168,28 @@ mulP6KAVX24_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2208(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      32(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      96(AX), Y11
 	VPSRLW       $0x04, Y11, Y11
 	VPAND        Y0, Y11, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VMOVDQU      160(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      224(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 36(BX), Y12
 	VPBROADCASTD 40(BX), Y13
@@ -12251,28 +12251,28 @@ mulP6KAVX24_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2272(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      288(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      352(AX), Y11
 	VPSRLW       $0x04, Y11, Y11
 	VPAND        Y0, Y11, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VMOVDQU      416(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      480(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 52(BX), Y12
 	VPBROADCASTD 56(BX), Y13
@@ -12356,20 +12356,20 @@ mulP6KAVX24_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2336(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        544(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        608(AX), Y0, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VPAND        672(AX), Y0, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        736(AX), Y0, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 68(BX), Y12
 	VPBROADCASTD 72(BX), Y13
@@ -12431,20 +12431,20 @@ mulP6KAVX24_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2400(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        800(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        864(AX), Y0, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VPAND        928(AX), Y0, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        992(AX), Y0, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 84(BX), Y12
 	VPBROADCASTD 88(BX), Y13
@@ -12529,28 +12529,28 @@ mulP6KAVX24_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2464(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      544(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      608(AX), Y11
 	VPSRLW       $0x04, Y11, Y11
 	VPAND        Y0, Y11, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VMOVDQU      672(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      736(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 100(BX), Y12
 	VPBROADCASTD 104(BX), Y13
@@ -12612,28 +12612,28 @@ mulP6KAVX24_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2528(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      800(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      864(AX), Y11
 	VPSRLW       $0x04, Y11, Y11
 	VPAND        Y0, Y11, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VMOVDQU      928(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      992(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 116(BX), Y12
 	VPBROADCASTD 120(BX), Y13
@@ -12718,20 +12718,20 @@ mulP6KAVX24_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2592(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1056(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1120(AX), Y0, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VPAND        1184(AX), Y0, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1248(AX), Y0, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 132(BX), Y12
 	VPBROADCASTD 136(BX), Y13
@@ -12793,20 +12793,20 @@ mulP6KAVX24_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2656(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1312(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1376(AX), Y0, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VPAND        1440(AX), Y0, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1504(AX), Y0, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 148(BX), Y12
 	VPBROADCASTD 152(BX), Y13
@@ -12890,28 +12890,28 @@ mulP6KAVX24_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2720(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1056(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1120(AX), Y11
 	VPSRLW       $0x04, Y11, Y11
 	VPAND        Y0, Y11, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VMOVDQU      1184(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1248(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 164(BX), Y12
 	VPBROADCASTD 168(BX), Y13
@@ -12973,28 +12973,28 @@ mulP6KAVX24_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2784(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1312(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1376(AX), Y11
 	VPSRLW       $0x04, Y11, Y11
 	VPAND        Y0, Y11, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VMOVDQU      1440(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1504(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 180(BX), Y12
 	VPBROADCASTD 184(BX), Y13
@@ -13079,20 +13079,20 @@ mulP6KAVX24_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2848(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1568(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1632(AX), Y0, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VPAND        1696(AX), Y0, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        1760(AX), Y0, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 196(BX), Y12
 	VPBROADCASTD 200(BX), Y13
@@ -13154,20 +13154,20 @@ mulP6KAVX24_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      2912(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VPAND        1824(AX), Y0, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VPAND        1888(AX), Y0, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VPAND        1952(AX), Y0, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VPAND        2016(AX), Y0, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 212(BX), Y12
 	VPBROADCASTD 216(BX), Y13
@@ -13252,28 +13252,28 @@ mulP6KAVX24_block1:
 	VPSHUFHW     $0xa0, Y3, Y3
 	VMOVDQU      2976(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1568(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1632(AX), Y11
 	VPSRLW       $0x04, Y11, Y11
 	VPAND        Y0, Y11, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VMOVDQU      1696(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      1760(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 228(BX), Y12
 	VPBROADCASTD 232(BX), Y13
@@ -13335,28 +13335,28 @@ mulP6KAVX24_block1:
 	VPSHUFHW     $0xf5, Y3, Y3
 	VMOVDQU      3040(AX), Y4
 	VPSLLW       $0x04, Y4, Y6
-	VPAND        Y1, Y6, Y6
 	VMOVDQU      1824(AX), Y7
 	VPSRLW       $0x04, Y7, Y7
 	VPAND        Y0, Y7, Y7
+	VPAND        Y1, Y6, Y6
 	VPOR         Y7, Y6, Y6
 	VPSLLW       $0x02, Y4, Y7
-	VPAND        Y1, Y7, Y7
 	VMOVDQU      1888(AX), Y11
 	VPSRLW       $0x04, Y11, Y11
 	VPAND        Y0, Y11, Y11
+	VPAND        Y1, Y7, Y7
 	VPOR         Y11, Y7, Y7
 	VMOVDQU      Y4, Y11
-	VPAND        Y1, Y11, Y11
 	VMOVDQU      1952(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y11, Y11
 	VPOR         Y12, Y11, Y11
 	VPSRLW       $0x02, Y4, Y4
-	VPAND        Y1, Y4, Y4
 	VMOVDQU      2016(AX), Y12
 	VPSRLW       $0x04, Y12, Y12
 	VPAND        Y0, Y12, Y12
+	VPAND        Y1, Y4, Y4
 	VPOR         Y12, Y4, Y4
 	VPBROADCASTD 244(BX), Y12
 	VPBROADCASTD 248(BX), Y13
@@ -20769,21 +20769,17 @@ mulP6KAVX5121_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2048(AX), Z4
 	VPSLLW           $0x04, Z4, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           (AX), Z0, Z6
-	VPORD            Z6, Z5, Z5
+	VPTERNLOGD       $0xea, Z6, Z1, Z5
 	VPSLLW           $0x02, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           64(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VMOVDQU64        Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           128(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           192(AX), Z0, Z8
-	VPORD            Z8, Z4, Z4
+	VPTERNLOGD       $0xea, Z8, Z1, Z4
 	VPBROADCASTD     4(DX), Z8
 	VPBROADCASTD     8(DX), Z9
 	VPMADDUBSW       Z8, Z5, Z8
@@ -20801,21 +20797,17 @@ mulP6KAVX5121_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2112(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           256(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           320(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z4, Z8
-	VPANDD           Z1, Z8, Z8
 	VPANDD           384(AX), Z0, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           448(AX), Z0, Z9
-	VPORD            Z9, Z4, Z4
+	VPTERNLOGD       $0xea, Z9, Z1, Z4
 	VPBROADCASTD     20(DX), Z9
 	VPBROADCASTD     24(DX), Z10
 	VPMADDUBSW       Z9, Z6, Z9
@@ -20848,25 +20840,21 @@ mulP6KAVX5121_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2176(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, (AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 64(AX), Z8
 	VPANDD           Z0, Z8, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z4, Z8
-	VPANDD           Z1, Z8, Z8
 	VPSRLW           $0x04, 128(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 192(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z4, Z4
+	VPTERNLOGD       $0xea, Z9, Z1, Z4
 	VPBROADCASTD     36(DX), Z9
 	VPBROADCASTD     40(DX), Z10
 	VPMADDUBSW       Z9, Z6, Z9
@@ -20885,25 +20873,21 @@ mulP6KAVX5121_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2240(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 256(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 320(AX), Z8
 	VPANDD           Z0, Z8, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z4, Z8
-	VPANDD           Z1, Z8, Z8
 	VPSRLW           $0x04, 384(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 448(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z4, Z4
+	VPTERNLOGD       $0xea, Z9, Z1, Z4
 	VPBROADCASTD     52(DX), Z9
 	VPBROADCASTD     56(DX), Z10
 	VPMADDUBSW       Z9, Z6, Z9
@@ -20935,21 +20919,17 @@ mulP6KAVX5121_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2304(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           512(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           576(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z4, Z8
-	VPANDD           Z1, Z8, Z8
 	VPANDD           640(AX), Z0, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           704(AX), Z0, Z9
-	VPORD            Z9, Z4, Z4
+	VPTERNLOGD       $0xea, Z9, Z1, Z4
 	VPBROADCASTD     68(DX), Z9
 	VPBROADCASTD     72(DX), Z10
 	VPMADDUBSW       Z9, Z6, Z9
@@ -20968,21 +20948,17 @@ mulP6KAVX5121_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2368(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           768(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           832(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z4, Z8
-	VPANDD           Z1, Z8, Z8
 	VPANDD           896(AX), Z0, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           960(AX), Z0, Z9
-	VPORD            Z9, Z4, Z4
+	VPTERNLOGD       $0xea, Z9, Z1, Z4
 	VPBROADCASTD     84(DX), Z9
 	VPBROADCASTD     88(DX), Z10
 	VPMADDUBSW       Z9, Z6, Z9
@@ -21015,25 +20991,21 @@ mulP6KAVX5121_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2432(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 512(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 576(AX), Z8
 	VPANDD           Z0, Z8, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z4, Z8
-	VPANDD           Z1, Z8, Z8
 	VPSRLW           $0x04, 640(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 704(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z4, Z4
+	VPTERNLOGD       $0xea, Z9, Z1, Z4
 	VPBROADCASTD     100(DX), Z9
 	VPBROADCASTD     104(DX), Z10
 	VPMADDUBSW       Z9, Z6, Z9
@@ -21052,25 +21024,21 @@ mulP6KAVX5121_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2496(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 768(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 832(AX), Z8
 	VPANDD           Z0, Z8, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z4, Z8
-	VPANDD           Z1, Z8, Z8
 	VPSRLW           $0x04, 896(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 960(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z4, Z4
+	VPTERNLOGD       $0xea, Z9, Z1, Z4
 	VPBROADCASTD     116(DX), Z9
 	VPBROADCASTD     120(DX), Z10
 	VPMADDUBSW       Z9, Z6, Z9
@@ -21103,21 +21071,17 @@ mulP6KAVX5121_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2560(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1024(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1088(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z4, Z8
-	VPANDD           Z1, Z8, Z8
 	VPANDD           1152(AX), Z0, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           1216(AX), Z0, Z9
-	VPORD            Z9, Z4, Z4
+	VPTERNLOGD       $0xea, Z9, Z1, Z4
 	VPBROADCASTD     132(DX), Z9
 	VPBROADCASTD     136(DX), Z10
 	VPMADDUBSW       Z9, Z6, Z9
@@ -21136,21 +21100,17 @@ mulP6KAVX5121_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2624(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1280(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1344(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z4, Z8
-	VPANDD           Z1, Z8, Z8
 	VPANDD           1408(AX), Z0, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           1472(AX), Z0, Z9
-	VPORD            Z9, Z4, Z4
+	VPTERNLOGD       $0xea, Z9, Z1, Z4
 	VPBROADCASTD     148(DX), Z9
 	VPBROADCASTD     152(DX), Z10
 	VPMADDUBSW       Z9, Z6, Z9
@@ -21182,25 +21142,21 @@ mulP6KAVX5121_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2688(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1024(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1088(AX), Z8
 	VPANDD           Z0, Z8, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z4, Z8
-	VPANDD           Z1, Z8, Z8
 	VPSRLW           $0x04, 1152(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 1216(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z4, Z4
+	VPTERNLOGD       $0xea, Z9, Z1, Z4
 	VPBROADCASTD     164(DX), Z9
 	VPBROADCASTD     168(DX), Z10
 	VPMADDUBSW       Z9, Z6, Z9
@@ -21219,25 +21175,21 @@ mulP6KAVX5121_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2752(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1280(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1344(AX), Z8
 	VPANDD           Z0, Z8, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z4, Z8
-	VPANDD           Z1, Z8, Z8
 	VPSRLW           $0x04, 1408(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 1472(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z4, Z4
+	VPTERNLOGD       $0xea, Z9, Z1, Z4
 	VPBROADCASTD     180(DX), Z9
 	VPBROADCASTD     184(DX), Z10
 	VPMADDUBSW       Z9, Z6, Z9
@@ -21270,21 +21222,17 @@ mulP6KAVX5121_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2816(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1536(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1600(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z4, Z8
-	VPANDD           Z1, Z8, Z8
 	VPANDD           1664(AX), Z0, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           1728(AX), Z0, Z9
-	VPORD            Z9, Z4, Z4
+	VPTERNLOGD       $0xea, Z9, Z1, Z4
 	VPBROADCASTD     196(DX), Z9
 	VPBROADCASTD     200(DX), Z10
 	VPMADDUBSW       Z9, Z6, Z9
@@ -21303,21 +21251,17 @@ mulP6KAVX5121_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2880(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1792(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1856(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z4, Z8
-	VPANDD           Z1, Z8, Z8
 	VPANDD           1920(AX), Z0, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           1984(AX), Z0, Z9
-	VPORD            Z9, Z4, Z4
+	VPTERNLOGD       $0xea, Z9, Z1, Z4
 	VPBROADCASTD     212(DX), Z9
 	VPBROADCASTD     216(DX), Z10
 	VPMADDUBSW       Z9, Z6, Z9
@@ -21350,25 +21294,21 @@ mulP6KAVX5121_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2944(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1536(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1600(AX), Z8
 	VPANDD           Z0, Z8, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z4, Z8
-	VPANDD           Z1, Z8, Z8
 	VPSRLW           $0x04, 1664(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 1728(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z4, Z4
+	VPTERNLOGD       $0xea, Z9, Z1, Z4
 	VPBROADCASTD     228(DX), Z9
 	VPBROADCASTD     232(DX), Z10
 	VPMADDUBSW       Z9, Z6, Z9
@@ -21387,25 +21327,21 @@ mulP6KAVX5121_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        3008(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1792(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1856(AX), Z8
 	VPANDD           Z0, Z8, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z4, Z8
-	VPANDD           Z1, Z8, Z8
 	VPSRLW           $0x04, 1920(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 1984(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z4, Z4
+	VPTERNLOGD       $0xea, Z9, Z1, Z4
 	VPBROADCASTD     244(DX), Z9
 	VPBROADCASTD     248(DX), Z10
 	VPMADDUBSW       Z9, Z6, Z9
@@ -22170,21 +22106,17 @@ mulP6KAVX5122_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2048(AX), Z4
 	VPSLLW           $0x04, Z4, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           (AX), Z0, Z6
-	VPORD            Z6, Z5, Z5
+	VPTERNLOGD       $0xea, Z6, Z1, Z5
 	VPSLLW           $0x02, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           64(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VMOVDQU64        Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           128(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           192(AX), Z0, Z8
-	VPORD            Z8, Z4, Z4
+	VPTERNLOGD       $0xea, Z8, Z1, Z4
 	VPBROADCASTD     4(BX), Z8
 	VPBROADCASTD     8(BX), Z9
 	VPMADDUBSW       Z8, Z5, Z8
@@ -22215,21 +22147,17 @@ mulP6KAVX5122_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2112(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           256(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           320(AX), Z0, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z4, Z9
-	VPANDD           Z1, Z9, Z9
 	VPANDD           384(AX), Z0, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           448(AX), Z0, Z10
-	VPORD            Z10, Z4, Z4
+	VPTERNLOGD       $0xea, Z10, Z1, Z4
 	VPBROADCASTD     20(BX), Z10
 	VPBROADCASTD     24(BX), Z11
 	VPMADDUBSW       Z10, Z6, Z10
@@ -22279,25 +22207,21 @@ mulP6KAVX5122_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2176(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, (AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 64(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z4, Z9
-	VPANDD           Z1, Z9, Z9
 	VPSRLW           $0x04, 128(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 192(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z4, Z4
+	VPTERNLOGD       $0xea, Z10, Z1, Z4
 	VPBROADCASTD     36(BX), Z10
 	VPBROADCASTD     40(BX), Z11
 	VPMADDUBSW       Z10, Z6, Z10
@@ -22330,25 +22254,21 @@ mulP6KAVX5122_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2240(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 256(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 320(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z4, Z9
-	VPANDD           Z1, Z9, Z9
 	VPSRLW           $0x04, 384(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 448(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z4, Z4
+	VPTERNLOGD       $0xea, Z10, Z1, Z4
 	VPBROADCASTD     52(BX), Z10
 	VPBROADCASTD     56(BX), Z11
 	VPMADDUBSW       Z10, Z6, Z10
@@ -22397,21 +22317,17 @@ mulP6KAVX5122_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2304(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           512(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           576(AX), Z0, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z4, Z9
-	VPANDD           Z1, Z9, Z9
 	VPANDD           640(AX), Z0, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           704(AX), Z0, Z10
-	VPORD            Z10, Z4, Z4
+	VPTERNLOGD       $0xea, Z10, Z1, Z4
 	VPBROADCASTD     68(BX), Z10
 	VPBROADCASTD     72(BX), Z11
 	VPMADDUBSW       Z10, Z6, Z10
@@ -22444,21 +22360,17 @@ mulP6KAVX5122_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2368(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           768(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           832(AX), Z0, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z4, Z9
-	VPANDD           Z1, Z9, Z9
 	VPANDD           896(AX), Z0, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           960(AX), Z0, Z10
-	VPORD            Z10, Z4, Z4
+	VPTERNLOGD       $0xea, Z10, Z1, Z4
 	VPBROADCASTD     84(BX), Z10
 	VPBROADCASTD     88(BX), Z11
 	VPMADDUBSW       Z10, Z6, Z10
@@ -22508,25 +22420,21 @@ mulP6KAVX5122_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2432(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 512(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 576(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z4, Z9
-	VPANDD           Z1, Z9, Z9
 	VPSRLW           $0x04, 640(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 704(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z4, Z4
+	VPTERNLOGD       $0xea, Z10, Z1, Z4
 	VPBROADCASTD     100(BX), Z10
 	VPBROADCASTD     104(BX), Z11
 	VPMADDUBSW       Z10, Z6, Z10
@@ -22559,25 +22467,21 @@ mulP6KAVX5122_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2496(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 768(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 832(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z4, Z9
-	VPANDD           Z1, Z9, Z9
 	VPSRLW           $0x04, 896(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 960(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z4, Z4
+	VPTERNLOGD       $0xea, Z10, Z1, Z4
 	VPBROADCASTD     116(BX), Z10
 	VPBROADCASTD     120(BX), Z11
 	VPMADDUBSW       Z10, Z6, Z10
@@ -22627,21 +22531,17 @@ mulP6KAVX5122_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2560(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1024(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1088(AX), Z0, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z4, Z9
-	VPANDD           Z1, Z9, Z9
 	VPANDD           1152(AX), Z0, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           1216(AX), Z0, Z10
-	VPORD            Z10, Z4, Z4
+	VPTERNLOGD       $0xea, Z10, Z1, Z4
 	VPBROADCASTD     132(BX), Z10
 	VPBROADCASTD     136(BX), Z11
 	VPMADDUBSW       Z10, Z6, Z10
@@ -22674,21 +22574,17 @@ mulP6KAVX5122_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2624(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1280(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1344(AX), Z0, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z4, Z9
-	VPANDD           Z1, Z9, Z9
 	VPANDD           1408(AX), Z0, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           1472(AX), Z0, Z10
-	VPORD            Z10, Z4, Z4
+	VPTERNLOGD       $0xea, Z10, Z1, Z4
 	VPBROADCASTD     148(BX), Z10
 	VPBROADCASTD     152(BX), Z11
 	VPMADDUBSW       Z10, Z6, Z10
@@ -22737,25 +22633,21 @@ mulP6KAVX5122_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2688(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1024(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1088(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z4, Z9
-	VPANDD           Z1, Z9, Z9
 	VPSRLW           $0x04, 1152(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 1216(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z4, Z4
+	VPTERNLOGD       $0xea, Z10, Z1, Z4
 	VPBROADCASTD     164(BX), Z10
 	VPBROADCASTD     168(BX), Z11
 	VPMADDUBSW       Z10, Z6, Z10
@@ -22788,25 +22680,21 @@ mulP6KAVX5122_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2752(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1280(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1344(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z4, Z9
-	VPANDD           Z1, Z9, Z9
 	VPSRLW           $0x04, 1408(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 1472(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z4, Z4
+	VPTERNLOGD       $0xea, Z10, Z1, Z4
 	VPBROADCASTD     180(BX), Z10
 	VPBROADCASTD     184(BX), Z11
 	VPMADDUBSW       Z10, Z6, Z10
@@ -22856,21 +22744,17 @@ mulP6KAVX5122_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2816(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1536(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1600(AX), Z0, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z4, Z9
-	VPANDD           Z1, Z9, Z9
 	VPANDD           1664(AX), Z0, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           1728(AX), Z0, Z10
-	VPORD            Z10, Z4, Z4
+	VPTERNLOGD       $0xea, Z10, Z1, Z4
 	VPBROADCASTD     196(BX), Z10
 	VPBROADCASTD     200(BX), Z11
 	VPMADDUBSW       Z10, Z6, Z10
@@ -22903,21 +22787,17 @@ mulP6KAVX5122_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2880(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1792(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1856(AX), Z0, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z4, Z9
-	VPANDD           Z1, Z9, Z9
 	VPANDD           1920(AX), Z0, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           1984(AX), Z0, Z10
-	VPORD            Z10, Z4, Z4
+	VPTERNLOGD       $0xea, Z10, Z1, Z4
 	VPBROADCASTD     212(BX), Z10
 	VPBROADCASTD     216(BX), Z11
 	VPMADDUBSW       Z10, Z6, Z10
@@ -22967,25 +22847,21 @@ mulP6KAVX5122_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2944(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1536(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1600(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z4, Z9
-	VPANDD           Z1, Z9, Z9
 	VPSRLW           $0x04, 1664(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 1728(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z4, Z4
+	VPTERNLOGD       $0xea, Z10, Z1, Z4
 	VPBROADCASTD     228(BX), Z10
 	VPBROADCASTD     232(BX), Z11
 	VPMADDUBSW       Z10, Z6, Z10
@@ -23018,25 +22894,21 @@ mulP6KAVX5122_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        3008(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1792(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1856(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z4, Z9
-	VPANDD           Z1, Z9, Z9
 	VPSRLW           $0x04, 1920(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 1984(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z4, Z4
+	VPTERNLOGD       $0xea, Z10, Z1, Z4
 	VPBROADCASTD     244(BX), Z10
 	VPBROADCASTD     248(BX), Z11
 	VPMADDUBSW       Z10, Z6, Z10
@@ -24313,21 +24185,17 @@ mulP6KAVX5124_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2048(AX), Z4
 	VPSLLW           $0x04, Z4, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           (AX), Z0, Z6
-	VPORD            Z6, Z5, Z5
+	VPTERNLOGD       $0xea, Z6, Z1, Z5
 	VPSLLW           $0x02, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           64(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VMOVDQU64        Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           128(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           192(AX), Z0, Z8
-	VPORD            Z8, Z4, Z4
+	VPTERNLOGD       $0xea, Z8, Z1, Z4
 	VPBROADCASTD     4(BX), Z8
 	VPBROADCASTD     8(BX), Z9
 	VPMADDUBSW       Z8, Z5, Z8
@@ -24384,21 +24252,17 @@ mulP6KAVX5124_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2112(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           256(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           320(AX), Z0, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z4, Z11
-	VPANDD           Z1, Z11, Z11
 	VPANDD           384(AX), Z0, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           448(AX), Z0, Z12
-	VPORD            Z12, Z4, Z4
+	VPTERNLOGD       $0xea, Z12, Z1, Z4
 	VPBROADCASTD     20(BX), Z12
 	VPBROADCASTD     24(BX), Z13
 	VPMADDUBSW       Z12, Z6, Z12
@@ -24482,25 +24346,21 @@ mulP6KAVX5124_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2176(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, (AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 64(AX), Z11
 	VPANDD           Z0, Z11, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z4, Z11
-	VPANDD           Z1, Z11, Z11
 	VPSRLW           $0x04, 128(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 192(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z4, Z4
+	VPTERNLOGD       $0xea, Z12, Z1, Z4
 	VPBROADCASTD     36(BX), Z12
 	VPBROADCASTD     40(BX), Z13
 	VPMADDUBSW       Z12, Z6, Z12
@@ -24561,25 +24421,21 @@ mulP6KAVX5124_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2240(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 256(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 320(AX), Z11
 	VPANDD           Z0, Z11, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z4, Z11
-	VPANDD           Z1, Z11, Z11
 	VPSRLW           $0x04, 384(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 448(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z4, Z4
+	VPTERNLOGD       $0xea, Z12, Z1, Z4
 	VPBROADCASTD     52(BX), Z12
 	VPBROADCASTD     56(BX), Z13
 	VPMADDUBSW       Z12, Z6, Z12
@@ -24662,21 +24518,17 @@ mulP6KAVX5124_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2304(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           512(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           576(AX), Z0, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z4, Z11
-	VPANDD           Z1, Z11, Z11
 	VPANDD           640(AX), Z0, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           704(AX), Z0, Z12
-	VPORD            Z12, Z4, Z4
+	VPTERNLOGD       $0xea, Z12, Z1, Z4
 	VPBROADCASTD     68(BX), Z12
 	VPBROADCASTD     72(BX), Z13
 	VPMADDUBSW       Z12, Z6, Z12
@@ -24737,21 +24589,17 @@ mulP6KAVX5124_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2368(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           768(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           832(AX), Z0, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z4, Z11
-	VPANDD           Z1, Z11, Z11
 	VPANDD           896(AX), Z0, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           960(AX), Z0, Z12
-	VPORD            Z12, Z4, Z4
+	VPTERNLOGD       $0xea, Z12, Z1, Z4
 	VPBROADCASTD     84(BX), Z12
 	VPBROADCASTD     88(BX), Z13
 	VPMADDUBSW       Z12, Z6, Z12
@@ -24835,25 +24683,21 @@ mulP6KAVX5124_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2432(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 512(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 576(AX), Z11
 	VPANDD           Z0, Z11, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z4, Z11
-	VPANDD           Z1, Z11, Z11
 	VPSRLW           $0x04, 640(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 704(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z4, Z4
+	VPTERNLOGD       $0xea, Z12, Z1, Z4
 	VPBROADCASTD     100(BX), Z12
 	VPBROADCASTD     104(BX), Z13
 	VPMADDUBSW       Z12, Z6, Z12
@@ -24914,25 +24758,21 @@ mulP6KAVX5124_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2496(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 768(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 832(AX), Z11
 	VPANDD           Z0, Z11, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z4, Z11
-	VPANDD           Z1, Z11, Z11
 	VPSRLW           $0x04, 896(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 960(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z4, Z4
+	VPTERNLOGD       $0xea, Z12, Z1, Z4
 	VPBROADCASTD     116(BX), Z12
 	VPBROADCASTD     120(BX), Z13
 	VPMADDUBSW       Z12, Z6, Z12
@@ -25016,21 +24856,17 @@ mulP6KAVX5124_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2560(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1024(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1088(AX), Z0, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z4, Z11
-	VPANDD           Z1, Z11, Z11
 	VPANDD           1152(AX), Z0, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           1216(AX), Z0, Z12
-	VPORD            Z12, Z4, Z4
+	VPTERNLOGD       $0xea, Z12, Z1, Z4
 	VPBROADCASTD     132(BX), Z12
 	VPBROADCASTD     136(BX), Z13
 	VPMADDUBSW       Z12, Z6, Z12
@@ -25091,21 +24927,17 @@ mulP6KAVX5124_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2624(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1280(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1344(AX), Z0, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z4, Z11
-	VPANDD           Z1, Z11, Z11
 	VPANDD           1408(AX), Z0, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           1472(AX), Z0, Z12
-	VPORD            Z12, Z4, Z4
+	VPTERNLOGD       $0xea, Z12, Z1, Z4
 	VPBROADCASTD     148(BX), Z12
 	VPBROADCASTD     152(BX), Z13
 	VPMADDUBSW       Z12, Z6, Z12
@@ -25188,25 +25020,21 @@ mulP6KAVX5124_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2688(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1024(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1088(AX), Z11
 	VPANDD           Z0, Z11, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z4, Z11
-	VPANDD           Z1, Z11, Z11
 	VPSRLW           $0x04, 1152(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 1216(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z4, Z4
+	VPTERNLOGD       $0xea, Z12, Z1, Z4
 	VPBROADCASTD     164(BX), Z12
 	VPBROADCASTD     168(BX), Z13
 	VPMADDUBSW       Z12, Z6, Z12
@@ -25267,25 +25095,21 @@ mulP6KAVX5124_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2752(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1280(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1344(AX), Z11
 	VPANDD           Z0, Z11, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z4, Z11
-	VPANDD           Z1, Z11, Z11
 	VPSRLW           $0x04, 1408(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 1472(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z4, Z4
+	VPTERNLOGD       $0xea, Z12, Z1, Z4
 	VPBROADCASTD     180(BX), Z12
 	VPBROADCASTD     184(BX), Z13
 	VPMADDUBSW       Z12, Z6, Z12
@@ -25369,21 +25193,17 @@ mulP6KAVX5124_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2816(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1536(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1600(AX), Z0, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z4, Z11
-	VPANDD           Z1, Z11, Z11
 	VPANDD           1664(AX), Z0, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           1728(AX), Z0, Z12
-	VPORD            Z12, Z4, Z4
+	VPTERNLOGD       $0xea, Z12, Z1, Z4
 	VPBROADCASTD     196(BX), Z12
 	VPBROADCASTD     200(BX), Z13
 	VPMADDUBSW       Z12, Z6, Z12
@@ -25444,21 +25264,17 @@ mulP6KAVX5124_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2880(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1792(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1856(AX), Z0, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z4, Z11
-	VPANDD           Z1, Z11, Z11
 	VPANDD           1920(AX), Z0, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           1984(AX), Z0, Z12
-	VPORD            Z12, Z4, Z4
+	VPTERNLOGD       $0xea, Z12, Z1, Z4
 	VPBROADCASTD     212(BX), Z12
 	VPBROADCASTD     216(BX), Z13
 	VPMADDUBSW       Z12, Z6, Z12
@@ -25542,25 +25358,21 @@ mulP6KAVX5124_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2944(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1536(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1600(AX), Z11
 	VPANDD           Z0, Z11, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z4, Z11
-	VPANDD           Z1, Z11, Z11
 	VPSRLW           $0x04, 1664(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 1728(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z4, Z4
+	VPTERNLOGD       $0xea, Z12, Z1, Z4
 	VPBROADCASTD     228(BX), Z12
 	VPBROADCASTD     232(BX), Z13
 	VPMADDUBSW       Z12, Z6, Z12
@@ -25621,25 +25433,21 @@ mulP6KAVX5124_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        3008(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1792(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1856(AX), Z11
 	VPANDD           Z0, Z11, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z4, Z11
-	VPANDD           Z1, Z11, Z11
 	VPSRLW           $0x04, 1920(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 1984(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z4, Z4
+	VPTERNLOGD       $0xea, Z12, Z1, Z4
 	VPBROADCASTD     244(BX), Z12
 	VPBROADCASTD     248(BX), Z13
 	VPMADDUBSW       Z12, Z6, Z12
@@ -27948,21 +27756,17 @@ mulP6KAVX5128_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2048(AX), Z4
 	VPSLLW           $0x04, Z4, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           (AX), Z0, Z6
-	VPORD            Z6, Z5, Z5
+	VPTERNLOGD       $0xea, Z6, Z1, Z5
 	VPSLLW           $0x02, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           64(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VMOVDQU64        Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           128(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           192(AX), Z0, Z8
-	VPORD            Z8, Z4, Z4
+	VPTERNLOGD       $0xea, Z8, Z1, Z4
 	VPBROADCASTD     4(BX), Z8
 	VPBROADCASTD     8(BX), Z9
 	VPMADDUBSW       Z8, Z5, Z8
@@ -28071,21 +27875,17 @@ mulP6KAVX5128_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2112(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           256(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           320(AX), Z0, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z4, Z15
-	VPANDD           Z1, Z15, Z15
 	VPANDD           384(AX), Z0, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           448(AX), Z0, Z16
-	VPORD            Z16, Z4, Z4
+	VPTERNLOGD       $0xea, Z16, Z1, Z4
 	VPBROADCASTD     20(BX), Z16
 	VPBROADCASTD     24(BX), Z17
 	VPMADDUBSW       Z16, Z6, Z16
@@ -28237,25 +28037,21 @@ mulP6KAVX5128_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2176(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, (AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 64(AX), Z15
 	VPANDD           Z0, Z15, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z4, Z15
-	VPANDD           Z1, Z15, Z15
 	VPSRLW           $0x04, 128(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 192(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z4, Z4
+	VPTERNLOGD       $0xea, Z16, Z1, Z4
 	VPBROADCASTD     36(BX), Z16
 	VPBROADCASTD     40(BX), Z17
 	VPMADDUBSW       Z16, Z6, Z16
@@ -28372,25 +28168,21 @@ mulP6KAVX5128_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2240(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 256(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 320(AX), Z15
 	VPANDD           Z0, Z15, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z4, Z15
-	VPANDD           Z1, Z15, Z15
 	VPSRLW           $0x04, 384(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 448(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z4, Z4
+	VPTERNLOGD       $0xea, Z16, Z1, Z4
 	VPBROADCASTD     52(BX), Z16
 	VPBROADCASTD     56(BX), Z17
 	VPMADDUBSW       Z16, Z6, Z16
@@ -28541,21 +28333,17 @@ mulP6KAVX5128_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2304(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           512(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           576(AX), Z0, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z4, Z15
-	VPANDD           Z1, Z15, Z15
 	VPANDD           640(AX), Z0, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           704(AX), Z0, Z16
-	VPORD            Z16, Z4, Z4
+	VPTERNLOGD       $0xea, Z16, Z1, Z4
 	VPBROADCASTD     68(BX), Z16
 	VPBROADCASTD     72(BX), Z17
 	VPMADDUBSW       Z16, Z6, Z16
@@ -28672,21 +28460,17 @@ mulP6KAVX5128_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2368(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           768(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           832(AX), Z0, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z4, Z15
-	VPANDD           Z1, Z15, Z15
 	VPANDD           896(AX), Z0, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           960(AX), Z0, Z16
-	VPORD            Z16, Z4, Z4
+	VPTERNLOGD       $0xea, Z16, Z1, Z4
 	VPBROADCASTD     84(BX), Z16
 	VPBROADCASTD     88(BX), Z17
 	VPMADDUBSW       Z16, Z6, Z16
@@ -28838,25 +28622,21 @@ mulP6KAVX5128_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2432(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 512(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 576(AX), Z15
 	VPANDD           Z0, Z15, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z4, Z15
-	VPANDD           Z1, Z15, Z15
 	VPSRLW           $0x04, 640(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 704(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z4, Z4
+	VPTERNLOGD       $0xea, Z16, Z1, Z4
 	VPBROADCASTD     100(BX), Z16
 	VPBROADCASTD     104(BX), Z17
 	VPMADDUBSW       Z16, Z6, Z16
@@ -28973,25 +28753,21 @@ mulP6KAVX5128_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2496(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 768(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 832(AX), Z15
 	VPANDD           Z0, Z15, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z4, Z15
-	VPANDD           Z1, Z15, Z15
 	VPSRLW           $0x04, 896(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 960(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z4, Z4
+	VPTERNLOGD       $0xea, Z16, Z1, Z4
 	VPBROADCASTD     116(BX), Z16
 	VPBROADCASTD     120(BX), Z17
 	VPMADDUBSW       Z16, Z6, Z16
@@ -29143,21 +28919,17 @@ mulP6KAVX5128_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2560(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1024(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1088(AX), Z0, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z4, Z15
-	VPANDD           Z1, Z15, Z15
 	VPANDD           1152(AX), Z0, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           1216(AX), Z0, Z16
-	VPORD            Z16, Z4, Z4
+	VPTERNLOGD       $0xea, Z16, Z1, Z4
 	VPBROADCASTD     132(BX), Z16
 	VPBROADCASTD     136(BX), Z17
 	VPMADDUBSW       Z16, Z6, Z16
@@ -29274,21 +29046,17 @@ mulP6KAVX5128_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2624(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1280(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1344(AX), Z0, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z4, Z15
-	VPANDD           Z1, Z15, Z15
 	VPANDD           1408(AX), Z0, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           1472(AX), Z0, Z16
-	VPORD            Z16, Z4, Z4
+	VPTERNLOGD       $0xea, Z16, Z1, Z4
 	VPBROADCASTD     148(BX), Z16
 	VPBROADCASTD     152(BX), Z17
 	VPMADDUBSW       Z16, Z6, Z16
@@ -29439,25 +29207,21 @@ mulP6KAVX5128_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2688(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1024(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1088(AX), Z15
 	VPANDD           Z0, Z15, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z4, Z15
-	VPANDD           Z1, Z15, Z15
 	VPSRLW           $0x04, 1152(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 1216(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z4, Z4
+	VPTERNLOGD       $0xea, Z16, Z1, Z4
 	VPBROADCASTD     164(BX), Z16
 	VPBROADCASTD     168(BX), Z17
 	VPMADDUBSW       Z16, Z6, Z16
@@ -29574,25 +29338,21 @@ mulP6KAVX5128_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2752(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1280(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1344(AX), Z15
 	VPANDD           Z0, Z15, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z4, Z15
-	VPANDD           Z1, Z15, Z15
 	VPSRLW           $0x04, 1408(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 1472(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z4, Z4
+	VPTERNLOGD       $0xea, Z16, Z1, Z4
 	VPBROADCASTD     180(BX), Z16
 	VPBROADCASTD     184(BX), Z17
 	VPMADDUBSW       Z16, Z6, Z16
@@ -29744,21 +29504,17 @@ mulP6KAVX5128_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2816(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1536(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1600(AX), Z0, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z4, Z15
-	VPANDD           Z1, Z15, Z15
 	VPANDD           1664(AX), Z0, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           1728(AX), Z0, Z16
-	VPORD            Z16, Z4, Z4
+	VPTERNLOGD       $0xea, Z16, Z1, Z4
 	VPBROADCASTD     196(BX), Z16
 	VPBROADCASTD     200(BX), Z17
 	VPMADDUBSW       Z16, Z6, Z16
@@ -29875,21 +29631,17 @@ mulP6KAVX5128_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        2880(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1792(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1856(AX), Z0, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z4, Z15
-	VPANDD           Z1, Z15, Z15
 	VPANDD           1920(AX), Z0, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           1984(AX), Z0, Z16
-	VPORD            Z16, Z4, Z4
+	VPTERNLOGD       $0xea, Z16, Z1, Z4
 	VPBROADCASTD     212(BX), Z16
 	VPBROADCASTD     216(BX), Z17
 	VPMADDUBSW       Z16, Z6, Z16
@@ -30041,25 +29793,21 @@ mulP6KAVX5128_block0:
 	VPSHUFHW         $0xa0, Z3, Z3
 	VMOVDQU64        2944(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1536(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1600(AX), Z15
 	VPANDD           Z0, Z15, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z4, Z15
-	VPANDD           Z1, Z15, Z15
 	VPSRLW           $0x04, 1664(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 1728(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z4, Z4
+	VPTERNLOGD       $0xea, Z16, Z1, Z4
 	VPBROADCASTD     228(BX), Z16
 	VPBROADCASTD     232(BX), Z17
 	VPMADDUBSW       Z16, Z6, Z16
@@ -30176,25 +29924,21 @@ mulP6KAVX5128_block0:
 	VPSHUFHW         $0xf5, Z3, Z3
 	VMOVDQU64        3008(AX), Z4
 	VPSLLW           $0x04, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1792(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1856(AX), Z15
 	VPANDD           Z0, Z15, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z4, Z15
-	VPANDD           Z1, Z15, Z15
 	VPSRLW           $0x04, 1920(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPSRLW           $0x04, 1984(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z4, Z4
+	VPTERNLOGD       $0xea, Z16, Z1, Z4
 	VPBROADCASTD     244(BX), Z16
 	VPBROADCASTD     248(BX), Z17
 	VPMADDUBSW       Z16, Z6, Z16
@@ -34958,21 +34702,17 @@ mulP6KVNNI1_block0:
 	VPSRAD           $0x10, Z3, Z3
 	VMOVDQU64        2048(AX), Z4
 	VPSLLW           $0x04, Z4, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           (AX), Z0, Z6
-	VPORD            Z6, Z5, Z5
+	VPTERNLOGD       $0xea, Z6, Z1, Z5
 	VPSLLW           $0x02, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           64(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VMOVDQU64        Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           128(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           192(AX), Z0, Z8
-	VPORD            Z8, Z4, Z4
+	VPTERNLOGD       $0xea, Z8, Z1, Z4
 	VPXORD           Z8, Z8, Z8
 	VPDPBUSD.BCST    4(DX), Z5, Z8
 	VPDPBUSD.BCST    8(DX), Z6, Z8
@@ -34982,21 +34722,17 @@ mulP6KVNNI1_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2112(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           256(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           320(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z5, Z8
-	VPANDD           Z1, Z8, Z8
 	VPANDD           384(AX), Z0, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           448(AX), Z0, Z9
-	VPORD            Z9, Z5, Z5
+	VPTERNLOGD       $0xea, Z9, Z1, Z5
 	VPXORD           Z9, Z9, Z9
 	VPDPBUSD.BCST    20(DX), Z6, Z9
 	VPDPBUSD.BCST    24(DX), Z7, Z9
@@ -35020,25 +34756,21 @@ mulP6KVNNI1_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2176(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, (AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 64(AX), Z8
 	VPANDD           Z0, Z8, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z5, Z8
-	VPANDD           Z1, Z8, Z8
 	VPSRLW           $0x04, 128(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 192(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z5, Z5
+	VPTERNLOGD       $0xea, Z9, Z1, Z5
 	VPXORD           Z9, Z9, Z9
 	VPDPBUSD.BCST    36(DX), Z6, Z9
 	VPDPBUSD.BCST    40(DX), Z7, Z9
@@ -35049,25 +34781,21 @@ mulP6KVNNI1_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2240(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 256(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 320(AX), Z8
 	VPANDD           Z0, Z8, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z5, Z8
-	VPANDD           Z1, Z8, Z8
 	VPSRLW           $0x04, 384(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 448(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z5, Z5
+	VPTERNLOGD       $0xea, Z9, Z1, Z5
 	VPXORD           Z9, Z9, Z9
 	VPDPBUSD.BCST    52(DX), Z6, Z9
 	VPDPBUSD.BCST    56(DX), Z7, Z9
@@ -35090,21 +34818,17 @@ mulP6KVNNI1_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2304(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           512(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           576(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z5, Z8
-	VPANDD           Z1, Z8, Z8
 	VPANDD           640(AX), Z0, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           704(AX), Z0, Z9
-	VPORD            Z9, Z5, Z5
+	VPTERNLOGD       $0xea, Z9, Z1, Z5
 	VPXORD           Z9, Z9, Z9
 	VPDPBUSD.BCST    68(DX), Z6, Z9
 	VPDPBUSD.BCST    72(DX), Z7, Z9
@@ -35115,21 +34839,17 @@ mulP6KVNNI1_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2368(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           768(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           832(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z5, Z8
-	VPANDD           Z1, Z8, Z8
 	VPANDD           896(AX), Z0, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           960(AX), Z0, Z9
-	VPORD            Z9, Z5, Z5
+	VPTERNLOGD       $0xea, Z9, Z1, Z5
 	VPXORD           Z9, Z9, Z9
 	VPDPBUSD.BCST    84(DX), Z6, Z9
 	VPDPBUSD.BCST    88(DX), Z7, Z9
@@ -35153,25 +34873,21 @@ mulP6KVNNI1_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2432(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 512(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 576(AX), Z8
 	VPANDD           Z0, Z8, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z5, Z8
-	VPANDD           Z1, Z8, Z8
 	VPSRLW           $0x04, 640(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 704(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z5, Z5
+	VPTERNLOGD       $0xea, Z9, Z1, Z5
 	VPXORD           Z9, Z9, Z9
 	VPDPBUSD.BCST    100(DX), Z6, Z9
 	VPDPBUSD.BCST    104(DX), Z7, Z9
@@ -35182,25 +34898,21 @@ mulP6KVNNI1_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2496(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 768(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 832(AX), Z8
 	VPANDD           Z0, Z8, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z5, Z8
-	VPANDD           Z1, Z8, Z8
 	VPSRLW           $0x04, 896(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 960(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z5, Z5
+	VPTERNLOGD       $0xea, Z9, Z1, Z5
 	VPXORD           Z9, Z9, Z9
 	VPDPBUSD.BCST    116(DX), Z6, Z9
 	VPDPBUSD.BCST    120(DX), Z7, Z9
@@ -35224,21 +34936,17 @@ mulP6KVNNI1_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2560(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1024(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1088(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z5, Z8
-	VPANDD           Z1, Z8, Z8
 	VPANDD           1152(AX), Z0, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           1216(AX), Z0, Z9
-	VPORD            Z9, Z5, Z5
+	VPTERNLOGD       $0xea, Z9, Z1, Z5
 	VPXORD           Z9, Z9, Z9
 	VPDPBUSD.BCST    132(DX), Z6, Z9
 	VPDPBUSD.BCST    136(DX), Z7, Z9
@@ -35249,21 +34957,17 @@ mulP6KVNNI1_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2624(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1280(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1344(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z5, Z8
-	VPANDD           Z1, Z8, Z8
 	VPANDD           1408(AX), Z0, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           1472(AX), Z0, Z9
-	VPORD            Z9, Z5, Z5
+	VPTERNLOGD       $0xea, Z9, Z1, Z5
 	VPXORD           Z9, Z9, Z9
 	VPDPBUSD.BCST    148(DX), Z6, Z9
 	VPDPBUSD.BCST    152(DX), Z7, Z9
@@ -35286,25 +34990,21 @@ mulP6KVNNI1_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2688(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1024(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1088(AX), Z8
 	VPANDD           Z0, Z8, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z5, Z8
-	VPANDD           Z1, Z8, Z8
 	VPSRLW           $0x04, 1152(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 1216(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z5, Z5
+	VPTERNLOGD       $0xea, Z9, Z1, Z5
 	VPXORD           Z9, Z9, Z9
 	VPDPBUSD.BCST    164(DX), Z6, Z9
 	VPDPBUSD.BCST    168(DX), Z7, Z9
@@ -35315,25 +35015,21 @@ mulP6KVNNI1_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2752(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1280(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1344(AX), Z8
 	VPANDD           Z0, Z8, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z5, Z8
-	VPANDD           Z1, Z8, Z8
 	VPSRLW           $0x04, 1408(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 1472(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z5, Z5
+	VPTERNLOGD       $0xea, Z9, Z1, Z5
 	VPXORD           Z9, Z9, Z9
 	VPDPBUSD.BCST    180(DX), Z6, Z9
 	VPDPBUSD.BCST    184(DX), Z7, Z9
@@ -35357,21 +35053,17 @@ mulP6KVNNI1_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2816(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1536(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1600(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z5, Z8
-	VPANDD           Z1, Z8, Z8
 	VPANDD           1664(AX), Z0, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           1728(AX), Z0, Z9
-	VPORD            Z9, Z5, Z5
+	VPTERNLOGD       $0xea, Z9, Z1, Z5
 	VPXORD           Z9, Z9, Z9
 	VPDPBUSD.BCST    196(DX), Z6, Z9
 	VPDPBUSD.BCST    200(DX), Z7, Z9
@@ -35382,21 +35074,17 @@ mulP6KVNNI1_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2880(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1792(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1856(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z5, Z8
-	VPANDD           Z1, Z8, Z8
 	VPANDD           1920(AX), Z0, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           1984(AX), Z0, Z9
-	VPORD            Z9, Z5, Z5
+	VPTERNLOGD       $0xea, Z9, Z1, Z5
 	VPXORD           Z9, Z9, Z9
 	VPDPBUSD.BCST    212(DX), Z6, Z9
 	VPDPBUSD.BCST    216(DX), Z7, Z9
@@ -35420,25 +35108,21 @@ mulP6KVNNI1_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2944(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1536(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1600(AX), Z8
 	VPANDD           Z0, Z8, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z5, Z8
-	VPANDD           Z1, Z8, Z8
 	VPSRLW           $0x04, 1664(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 1728(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z5, Z5
+	VPTERNLOGD       $0xea, Z9, Z1, Z5
 	VPXORD           Z9, Z9, Z9
 	VPDPBUSD.BCST    228(DX), Z6, Z9
 	VPDPBUSD.BCST    232(DX), Z7, Z9
@@ -35449,25 +35133,21 @@ mulP6KVNNI1_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        3008(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1792(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1856(AX), Z8
 	VPANDD           Z0, Z8, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VMOVDQU64        Z5, Z8
-	VPANDD           Z1, Z8, Z8
 	VPSRLW           $0x04, 1920(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z8, Z8
+	VPTERNLOGD       $0xea, Z9, Z1, Z8
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 1984(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z5, Z5
+	VPTERNLOGD       $0xea, Z9, Z1, Z5
 	VPXORD           Z9, Z9, Z9
 	VPDPBUSD.BCST    244(DX), Z6, Z9
 	VPDPBUSD.BCST    248(DX), Z7, Z9
@@ -35953,21 +35633,17 @@ mulP6KVNNI2_block0:
 	VPSRAD           $0x10, Z3, Z3
 	VMOVDQU64        2048(AX), Z4
 	VPSLLW           $0x04, Z4, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           (AX), Z0, Z6
-	VPORD            Z6, Z5, Z5
+	VPTERNLOGD       $0xea, Z6, Z1, Z5
 	VPSLLW           $0x02, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           64(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VMOVDQU64        Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           128(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           192(AX), Z0, Z8
-	VPORD            Z8, Z4, Z4
+	VPTERNLOGD       $0xea, Z8, Z1, Z4
 	VPXORD           Z8, Z8, Z8
 	VPDPBUSD.BCST    4(BX), Z5, Z8
 	VPDPBUSD.BCST    8(BX), Z6, Z8
@@ -35983,21 +35659,17 @@ mulP6KVNNI2_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2112(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           256(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           320(AX), Z0, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z5, Z9
-	VPANDD           Z1, Z9, Z9
 	VPANDD           384(AX), Z0, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           448(AX), Z0, Z10
-	VPORD            Z10, Z5, Z5
+	VPTERNLOGD       $0xea, Z10, Z1, Z5
 	VPXORD           Z10, Z10, Z10
 	VPDPBUSD.BCST    20(BX), Z6, Z10
 	VPDPBUSD.BCST    24(BX), Z7, Z10
@@ -36029,25 +35701,21 @@ mulP6KVNNI2_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2176(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, (AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 64(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z5, Z9
-	VPANDD           Z1, Z9, Z9
 	VPSRLW           $0x04, 128(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 192(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z5, Z5
+	VPTERNLOGD       $0xea, Z10, Z1, Z5
 	VPXORD           Z10, Z10, Z10
 	VPDPBUSD.BCST    36(BX), Z6, Z10
 	VPDPBUSD.BCST    40(BX), Z7, Z10
@@ -36065,25 +35733,21 @@ mulP6KVNNI2_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2240(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 256(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 320(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z5, Z9
-	VPANDD           Z1, Z9, Z9
 	VPSRLW           $0x04, 384(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 448(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z5, Z5
+	VPTERNLOGD       $0xea, Z10, Z1, Z5
 	VPXORD           Z10, Z10, Z10
 	VPDPBUSD.BCST    52(BX), Z6, Z10
 	VPDPBUSD.BCST    56(BX), Z7, Z10
@@ -36114,21 +35778,17 @@ mulP6KVNNI2_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2304(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           512(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           576(AX), Z0, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z5, Z9
-	VPANDD           Z1, Z9, Z9
 	VPANDD           640(AX), Z0, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           704(AX), Z0, Z10
-	VPORD            Z10, Z5, Z5
+	VPTERNLOGD       $0xea, Z10, Z1, Z5
 	VPXORD           Z10, Z10, Z10
 	VPDPBUSD.BCST    68(BX), Z6, Z10
 	VPDPBUSD.BCST    72(BX), Z7, Z10
@@ -36146,21 +35806,17 @@ mulP6KVNNI2_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2368(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           768(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           832(AX), Z0, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z5, Z9
-	VPANDD           Z1, Z9, Z9
 	VPANDD           896(AX), Z0, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           960(AX), Z0, Z10
-	VPORD            Z10, Z5, Z5
+	VPTERNLOGD       $0xea, Z10, Z1, Z5
 	VPXORD           Z10, Z10, Z10
 	VPDPBUSD.BCST    84(BX), Z6, Z10
 	VPDPBUSD.BCST    88(BX), Z7, Z10
@@ -36192,25 +35848,21 @@ mulP6KVNNI2_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2432(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 512(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 576(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z5, Z9
-	VPANDD           Z1, Z9, Z9
 	VPSRLW           $0x04, 640(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 704(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z5, Z5
+	VPTERNLOGD       $0xea, Z10, Z1, Z5
 	VPXORD           Z10, Z10, Z10
 	VPDPBUSD.BCST    100(BX), Z6, Z10
 	VPDPBUSD.BCST    104(BX), Z7, Z10
@@ -36228,25 +35880,21 @@ mulP6KVNNI2_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2496(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 768(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 832(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z5, Z9
-	VPANDD           Z1, Z9, Z9
 	VPSRLW           $0x04, 896(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 960(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z5, Z5
+	VPTERNLOGD       $0xea, Z10, Z1, Z5
 	VPXORD           Z10, Z10, Z10
 	VPDPBUSD.BCST    116(BX), Z6, Z10
 	VPDPBUSD.BCST    120(BX), Z7, Z10
@@ -36278,21 +35926,17 @@ mulP6KVNNI2_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2560(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1024(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1088(AX), Z0, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z5, Z9
-	VPANDD           Z1, Z9, Z9
 	VPANDD           1152(AX), Z0, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           1216(AX), Z0, Z10
-	VPORD            Z10, Z5, Z5
+	VPTERNLOGD       $0xea, Z10, Z1, Z5
 	VPXORD           Z10, Z10, Z10
 	VPDPBUSD.BCST    132(BX), Z6, Z10
 	VPDPBUSD.BCST    136(BX), Z7, Z10
@@ -36310,21 +35954,17 @@ mulP6KVNNI2_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2624(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1280(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1344(AX), Z0, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z5, Z9
-	VPANDD           Z1, Z9, Z9
 	VPANDD           1408(AX), Z0, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           1472(AX), Z0, Z10
-	VPORD            Z10, Z5, Z5
+	VPTERNLOGD       $0xea, Z10, Z1, Z5
 	VPXORD           Z10, Z10, Z10
 	VPDPBUSD.BCST    148(BX), Z6, Z10
 	VPDPBUSD.BCST    152(BX), Z7, Z10
@@ -36355,25 +35995,21 @@ mulP6KVNNI2_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2688(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1024(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1088(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z5, Z9
-	VPANDD           Z1, Z9, Z9
 	VPSRLW           $0x04, 1152(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 1216(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z5, Z5
+	VPTERNLOGD       $0xea, Z10, Z1, Z5
 	VPXORD           Z10, Z10, Z10
 	VPDPBUSD.BCST    164(BX), Z6, Z10
 	VPDPBUSD.BCST    168(BX), Z7, Z10
@@ -36391,25 +36027,21 @@ mulP6KVNNI2_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2752(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1280(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1344(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z5, Z9
-	VPANDD           Z1, Z9, Z9
 	VPSRLW           $0x04, 1408(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 1472(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z5, Z5
+	VPTERNLOGD       $0xea, Z10, Z1, Z5
 	VPXORD           Z10, Z10, Z10
 	VPDPBUSD.BCST    180(BX), Z6, Z10
 	VPDPBUSD.BCST    184(BX), Z7, Z10
@@ -36441,21 +36073,17 @@ mulP6KVNNI2_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2816(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1536(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1600(AX), Z0, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z5, Z9
-	VPANDD           Z1, Z9, Z9
 	VPANDD           1664(AX), Z0, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           1728(AX), Z0, Z10
-	VPORD            Z10, Z5, Z5
+	VPTERNLOGD       $0xea, Z10, Z1, Z5
 	VPXORD           Z10, Z10, Z10
 	VPDPBUSD.BCST    196(BX), Z6, Z10
 	VPDPBUSD.BCST    200(BX), Z7, Z10
@@ -36473,21 +36101,17 @@ mulP6KVNNI2_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2880(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1792(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1856(AX), Z0, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z5, Z9
-	VPANDD           Z1, Z9, Z9
 	VPANDD           1920(AX), Z0, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           1984(AX), Z0, Z10
-	VPORD            Z10, Z5, Z5
+	VPTERNLOGD       $0xea, Z10, Z1, Z5
 	VPXORD           Z10, Z10, Z10
 	VPDPBUSD.BCST    212(BX), Z6, Z10
 	VPDPBUSD.BCST    216(BX), Z7, Z10
@@ -36519,25 +36143,21 @@ mulP6KVNNI2_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2944(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1536(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1600(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z5, Z9
-	VPANDD           Z1, Z9, Z9
 	VPSRLW           $0x04, 1664(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 1728(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z5, Z5
+	VPTERNLOGD       $0xea, Z10, Z1, Z5
 	VPXORD           Z10, Z10, Z10
 	VPDPBUSD.BCST    228(BX), Z6, Z10
 	VPDPBUSD.BCST    232(BX), Z7, Z10
@@ -36555,25 +36175,21 @@ mulP6KVNNI2_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        3008(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1792(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1856(AX), Z9
 	VPANDD           Z0, Z9, Z9
-	VPORD            Z9, Z7, Z7
+	VPTERNLOGD       $0xea, Z9, Z1, Z7
 	VMOVDQU64        Z5, Z9
-	VPANDD           Z1, Z9, Z9
 	VPSRLW           $0x04, 1920(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z9, Z9
+	VPTERNLOGD       $0xea, Z10, Z1, Z9
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 1984(AX), Z10
 	VPANDD           Z0, Z10, Z10
-	VPORD            Z10, Z5, Z5
+	VPTERNLOGD       $0xea, Z10, Z1, Z5
 	VPXORD           Z10, Z10, Z10
 	VPDPBUSD.BCST    244(BX), Z6, Z10
 	VPDPBUSD.BCST    248(BX), Z7, Z10
@@ -37308,21 +36924,17 @@ mulP6KVNNI4_block0:
 	VPSRAD           $0x10, Z3, Z3
 	VMOVDQU64        2048(AX), Z4
 	VPSLLW           $0x04, Z4, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           (AX), Z0, Z6
-	VPORD            Z6, Z5, Z5
+	VPTERNLOGD       $0xea, Z6, Z1, Z5
 	VPSLLW           $0x02, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           64(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VMOVDQU64        Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           128(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           192(AX), Z0, Z8
-	VPORD            Z8, Z4, Z4
+	VPTERNLOGD       $0xea, Z8, Z1, Z4
 	VPXORD           Z8, Z8, Z8
 	VPDPBUSD.BCST    4(BX), Z5, Z8
 	VPDPBUSD.BCST    8(BX), Z6, Z8
@@ -37350,21 +36962,17 @@ mulP6KVNNI4_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2112(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           256(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           320(AX), Z0, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z5, Z11
-	VPANDD           Z1, Z11, Z11
 	VPANDD           384(AX), Z0, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           448(AX), Z0, Z12
-	VPORD            Z12, Z5, Z5
+	VPTERNLOGD       $0xea, Z12, Z1, Z5
 	VPXORD           Z12, Z12, Z12
 	VPDPBUSD.BCST    20(BX), Z6, Z12
 	VPDPBUSD.BCST    24(BX), Z7, Z12
@@ -37412,25 +37020,21 @@ mulP6KVNNI4_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2176(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, (AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 64(AX), Z11
 	VPANDD           Z0, Z11, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z5, Z11
-	VPANDD           Z1, Z11, Z11
 	VPSRLW           $0x04, 128(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 192(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z5, Z5
+	VPTERNLOGD       $0xea, Z12, Z1, Z5
 	VPXORD           Z12, Z12, Z12
 	VPDPBUSD.BCST    36(BX), Z6, Z12
 	VPDPBUSD.BCST    40(BX), Z7, Z12
@@ -37462,25 +37066,21 @@ mulP6KVNNI4_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2240(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 256(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 320(AX), Z11
 	VPANDD           Z0, Z11, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z5, Z11
-	VPANDD           Z1, Z11, Z11
 	VPSRLW           $0x04, 384(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 448(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z5, Z5
+	VPTERNLOGD       $0xea, Z12, Z1, Z5
 	VPXORD           Z12, Z12, Z12
 	VPDPBUSD.BCST    52(BX), Z6, Z12
 	VPDPBUSD.BCST    56(BX), Z7, Z12
@@ -37527,21 +37127,17 @@ mulP6KVNNI4_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2304(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           512(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           576(AX), Z0, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z5, Z11
-	VPANDD           Z1, Z11, Z11
 	VPANDD           640(AX), Z0, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           704(AX), Z0, Z12
-	VPORD            Z12, Z5, Z5
+	VPTERNLOGD       $0xea, Z12, Z1, Z5
 	VPXORD           Z12, Z12, Z12
 	VPDPBUSD.BCST    68(BX), Z6, Z12
 	VPDPBUSD.BCST    72(BX), Z7, Z12
@@ -37573,21 +37169,17 @@ mulP6KVNNI4_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2368(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           768(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           832(AX), Z0, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z5, Z11
-	VPANDD           Z1, Z11, Z11
 	VPANDD           896(AX), Z0, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           960(AX), Z0, Z12
-	VPORD            Z12, Z5, Z5
+	VPTERNLOGD       $0xea, Z12, Z1, Z5
 	VPXORD           Z12, Z12, Z12
 	VPDPBUSD.BCST    84(BX), Z6, Z12
 	VPDPBUSD.BCST    88(BX), Z7, Z12
@@ -37635,25 +37227,21 @@ mulP6KVNNI4_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2432(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 512(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 576(AX), Z11
 	VPANDD           Z0, Z11, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z5, Z11
-	VPANDD           Z1, Z11, Z11
 	VPSRLW           $0x04, 640(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 704(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z5, Z5
+	VPTERNLOGD       $0xea, Z12, Z1, Z5
 	VPXORD           Z12, Z12, Z12
 	VPDPBUSD.BCST    100(BX), Z6, Z12
 	VPDPBUSD.BCST    104(BX), Z7, Z12
@@ -37685,25 +37273,21 @@ mulP6KVNNI4_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2496(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 768(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 832(AX), Z11
 	VPANDD           Z0, Z11, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z5, Z11
-	VPANDD           Z1, Z11, Z11
 	VPSRLW           $0x04, 896(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 960(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z5, Z5
+	VPTERNLOGD       $0xea, Z12, Z1, Z5
 	VPXORD           Z12, Z12, Z12
 	VPDPBUSD.BCST    116(BX), Z6, Z12
 	VPDPBUSD.BCST    120(BX), Z7, Z12
@@ -37751,21 +37335,17 @@ mulP6KVNNI4_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2560(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1024(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1088(AX), Z0, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z5, Z11
-	VPANDD           Z1, Z11, Z11
 	VPANDD           1152(AX), Z0, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           1216(AX), Z0, Z12
-	VPORD            Z12, Z5, Z5
+	VPTERNLOGD       $0xea, Z12, Z1, Z5
 	VPXORD           Z12, Z12, Z12
 	VPDPBUSD.BCST    132(BX), Z6, Z12
 	VPDPBUSD.BCST    136(BX), Z7, Z12
@@ -37797,21 +37377,17 @@ mulP6KVNNI4_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2624(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1280(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1344(AX), Z0, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z5, Z11
-	VPANDD           Z1, Z11, Z11
 	VPANDD           1408(AX), Z0, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           1472(AX), Z0, Z12
-	VPORD            Z12, Z5, Z5
+	VPTERNLOGD       $0xea, Z12, Z1, Z5
 	VPXORD           Z12, Z12, Z12
 	VPDPBUSD.BCST    148(BX), Z6, Z12
 	VPDPBUSD.BCST    152(BX), Z7, Z12
@@ -37858,25 +37434,21 @@ mulP6KVNNI4_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2688(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1024(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1088(AX), Z11
 	VPANDD           Z0, Z11, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z5, Z11
-	VPANDD           Z1, Z11, Z11
 	VPSRLW           $0x04, 1152(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 1216(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z5, Z5
+	VPTERNLOGD       $0xea, Z12, Z1, Z5
 	VPXORD           Z12, Z12, Z12
 	VPDPBUSD.BCST    164(BX), Z6, Z12
 	VPDPBUSD.BCST    168(BX), Z7, Z12
@@ -37908,25 +37480,21 @@ mulP6KVNNI4_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2752(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1280(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1344(AX), Z11
 	VPANDD           Z0, Z11, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z5, Z11
-	VPANDD           Z1, Z11, Z11
 	VPSRLW           $0x04, 1408(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 1472(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z5, Z5
+	VPTERNLOGD       $0xea, Z12, Z1, Z5
 	VPXORD           Z12, Z12, Z12
 	VPDPBUSD.BCST    180(BX), Z6, Z12
 	VPDPBUSD.BCST    184(BX), Z7, Z12
@@ -37974,21 +37542,17 @@ mulP6KVNNI4_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2816(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1536(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1600(AX), Z0, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z5, Z11
-	VPANDD           Z1, Z11, Z11
 	VPANDD           1664(AX), Z0, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           1728(AX), Z0, Z12
-	VPORD            Z12, Z5, Z5
+	VPTERNLOGD       $0xea, Z12, Z1, Z5
 	VPXORD           Z12, Z12, Z12
 	VPDPBUSD.BCST    196(BX), Z6, Z12
 	VPDPBUSD.BCST    200(BX), Z7, Z12
@@ -38020,21 +37584,17 @@ mulP6KVNNI4_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2880(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1792(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1856(AX), Z0, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z5, Z11
-	VPANDD           Z1, Z11, Z11
 	VPANDD           1920(AX), Z0, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           1984(AX), Z0, Z12
-	VPORD            Z12, Z5, Z5
+	VPTERNLOGD       $0xea, Z12, Z1, Z5
 	VPXORD           Z12, Z12, Z12
 	VPDPBUSD.BCST    212(BX), Z6, Z12
 	VPDPBUSD.BCST    216(BX), Z7, Z12
@@ -38082,25 +37642,21 @@ mulP6KVNNI4_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2944(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1536(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1600(AX), Z11
 	VPANDD           Z0, Z11, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z5, Z11
-	VPANDD           Z1, Z11, Z11
 	VPSRLW           $0x04, 1664(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 1728(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z5, Z5
+	VPTERNLOGD       $0xea, Z12, Z1, Z5
 	VPXORD           Z12, Z12, Z12
 	VPDPBUSD.BCST    228(BX), Z6, Z12
 	VPDPBUSD.BCST    232(BX), Z7, Z12
@@ -38132,25 +37688,21 @@ mulP6KVNNI4_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        3008(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1792(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1856(AX), Z11
 	VPANDD           Z0, Z11, Z11
-	VPORD            Z11, Z7, Z7
+	VPTERNLOGD       $0xea, Z11, Z1, Z7
 	VMOVDQU64        Z5, Z11
-	VPANDD           Z1, Z11, Z11
 	VPSRLW           $0x04, 1920(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z11, Z11
+	VPTERNLOGD       $0xea, Z12, Z1, Z11
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 1984(AX), Z12
 	VPANDD           Z0, Z12, Z12
-	VPORD            Z12, Z5, Z5
+	VPTERNLOGD       $0xea, Z12, Z1, Z5
 	VPXORD           Z12, Z12, Z12
 	VPDPBUSD.BCST    244(BX), Z6, Z12
 	VPDPBUSD.BCST    248(BX), Z7, Z12
@@ -39391,21 +38943,17 @@ mulP6KVNNI8_block0:
 	VPSRAD           $0x10, Z3, Z3
 	VMOVDQU64        2048(AX), Z4
 	VPSLLW           $0x04, Z4, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           (AX), Z0, Z6
-	VPORD            Z6, Z5, Z5
+	VPTERNLOGD       $0xea, Z6, Z1, Z5
 	VPSLLW           $0x02, Z4, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           64(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VMOVDQU64        Z4, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           128(AX), Z0, Z8
-	VPORD            Z8, Z7, Z7
+	VPTERNLOGD       $0xea, Z8, Z1, Z7
 	VPSRLW           $0x02, Z4, Z4
-	VPANDD           Z1, Z4, Z4
 	VPANDD           192(AX), Z0, Z8
-	VPORD            Z8, Z4, Z4
+	VPTERNLOGD       $0xea, Z8, Z1, Z4
 	VPXORD           Z8, Z8, Z8
 	VPDPBUSD.BCST    4(BX), Z5, Z8
 	VPDPBUSD.BCST    8(BX), Z6, Z8
@@ -39457,21 +39005,17 @@ mulP6KVNNI8_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2112(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           256(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           320(AX), Z0, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z5, Z15
-	VPANDD           Z1, Z15, Z15
 	VPANDD           384(AX), Z0, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           448(AX), Z0, Z16
-	VPORD            Z16, Z5, Z5
+	VPTERNLOGD       $0xea, Z16, Z1, Z5
 	VPXORD           Z16, Z16, Z16
 	VPDPBUSD.BCST    20(BX), Z6, Z16
 	VPDPBUSD.BCST    24(BX), Z7, Z16
@@ -39551,25 +39095,21 @@ mulP6KVNNI8_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2176(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, (AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 64(AX), Z15
 	VPANDD           Z0, Z15, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z5, Z15
-	VPANDD           Z1, Z15, Z15
 	VPSRLW           $0x04, 128(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 192(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z5, Z5
+	VPTERNLOGD       $0xea, Z16, Z1, Z5
 	VPXORD           Z16, Z16, Z16
 	VPDPBUSD.BCST    36(BX), Z6, Z16
 	VPDPBUSD.BCST    40(BX), Z7, Z16
@@ -39629,25 +39169,21 @@ mulP6KVNNI8_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2240(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 256(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 320(AX), Z15
 	VPANDD           Z0, Z15, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z5, Z15
-	VPANDD           Z1, Z15, Z15
 	VPSRLW           $0x04, 384(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 448(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z5, Z5
+	VPTERNLOGD       $0xea, Z16, Z1, Z5
 	VPXORD           Z16, Z16, Z16
 	VPDPBUSD.BCST    52(BX), Z6, Z16
 	VPDPBUSD.BCST    56(BX), Z7, Z16
@@ -39726,21 +39262,17 @@ mulP6KVNNI8_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2304(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           512(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           576(AX), Z0, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z5, Z15
-	VPANDD           Z1, Z15, Z15
 	VPANDD           640(AX), Z0, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           704(AX), Z0, Z16
-	VPORD            Z16, Z5, Z5
+	VPTERNLOGD       $0xea, Z16, Z1, Z5
 	VPXORD           Z16, Z16, Z16
 	VPDPBUSD.BCST    68(BX), Z6, Z16
 	VPDPBUSD.BCST    72(BX), Z7, Z16
@@ -39800,21 +39332,17 @@ mulP6KVNNI8_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2368(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           768(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           832(AX), Z0, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z5, Z15
-	VPANDD           Z1, Z15, Z15
 	VPANDD           896(AX), Z0, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           960(AX), Z0, Z16
-	VPORD            Z16, Z5, Z5
+	VPTERNLOGD       $0xea, Z16, Z1, Z5
 	VPXORD           Z16, Z16, Z16
 	VPDPBUSD.BCST    84(BX), Z6, Z16
 	VPDPBUSD.BCST    88(BX), Z7, Z16
@@ -39894,25 +39422,21 @@ mulP6KVNNI8_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2432(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 512(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 576(AX), Z15
 	VPANDD           Z0, Z15, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z5, Z15
-	VPANDD           Z1, Z15, Z15
 	VPSRLW           $0x04, 640(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 704(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z5, Z5
+	VPTERNLOGD       $0xea, Z16, Z1, Z5
 	VPXORD           Z16, Z16, Z16
 	VPDPBUSD.BCST    100(BX), Z6, Z16
 	VPDPBUSD.BCST    104(BX), Z7, Z16
@@ -39972,25 +39496,21 @@ mulP6KVNNI8_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2496(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 768(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 832(AX), Z15
 	VPANDD           Z0, Z15, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z5, Z15
-	VPANDD           Z1, Z15, Z15
 	VPSRLW           $0x04, 896(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 960(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z5, Z5
+	VPTERNLOGD       $0xea, Z16, Z1, Z5
 	VPXORD           Z16, Z16, Z16
 	VPDPBUSD.BCST    116(BX), Z6, Z16
 	VPDPBUSD.BCST    120(BX), Z7, Z16
@@ -40070,21 +39590,17 @@ mulP6KVNNI8_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2560(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1024(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1088(AX), Z0, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z5, Z15
-	VPANDD           Z1, Z15, Z15
 	VPANDD           1152(AX), Z0, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           1216(AX), Z0, Z16
-	VPORD            Z16, Z5, Z5
+	VPTERNLOGD       $0xea, Z16, Z1, Z5
 	VPXORD           Z16, Z16, Z16
 	VPDPBUSD.BCST    132(BX), Z6, Z16
 	VPDPBUSD.BCST    136(BX), Z7, Z16
@@ -40144,21 +39660,17 @@ mulP6KVNNI8_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2624(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1280(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1344(AX), Z0, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z5, Z15
-	VPANDD           Z1, Z15, Z15
 	VPANDD           1408(AX), Z0, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           1472(AX), Z0, Z16
-	VPORD            Z16, Z5, Z5
+	VPTERNLOGD       $0xea, Z16, Z1, Z5
 	VPXORD           Z16, Z16, Z16
 	VPDPBUSD.BCST    148(BX), Z6, Z16
 	VPDPBUSD.BCST    152(BX), Z7, Z16
@@ -40237,25 +39749,21 @@ mulP6KVNNI8_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2688(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1024(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1088(AX), Z15
 	VPANDD           Z0, Z15, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z5, Z15
-	VPANDD           Z1, Z15, Z15
 	VPSRLW           $0x04, 1152(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 1216(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z5, Z5
+	VPTERNLOGD       $0xea, Z16, Z1, Z5
 	VPXORD           Z16, Z16, Z16
 	VPDPBUSD.BCST    164(BX), Z6, Z16
 	VPDPBUSD.BCST    168(BX), Z7, Z16
@@ -40315,25 +39823,21 @@ mulP6KVNNI8_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2752(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1280(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1344(AX), Z15
 	VPANDD           Z0, Z15, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z5, Z15
-	VPANDD           Z1, Z15, Z15
 	VPSRLW           $0x04, 1408(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 1472(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z5, Z5
+	VPTERNLOGD       $0xea, Z16, Z1, Z5
 	VPXORD           Z16, Z16, Z16
 	VPDPBUSD.BCST    180(BX), Z6, Z16
 	VPDPBUSD.BCST    184(BX), Z7, Z16
@@ -40413,21 +39917,17 @@ mulP6KVNNI8_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2816(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1536(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1600(AX), Z0, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z5, Z15
-	VPANDD           Z1, Z15, Z15
 	VPANDD           1664(AX), Z0, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           1728(AX), Z0, Z16
-	VPORD            Z16, Z5, Z5
+	VPTERNLOGD       $0xea, Z16, Z1, Z5
 	VPXORD           Z16, Z16, Z16
 	VPDPBUSD.BCST    196(BX), Z6, Z16
 	VPDPBUSD.BCST    200(BX), Z7, Z16
@@ -40487,21 +39987,17 @@ mulP6KVNNI8_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        2880(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPANDD           1792(AX), Z0, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPANDD           1856(AX), Z0, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z5, Z15
-	VPANDD           Z1, Z15, Z15
 	VPANDD           1920(AX), Z0, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPANDD           1984(AX), Z0, Z16
-	VPORD            Z16, Z5, Z5
+	VPTERNLOGD       $0xea, Z16, Z1, Z5
 	VPXORD           Z16, Z16, Z16
 	VPDPBUSD.BCST    212(BX), Z6, Z16
 	VPDPBUSD.BCST    216(BX), Z7, Z16
@@ -40581,25 +40077,21 @@ mulP6KVNNI8_block0:
 	VPSRAD           $0x10, Z4, Z4
 	VMOVDQU64        2944(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1536(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1600(AX), Z15
 	VPANDD           Z0, Z15, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z5, Z15
-	VPANDD           Z1, Z15, Z15
 	VPSRLW           $0x04, 1664(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 1728(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z5, Z5
+	VPTERNLOGD       $0xea, Z16, Z1, Z5
 	VPXORD           Z16, Z16, Z16
 	VPDPBUSD.BCST    228(BX), Z6, Z16
 	VPDPBUSD.BCST    232(BX), Z7, Z16
@@ -40659,25 +40151,21 @@ mulP6KVNNI8_block0:
 	VPSRAD           $0x10, Z2, Z4
 	VMOVDQU64        3008(AX), Z5
 	VPSLLW           $0x04, Z5, Z6
-	VPANDD           Z1, Z6, Z6
 	VPSRLW           $0x04, 1792(AX), Z7
 	VPANDD           Z0, Z7, Z7
-	VPORD            Z7, Z6, Z6
+	VPTERNLOGD       $0xea, Z7, Z1, Z6
 	VPSLLW           $0x02, Z5, Z7
-	VPANDD           Z1, Z7, Z7
 	VPSRLW           $0x04, 1856(AX), Z15
 	VPANDD           Z0, Z15, Z15
-	VPORD            Z15, Z7, Z7
+	VPTERNLOGD       $0xea, Z15, Z1, Z7
 	VMOVDQU64        Z5, Z15
-	VPANDD           Z1, Z15, Z15
 	VPSRLW           $0x04, 1920(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z15, Z15
+	VPTERNLOGD       $0xea, Z16, Z1, Z15
 	VPSRLW           $0x02, Z5, Z5
-	VPANDD           Z1, Z5, Z5
 	VPSRLW           $0x04, 1984(AX), Z16
 	VPANDD           Z0, Z16, Z16
-	VPORD            Z16, Z5, Z5
+	VPTERNLOGD       $0xea, Z16, Z1, Z5
 	VPXORD           Z16, Z16, Z16
 	VPDPBUSD.BCST    244(BX), Z6, Z16
 	VPDPBUSD.BCST    248(BX), Z7, Z16

@@ -426,6 +426,7 @@ func genPackedQ6K(s isa, T int) {
 		VPBROADCASTD(constOnce("c0f", splat(0x0f)), c0F)
 		VPBROADCASTD(constOnce("c30", splat(0x30)), c30)
 	}
+	andOr := ternlog(func(a, b, c bool) bool { return a && b || c }) // A&B | C
 	block := func(k *packedKernel) {
 		iacc := make([]VecVirtual, T)
 		for g := 0; g < 4; g++ {
@@ -471,7 +472,6 @@ func genPackedQ6K(s isa, T int) {
 						case 3:
 							VPSRLW(U8(2), qh, h)
 						}
-						vand(s, c30, h, h)
 						q := k.quads(512*g + 64*(4*sh+a))
 						lo := s.vec()
 						if nib == 0 {
@@ -479,7 +479,12 @@ func genPackedQ6K(s isa, T int) {
 						} else {
 							highNibbles(s, q, c0F, lo)
 						}
-						vor(s, lo, h, h)
+						if s.w512 {
+							VPTERNLOGD(andOr, lo, c30, h) // h = h&0x30 | lo
+						} else {
+							vand(s, c30, h, h)
+							vor(s, lo, h, h)
+						}
 						W[a] = h
 					}
 					first := g == 0 && nib == 0 && sh == 0
