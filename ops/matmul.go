@@ -55,7 +55,7 @@ func (m Matrix) QuantizeActs(p *Pool, x []float32, nTok int, scratch []byte) []b
 // t < nTok, from activations already quantized by QuantizeActs. Rows are
 // split across the pool; each weight row is read once for all tokens.
 func (m Matrix) MulQ(p *Pool, xq []byte, nTok int, out []float32, ldOut int) {
-	if m.usePacked(nTok) {
+	if m.usePacked() {
 		mulPackedGroup(p, []Matrix{m}, xq, nTok, [][]float32{out}, []int{ldOut})
 		return
 	}
@@ -92,7 +92,7 @@ func MulQGroup(p *Pool, ms []Matrix, xq []byte, nTok int, outs [][]float32, ldOu
 			panic("ops: MulQGroup: matrices differ in columns or activation format")
 		}
 		total += m.Rows
-		if m.usePacked(nTok) {
+		if m.usePacked() {
 			packed = true
 		}
 	}

@@ -24,14 +24,15 @@ import (
 // A group-block is packRows rows × one 256-element super-block. Layouts
 // (all offsets in bytes, r = row within the group, 0..15):
 //
-//	Q4_K, 2368 bytes (148 per row-block; the original is 144):
+//	Q4_K, 2304 bytes (144 per row-block, as the original):
 //	  [0, 2048)     qs: piece g (0..3), quad k (0..7) at 512g + 64k, row r
 //	                at +4r: the original row's qs[32g+4k : 32g+4k+4], whose
 //	                low nibbles are elements 64g+4k+i (sub-block 2g) and
 //	                high nibbles elements 64g+32+4k+i (sub-block 2g+1)
-//	  [2048, 2176)  sc[8][16]: 6-bit scale of sub-block j of row r at 16j+r
-//	  [2176, 2304)  m[8][16]: the mins, likewise
-//	  [2304, 2336)  d[16] f16;  [2336, 2368) dmin[16] f16
+//	  [2048, 2240)  scales[12][16]: byte b of row r's packed 6-bit scales
+//	                and mins at 16b+r (the kernels unpack them for 16 rows
+//	                at once)
+//	  [2240, 2272)  d[16] f16;  [2272, 2304) dmin[16] f16
 //
 //	Q6_K, 3360 bytes (210 per row-block, as the original):
 //	  [0, 2048)     ql: as Q4_K's qs, the low 4 bits of elements 64g+4k+i
@@ -45,16 +46,20 @@ import (
 //
 // Rows beyond the last whole group (Rows%16) are not repacked; the products
 // compute them from the original blocks.
+//
+// Every product of a repacked matrix reads the copy, one token (decode) as
+// well as many: a token's result must not depend on how many tokens it is
+// computed with (a prompt continued from the cache must give what a fresh
+// prompt gives), and the packed kernels compute each token the same way
+// whatever their token count, but not the way the original kernels do. The
+// original blocks are then no longer read (their mapped pages can be
+// dropped by the OS), and the copy has their size.
 const packRows = 16
 
 const (
-	packQ4KBytes = 2368
+	packQ4KBytes = 2304
 	packQ6KBytes = 3360
 
-	// packMinTokens is the fewest tokens for which a product reads the
-	// repacked copy; below, the original row kernels (which dot one row
-	// with several tokens without re-reading it) are as fast.
-	packMinTokens = 2
 )
 
 // packFormat is one weight type's repacked layout.
@@ -101,12 +106,14 @@ type packedCopy struct {
 }
 
 // Repack returns m with a repacked copy of its whole groups of 16 rows,
-// which its multi-token products (Mul, MulQ, MulQGroup with 2 tokens or
-// more) then read; single-token products keep reading m.Data. ok is false,
+// which its products (Mul, MulQ, MulQGroup) then read instead of m.Data
+// (see the layouts above); Row, DequantizeRow and the GPU keep using
+// m.Data, which is not modified. ok is false,
 // and m is returned unchanged, when the active CPU level has no kernels
 // for repacked weights of m's type (only Q4_K and Q6_K have them, on the
 // amd64 levels) or m has fewer than 16 rows. The copy is
-// RepackedBytes long, allocated on the Go heap; m.Data is not modified.
+// RepackedBytes long (the size of the rows it covers), allocated on the Go
+// heap.
 // A large matrix is repacked by up to GOMAXPROCS goroutines; Repack may
 // also run concurrently for different matrices.
 func (m Matrix) Repack() (Matrix, bool) {
@@ -148,9 +155,10 @@ func (m Matrix) RepackedBytes() int {
 	return len(m.packed.data)
 }
 
-// usePacked reports whether a product of nTok tokens reads the repacked copy.
-func (m Matrix) usePacked(nTok int) bool {
-	return m.packed != nil && nTok >= packMinTokens && packedMul[m.Kernel.Type] != nil
+// usePacked reports whether m's products read its repacked copy: it has
+// one and the active level has kernels for it.
+func (m Matrix) usePacked() bool {
+	return m.packed != nil && packedMul[m.Kernel.Type] != nil
 }
 
 // slicePacked is the repacked copy of rows [lo, hi) of m, when lo is a
@@ -189,7 +197,7 @@ func mulPackedGroup(p *Pool, ms []Matrix, xq []byte, nTok int, outs [][]float32,
 				continue
 			}
 			out, ld := outs[i], ldOuts[i]
-			if m.usePacked(nTok) {
+			if m.usePacked() {
 				pg := m.packed.groups
 				if ga, gb := a, min(b, pg); ga < gb {
 					w := m.packed.data[ga*(len(m.packed.data)/pg) : gb*(len(m.packed.data)/pg)]
@@ -214,13 +222,11 @@ func packQ4K(dst, src []byte, rb, nb int) {
 		o := dst[b*packQ4KBytes:][:packQ4KBytes]
 		for r := range packRows {
 			blk := src[r*rb+b*blockQ4_K:][:blockQ4_K]
-			sc, m := unpackScalesK4(blk[4:16])
-			for j := range 8 {
-				o[2048+16*j+r] = sc[j]
-				o[2176+16*j+r] = m[j]
+			for i := range 12 {
+				o[2048+16*i+r] = blk[4+i]
 			}
-			copy(o[2304+2*r:][:2], blk[0:2])
-			copy(o[2336+2*r:][:2], blk[2:4])
+			copy(o[2240+2*r:][:2], blk[0:2])
+			copy(o[2272+2*r:][:2], blk[2:4])
 			qs := blk[16:][:128]
 			for q := range 32 { // the word of piece q/8, quad q%8
 				binary.LittleEndian.PutUint32(o[64*q+4*r:], binary.LittleEndian.Uint32(qs[4*q:]))
@@ -258,6 +264,11 @@ func mulPackedQ4K(nb int, w []byte, groups int, x []byte, ab, nTok int, out []fl
 				o := wg[b*packQ4KBytes:][:packQ4KBytes]
 				yd, q8, bsums := q8K(x[t*ab+b*blockQ8_K:])
 				for r := range packRows {
+					var packedScales [12]byte
+					for i := range packedScales {
+						packedScales[i] = o[2048+16*i+r]
+					}
+					sc, m := unpackScalesK4(packedScales[:])
 					var iacc, macc int32
 					for j := range 8 {
 						pc, nib := j/2, uint(4*(j%2))
@@ -268,11 +279,11 @@ func mulPackedQ4K(nb int, w []byte, groups int, x []byte, ab, nTok int, out []fl
 								s += q * int32(int8(q8[64*pc+32*(j%2)+4*k+i]))
 							}
 						}
-						iacc += int32(o[2048+16*j+r]) * s
-						macc += int32(o[2176+16*j+r]) * (bsum(bsums, 2*j) + bsum(bsums, 2*j+1))
+						iacc += int32(sc[j]) * s
+						macc += int32(m[j]) * (bsum(bsums, 2*j) + bsum(bsums, 2*j+1))
 					}
-					d := f16Table[binary.LittleEndian.Uint16(o[2304+2*r:])]
-					dmin := f16Table[binary.LittleEndian.Uint16(o[2336+2*r:])]
+					d := f16Table[binary.LittleEndian.Uint16(o[2240+2*r:])]
+					dmin := f16Table[binary.LittleEndian.Uint16(o[2272+2*r:])]
 					f := float32(iacc) * d
 					f = fmaF32(-float32(macc), dmin, f)
 					acc[r] = fmaF32(f, yd, acc[r])

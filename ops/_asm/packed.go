@@ -76,8 +76,8 @@ type packedKernel struct {
 // lanes is the rows per vector: 16 (512-bit) or 8 (256-bit).
 func (k *packedKernel) lanes() int { return k.s.bytes() / 4 }
 
-// u8 is byte disp of a [16]u8 per-row table (this half's rows).
-func (k *packedKernel) u8(disp int) Mem { return k.w(disp + k.half*8) }
+// u8 is byte disp of a [16]u8 per-row table at base (this half's rows).
+func (k *packedKernel) u8(base Mem, disp int) Mem { return base.Offset(disp + k.half*8) }
 
 // f16 is byte disp of a [16]f16 per-row table.
 func (k *packedKernel) f16(disp int) Mem { return k.w(disp + k.half*16) }
@@ -312,21 +312,76 @@ func highNibbles(s isa, m Mem, c0F, dst VecVirtual) {
 	vand(s, c0F, dst, dst)
 }
 
+// unpackScalesQ4K unpacks the 6-bit scales and mins of the block's 16 rows
+// (scaleMinK4 for every row and sub-block at once) into scm: the scales
+// sc[8][16] at 0, the mins m[8][16] at 128. With B_b the 16 rows' byte b
+// (the layout's scales[b]), for j < 4
+//
+//	sc_j = B_j & 63,  m_j = B_{j+4} & 63
+//	sc_{j+4} = B_{j+8} & 15 | (B_j >> 6) << 4
+//	m_{j+4}  = B_{j+8} >> 4 | (B_{j+4} >> 6) << 4
+//
+// computed on B_0-3, B_4-7, B_8-11 as three 64-byte vectors (two 32-byte
+// halves each at 256 bits). Word shifts are fine: the mask keeps only bits
+// from the byte's own word half.
+func unpackScalesQ4K(k *packedKernel, c0F VecVirtual, scm Mem) {
+	s := k.s
+	c3F, c30 := s.vec(), s.vec()
+	VPBROADCASTD(constOnce("c3f", splat(0x3f)), c3F)
+	VPBROADCASTD(constOnce("c30", splat(0x30)), c30)
+	for part := 0; part < 64; part += s.bytes() {
+		b0, b4, b8 := s.vec(), s.vec(), s.vec()
+		vload(s, k.w(2048+part), b0)
+		vload(s, k.w(2048+64+part), b4)
+		vload(s, k.w(2048+128+part), b8)
+		// sc_{j+4}: (B_j >> 2) & 0x30 | B_{j+8} & 0x0f
+		hi := s.vec()
+		VPSRLW(U8(2), b0, hi)
+		vand(s, c30, hi, hi)
+		lo := s.vec()
+		vand(s, c0F, b8, lo)
+		vor(s, lo, hi, hi)
+		vstore(s, hi, scm.Offset(64+part))
+		// m_{j+4}: (B_{j+4} >> 2) & 0x30 | (B_{j+8} >> 4) & 0x0f
+		VPSRLW(U8(2), b4, hi)
+		vand(s, c30, hi, hi)
+		VPSRLW(U8(4), b8, lo)
+		vand(s, c0F, lo, lo)
+		vor(s, lo, hi, hi)
+		vstore(s, hi, scm.Offset(192+part))
+		vand(s, c3F, b0, b0)
+		vstore(s, b0, scm.Offset(part))
+		vand(s, c3F, b4, b4)
+		vstore(s, b4, scm.Offset(128+part))
+	}
+}
+
+// vstore stores a vector to m (unaligned).
+func vstore(s isa, v, m Op) {
+	if s.w512 {
+		VMOVDQU64(v, m)
+	} else {
+		VMOVDQU(v, m)
+	}
+}
+
 // genPackedQ4K: see the top of this file; twin mulPackedQ4K.
 func genPackedQ4K(s isa, T int) {
 	// 256-bit: 16 registers do not hold T min accumulators as well, so
 	// the (m, m) vectors of the block go to the stack (mst) and each
 	// token's Σ m·bsum is computed at the end of the block.
 	var c0F VecVirtual
-	var mst Mem
+	var mst, scm Mem
 	setup := func(k *packedKernel) {
 		c0F = s.vec()
 		VPBROADCASTD(constOnce("c0f", splat(0x0f)), c0F)
 		if !s.w512 {
 			mst = AllocLocal(8 * 32)
 		}
+		scm = AllocLocal(256)
 	}
 	block := func(k *packedKernel) {
+		unpackScalesQ4K(k, c0F, scm)
 		iacc := make([]VecVirtual, T)
 		macc := make([]VecVirtual, T)
 		if s.w512 {
@@ -338,8 +393,8 @@ func genPackedQ4K(s isa, T int) {
 		for g := 0; g < 4; g++ {
 			for nib := 0; nib < 2; nib++ {
 				j := 2*g + nib
-				k.prefetchNext(2368, j, 8)
-				scv := dupWords(k, k.u8(2048+16*j), s.vnni)
+				k.prefetchNext(2304, j, 8)
+				scv := dupWords(k, k.u8(scm, 16*j), s.vnni)
 				for sh := 0; sh < 2; sh++ {
 					var W [4]VecVirtual
 					for a := range W {
@@ -383,7 +438,7 @@ func genPackedQ4K(s isa, T int) {
 						}
 					}
 				}
-				mv := dupWords(k, k.u8(2176+16*j), false)
+				mv := dupWords(k, k.u8(scm, 128+16*j), false)
 				if !s.w512 {
 					VMOVDQU(mv, mst.Offset(32*j))
 					continue
@@ -399,7 +454,7 @@ func genPackedQ4K(s isa, T int) {
 				}
 			}
 		}
-		dv, dmv := halfToF32(k, k.f16(2304)), halfToF32(k, k.f16(2336))
+		dv, dmv := halfToF32(k, k.f16(2240)), halfToF32(k, k.f16(2272))
 		for t := 0; t < T; t++ {
 			if !s.w512 {
 				for j := 0; j < 8; j++ {
@@ -415,7 +470,7 @@ func genPackedQ4K(s isa, T int) {
 			finishBlock(k, t, iacc[t], macc[t], dv, dmv)
 		}
 	}
-	genPacked("P4K", s, T, 2368, setup, block)
+	genPacked("P4K", s, T, 2304, setup, block)
 }
 
 // genPackedQ6K: see the top of this file; twin mulPackedQ6K.
