@@ -59,7 +59,6 @@ const packRows = 16
 const (
 	packQ4KBytes = 2304
 	packQ6KBytes = 3360
-
 )
 
 // packFormat is one weight type's repacked layout.
