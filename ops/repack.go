@@ -185,8 +185,10 @@ func mulPackedGroup(p *Pool, ms []Matrix, xq []byte, nTok int, outs [][]float32,
 	for _, m := range ms {
 		units += (m.Rows + packRows - 1) / packRows
 	}
-	// A chunk of units is at least one group; RunChunks starts bigger.
-	p.RunChunks(units, 1, func(lo, hi int) {
+	// The smallest chunk is about what the row kernels take (chunkRows),
+	// in whole groups; RunChunks starts bigger.
+	minUnits := max(1, chunkRows(ms[0].Kernel.RowBytes(ms[0].Cols), nTok)/packRows)
+	p.RunChunks(units, minUnits, func(lo, hi int) {
 		base := 0
 		for i, m := range ms {
 			mu := (m.Rows + packRows - 1) / packRows
