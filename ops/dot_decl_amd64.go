@@ -369,6 +369,16 @@ func mulP4KAVX5128(w *byte, rows int, x *byte, xs uintptr, out *float32, os uint
 //go:noescape
 func mulP6KAVX5128(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
 
+// mulP4KAVX51216 multiplies groups of 16 repacked rows by 16 activation row(s) (AVX512).
+//
+//go:noescape
+func mulP4KAVX51216(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP6KAVX51216 multiplies groups of 16 repacked rows by 16 activation row(s) (AVX512).
+//
+//go:noescape
+func mulP6KAVX51216(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
 // mulF32AVX5121 multiplies strided rows of F32 weights by 1 row(s) (AVX512).
 //
 //go:noescape
@@ -563,6 +573,16 @@ func mulP4KVNNI8(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintpt
 //
 //go:noescape
 func mulP6KVNNI8(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP4KVNNI16 multiplies groups of 16 repacked rows by 16 activation row(s) (VNNI).
+//
+//go:noescape
+func mulP4KVNNI16(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP6KVNNI16 multiplies groups of 16 repacked rows by 16 activation row(s) (VNNI).
+//
+//go:noescape
+func mulP6KVNNI16(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
 
 // mulF32VNNI1 multiplies strided rows of F32 weights by 1 row(s) (VNNI).
 //

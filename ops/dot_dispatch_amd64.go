@@ -44,7 +44,7 @@ const (
 )
 
 // asmTokens reports the token counts each kernel set has (bit T set for T tokens).
-var asmTokens = [...]uint16{
+var asmTokens = [...]uint32{
 	asmF16AVX2:    0x6,
 	asmF16AVX512:  0x16,
 	asmF16VNNI:    0x16,
@@ -52,11 +52,11 @@ var asmTokens = [...]uint16{
 	asmF32AVX512:  0x16,
 	asmF32VNNI:    0x16,
 	asmP4KAVX2:    0x16,
-	asmP4KAVX512:  0x116,
-	asmP4KVNNI:    0x116,
+	asmP4KAVX512:  0x10116,
+	asmP4KVNNI:    0x10116,
 	asmP6KAVX2:    0x16,
-	asmP6KAVX512:  0x116,
-	asmP6KVNNI:    0x116,
+	asmP6KAVX512:  0x10116,
+	asmP6KVNNI:    0x10116,
 	asmQ40AVX2:    0x16,
 	asmQ40AVX512:  0x16,
 	asmQ40AVXVNNI: 0x16,
@@ -108,6 +108,9 @@ func callMul(id asmID, T int, w *byte, rows int, x *byte, xs uintptr, out *float
 		case 8:
 			mulP4KAVX5128(w, rows, x, xs, out, os, nb)
 			return
+		case 16:
+			mulP4KAVX51216(w, rows, x, xs, out, os, nb)
+			return
 		}
 	case asmP4KVNNI:
 		switch T {
@@ -122,6 +125,9 @@ func callMul(id asmID, T int, w *byte, rows int, x *byte, xs uintptr, out *float
 			return
 		case 8:
 			mulP4KVNNI8(w, rows, x, xs, out, os, nb)
+			return
+		case 16:
+			mulP4KVNNI16(w, rows, x, xs, out, os, nb)
 			return
 		}
 	case asmP6KAVX2:
@@ -150,6 +156,9 @@ func callMul(id asmID, T int, w *byte, rows int, x *byte, xs uintptr, out *float
 		case 8:
 			mulP6KAVX5128(w, rows, x, xs, out, os, nb)
 			return
+		case 16:
+			mulP6KAVX51216(w, rows, x, xs, out, os, nb)
+			return
 		}
 	case asmP6KVNNI:
 		switch T {
@@ -164,6 +173,9 @@ func callMul(id asmID, T int, w *byte, rows int, x *byte, xs uintptr, out *float
 			return
 		case 8:
 			mulP6KVNNI8(w, rows, x, xs, out, os, nb)
+			return
+		case 16:
+			mulP6KVNNI16(w, rows, x, xs, out, os, nb)
 			return
 		}
 	case asmQ40AVX2:

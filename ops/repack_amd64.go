@@ -5,7 +5,8 @@ package ops
 import "github.com/atsinfer/ats/gguf"
 
 // The kernels over repacked weights (ops/_asm/packed.go): each computes
-// groups of 16 rows for T tokens (1, 2, 4, and 8 with AVX-512) per call.
+// groups of 16 rows for T tokens (1, 2, 4, and 8 and 16 with AVX-512) per
+// call.
 // AVX-VNNI runs AVX2's: its VEX dot would save little where the
 // per-row scaling dominates, and the results are the same bits.
 var packedIDs = map[Level]map[gguf.Type]asmID{
@@ -48,7 +49,7 @@ func archPacked(l Level, t gguf.Type) packedMulFunc {
 			wp := &w[g0*gb]
 			for t := 0; t < nTok; {
 				T := 1
-				for _, c := range [...]int{8, 4, 2} {
+				for _, c := range [...]int{16, 8, 4, 2} {
 					if tokens&(1<<c) != 0 && t+c <= nTok {
 						T = c
 						break

@@ -196,7 +196,7 @@ func TestRepackedMatrix(t *testing.T) {
 			if rs[3].RepackedBytes() == 0 || rs[4].RepackedBytes() != 0 {
 				t.Fatalf("%s: slices kept %d and %d repacked bytes", typ, rs[3].RepackedBytes(), rs[4].RepackedBytes())
 			}
-			for _, nTok := range []int{1, 2, 5, 13} {
+			for _, nTok := range []int{1, 2, 5, 13, 35} {
 				x := gaussRow(nTok*n, rng)
 				for i := range ms {
 					want := make([]float32, nTok*ms[i].Rows)
@@ -299,6 +299,9 @@ func TestPackedKernelsMatchTwin(t *testing.T) {
 				for _, nb := range []int{1, 2, 5, 17} {
 					for _, realistic := range []bool{false, true} {
 						nTok := 1 + rng.IntN(15)
+						if realistic {
+							nTok = 16 + rng.IntN(24) // the 16-token kernels and a tail
+						}
 						groups := 1 + rng.IntN(3)
 						c := newPackCase(typ, nb*qkK, groups*packRows, nTok, realistic, rng.IntN(64), rng)
 						twin := c.runPacked(t, c.f.twin)

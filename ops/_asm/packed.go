@@ -115,7 +115,10 @@ func (k *packedKernel) bcastX(t, disp int) VecVirtual {
 func genPacked(family string, s isa, T, wBlock int, setup func(k *packedKernel), block func(k *packedKernel)) {
 	name := fmt.Sprintf("mul%s%s%d", family, s.name, T)
 	register(family, s, T, name)
-	TEXT(name, NOSPLIT, mulSig)
+	// Not NOSPLIT: with 16 tokens the frame (accumulators, unpacked
+	// scales) exceeds what a NOSPLIT function may use; the stack check
+	// costs a few instructions per call.
+	TEXT(name, 0, mulSig)
 	Pragma("noescape")
 	Doc(fmt.Sprintf("%s multiplies groups of 16 repacked rows by %d activation row(s) (%s).", name, T, s.name))
 	k := &packedKernel{mulKernel: &mulKernel{s: s, T: T}}
@@ -161,6 +164,15 @@ func genPacked(family string, s isa, T, wBlock int, setup func(k *packedKernel),
 			LEAQ(Mem{Base: k.xb, Index: k.xs, Scale: 4}, k.xb4)
 			LEAQ(Mem{Base: k.xb1, Index: k.xs, Scale: 4}, k.xb5)
 		}
+		if T > 8 {
+			for i := range k.xb8 {
+				k.xb8[i] = GP64().(GPVirtual)
+			}
+			LEAQ(Mem{Base: k.xb, Index: k.xs, Scale: 8}, k.xb8[0])
+			LEAQ(Mem{Base: k.xb1, Index: k.xs, Scale: 8}, k.xb8[1])
+			LEAQ(Mem{Base: k.xb4, Index: k.xs, Scale: 8}, k.xb8[2])
+			LEAQ(Mem{Base: k.xb5, Index: k.xs, Scale: 8}, k.xb8[3])
+		}
 		n := GP64()
 		MOVQ(nbArg.Addr, n)
 		lbl := fmt.Sprintf("%s_block%d", name, h)
@@ -174,6 +186,11 @@ func genPacked(family string, s isa, T, wBlock int, setup func(k *packedKernel),
 		if T > 4 {
 			ADDQ(U32(292), k.xb4)
 			ADDQ(U32(292), k.xb5)
+		}
+		if T > 8 {
+			for _, r := range k.xb8 {
+				ADDQ(U32(292), r)
+			}
 		}
 		DECQ(n)
 		JNZ(LabelRef(lbl))
@@ -204,18 +221,7 @@ func storeVecs(k *packedKernel, outp, os GPVirtual, disp int) {
 			if o3 == nil {
 				o3 = GP64().(GPVirtual)
 			}
-			switch t { // o3 = t·os
-			case 3:
-				LEAQ(Mem{Base: os, Index: os, Scale: 2}, o3)
-			case 5:
-				LEAQ(Mem{Base: os, Index: os, Scale: 4}, o3)
-			case 6:
-				LEAQ(Mem{Base: os, Index: os, Scale: 2}, o3)
-				ADDQ(o3, o3)
-			case 7:
-				LEAQ(Mem{Base: os, Index: os, Scale: 2}, o3)
-				LEAQ(Mem{Base: o3, Index: os, Scale: 4}, o3)
-			}
+			IMUL3Q(U32(t), os, o3) // o3 = t·os
 			dst = Mem{Base: outp, Index: o3, Scale: 1, Disp: disp}
 		}
 		if k.s.w512 {
@@ -367,16 +373,17 @@ func vstore(s isa, v, m Op) {
 
 // genPackedQ4K: see the top of this file; twin mulPackedQ4K.
 func genPackedQ4K(s isa, T int) {
-	// 256-bit: 16 registers do not hold T min accumulators as well, so
-	// the (m, m) vectors of the block go to the stack (mst) and each
-	// token's Σ m·bsum is computed at the end of the block.
+	// Where the registers do not hold T min accumulators as well (256-bit
+	// vectors; 16 tokens), the (m, m) vectors of the block go to the stack
+	// (mst) and each token's Σ m·bsum is computed at the end of the block.
+	late := !s.w512 || T > 8
 	var c0F VecVirtual
 	var mst, scm Mem
 	setup := func(k *packedKernel) {
 		c0F = s.vec()
 		VPBROADCASTD(constOnce("c0f", splat(0x0f)), c0F)
-		if !s.w512 {
-			mst = AllocLocal(8 * 32)
+		if late {
+			mst = AllocLocal(8 * s.bytes())
 		}
 		scm = AllocLocal(256)
 	}
@@ -384,7 +391,7 @@ func genPackedQ4K(s isa, T int) {
 		unpackScalesQ4K(k, c0F, scm)
 		iacc := make([]VecVirtual, T)
 		macc := make([]VecVirtual, T)
-		if s.w512 {
+		if !late {
 			for t := range macc {
 				macc[t] = s.vec()
 				zero(s, macc[t])
@@ -439,8 +446,8 @@ func genPackedQ4K(s isa, T int) {
 					}
 				}
 				mv := dupWords(k, k.u8(scm, 128+16*j), false)
-				if !s.w512 {
-					VMOVDQU(mv, mst.Offset(32*j))
+				if late {
+					vstore(s, mv, mst.Offset(s.bytes()*j))
 					continue
 				}
 				for t := 0; t < T; t++ {
@@ -456,14 +463,26 @@ func genPackedQ4K(s isa, T int) {
 		}
 		dv, dmv := halfToF32(k, k.f16(2240)), halfToF32(k, k.f16(2272))
 		for t := 0; t < T; t++ {
-			if !s.w512 {
+			if late {
 				for j := 0; j < 8; j++ {
-					b := k.bcastX(t, 260+4*j)
-					VPMADDWD(mst.Offset(32*j), b, b)
-					if j == 0 {
-						macc[t] = b
-					} else {
-						VPADDD(b, macc[t], macc[t])
+					mv := mst.Offset(s.bytes() * j)
+					switch {
+					case s.vnni && j == 0:
+						macc[t] = s.vec()
+						zero(s, macc[t])
+						fallthrough
+					case s.vnni:
+						m := s.vec()
+						vload(s, mv, m)
+						vpdpwssdBcst(k.xmem(t, 260+4*j), m, macc[t])
+					default:
+						b := k.bcastX(t, 260+4*j)
+						VPMADDWD(mv, b, b)
+						if j == 0 {
+							macc[t] = b
+						} else {
+							VPADDD(b, macc[t], macc[t])
+						}
 					}
 				}
 			}
