@@ -16,10 +16,9 @@ import (
 // four consecutive weights of each of 16 rows, so one activation dword,
 // broadcast, is dotted with 16 rows by one VPDPBUSD, the per-row sums stay
 // in the lanes (no horizontal sums), and each block's scales and mins are
-// unpacked once for 16 rows and several tokens. The multi-token products
-// (prefill) read this copy; one token (decode, memory-bound) keeps reading
-// the original blocks, which the GPU may also need, so the copy is extra
-// host memory (Matrix.RepackedBytes).
+// unpacked once for 16 rows and up to 16 tokens. The copy is host memory
+// on top of the mapped file, whose original blocks the GPU, Row and
+// DequantizeRow keep using (Matrix.RepackedBytes).
 //
 // A group-block is packRows rows × one 256-element super-block. Layouts
 // (all offsets in bytes, r = row within the group, 0..15):
@@ -105,16 +104,16 @@ type packedCopy struct {
 }
 
 // Repack returns m with a repacked copy of its whole groups of 16 rows,
-// which its products (Mul, MulQ, MulQGroup) then read instead of m.Data
-// (see the layouts above); Row, DequantizeRow and the GPU keep using
-// m.Data, which is not modified. ok is false,
-// and m is returned unchanged, when the active CPU level has no kernels
-// for repacked weights of m's type (only Q4_K and Q6_K have them, on the
-// amd64 levels) or m has fewer than 16 rows. The copy is
-// RepackedBytes long (the size of the rows it covers), allocated on the Go
-// heap.
-// A large matrix is repacked by up to GOMAXPROCS goroutines; Repack may
-// also run concurrently for different matrices.
+// which its products (Mul, MulQ, MulQGroup, any token count) then read
+// instead of m.Data (see the layouts above); Row, DequantizeRow and the GPU
+// keep using m.Data, which is not modified. ok is false, and m is returned
+// unchanged, when the active CPU level has no kernels for repacked weights
+// of m's type (only Q4_K and Q6_K have them, on the amd64 levels) or m has
+// fewer than 16 rows; a matrix already repacked is returned as it is, with
+// ok true. The copy is RepackedBytes long (the size of the rows it
+// covers), allocated on the Go heap and freed with the last Matrix that
+// holds it. A large matrix is repacked by up to GOMAXPROCS goroutines;
+// Repack may also run concurrently for different matrices.
 func (m Matrix) Repack() (Matrix, bool) {
 	f := packFormats[m.Kernel.Type]
 	if f == nil || packedMul[m.Kernel.Type] == nil || m.Rows < packRows || m.packed != nil {

@@ -20,7 +20,8 @@ import (
 // one vector operation for all rows. No horizontal sums: a group's 16
 // results per token are stored as one vector.
 //
-// Per group of 16 rows and T tokens, per block:
+// Per group of 16 rows and T tokens, per block (Q4_K first unpacks the 16
+// rows' 6-bit scales and mins to the stack, unpackScalesQ4K):
 //
 //	Q4_K VNNI:   per 16-element half sub-block and token: tmp = Σ4 VPDPBUSD
 //	             (|tmp| ≤ 16·15·128 fits an int16), iacc += VPDPWSSD(tmp,
@@ -33,7 +34,10 @@ import (
 //	             int16), VPMADDWD by (sc, sc)
 //
 // then f = float(iacc)·d (− float(macc)·dmin, fused), acc += f·yd (fused),
-// acc kept on the stack (one load and store per token and block).
+// acc kept on the stack (one load and store per token and block). Where
+// the registers do not hold T min accumulators (256-bit, or 16 tokens),
+// Q4_K's (m, m) vectors go to the stack and macc is summed at the end of
+// the block. The next weight block is prefetched a piece at a time.
 
 // packedRows is the rows of a group. The kernels have mulSig's signature,
 // with groups of 16 rows for rows: out[t*os/4 + 16g + r].
