@@ -3,6 +3,7 @@ package ops
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 
 	"github.com/atsinfer/ats/gguf"
@@ -102,5 +103,108 @@ func BenchmarkAttention(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkMulPacked compares, one thread, the row kernels (orig) with the
+// kernels over repacked weights (packed) on multi-token products (prefill)
+// of Q4_K and Q6_K rows of 4096, for weights that stay in the caches and
+// weights that stream from memory:
+//
+//	go test -run NONE -bench MulPacked ./ops
+func BenchmarkMulPacked(b *testing.B) {
+	const n = 4096
+	for _, typ := range packTypes {
+		k, _ := KernelFor(typ)
+		rb := k.RowBytes(n)
+		for _, size := range []struct {
+			name  string
+			bytes int
+		}{{"cache", 256 << 10}, {"ram", 64 << 20}} {
+			rows := max(packRows, size.bytes/rb/packRows*packRows)
+			rng := rand.New(rand.NewPCG(1, 2))
+			data := make([]byte, 0, rows*rb)
+			for range packRows {
+				data = append(data, randomRow(typ, n, rng)...)
+			}
+			for len(data) < rows*rb {
+				data = append(data, data[:packRows*rb]...)
+			}
+			m, err := NewMatrix(k, rows, n, data)
+			if err != nil {
+				b.Fatal(err)
+			}
+			f := packFormats[typ]
+			nb := n / qkK
+			packed := make([]byte, rows/packRows*nb*f.blockBytes)
+			for g := range rows / packRows {
+				f.pack(packed[g*nb*f.blockBytes:], m.Data[g*packRows*rb:], rb, nb)
+			}
+			for _, nTok := range []int{1, 2, 4, 16, 64} {
+				ab := k.ActRowBytes(n)
+				xq := make([]byte, nTok*ab)
+				for t := range nTok {
+					genericImpl(typ).quantAct(xq[t*ab:(t+1)*ab], gaussRow(n, rng))
+				}
+				out := make([]float32, nTok*rows)
+				for _, l := range SupportedLevels() {
+					mul, pmul := implFor(l, typ).mul, archPacked(l, typ)
+					if l == LevelGeneric || pmul == nil {
+						continue
+					}
+					// GFLOP/s from wall time, and cpu-GFLOP/s from the thread's
+					// CPU time (the kernel's own speed on a shared machine).
+					run := func(b *testing.B, f func()) {
+						runtime.LockOSThread()
+						defer runtime.UnlockOSThread()
+						b.SetBytes(int64(rows * rb))
+						c0 := threadCPUTime()
+						for b.Loop() {
+							f()
+						}
+						flop := float64(2*n*rows*nTok) * float64(b.N)
+						b.ReportMetric(flop/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+						if c := threadCPUTime() - c0; c > 0 {
+							b.ReportMetric(flop/c.Seconds()/1e9, "cpu-GFLOP/s")
+						}
+					}
+					b.Run(fmt.Sprintf("%s/%s/tok%d/%s/orig", typ, size.name, nTok, l), func(b *testing.B) {
+						run(b, func() { mul(n, m.Data, rb, rows, xq, ab, nTok, out, rows) })
+					})
+					b.Run(fmt.Sprintf("%s/%s/tok%d/%s/packed", typ, size.name, nTok, l), func(b *testing.B) {
+						run(b, func() { pmul(nb, packed, rows/packRows, xq, ab, nTok, out, rows) })
+					})
+				}
+			}
+		}
+	}
+}
+
+// BenchmarkRepack is the load-time cost of Matrix.Repack: bytes of
+// original weights repacked per second, one thread.
+func BenchmarkRepack(b *testing.B) {
+	const n, rows = 4096, 1024
+	for _, typ := range packTypes {
+		k, _ := KernelFor(typ)
+		rng := rand.New(rand.NewPCG(1, 3))
+		data := make([]byte, 0, rows*k.RowBytes(n))
+		for range rows {
+			data = append(data, randomRow(typ, n, rng)...)
+		}
+		m, _ := NewMatrix(k, rows, n, data)
+		b.Run(typ.String(), func(b *testing.B) {
+			withPackedKernels(b, packedKernelsOrTwins(), func() {
+				runtime.LockOSThread()
+				defer runtime.UnlockOSThread()
+				b.SetBytes(int64(len(data)))
+				c0 := threadCPUTime()
+				for b.Loop() {
+					m.Repack()
+				}
+				if c := threadCPUTime() - c0; c > 0 {
+					b.ReportMetric(float64(len(data))*float64(b.N)/c.Seconds()/1e9, "cpu-GB/s")
+				}
+			})
+		})
 	}
 }

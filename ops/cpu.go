@@ -90,6 +90,7 @@ func SetCPULevel(l Level) error {
 		im := implFor(l, k.Type)
 		k.Dot, k.QuantizeAct, k.mul = im.dot, im.quantAct, im.mul
 	}
+	setPackedLevel(l)
 	f16Rows, f16Axpy = rowsF16Generic, axpyF16Generic
 	swigluKernel, expShiftKernel = swigluGeneric, nil
 	cvtF16Kernel, scaleRoundF16Kernel = F32ToF16Slice, nil

@@ -51,6 +51,10 @@ func archImpl(l Level, t gguf.Type) impl {
 
 func archFloat(Level) (rowsFunc, axpyFunc) { return nil, nil }
 
+// archPacked: arm64 has no kernels for repacked weights (Matrix.Repack
+// reports false there); its products read the original blocks.
+func archPacked(Level, gguf.Type) packedMulFunc { return nil }
+
 func archVMath(Level) (swigluFunc, expShiftFunc) { return nil, nil }
 
 func archCvtF16(Level) (func(dst []uint16, src []float32), func(x []float32, scale float32)) {

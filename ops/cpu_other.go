@@ -16,3 +16,5 @@ func archVMath(Level) (swigluFunc, expShiftFunc) { return nil, nil }
 func archCvtF16(Level) (func(dst []uint16, src []float32), func(x []float32, scale float32)) {
 	return nil, nil
 }
+
+func archPacked(Level, gguf.Type) packedMulFunc { return nil }

@@ -79,6 +79,36 @@ func mulQ80AVX24(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintpt
 //go:noescape
 func mulQ40AVX24(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
 
+// mulP4KAVX21 multiplies groups of 16 repacked rows by 1 activation row(s) (AVX2).
+//
+//go:noescape
+func mulP4KAVX21(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP6KAVX21 multiplies groups of 16 repacked rows by 1 activation row(s) (AVX2).
+//
+//go:noescape
+func mulP6KAVX21(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP4KAVX22 multiplies groups of 16 repacked rows by 2 activation row(s) (AVX2).
+//
+//go:noescape
+func mulP4KAVX22(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP6KAVX22 multiplies groups of 16 repacked rows by 2 activation row(s) (AVX2).
+//
+//go:noescape
+func mulP6KAVX22(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP4KAVX24 multiplies groups of 16 repacked rows by 4 activation row(s) (AVX2).
+//
+//go:noescape
+func mulP4KAVX24(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP6KAVX24 multiplies groups of 16 repacked rows by 4 activation row(s) (AVX2).
+//
+//go:noescape
+func mulP6KAVX24(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
 // mulF32AVX21 multiplies strided rows of F32 weights by 1 row(s) (AVX2).
 //
 //go:noescape
@@ -299,6 +329,56 @@ func mulQ5KAVX5128(w *byte, rows int, x *byte, xs uintptr, out *float32, os uint
 //go:noescape
 func mulQ6KAVX5128(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
 
+// mulP4KAVX5121 multiplies groups of 16 repacked rows by 1 activation row(s) (AVX512).
+//
+//go:noescape
+func mulP4KAVX5121(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP6KAVX5121 multiplies groups of 16 repacked rows by 1 activation row(s) (AVX512).
+//
+//go:noescape
+func mulP6KAVX5121(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP4KAVX5122 multiplies groups of 16 repacked rows by 2 activation row(s) (AVX512).
+//
+//go:noescape
+func mulP4KAVX5122(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP6KAVX5122 multiplies groups of 16 repacked rows by 2 activation row(s) (AVX512).
+//
+//go:noescape
+func mulP6KAVX5122(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP4KAVX5124 multiplies groups of 16 repacked rows by 4 activation row(s) (AVX512).
+//
+//go:noescape
+func mulP4KAVX5124(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP6KAVX5124 multiplies groups of 16 repacked rows by 4 activation row(s) (AVX512).
+//
+//go:noescape
+func mulP6KAVX5124(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP4KAVX5128 multiplies groups of 16 repacked rows by 8 activation row(s) (AVX512).
+//
+//go:noescape
+func mulP4KAVX5128(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP6KAVX5128 multiplies groups of 16 repacked rows by 8 activation row(s) (AVX512).
+//
+//go:noescape
+func mulP6KAVX5128(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP4KAVX51216 multiplies groups of 16 repacked rows by 16 activation row(s) (AVX512).
+//
+//go:noescape
+func mulP4KAVX51216(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP6KAVX51216 multiplies groups of 16 repacked rows by 16 activation row(s) (AVX512).
+//
+//go:noescape
+func mulP6KAVX51216(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
 // mulF32AVX5121 multiplies strided rows of F32 weights by 1 row(s) (AVX512).
 //
 //go:noescape
@@ -453,6 +533,56 @@ func mulQ5KVNNI8(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintpt
 //
 //go:noescape
 func mulQ6KVNNI8(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP4KVNNI1 multiplies groups of 16 repacked rows by 1 activation row(s) (VNNI).
+//
+//go:noescape
+func mulP4KVNNI1(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP6KVNNI1 multiplies groups of 16 repacked rows by 1 activation row(s) (VNNI).
+//
+//go:noescape
+func mulP6KVNNI1(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP4KVNNI2 multiplies groups of 16 repacked rows by 2 activation row(s) (VNNI).
+//
+//go:noescape
+func mulP4KVNNI2(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP6KVNNI2 multiplies groups of 16 repacked rows by 2 activation row(s) (VNNI).
+//
+//go:noescape
+func mulP6KVNNI2(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP4KVNNI4 multiplies groups of 16 repacked rows by 4 activation row(s) (VNNI).
+//
+//go:noescape
+func mulP4KVNNI4(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP6KVNNI4 multiplies groups of 16 repacked rows by 4 activation row(s) (VNNI).
+//
+//go:noescape
+func mulP6KVNNI4(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP4KVNNI8 multiplies groups of 16 repacked rows by 8 activation row(s) (VNNI).
+//
+//go:noescape
+func mulP4KVNNI8(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP6KVNNI8 multiplies groups of 16 repacked rows by 8 activation row(s) (VNNI).
+//
+//go:noescape
+func mulP6KVNNI8(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP4KVNNI16 multiplies groups of 16 repacked rows by 16 activation row(s) (VNNI).
+//
+//go:noescape
+func mulP4KVNNI16(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
+
+// mulP6KVNNI16 multiplies groups of 16 repacked rows by 16 activation row(s) (VNNI).
+//
+//go:noescape
+func mulP6KVNNI16(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
 
 // mulF32VNNI1 multiplies strided rows of F32 weights by 1 row(s) (VNNI).
 //

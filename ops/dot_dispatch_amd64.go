@@ -15,6 +15,12 @@ const (
 	asmF32AVX2
 	asmF32AVX512
 	asmF32VNNI
+	asmP4KAVX2
+	asmP4KAVX512
+	asmP4KVNNI
+	asmP6KAVX2
+	asmP6KAVX512
+	asmP6KVNNI
 	asmQ40AVX2
 	asmQ40AVX512
 	asmQ40AVXVNNI
@@ -38,13 +44,19 @@ const (
 )
 
 // asmTokens reports the token counts each kernel set has (bit T set for T tokens).
-var asmTokens = [...]uint16{
+var asmTokens = [...]uint32{
 	asmF16AVX2:    0x6,
 	asmF16AVX512:  0x16,
 	asmF16VNNI:    0x16,
 	asmF32AVX2:    0x6,
 	asmF32AVX512:  0x16,
 	asmF32VNNI:    0x16,
+	asmP4KAVX2:    0x16,
+	asmP4KAVX512:  0x10116,
+	asmP4KVNNI:    0x10116,
+	asmP6KAVX2:    0x16,
+	asmP6KAVX512:  0x10116,
+	asmP6KVNNI:    0x10116,
 	asmQ40AVX2:    0x16,
 	asmQ40AVX512:  0x16,
 	asmQ40AVXVNNI: 0x16,
@@ -70,6 +82,102 @@ var asmTokens = [...]uint16{
 // callMul runs kernel set id for T tokens (see mulSig in ops/_asm).
 func callMul(id asmID, T int, w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int) {
 	switch id {
+	case asmP4KAVX2:
+		switch T {
+		case 1:
+			mulP4KAVX21(w, rows, x, xs, out, os, nb)
+			return
+		case 2:
+			mulP4KAVX22(w, rows, x, xs, out, os, nb)
+			return
+		case 4:
+			mulP4KAVX24(w, rows, x, xs, out, os, nb)
+			return
+		}
+	case asmP4KAVX512:
+		switch T {
+		case 1:
+			mulP4KAVX5121(w, rows, x, xs, out, os, nb)
+			return
+		case 2:
+			mulP4KAVX5122(w, rows, x, xs, out, os, nb)
+			return
+		case 4:
+			mulP4KAVX5124(w, rows, x, xs, out, os, nb)
+			return
+		case 8:
+			mulP4KAVX5128(w, rows, x, xs, out, os, nb)
+			return
+		case 16:
+			mulP4KAVX51216(w, rows, x, xs, out, os, nb)
+			return
+		}
+	case asmP4KVNNI:
+		switch T {
+		case 1:
+			mulP4KVNNI1(w, rows, x, xs, out, os, nb)
+			return
+		case 2:
+			mulP4KVNNI2(w, rows, x, xs, out, os, nb)
+			return
+		case 4:
+			mulP4KVNNI4(w, rows, x, xs, out, os, nb)
+			return
+		case 8:
+			mulP4KVNNI8(w, rows, x, xs, out, os, nb)
+			return
+		case 16:
+			mulP4KVNNI16(w, rows, x, xs, out, os, nb)
+			return
+		}
+	case asmP6KAVX2:
+		switch T {
+		case 1:
+			mulP6KAVX21(w, rows, x, xs, out, os, nb)
+			return
+		case 2:
+			mulP6KAVX22(w, rows, x, xs, out, os, nb)
+			return
+		case 4:
+			mulP6KAVX24(w, rows, x, xs, out, os, nb)
+			return
+		}
+	case asmP6KAVX512:
+		switch T {
+		case 1:
+			mulP6KAVX5121(w, rows, x, xs, out, os, nb)
+			return
+		case 2:
+			mulP6KAVX5122(w, rows, x, xs, out, os, nb)
+			return
+		case 4:
+			mulP6KAVX5124(w, rows, x, xs, out, os, nb)
+			return
+		case 8:
+			mulP6KAVX5128(w, rows, x, xs, out, os, nb)
+			return
+		case 16:
+			mulP6KAVX51216(w, rows, x, xs, out, os, nb)
+			return
+		}
+	case asmP6KVNNI:
+		switch T {
+		case 1:
+			mulP6KVNNI1(w, rows, x, xs, out, os, nb)
+			return
+		case 2:
+			mulP6KVNNI2(w, rows, x, xs, out, os, nb)
+			return
+		case 4:
+			mulP6KVNNI4(w, rows, x, xs, out, os, nb)
+			return
+		case 8:
+			mulP6KVNNI8(w, rows, x, xs, out, os, nb)
+			return
+		case 16:
+			mulP6KVNNI16(w, rows, x, xs, out, os, nb)
+			return
+		}
 	case asmQ40AVX2:
 		switch T {
 		case 1:

@@ -8,6 +8,8 @@ type Matrix struct {
 	Kernel     *Kernel
 	Rows, Cols int
 	Data       []byte
+
+	packed *packedCopy // see Repack; nil without one
 }
 
 // NewMatrix checks that data holds rows×cols values of type k.
@@ -30,7 +32,7 @@ func (m Matrix) Row(r int) []byte {
 // Slice returns rows [lo, hi) as a matrix (an expert of a stacked tensor).
 func (m Matrix) Slice(lo, hi int) Matrix {
 	rb := m.Kernel.RowBytes(m.Cols)
-	return Matrix{Kernel: m.Kernel, Rows: hi - lo, Cols: m.Cols, Data: m.Data[lo*rb : hi*rb]}
+	return Matrix{Kernel: m.Kernel, Rows: hi - lo, Cols: m.Cols, Data: m.Data[lo*rb : hi*rb], packed: m.slicePacked(lo, hi)}
 }
 
 // ActBytes is the scratch QuantizeActs needs for nTok rows.
@@ -53,6 +55,10 @@ func (m Matrix) QuantizeActs(p *Pool, x []float32, nTok int, scratch []byte) []b
 // t < nTok, from activations already quantized by QuantizeActs. Rows are
 // split across the pool; each weight row is read once for all tokens.
 func (m Matrix) MulQ(p *Pool, xq []byte, nTok int, out []float32, ldOut int) {
+	if m.usePacked() {
+		mulPackedGroup(p, []Matrix{m}, xq, nTok, [][]float32{out}, []int{ldOut})
+		return
+	}
 	ab := m.Kernel.ActRowBytes(m.Cols)
 	rb := m.Kernel.RowBytes(m.Cols)
 	mul := m.Kernel.mul
@@ -92,11 +98,19 @@ func MulQEach(p *Pool, ms []Matrix, xqs [][]byte, nTok int, outs [][]float32, ld
 	}
 	ab := ms[0].Kernel.ActRowBytes(ms[0].Cols)
 	total := 0
+	packed := false
 	for _, m := range ms {
 		if m.Cols != ms[0].Cols || m.Kernel.ActType != ms[0].Kernel.ActType {
 			panic("ops: MulQEach: matrices differ in columns or activation format")
 		}
 		total += m.Rows
+		if m.usePacked() {
+			packed = true
+		}
+	}
+	if packed {
+		mulPackedGroup(p, ms, xq, nTok, outs, ldOuts)
+		return
 	}
 	p.RunChunks(total, chunkRows(ms[0].Kernel.RowBytes(ms[0].Cols), nTok), func(lo, hi int) {
 		base := 0

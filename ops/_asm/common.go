@@ -44,6 +44,20 @@ func (s isa) tokens() []int {
 	return []int{1, 2, 4}
 }
 
+// packedTokens lists the token counts of the kernels over repacked
+// weights (packed.go): their per-token state is one or two vectors, so
+// AVX-512 takes 16 tokens, AVX2's 16 registers 4.
+func (s isa) packedTokens() []int {
+	if v := os.Getenv("TOK"); v != "" {
+		n, _ := strconv.Atoi(v)
+		return []int{n}
+	}
+	if s.w512 {
+		return []int{1, 2, 4, 8, 16}
+	}
+	return []int{1, 2, 4}
+}
+
 // vec allocates a vector register of the level's width.
 func (s isa) vec() VecVirtual {
 	if s.w512 {
@@ -213,6 +227,7 @@ type mulKernel struct {
 	wp       GPVirtual    // the current weight block
 	xb, xb1  GPVirtual    // the current activation block of tokens 0 and 1
 	xb4, xb5 GPVirtual    // ... and of tokens 4 and 5 (T = 8)
+	xb8      [4]GPVirtual // ... and of tokens 8, 9, 12, 13 (T = 16)
 	xs       GPVirtual    // bytes between tokens' activation rows
 	facc     []VecVirtual // per token float accumulators
 	blockTag string
@@ -223,7 +238,14 @@ type mulKernel struct {
 // and 1, which keeps four tokens within three pointer registers.
 func (k *mulKernel) xmem(t, disp int) Mem {
 	base := [2]GPVirtual{k.xb, k.xb1}
-	if t >= 4 {
+	switch {
+	case t >= 12:
+		base = [2]GPVirtual{k.xb8[2], k.xb8[3]}
+		t -= 12
+	case t >= 8:
+		base = [2]GPVirtual{k.xb8[0], k.xb8[1]}
+		t -= 8
+	case t >= 4:
 		base = [2]GPVirtual{k.xb4, k.xb5}
 		t -= 4
 	}

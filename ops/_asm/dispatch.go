@@ -48,9 +48,9 @@ func writeDispatch(path string) error {
 		fmt.Fprintf(&b, "\tasm%s\n", id)
 	}
 	b.WriteString(")\n\n")
-	b.WriteString("// asmTokens reports the token counts each kernel set has (bit T set for T tokens).\nvar asmTokens = [...]uint16{\n")
+	b.WriteString("// asmTokens reports the token counts each kernel set has (bit T set for T tokens).\nvar asmTokens = [...]uint32{\n")
 	for _, id := range ids {
-		var bits uint16
+		var bits uint32
 		for t := range registry[id].names {
 			bits |= 1 << t
 		}

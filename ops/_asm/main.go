@@ -70,6 +70,14 @@ func main() {
 		if s.vex {
 			continue // the rest of AVXVNNI is AVX2's (ops/dot_amd64.go)
 		}
+		for _, t := range s.packedTokens() {
+			if fam := os.Getenv("FAMILY"); fam == "" || fam == "P4K" {
+				genPackedQ4K(s, t)
+			}
+			if fam := os.Getenv("FAMILY"); fam == "" || fam == "P6K" {
+				genPackedQ6K(s, t)
+			}
+		}
 		genF32(s)
 		genF16(s)
 		genQuantQ8K(s)
