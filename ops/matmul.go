@@ -56,7 +56,7 @@ func (m Matrix) QuantizeActs(p *Pool, x []float32, nTok int, scratch []byte) []b
 // split across the pool; each weight row is read once for all tokens.
 func (m Matrix) MulQ(p *Pool, xq []byte, nTok int, out []float32, ldOut int) {
 	if m.usePacked() {
-		mulPackedGroup(p, []Matrix{m}, xq, nTok, [][]float32{out}, []int{ldOut})
+		mulPackedGroup(p, []Matrix{m}, [][]byte{xq}, nTok, [][]float32{out}, []int{ldOut})
 		return
 	}
 	ab := m.Kernel.ActRowBytes(m.Cols)
@@ -109,7 +109,7 @@ func MulQEach(p *Pool, ms []Matrix, xqs [][]byte, nTok int, outs [][]float32, ld
 		}
 	}
 	if packed {
-		mulPackedGroup(p, ms, xq, nTok, outs, ldOuts)
+		mulPackedGroup(p, ms, xqs, nTok, outs, ldOuts)
 		return
 	}
 	p.RunChunks(total, chunkRows(ms[0].Kernel.RowBytes(ms[0].Cols), nTok), func(lo, hi int) {

@@ -178,7 +178,7 @@ func (m Matrix) slicePacked(lo, hi int) *packedCopy {
 // are repacked: the work is split in units of 16 rows of one matrix, a
 // repacked group computed by the level's packed kernel, other rows by the
 // row kernel.
-func mulPackedGroup(p *Pool, ms []Matrix, xq []byte, nTok int, outs [][]float32, ldOuts []int) {
+func mulPackedGroup(p *Pool, ms []Matrix, xqs [][]byte, nTok int, outs [][]float32, ldOuts []int) {
 	ab := ms[0].Kernel.ActRowBytes(ms[0].Cols)
 	units := 0
 	for _, m := range ms {
@@ -201,14 +201,14 @@ func mulPackedGroup(p *Pool, ms []Matrix, xq []byte, nTok int, outs [][]float32,
 				pg := m.packed.groups
 				if ga, gb := a, min(b, pg); ga < gb {
 					w := m.packed.data[ga*(len(m.packed.data)/pg) : gb*(len(m.packed.data)/pg)]
-					packedMul[m.Kernel.Type](m.Cols/m.Kernel.BlockSize, w, gb-ga, xq, ab, nTok, out[ga*packRows:], ld)
+					packedMul[m.Kernel.Type](m.Cols/m.Kernel.BlockSize, w, gb-ga, xqs[i], ab, nTok, out[ga*packRows:], ld)
 				}
 				a = max(a, pg) // the rows after the groups: row kernel
 			}
 			if a < b {
 				r0, r1 := a*packRows, min(b*packRows, m.Rows)
 				rb := m.Kernel.RowBytes(m.Cols)
-				m.Kernel.mul(m.Cols, m.Data[r0*rb:r1*rb], rb, r1-r0, xq, ab, nTok, out[r0:], ld)
+				m.Kernel.mul(m.Cols, m.Data[r0*rb:r1*rb], rb, r1-r0, xqs[i], ab, nTok, out[r0:], ld)
 			}
 		}
 	})

@@ -145,6 +145,9 @@ func (c *Context) init() error {
 	if err != nil {
 		return err
 	}
+	if dev == nil {
+		c.m.repackForCPU()
+	}
 	c.place = pl
 	c.units = pl.units
 	p := c.m.Prog
