@@ -86,11 +86,12 @@ func stepLogprobs(logits []float32, tok, n int) logprobStep {
 	return st
 }
 
-// logprobValue keeps log-probabilities finite for JSON: -Inf (a banned or
-// impossible token) becomes the lowest float32, as llama-server writes it.
+// logprobValue keeps log-probabilities finite for JSON: an impossible
+// token (-Inf, a NaN logit) gets -9999, the value OpenAI documents for a
+// very unlikely token.
 func logprobValue(lp float64) float64 {
-	if math.IsInf(lp, -1) || lp < -math.MaxFloat32 {
-		return -math.MaxFloat32
+	if math.IsInf(lp, -1) || math.IsNaN(lp) {
+		return -9999
 	}
 	return lp
 }
