@@ -226,7 +226,7 @@ type Grammar struct {
 	act       []int32
 	accepting []bool
 	calls     []call
-	plainLoop []bool // the state goes to itself on every plain byte (isPlain)
+	textLoop  []bool // the state reads any text and comes back to itself (see utf8Next)
 	root      int32  // the root rule's start state
 	nStates   int
 }
@@ -730,19 +730,48 @@ func (c *compiler) determinize(rules []ruleID) (*Grammar, error) {
 		}
 	}
 	g.accepting = accepting
-	g.plainLoop = make([]bool, nStates)
+	g.textLoop = make([]bool, nStates)
 	for s := range nStates {
-		loop := true
-		for b := 0; b < 256 && loop; b++ {
-			if isPlain(byte(b)) {
-				loop = g.act[s*nc+int(g.class[b])] == int32(s)
-			}
-		}
-		g.plainLoop[s] = loop
+		g.textLoop[s] = g.readsText(int32(s))
 	}
 	g.root = startOf[ruleRoot]
 	g.nStates = nStates
 	return g, nil
+}
+
+// readsText reports whether state s takes every text character (see
+// utf8Next) by plain transitions and comes back to s after each: the inside
+// of a JSON string. It follows the pairs of automaton state and UTF-8
+// state a character's bytes go through.
+func (g *Grammar) readsText(s int32) bool {
+	type pair struct {
+		st int32
+		u  uint8
+	}
+	seen := map[pair]bool{{s, 0}: true}
+	queue := []pair{{s, 0}}
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		for b := 0; b < 256; b++ {
+			u := utf8Next(p.u, byte(b))
+			if u < 0 {
+				continue
+			}
+			t := g.act[int(p.st)*g.nClasses+int(g.class[b])]
+			if t < 0 || u == 0 && t != s {
+				return false
+			}
+			if next := (pair{t, uint8(u)}); u != 0 && !seen[next] {
+				if len(seen) > 64 { // not a character loop
+					return false
+				}
+				seen[next] = true
+				queue = append(queue, next)
+			}
+		}
+	}
+	return true
 }
 
 // minimize merges the states that behave alike (Moore's partition

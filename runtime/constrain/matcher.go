@@ -206,13 +206,13 @@ func (m *Matcher) compute() *maskEntry {
 	mask := make([]uint64, len(m.mask))
 	base := len(m.frames)
 	nodes, nc, act, class := v.nodes, g.nClasses, g.act, &g.class
-	loops := g.plainLoop
+	loops := g.textLoop
 	walk := m.walk
 	walk[0] = m.st
 	for i := 0; i < len(nodes); {
 		n := &nodes[i]
 		parent := walk[n.depth-1]
-		if n.plain && loops[parent.top] {
+		if n.text && loops[parent.top] {
 			// Every token of the subtree is allowed and leaves the
 			// state as it is.
 			end := int32(len(v.toks))

@@ -25,7 +25,7 @@ type Vocab struct {
 
 type trieNode struct {
 	b          byte
-	plain      bool   // every byte of the subtree is plain text (see isPlain)
+	text       bool   // every token of the subtree, from here on, is text (see utf8Next)
 	depth      uint16 // 1 for the first byte of a token
 	skip       int32  // the index just past this node's subtree
 	tok0, tok1 int32
@@ -114,23 +114,89 @@ func NewVocab(size int, piece func(id int) string, eog []int) (*Vocab, error) {
 	for _, n := range path {
 		v.nodes[n].skip = int32(len(v.nodes))
 	}
-	// Plain subtrees, children before parents: a node is plain when its
-	// byte is and the nodes of its subtree are.
+	// Text subtrees, children before parents: textFrom[i] has bit u set
+	// when every token of node i's subtree, read from node i on in UTF-8
+	// state u, stays valid text.
+	textFrom := make([]uint8, len(v.nodes))
 	for i := len(v.nodes) - 1; i >= 0; i-- {
 		n := &v.nodes[i]
-		n.plain = isPlain(n.b)
-		for c := int32(i + 1); n.plain && c < n.skip; c = v.nodes[c].skip {
-			n.plain = v.nodes[c].plain
+		var ok uint8
+		for u := range uint8(utf8States) {
+			next := utf8Next(u, n.b)
+			if next < 0 {
+				continue
+			}
+			all := true
+			for c := int32(i + 1); all && c < n.skip; c = v.nodes[c].skip {
+				all = textFrom[c]>>next&1 == 1
+			}
+			if all {
+				ok |= 1 << u
+			}
 		}
+		textFrom[i] = ok
+		n.text = ok&1 == 1
 	}
 	return v, nil
 }
 
-// isPlain reports whether b is printable ASCII other than the quote and
-// the backslash: the bytes that keep a JSON string (or free text) in the
-// same state. A Matcher takes a plain subtree whole where its state loops
-// on every plain byte, instead of walking it.
-func isPlain(b byte) bool { return b >= 0x20 && b < 0x7f && b != '"' && b != '\\' }
+// Text is what a JSON string holds between its quotes without escapes:
+// valid UTF-8 of no control characters, quotes or backslashes. A Matcher
+// takes a subtree of text tokens whole where its state reads any text and
+// comes back to itself (the inside of a JSON string), instead of walking
+// it. utf8Next is the automaton of its valid prefixes: state 0 is between
+// characters; the others expect continuation bytes (1: one more; 2: two
+// more; 3: after E0; 4: after ED; 5: three more; 6: after F0; 7: after F4).
+const utf8States = 8
+
+func utf8Next(u uint8, b byte) int {
+	switch u {
+	case 0:
+		switch {
+		case b >= 0x20 && b < 0x80:
+			if b == '"' || b == '\\' {
+				return -1
+			}
+			return 0
+		case b >= 0xC2 && b <= 0xDF:
+			return 1
+		case b == 0xE0:
+			return 3
+		case b == 0xED:
+			return 4
+		case b >= 0xE1 && b <= 0xEF:
+			return 2
+		case b == 0xF0:
+			return 6
+		case b >= 0xF1 && b <= 0xF3:
+			return 5
+		case b == 0xF4:
+			return 7
+		}
+		return -1
+	case 1, 2, 5:
+		if b >= 0x80 && b <= 0xBF {
+			return (int(u) + 1) / 3 // one continuation fewer: 1 to 0, 2 to 1, 5 to 2
+		}
+	case 3:
+		if b >= 0xA0 && b <= 0xBF {
+			return 1
+		}
+	case 4:
+		if b >= 0x80 && b <= 0x9F {
+			return 1
+		}
+	case 6:
+		if b >= 0x90 && b <= 0xBF {
+			return 2
+		}
+	case 7:
+		if b >= 0x80 && b <= 0x8F {
+			return 2
+		}
+	}
+	return -1
+}
 
 func (v *Vocab) piece(id int) string { return v.text[v.off[id]:v.off[id+1]] }
 
