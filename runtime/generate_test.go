@@ -132,7 +132,6 @@ func TestGenerateStopsAndCancels(t *testing.T) {
 // scripted allows one token per step, from a list, then only the end of
 // generation.
 type scripted struct {
-	t        *testing.T
 	n, eog   int
 	script   []int
 	accepted []int
@@ -157,7 +156,7 @@ func (c *scripted) Accept(tok int) error {
 func TestGenerateConstraintAndLogits(t *testing.T) {
 	s, want := oracleSession(t, "tiny-qwen3-q6_k")
 	n := s.Model.Hyper().NVocab
-	c := &scripted{t: t, n: n, eog: s.Tok.EOS(), script: []int{300, 301, 7, 300}, mask: make([]uint64, (n+63)/64)}
+	c := &scripted{n: n, eog: s.Tok.EOS(), script: []int{300, 301, 7, 300}, mask: make([]uint64, (n+63)/64)}
 	var seen []int
 	cfg := sampler.DefaultConfig()
 	cfg.Seed = 1

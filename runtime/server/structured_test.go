@@ -197,8 +197,84 @@ func TestForcedToolCall(t *testing.T) {
 					t.Fatalf("choice %d: called %q", i, call.Function.Name)
 				}
 				mustValidate(t, val, call.Function.Arguments)
+
+				// Streamed, the same call arrives as a tool-call delta.
+				stream := ts.client.Chat.Completions.NewStreaming(context.Background(), p)
+				var calls []openai.ChatCompletionChunkChoiceDeltaToolCall
+				finish := ""
+				for stream.Next() {
+					if ch := stream.Current(); len(ch.Choices) > 0 {
+						calls = append(calls, ch.Choices[0].Delta.ToolCalls...)
+						if ch.Choices[0].FinishReason != "" {
+							finish = ch.Choices[0].FinishReason
+						}
+					}
+				}
+				if err := stream.Err(); err != nil {
+					t.Fatal(err)
+				}
+				if finish != "tool_calls" || len(calls) != 1 || calls[0].Function.Name != call.Function.Name || calls[0].Function.Arguments != call.Function.Arguments {
+					t.Fatalf("choice %d: streamed %+v (%s), not streamed %+v", i, calls, finish, call.Function)
+				}
 			}
 		})
+	}
+}
+
+// TestToolCallGrammars checks the texts the forced-call grammars allow, in
+// each family's format.
+func TestToolCallGrammars(t *testing.T) {
+	v, err := constrain.NewVocab(257, func(id int) string { return string([]byte{byte(id)}) }, []int{256})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := startServer(t, Config{})
+	tools, _, e := chatTools([]json.RawMessage{
+		json.RawMessage(`{"type":"function","function":{"name":"order_coffee","parameters":` + orderToolSchema + `}}`),
+		json.RawMessage(`{"type":"function","function":{"name":"get_time"}}`),
+	})
+	if e != nil {
+		t.Fatal(e)
+	}
+	call := `{"name": "order_coffee", "arguments": {"size": "small", "qty": 2}}`
+	for _, tc := range []struct {
+		format   ToolFormat
+		choice   forcedTool
+		parallel bool
+		good     []string
+		bad      []string
+	}{
+		{FormatHermes, forcedTool{use: true, required: true}, true,
+			[]string{"<tool_call>\n" + call + "\n</tool_call>", "<tool_call>" + call + "</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>"},
+			[]string{call, "<tool_call>\n{\"name\": \"order_coffee\", \"arguments\": {\"size\": \"huge\", \"qty\": 2}}\n</tool_call>", "Sure! <tool_call>" + call + "</tool_call>"}},
+		{FormatHermes, forcedTool{use: true, required: true, name: "order_coffee"}, false,
+			[]string{"<tool_call>\n" + call + "\n</tool_call>"},
+			[]string{"<tool_call>" + call + "</tool_call><tool_call>" + call + "</tool_call>", "<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>"}},
+		{FormatLlama3, forcedTool{use: true, required: true}, true,
+			[]string{`{"name": "order_coffee", "parameters": {"size": "large", "qty": 1}}`, `{"name":"get_time","parameters":{"tz":"UTC"}}`},
+			[]string{call, `{"name": "order_coffee", "parameters": {"qty": 1}}`}},
+		{FormatGLM4, forcedTool{use: true, required: true}, true,
+			[]string{"order_coffee\n{\"size\": \"small\", \"qty\": 2}", "get_time\n{}"},
+			[]string{"order_coffee {\"size\": \"small\", \"qty\": 2}", "make_tea\n{}"}},
+	} {
+		ts.format = tc.format
+		con, e := ts.toolConstraint(tools, tc.choice, thinkSkip, tc.parallel)
+		if e != nil {
+			t.Fatal(e)
+		}
+		c := constrain.New(con.Grammar(), v)
+		for _, s := range tc.good {
+			m := c.NewMatcher()
+			if err := m.AcceptString(s); err != nil || !m.Complete() {
+				t.Errorf("%v %+v: refuses %q: %v", tc.format, tc.choice, s, err)
+			}
+		}
+		for _, s := range tc.bad {
+			m := c.NewMatcher()
+			if err := m.AcceptString(s); err == nil && m.Complete() {
+				t.Errorf("%v %+v: allows %q", tc.format, tc.choice, s)
+			}
+		}
 	}
 }
 
