@@ -546,7 +546,7 @@ func setKey(set []int32) string {
 
 // maxDFAStates bounds the compiled automaton (its table is states x byte
 // classes of int32).
-const maxDFAStates = 200_000
+const maxDFAStates = 100_000
 
 type dfaCall struct {
 	rule ruleID

@@ -43,7 +43,13 @@ func Schema(schema []byte) (Expr, error) {
 type schemaCompiler struct {
 	root   json.RawMessage
 	active map[string]bool // $refs being expanded (recursion guard)
+	nodes  int             // subschemas expanded so far
+	refs   map[string]json.RawMessage
 }
+
+// maxSchemaNodes bounds the subschemas one schema expands to: $refs are
+// inlined, so a small schema can name the same definition many times.
+const maxSchemaNodes = 5000
 
 // maxSchemaDepth bounds the nesting of schemas (and of $refs).
 const maxSchemaDepth = 64
@@ -111,6 +117,9 @@ func members(raw json.RawMessage) ([]string, map[string]json.RawMessage, error) 
 func (sc *schemaCompiler) expr(raw json.RawMessage, path string, depth int) (Expr, error) {
 	if depth > maxSchemaDepth {
 		return Expr{}, schemaErr(path, "the schema nests deeper than %d levels", maxSchemaDepth)
+	}
+	if sc.nodes++; sc.nodes > maxSchemaNodes {
+		return Expr{}, schemaErr(path, "the schema expands to more than %d subschemas ($refs count each time they are used)", maxSchemaNodes)
 	}
 	raw = bytes.TrimSpace(raw)
 	switch string(raw) {
@@ -270,28 +279,44 @@ func (sc *schemaCompiler) ref(raw json.RawMessage, path string, depth int) (Expr
 	if sc.active[r] {
 		return Expr{}, schemaErr(path, "$ref %q is recursive; recursive schemas are not supported", r)
 	}
+	target, known := sc.refs[r]
+	if !known {
+		var err error
+		if target, err = sc.resolve(r, path); err != nil {
+			return Expr{}, err
+		}
+		if sc.refs == nil {
+			sc.refs = map[string]json.RawMessage{}
+		}
+		sc.refs[r] = target
+	}
+	sc.active[r] = true
+	defer delete(sc.active, r)
+	return sc.expr(target, r, depth+1)
+}
+
+// resolve finds the subschema a $ref points at.
+func (sc *schemaCompiler) resolve(r, path string) (json.RawMessage, error) {
 	target := sc.root
 	if r != "#" {
 		rest, ok := strings.CutPrefix(r, "#/")
 		if !ok {
-			return Expr{}, schemaErr(path, "$ref %q: only references into this schema (#, #/$defs/NAME) are supported", r)
+			return nil, schemaErr(path, "$ref %q: only references into this schema (#, #/$defs/NAME) are supported", r)
 		}
 		for _, part := range strings.Split(rest, "/") {
 			part = strings.ReplaceAll(strings.ReplaceAll(part, "~1", "/"), "~0", "~")
 			_, m, err := members(target)
 			if err != nil {
-				return Expr{}, schemaErr(path, "$ref %q does not resolve", r)
+				return nil, schemaErr(path, "$ref %q does not resolve", r)
 			}
 			next, ok := m[part]
 			if !ok {
-				return Expr{}, schemaErr(path, "$ref %q does not resolve: no %q", r, part)
+				return nil, schemaErr(path, "$ref %q does not resolve: no %q", r, part)
 			}
 			target = next
 		}
 	}
-	sc.active[r] = true
-	defer delete(sc.active, r)
-	return sc.expr(target, r, depth+1)
+	return target, nil
 }
 
 func (sc *schemaCompiler) object(s map[string]json.RawMessage, path string, depth int) (Expr, error) {

@@ -3,6 +3,7 @@ package constrain
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -134,6 +135,21 @@ func TestRandomTextsValidate(t *testing.T) {
 	}
 }
 
+// explodingSchema has n definitions, each using the next one twice: 2^n
+// subschemas once the $refs are inlined.
+func explodingSchema(n int) string {
+	var b strings.Builder
+	b.WriteString(`{"$defs":{`)
+	for i := range n {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, `"d%d":{"type":"object","properties":{"a":{"$ref":"#/$defs/d%d"},"b":{"$ref":"#/$defs/d%d"}}}`, i, i+1, i+1)
+	}
+	fmt.Fprintf(&b, `,"d%d":{"type":"integer"}},"$ref":"#/$defs/d0"}`, n)
+	return b.String()
+}
+
 func TestUnsupportedSchemas(t *testing.T) {
 	for _, tc := range []struct{ schema, want string }{
 		{`{"type":"string","pattern":"^a"}`, `"pattern" is not supported`},
@@ -150,6 +166,7 @@ func TestUnsupportedSchemas(t *testing.T) {
 		{`{"type":"object","properties":{},"required":["x"],"additionalProperties":false}`, `"x" is required but not among the properties`},
 		{`{"type":"array","maxItems":1000}`, `at most 64`},
 		{`{`, `not JSON`},
+		{explodingSchema(24), `expands to more than`},
 	} {
 		_, err := Schema([]byte(tc.schema))
 		if !errors.Is(err, ErrSchema) || !strings.Contains(err.Error(), tc.want) {
