@@ -101,17 +101,17 @@ func BenchmarkConstrainedDecode(b *testing.B) {
 	var freeDur, conDur, maskDur time.Duration
 	ctx := context.Background()
 	iter := 0
-	for b.Loop() {
-		iter++
-		free.Seed, cfg.Seed = uint64(iter), uint64(iter)
+	runFree := func() {
 		res, err := s.Generate(ctx, prompt, GenerateOptions{Sampler: free, MaxTokens: 64})
 		if err != nil {
 			b.Fatal(err)
 		}
 		freeTok += len(res.Tokens) - 1
 		freeDur += res.Decode
+	}
+	runConstrained := func() {
 		con := &timedConstraint{m: constrain.New(g, vocab).NewMatcher()}
-		res, err = s.Generate(ctx, prompt, GenerateOptions{Sampler: cfg, MaxTokens: 64, Constraint: con})
+		res, err := s.Generate(ctx, prompt, GenerateOptions{Sampler: cfg, MaxTokens: 64, Constraint: con})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -120,6 +120,18 @@ func BenchmarkConstrainedDecode(b *testing.B) {
 		maskDur += con.d
 		if iter == 1 {
 			b.Logf("a constrained reply: %q", res.Text)
+		}
+	}
+	for b.Loop() {
+		iter++
+		free.Seed, cfg.Seed = uint64(iter), uint64(iter)
+		// Alternate which goes first, so neither always follows the other.
+		if iter%2 == 1 {
+			runFree()
+			runConstrained()
+		} else {
+			runConstrained()
+			runFree()
 		}
 	}
 	fr := float64(freeTok) / freeDur.Seconds()

@@ -74,6 +74,7 @@ type Matcher struct {
 	frames []frame
 	mask   []uint64
 	walk   []state
+	walkU  []int8 // UTF-8 text state of the walk's path at each depth, -1 once not text
 	key    []byte
 	ended  bool
 	text   []byte // the accepted text, for errors
@@ -82,10 +83,11 @@ type Matcher struct {
 // NewMatcher starts a generation at the beginning of the grammar.
 func (c *Constraint) NewMatcher() *Matcher {
 	return &Matcher{
-		c:    c,
-		st:   state{top: c.g.root, stack: -1},
-		mask: make([]uint64, (c.v.size+63)/64),
-		walk: make([]state, c.v.maxDepth+1),
+		c:     c,
+		st:    state{top: c.g.root, stack: -1},
+		mask:  make([]uint64, (c.v.size+63)/64),
+		walk:  make([]state, c.v.maxDepth+1),
+		walkU: make([]int8, c.v.maxDepth+1),
 	}
 }
 
@@ -207,20 +209,29 @@ func (m *Matcher) compute() *maskEntry {
 	base := len(m.frames)
 	nodes, nc, act, class := v.nodes, g.nClasses, g.act, &g.class
 	loops := g.textLoop
-	walk := m.walk
-	walk[0] = m.st
+	walk, walkU := m.walk, m.walkU
+	walk[0], walkU[0] = m.st, 0
+	// Inside a JSON string every text token is allowed: start from them,
+	// and skip the subtrees they make up instead of marking them.
+	rootText := loops[m.st.top]
+	if rootText {
+		copy(mask, v.textMask)
+	}
 	for i := 0; i < len(nodes); {
 		n := &nodes[i]
 		parent := walk[n.depth-1]
 		if n.text && loops[parent.top] {
 			// Every token of the subtree is allowed and leaves the
 			// state as it is.
-			end := int32(len(v.toks))
-			if int(n.skip) < len(nodes) {
-				end = nodes[n.skip].tok0
-			}
-			for _, t := range v.toks[n.tok0:end] {
-				mask[t>>6] |= 1 << (t & 63)
+			if !rootText || walkU[n.depth-1] != 0 || parent.top != m.st.top {
+				// Not already in the mask: the path here is not all text.
+				end := int32(len(v.toks))
+				if int(n.skip) < len(nodes) {
+					end = nodes[n.skip].tok0
+				}
+				for _, t := range v.toks[n.tok0:end] {
+					mask[t>>6] |= 1 << (t & 63)
+				}
 			}
 			i = int(n.skip)
 			continue
@@ -238,6 +249,11 @@ func (m *Matcher) compute() *maskEntry {
 			}
 		}
 		walk[n.depth] = s
+		if u := walkU[n.depth-1]; u >= 0 {
+			walkU[n.depth] = int8(utf8Next(uint8(u), n.b))
+		} else {
+			walkU[n.depth] = -1
+		}
 		for _, t := range v.toks[n.tok0:n.tok1] {
 			mask[t>>6] |= 1 << (t & 63)
 		}

@@ -21,6 +21,9 @@ type Vocab struct {
 	text     string  // every token's piece, concatenated
 	off      []int32 // token id's piece is text[off[id]:off[id+1]]
 	maxDepth int
+	// textMask has the tokens whose whole piece is text (see utf8Next): a
+	// state that reads any text allows at least these.
+	textMask []uint64
 }
 
 type trieNode struct {
@@ -136,6 +139,16 @@ func NewVocab(size int, piece func(id int) string, eog []int) (*Vocab, error) {
 		}
 		textFrom[i] = ok
 		n.text = ok&1 == 1
+	}
+	v.textMask = make([]uint64, (size+63)/64)
+	for _, id := range ids {
+		u, p := 0, v.piece(int(id))
+		for i := 0; i < len(p) && u >= 0; i++ {
+			u = utf8Next(uint8(u), p[i])
+		}
+		if u >= 0 {
+			v.textMask[id>>6] |= 1 << (id & 63)
+		}
 	}
 	return v, nil
 }

@@ -157,7 +157,7 @@ func TestRealVocabularyMask(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := New(mustCompile(t, e), v)
-	for _, prefix := range []string{"", "{", `{"name": "Ad`, `{"name": "A\`, `{"name": "A\u00`, "{\"name\": \"\xe4", "{\"name\": \"\xe4\xb8",
+	for _, prefix := range []string{"", "{", `{"name": "Ad`, `{"name": "A\`, `{"name": "A\n`, `{"name": "A\"`, `{"name": "A\u00e9`, `{"name": "A\u00`, "{\"name\": \"\xe4", "{\"name\": \"\xe4\xb8",
 		`{"name":"Ada","age":3`, `{"name":"Ada","age":3,"email":null,"tags":["x"]`, `{"name":"Ada","age":3,"email":null,"tags":["x", "y`} {
 		m := c.NewMatcher()
 		if err := m.AcceptString(prefix); err != nil {
