@@ -265,7 +265,10 @@ func Compile(root Expr) (*Grammar, error) {
 		})
 	}
 	rules := make([]ruleID, 0, len(bodies))
-	for r := range bodies {
+	for r, body := range bodies {
+		if size(body) > maxNFAStates {
+			return nil, fmt.Errorf("%w: the grammar is too large (more than %d states)", ErrGrammar, maxNFAStates)
+		}
 		rules = append(rules, r)
 	}
 	slices.Sort(rules)
@@ -316,7 +319,40 @@ type compiler struct {
 }
 
 // maxNFAStates bounds the automaton a request can make the server build.
-const maxNFAStates = 1 << 20
+const maxNFAStates = 1 << 18
+
+// size estimates the NFA states of n (an upper bound for all but Until,
+// which is small), so an oversized grammar is refused before it is built.
+func size(n *node) int {
+	total := 1
+	switch n.kind {
+	case kLit:
+		total += len(n.lit)
+	case kUntil:
+		total += len(n.lit) + 1
+	case kRepeat:
+		copies := n.max
+		if copies < 0 {
+			copies = n.min + 1
+		}
+		sub := size(n.subs[0])
+		if copies > 0 && sub > maxNFAStates/copies {
+			return maxNFAStates + 1
+		}
+		total += copies * sub
+	case kList:
+		total += 3*len(n.subs) + len(n.subs)*size(n.sep)
+	}
+	for _, sub := range n.subs {
+		if n.kind != kRepeat {
+			total += size(sub)
+		}
+		if total > maxNFAStates {
+			return maxNFAStates + 1
+		}
+	}
+	return total
+}
 
 func (c *compiler) newState() int32 {
 	c.states = append(c.states, nfaState{})
@@ -546,7 +582,7 @@ func setKey(set []int32) string {
 
 // maxDFAStates bounds the compiled automaton (its table is states x byte
 // classes of int32).
-const maxDFAStates = 100_000
+const maxDFAStates = 50_000
 
 type dfaCall struct {
 	rule ruleID

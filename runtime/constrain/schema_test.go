@@ -1,12 +1,15 @@
 package constrain
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/santhosh-tekuri/jsonschema/v6"
 )
 
 // schemaCases are schemas of the supported subset, with texts the
@@ -171,6 +174,74 @@ func TestUnsupportedSchemas(t *testing.T) {
 		_, err := Schema([]byte(tc.schema))
 		if !errors.Is(err, ErrSchema) || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: error %v, want one with %q", tc.schema, err, tc.want)
+		}
+	}
+}
+
+// FuzzSchema feeds arbitrary schemas through the compiler: it must never
+// panic, must fail only with ErrSchema or ErrGrammar, and every text it
+// generates for a schema it accepts must validate (where the independent
+// validator accepts the schema too).
+func FuzzSchema(f *testing.F) {
+	for _, tc := range schemaCases {
+		f.Add([]byte(tc.schema), uint64(1))
+	}
+	f.Add([]byte(`{"anyOf":[{"type":"string"},{"type":"object"}]}`), uint64(2))
+	f.Add([]byte(`{"type":"array","items":{"enum":[[1,2],{"a":null}]},"minItems":1}`), uint64(3))
+	f.Fuzz(func(t *testing.T, schema []byte, seed uint64) {
+		if len(schema) > 4096 {
+			return
+		}
+		e, err := Schema(schema)
+		if err != nil {
+			if !errors.Is(err, ErrSchema) {
+				t.Fatalf("error without ErrSchema: %v", err)
+			}
+			return
+		}
+		g, err := Compile(e)
+		if err != nil {
+			if !errors.Is(err, ErrGrammar) {
+				t.Fatalf("error without ErrGrammar: %v", err)
+			}
+			return
+		}
+		doc, err := jsonschema.UnmarshalJSON(bytes.NewReader(schema))
+		if err != nil {
+			return
+		}
+		c := jsonschema.NewCompiler()
+		if c.AddResource("schema.json", doc) != nil {
+			return
+		}
+		val, err := c.Compile("schema.json")
+		if err != nil {
+			return // a schema the validator does not take (e.g. an invalid keyword value)
+		}
+		rng := rand.New(rand.NewPCG(seed, 7))
+		for range 3 {
+			text := randomText(t, g, rng, rng.IntN(40))
+			if err := validate(val, text); err != nil {
+				t.Fatalf("schema %s: %q does not validate: %v", schema, text, err)
+			}
+		}
+	})
+}
+
+// TestOversizedSchemas: repetition counts multiply, so nested bounds can
+// ask for an automaton far too large; Compile refuses it from an estimate,
+// before building anything.
+func TestOversizedSchemas(t *testing.T) {
+	for _, s := range []string{
+		`{"type":"array","items":{"type":"array","items":{"type":"array","items":{"type":"integer"},"minItems":64},"minItems":64},"minItems":64}`,
+		`{"type":"array","items":{"type":"array","items":{"type":"string"},"minItems":64,"maxItems":64},"minItems":64,"maxItems":64}`,
+	} {
+		e, err := Schema([]byte(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Compile(e); !errors.Is(err, ErrGrammar) || !strings.Contains(err.Error(), "too large") {
+			t.Errorf("%s: %v, want a too-large grammar error", s, err)
 		}
 	}
 }
