@@ -9,6 +9,10 @@
 // (llama.cpp itself applies the logit bias before the penalties; ats puts
 // the bias last so a ban or boost is exactly what the caller asked for.)
 //
+// SampleMasked adds a step after the bias: the tokens a constraint (a
+// grammar) forbids are banned, so the filters and the draw see only the
+// allowed ones.
+//
 // With Temperature 0 the draw is greedy (the arg max after penalties and
 // bias); top-k, top-p and min-p always keep the most likely token, so they
 // cannot change that answer and are skipped.
