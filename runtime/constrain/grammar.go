@@ -12,7 +12,9 @@
 // schema describes is inlined into the root automaton, so only free-form
 // JSON needs the stack. The compiler rejects a grammar whose calls would be
 // ambiguous, so stepping a byte never backtracks: a state is the current
-// automaton state plus a stack of return states.
+// automaton state plus a stack of return states. Where a called rule could
+// both go on and end (a number after a digit), it goes on: the JSON rules
+// never end where their caller could continue with the same byte.
 //
 // A Vocab is the model's vocabulary as a prefix tree over the tokens' bytes.
 // A Matcher walks that tree once per step from the current state, pruning a
