@@ -695,8 +695,7 @@ func (c *compiler) determinize(rules []ruleID) (*Grammar, error) {
 		}
 		stateCalls = append(stateCalls, calls)
 	}
-	nStates := len(sets)
-	nStates, trans, accepting, stateCalls = minimize(nc, trans, accepting, stateCalls, startOf)
+	nStates, trans, accepting, stateCalls := minimize(nc, trans, accepting, stateCalls, startOf)
 
 	// First bytes (classes) of each rule, through calls at its start.
 	first := map[ruleID][]bool{}

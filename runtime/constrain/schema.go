@@ -57,13 +57,9 @@ const maxSchemaDepth = 64
 // Limits on repetition counts, each of which copies the item's automaton.
 const maxItemsBound = 64
 
-var annotations = map[string]bool{
-	"title": true, "description": true, "default": true, "examples": true, "$schema": true,
-	"$id": true, "$comment": true, "deprecated": true, "readOnly": true, "writeOnly": true,
-	"$defs": true, "definitions": true, "$anchor": true, "nullable": true, "strict": true,
-	"contentMediaType": true, "contentEncoding": true,
-}
-
+// supported are the keywords the subset takes; unsupported, the assertions
+// it refuses. Other keywords (annotations such as title, description,
+// default, examples, $schema, $defs) are ignored, as validators do.
 var supported = map[string]bool{
 	"type": true, "properties": true, "required": true, "additionalProperties": true,
 	"items": true, "minItems": true, "maxItems": true, "enum": true, "const": true,
