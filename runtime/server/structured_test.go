@@ -72,11 +72,13 @@ func schemaFormat(t testing.TB, schema string) openai.ChatCompletionNewParamsRes
 // schema with the OpenAI client, streamed and not: every reply must parse
 // and validate.
 func TestResponseFormatJSONSchema(t *testing.T) {
-	ts := startServerCtx(t, 1024, Config{})
+	// The schema bounds a document to well under 1,000 bytes (whitespace
+	// included), so 1,500 tokens always reach its end.
+	ts := startServerCtx(t, 2048, Config{})
 	val := schemaValidator(t, orderSchema)
 	ctx := context.Background()
 	for seed := range int64(4) {
-		p := ts.chatParams("Order a coffee.", 600)
+		p := ts.chatParams("Order a coffee.", 1500)
 		p.LogitBias = nil
 		p.Seed = openai.Int(seed)
 		p.Temperature = openai.Float(1)
@@ -166,7 +168,7 @@ func TestForcedToolCall(t *testing.T) {
 		{"tiny-glm4-q8_0.gguf", FormatGLM4},
 	} {
 		t.Run(tc.format.String(), func(t *testing.T) {
-			ts := startModel(t, oracleSessionCtx(t, tc.model, 2048))
+			ts := startModel(t, oracleSessionCtx(t, tc.model, 3072))
 			if ts.ToolFormat() != tc.format {
 				t.Fatalf("format %v, want %v", ts.ToolFormat(), tc.format)
 			}
@@ -175,7 +177,7 @@ func TestForcedToolCall(t *testing.T) {
 				{OfAuto: openai.String("required")},
 				openai.ToolChoiceOptionFunctionToolChoice(openai.ChatCompletionNamedToolChoiceFunctionParam{Name: "order_coffee"}),
 			} {
-				p := ts.chatParams("Order two small coffees.", 300)
+				p := ts.chatParams("Order two small coffees.", 1000) // a bounded call: it ends well within
 				p.LogitBias = nil
 				p.Seed = openai.Int(int64(i))
 				p.Tools = []openai.ChatCompletionToolUnionParam{orderTool}
@@ -319,8 +321,16 @@ func TestChatLogprobs(t *testing.T) {
 		if len(e.TopLogprobs) != 3 {
 			t.Fatalf("entry %d: %d top logprobs, want 3", i, len(e.TopLogprobs))
 		}
-		if e.TopLogprobs[0].Token != e.Token || e.TopLogprobs[0].Logprob != e.Logprob {
-			t.Errorf("entry %d: greedy token %q (%v) is not the top one %q (%v)", i, e.Token, e.Logprob, e.TopLogprobs[0].Token, e.TopLogprobs[0].Logprob)
+		// The most likely token but the banned end of turn (no text).
+		best := e.TopLogprobs[0]
+		for _, tl := range e.TopLogprobs {
+			if tl.Token != "" {
+				best = tl
+				break
+			}
+		}
+		if best.Token != e.Token || best.Logprob != e.Logprob {
+			t.Errorf("entry %d: greedy token %q (%v) is not the top one %q (%v)", i, e.Token, e.Logprob, best.Token, best.Logprob)
 		}
 		sum := 0.0
 		for j, tl := range e.TopLogprobs {
@@ -398,7 +408,11 @@ func TestCompletionLogprobs(t *testing.T) {
 		if len(lp.TopLogprobs[i]) == 0 || len(lp.TopLogprobs[i]) > 2 {
 			t.Errorf("token %d: top %v", i, lp.TopLogprobs[i])
 		}
-		if best, ok := lp.TopLogprobs[i][tok]; !ok || best != lp.TokenLogprobs[i] {
+		// The greedy token is in the top list, unless the banned end of
+		// turn (no text) took a place in it.
+		best, ok := lp.TopLogprobs[i][tok]
+		_, eog := lp.TopLogprobs[i][""]
+		if ok && best != lp.TokenLogprobs[i] || !ok && !eog {
 			t.Errorf("token %d: greedy token %q (%v) missing from the top list %v", i, tok, lp.TokenLogprobs[i], lp.TopLogprobs[i])
 		}
 	}
@@ -461,7 +475,7 @@ func TestRealVocabulary(t *testing.T) {
 	noThink := option.WithJSONSet("chat_template_kwargs", map[string]any{"enable_thinking": false})
 	val := schemaValidator(t, orderSchema)
 	for seed := range int64(3) {
-		p := ts.chatParams("Order a coffee.", 400)
+		p := ts.chatParams("Order a coffee.", 1500)
 		p.LogitBias = nil
 		p.Seed = openai.Int(seed)
 		p.Temperature = openai.Float(1)
@@ -486,7 +500,7 @@ func TestRealVocabulary(t *testing.T) {
 	}
 
 	tval := schemaValidator(t, orderToolSchema)
-	p := ts.chatParams("Order two small coffees.", 300)
+	p := ts.chatParams("Order two small coffees.", 1000)
 	p.LogitBias = nil
 	p.Tools = []openai.ChatCompletionToolUnionParam{orderTool}
 	p.ToolChoice = openai.ChatCompletionToolChoiceOptionUnionParam{OfAuto: openai.String("required")}
