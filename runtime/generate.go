@@ -110,6 +110,26 @@ type GenerateOptions struct {
 	OnToken func(int)
 	// Special renders control tokens as text.
 	Special bool
+	// Constraint, when set, restricts each step to the tokens it allows
+	// (constrained decoding: structured output, forced tool calls); each
+	// sampled token is passed to its Accept.
+	Constraint TokenConstraint
+	// OnLogits, when set, is called after each draw with the token drawn
+	// and the step's logits as the model gave them (before penalties,
+	// bias and any constraint), for log-probabilities. The slice is only
+	// valid during the call.
+	OnLogits func(token int, logits []float32)
+}
+
+// TokenConstraint decides which tokens may come next
+// (runtime/constrain's Matcher is one).
+type TokenConstraint interface {
+	// Allowed returns the tokens allowed now as a bit set over the
+	// vocabulary (token t is bit t%64 of word t/64). The caller only reads
+	// it, and only until Accept.
+	Allowed() ([]uint64, error)
+	// Accept advances past a sampled token.
+	Accept(token int) error
 }
 
 // Stop reasons.
@@ -229,9 +249,23 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opt GenerateOption
 			r, _ := finish()
 			return r, err
 		}
-		tok, err := smp.Sample(logits)
+		var allowed []uint64
+		if opt.Constraint != nil {
+			if allowed, err = opt.Constraint.Allowed(); err != nil {
+				return res, fmt.Errorf("constrained decoding: %w", err)
+			}
+		}
+		tok, err := smp.SampleMasked(logits, allowed)
 		if err != nil {
 			return res, err
+		}
+		if opt.OnLogits != nil {
+			opt.OnLogits(tok, logits)
+		}
+		if opt.Constraint != nil {
+			if err := opt.Constraint.Accept(tok); err != nil {
+				return res, fmt.Errorf("constrained decoding: %w", err)
+			}
 		}
 		if len(res.Tokens) == 0 {
 			res.FirstToken = time.Since(start)

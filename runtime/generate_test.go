@@ -128,3 +128,59 @@ func TestGenerateStopsAndCancels(t *testing.T) {
 		t.Errorf("unbounded generation: %v, %+v", err, res)
 	}
 }
+
+// scripted allows one token per step, from a list, then only the end of
+// generation.
+type scripted struct {
+	n, eog   int
+	script   []int
+	accepted []int
+	mask     []uint64
+}
+
+func (c *scripted) Allowed() ([]uint64, error) {
+	clear(c.mask)
+	id := c.eog
+	if len(c.accepted) < len(c.script) {
+		id = c.script[len(c.accepted)]
+	}
+	c.mask[id/64] |= 1 << (id % 64)
+	return c.mask, nil
+}
+
+func (c *scripted) Accept(tok int) error {
+	c.accepted = append(c.accepted, tok)
+	return nil
+}
+
+func TestGenerateConstraintAndLogits(t *testing.T) {
+	s, want := oracleSession(t, "tiny-qwen3-q6_k")
+	n := s.Model.Hyper().NVocab
+	c := &scripted{n: n, eog: s.Tok.EOS(), script: []int{300, 301, 7, 300}, mask: make([]uint64, (n+63)/64)}
+	var seen []int
+	cfg := sampler.DefaultConfig()
+	cfg.Seed = 1
+	res, err := s.Generate(context.Background(), want.Prompt, GenerateOptions{Sampler: cfg, MaxTokens: 20, Constraint: c,
+		OnLogits: func(tok int, logits []float32) {
+			if len(logits) != n {
+				t.Errorf("OnLogits got %d logits, want %d", len(logits), n)
+			}
+			seen = append(seen, tok)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(c.script, res.Tokens); diff != "" {
+		t.Errorf("tokens differ from the constraint's script (-want +got):\n%s", diff)
+	}
+	if res.StopReason != StopEOG {
+		t.Errorf("stop reason %q, want %q", res.StopReason, StopEOG)
+	}
+	all := append(append([]int(nil), c.script...), c.eog)
+	if diff := cmp.Diff(all, c.accepted); diff != "" {
+		t.Errorf("Accept calls (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(all, seen); diff != "" {
+		t.Errorf("OnLogits calls (-want +got):\n%s", diff)
+	}
+}

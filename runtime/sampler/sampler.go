@@ -9,6 +9,10 @@
 // (llama.cpp itself applies the logit bias before the penalties; ats puts
 // the bias last so a ban or boost is exactly what the caller asked for.)
 //
+// SampleMasked adds a step after the bias: the tokens a constraint (a
+// grammar) forbids are banned, so the filters and the draw see only the
+// allowed ones.
+//
 // With Temperature 0 the draw is greedy (the arg max after penalties and
 // bias); top-k, top-p and min-p always keep the most likely token, so they
 // cannot change that answer and are skipped.
@@ -279,6 +283,57 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 		return 0, err
 	}
 	return s.draw(c), nil
+}
+
+// SampleMasked is Sample restricted to the tokens set in allowed, a bit set
+// over the vocabulary (token t is bit t%64 of word t/64), as constrained
+// decoding gives it: the others are banned after penalties and bias, so
+// every later step (top-k, top-p, min-p, temperature) works on the allowed
+// tokens alone. A nil allowed allows every token.
+func (s *Sampler) SampleMasked(logits []float32, allowed []uint64) (int, error) {
+	if allowed == nil {
+		return s.Sample(logits)
+	}
+	if len(logits) != s.n {
+		return 0, fmt.Errorf("sampler: got %d logits, want the vocabulary size %d", len(logits), s.n)
+	}
+	if len(allowed) < (s.n+63)/64 {
+		return 0, fmt.Errorf("sampler: the mask has %d words, the vocabulary needs %d", len(allowed), (s.n+63)/64)
+	}
+	s.prepare(logits)
+	s.mask(allowed)
+	if s.cfg.Temperature == 0 {
+		return s.argmax()
+	}
+	c, err := s.candidates()
+	if err != nil {
+		return 0, err
+	}
+	return s.draw(c), nil
+}
+
+// mask bans the tokens whose bit in allowed is clear.
+func (s *Sampler) mask(allowed []uint64) {
+	w := s.work
+	ban := float32(math.Inf(-1))
+	for i, word := range allowed[:(s.n+63)/64] {
+		if word == ^uint64(0) {
+			continue
+		}
+		base := i * 64
+		end := min(base+64, s.n)
+		if word == 0 {
+			for j := base; j < end; j++ {
+				w[j] = ban
+			}
+			continue
+		}
+		for j := base; j < end; j++ {
+			if word>>(j-base)&1 == 0 {
+				w[j] = ban
+			}
+		}
+	}
 }
 
 // prepare copies logits into s.work and applies penalties and bias there.

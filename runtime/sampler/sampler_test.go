@@ -579,3 +579,52 @@ func BenchmarkSampleNoTopK150k(b *testing.B)  { benchSample(b, func(c *Config) {
 func BenchmarkSampleNoTopKNoMinP150k(b *testing.B) {
 	benchSample(b, func(c *Config) { c.TopK, c.MinP = 0, 0 })
 }
+
+func TestSampleMasked(t *testing.T) {
+	const n = 200 // more than one mask word, the last one partial
+	rng := rand.New(rand.NewPCG(9, 9))
+	logits := make([]float32, n)
+	for i := range logits {
+		logits[i] = float32(rng.NormFloat64())
+	}
+	logits[7] = 50 // the favourite, never allowed below
+	allowed := make([]uint64, (n+63)/64)
+	allowedSet := map[int]bool{}
+	for _, id := range []int{3, 64, 65, 130, 199} {
+		allowed[id/64] |= 1 << (id % 64)
+		allowedSet[id] = true
+	}
+	best := 3
+	for id := range allowedSet {
+		if logits[id] > logits[best] {
+			best = id
+		}
+	}
+	g := mustNew(t, greedy(), n)
+	if got, err := g.SampleMasked(logits, allowed); err != nil || got != best {
+		t.Errorf("greedy SampleMasked = %d, %v; want %d", got, err, best)
+	}
+	for _, cfg := range []Config{plain(), DefaultConfig()} {
+		s := mustNew(t, cfg, n)
+		for range 500 {
+			got, err := s.SampleMasked(logits, allowed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !allowedSet[got] {
+				t.Fatalf("%+v: drew %d, not allowed", cfg, got)
+			}
+		}
+	}
+	// A nil mask is Sample; an empty one leaves nothing; a short one is
+	// an error.
+	if got, _ := g.SampleMasked(logits, nil); got != 7 {
+		t.Errorf("nil mask drew %d, want 7", got)
+	}
+	if _, err := g.SampleMasked(logits, make([]uint64, len(allowed))); !errors.Is(err, ErrNoCandidates) {
+		t.Errorf("empty mask: %v, want ErrNoCandidates", err)
+	}
+	if _, err := g.SampleMasked(logits, allowed[:1]); err == nil {
+		t.Error("short mask accepted")
+	}
+}

@@ -304,29 +304,26 @@ func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, receive
 	if e != nil {
 		return nil, e
 	}
-	if req.Logprobs != nil && *req.Logprobs || req.TopLogprobs != nil {
-		return nil, badRequest("logprobs", "logprobs are not supported by ats")
-	}
-	if req.ResponseFormat != nil {
-		var rf struct {
-			Type string `json:"type"`
-		}
-		if err := json.Unmarshal(*req.ResponseFormat, &rf); err != nil {
-			return nil, badRequest("response_format", "response_format must be an object with a \"type\"")
-		}
-		if rf.Type != "text" && rf.Type != "" {
-			return nil, badRequest("response_format", "response_format %q is not supported: ats has no constrained decoding yet; only \"text\"", rf.Type)
-		}
-	}
-	useTools, e := toolChoice(req.ToolChoice)
+	lp, e := chatLogprobsRequest(req.Logprobs, req.TopLogprobs)
 	if e != nil {
 		return nil, e
+	}
+	schema, anyObject, e := responseFormat(req.ResponseFormat)
+	if e != nil {
+		return nil, e
+	}
+	choice, e := toolChoice(req.ToolChoice)
+	if e != nil {
+		return nil, e
+	}
+	if choice.required && (schema != nil || anyObject) {
+		return nil, badRequest("response_format", "a JSON response_format cannot be combined with a tool_choice that forces a tool call")
 	}
 	tools, names, e := chatTools(req.Tools)
 	if e != nil {
 		return nil, e
 	}
-	if !useTools {
+	if !choice.use {
 		tools, names = nil, nil
 	}
 	vars := map[string]any{}
@@ -364,6 +361,17 @@ func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, receive
 	if s.testHookPrompt != nil {
 		s.testHookPrompt(prompt)
 	}
+	think := thinkModeFor(s.tmpl.Source(), prompt)
+	con, e := s.formatConstraint(schema, anyObject, think)
+	if e != nil {
+		return nil, e
+	}
+	if choice.required {
+		parallel := req.ParallelToolCalls == nil || *req.ParallelToolCalls
+		if con, e = s.toolConstraint(tools, choice, think, parallel); e != nil {
+			return nil, e
+		}
+	}
 	ids := s.sess.EncodeChat(prompt)
 	maxParam, maxV := "max_tokens", req.MaxTokens
 	if req.MaxCompletionTokens != nil {
@@ -381,7 +389,7 @@ func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, receive
 		return nil, e
 	}
 	out := &chatOutput{
-		s: s, w: w, stream: req.Stream,
+		s: s, w: w, stream: req.Stream, logprobs: lp,
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
 		parser:       NewStreamParser(ParseOptions{Format: s.format, Tools: names, ThinkingOpen: ThinkingOpen(prompt)}),
 		id:           newID("chatcmpl-"),
@@ -390,8 +398,14 @@ func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, receive
 	if req.Stream {
 		out.sse = newSSE(w, s.cfg.WriteTimeout)
 	}
-	return &generation{endpoint: "chat", received: received, prompt: ids, out: out,
-		opt: runtime.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop}}, nil
+	opt := runtime.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop}
+	if con != nil {
+		opt.Constraint = con.NewMatcher()
+	}
+	if lp.on {
+		opt.OnLogits = out.onLogits
+	}
+	return &generation{endpoint: "chat", received: received, prompt: ids, out: out, opt: opt}, nil
 }
 
 // chatOutput writes a chat completion.
@@ -404,6 +418,33 @@ type chatOutput struct {
 	parser       *StreamParser
 	id           string
 	created      int64
+	logprobs     logprobsRequest
+	lpAll        []tokenLogprob // every step's (not streamed)
+	lpPending    []tokenLogprob // steps not yet sent (streamed)
+}
+
+// onLogits records a step's log-probabilities (on the worker).
+func (o *chatOutput) onLogits(tok int, logits []float32) {
+	if o.s.sess.Tok.IsEOG(tok) {
+		return // the end of the turn is no part of the reply's text
+	}
+	e := chatEntry(o.s.sess.Tok, stepLogprobs(logits, tok, o.logprobs.top))
+	if o.stream {
+		o.lpPending = append(o.lpPending, e)
+	} else {
+		o.lpAll = append(o.lpAll, e)
+	}
+}
+
+// takeLogprobs is what a streamed chunk carries: the steps since the last
+// one.
+func (o *chatOutput) takeLogprobs() *chatLogprobs {
+	if !o.logprobs.on || len(o.lpPending) == 0 {
+		return nil
+	}
+	l := &chatLogprobs{Content: o.lpPending}
+	o.lpPending = nil
+	return l
 }
 
 func (o *chatOutput) chunk(choices []chatChoice) *chatCompletion {
@@ -446,7 +487,7 @@ func (o *chatOutput) sendDelta(d Delta) error {
 		delta.ToolCalls = append(delta.ToolCalls, toolCallOut{Index: &idx, ID: c.ID, Type: "function",
 			Function: functionOut{Name: c.Function.Name, Arguments: c.Function.Arguments}})
 	}
-	if err := o.sse.send(o.chunk([]chatChoice{{Delta: delta}})); err != nil {
+	if err := o.sse.send(o.chunk([]chatChoice{{Delta: delta, Logprobs: o.takeLogprobs()}})); err != nil {
 		return writeErr{err}
 	}
 	return nil
@@ -484,6 +525,9 @@ func (o *chatOutput) end(res *runtime.GenerateResult, err error) {
 		resp := &chatCompletion{ID: o.id, Object: "chat.completion", Created: o.created, Model: o.s.cfg.ModelName,
 			SystemFingerprint: o.s.fp, Usage: usageOf(res), Timings: timingsOf(res),
 			Choices: []chatChoice{{Message: msg, FinishReason: strPtr(finishReason(res, len(parsed.ToolCalls)))}}}
+		if o.logprobs.on {
+			resp.Choices[0].Logprobs = &chatLogprobs{Content: append([]tokenLogprob{}, o.lpAll...)}
+		}
 		writeJSON(o.w, http.StatusOK, resp, o.s.cfg.WriteTimeout)
 		return
 	}
@@ -501,7 +545,8 @@ func (o *chatOutput) end(res *runtime.GenerateResult, err error) {
 	if o.sendDelta(o.parser.Finish()) != nil {
 		return
 	}
-	last := o.chunk([]chatChoice{{Delta: &deltaOut{}, FinishReason: strPtr(finishReason(res, len(o.parser.Result().ToolCalls)))}})
+	last := o.chunk([]chatChoice{{Delta: &deltaOut{}, FinishReason: strPtr(finishReason(res, len(o.parser.Result().ToolCalls))),
+		Logprobs: o.takeLogprobs()}})
 	last.Timings = timingsOf(res)
 	if o.sse.send(last) != nil {
 		return
@@ -580,8 +625,9 @@ func (s *Server) completionGeneration(w http.ResponseWriter, req *completionRequ
 	if req.BestOf != nil && *req.BestOf != 1 {
 		return nil, badRequest("best_of", "best_of must be 1 or absent")
 	}
-	if l := bytes.TrimSpace(req.Logprobs); len(l) > 0 && !bytes.Equal(l, []byte("null")) {
-		return nil, badRequest("logprobs", "logprobs are not supported by ats")
+	lp, e := completionLogprobsRequest(req.Logprobs, req.Echo)
+	if e != nil {
+		return nil, e
 	}
 	ids, text, e := s.completionPrompt(req.Prompt)
 	if e != nil {
@@ -606,15 +652,19 @@ func (s *Server) completionGeneration(w http.ResponseWriter, req *completionRequ
 	}
 	out := &completionOutput{s: s, w: w, stream: req.Stream,
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
-		id:           newID("cmpl-"), created: received.Unix()}
+		id:           newID("cmpl-"), created: received.Unix(), logprobs: lp}
 	if req.Echo {
 		out.echo = text
 	}
+	out.offset = len(out.echo)
 	if req.Stream {
 		out.sse = newSSE(w, s.cfg.WriteTimeout)
 	}
-	return &generation{endpoint: "completion", received: received, prompt: ids, out: out,
-		opt: runtime.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop}}, nil
+	opt := runtime.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop}
+	if lp.on {
+		opt.OnLogits = out.onLogits
+	}
+	return &generation{endpoint: "completion", received: received, prompt: ids, out: out, opt: opt}, nil
 }
 
 // completionOutput writes a text completion.
@@ -628,6 +678,39 @@ type completionOutput struct {
 	id           string
 	created      int64
 	buf          strings.Builder
+	logprobs     logprobsRequest
+	offset       int                // where the next token's text starts in the returned text
+	lpAll        completionLogprobs // every step's (not streamed)
+	lpPending    completionLogprobs // steps not yet sent (streamed)
+}
+
+// onLogits records a step's log-probabilities (on the worker).
+func (o *completionOutput) onLogits(tok int, logits []float32) {
+	t := o.s.sess.Tok
+	if t.IsEOG(tok) {
+		return
+	}
+	st := stepLogprobs(logits, tok, o.logprobs.top)
+	if o.stream {
+		o.lpPending.add(t, st, o.offset)
+	} else {
+		o.lpAll.add(t, st, o.offset)
+	}
+	o.offset += len(t.Piece(tok, false))
+}
+
+// takeLogprobs is what a streamed chunk carries: the steps since the last
+// one.
+func (o *completionOutput) takeLogprobs() *completionLogprobs {
+	if !o.logprobs.on {
+		return nil
+	}
+	l := o.lpPending
+	o.lpPending = completionLogprobs{}
+	if l.Tokens == nil {
+		l = completionLogprobs{Tokens: []string{}, TokenLogprobs: []float64{}, TopLogprobs: []map[string]float64{}, TextOffset: []int{}}
+	}
+	return &l
 }
 
 func (o *completionOutput) chunk(text string, finish *string) *textCompletion {
@@ -650,7 +733,9 @@ func (o *completionOutput) text(piece string) error {
 		o.buf.WriteString(piece)
 		return nil
 	}
-	if err := o.sse.send(o.chunk(piece, nil)); err != nil {
+	c := o.chunk(piece, nil)
+	c.Choices[0].Logprobs = o.takeLogprobs()
+	if err := o.sse.send(c); err != nil {
 		return writeErr{err}
 	}
 	return nil
@@ -672,11 +757,16 @@ func (o *completionOutput) end(res *runtime.GenerateResult, err error) {
 	if !o.stream {
 		resp := o.chunk(o.echo+o.buf.String(), finish)
 		resp.Usage, resp.Timings = usageOf(res), timingsOf(res)
+		if o.logprobs.on {
+			o.lpPending = o.lpAll
+			resp.Choices[0].Logprobs = o.takeLogprobs()
+		}
 		writeJSON(o.w, http.StatusOK, resp, o.s.cfg.WriteTimeout)
 		return
 	}
 	last := o.chunk("", finish)
 	last.Timings = timingsOf(res)
+	last.Choices[0].Logprobs = o.takeLogprobs()
 	if o.sse.send(last) != nil {
 		return
 	}

@@ -51,6 +51,7 @@ type chatRequest struct {
 	MaxCompletionTokens *int              `json:"max_completion_tokens"`
 	Tools               []json.RawMessage `json:"tools"`
 	ToolChoice          json.RawMessage   `json:"tool_choice"`
+	ParallelToolCalls   *bool             `json:"parallel_tool_calls"`
 	// ChatTemplateKwargs are extra template variables, as llama.cpp and
 	// vLLM accept them: {"enable_thinking": false} turns Qwen3's thinking
 	// off.
@@ -457,25 +458,4 @@ func chatTools(raw []json.RawMessage) ([]chat.Tool, []string, *apiError) {
 		names = append(names, fn.Name)
 	}
 	return tools, names, nil
-}
-
-// toolChoice reads tool_choice: whether the tools go to the model.
-func toolChoice(raw json.RawMessage) (bool, *apiError) {
-	raw = bytes.TrimSpace(raw)
-	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
-		return true, nil
-	}
-	var s string
-	if err := json.Unmarshal(raw, &s); err == nil {
-		switch s {
-		case "auto":
-			return true, nil
-		case "none":
-			return false, nil
-		case "required":
-			return false, badRequest("tool_choice", "tool_choice \"required\" is not supported: ats cannot force a tool call yet; use \"auto\"")
-		}
-		return false, badRequest("tool_choice", "tool_choice %q: use \"auto\" or \"none\"", s)
-	}
-	return false, badRequest("tool_choice", "tool_choice naming a function is not supported: ats cannot force a tool call yet; use \"auto\"")
 }

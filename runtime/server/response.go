@@ -50,11 +50,11 @@ type deltaOut struct {
 }
 
 type chatChoice struct {
-	Index        int         `json:"index"`
-	Message      *messageOut `json:"message,omitempty"`
-	Delta        *deltaOut   `json:"delta,omitempty"`
-	FinishReason *string     `json:"finish_reason"`
-	Logprobs     *struct{}   `json:"logprobs"`
+	Index        int           `json:"index"`
+	Message      *messageOut   `json:"message,omitempty"`
+	Delta        *deltaOut     `json:"delta,omitempty"`
+	FinishReason *string       `json:"finish_reason"`
+	Logprobs     *chatLogprobs `json:"logprobs"`
 }
 
 type chatCompletion struct {
@@ -69,10 +69,10 @@ type chatCompletion struct {
 }
 
 type completionChoice struct {
-	Text         string    `json:"text"`
-	Index        int       `json:"index"`
-	Logprobs     *struct{} `json:"logprobs"`
-	FinishReason *string   `json:"finish_reason"`
+	Text         string              `json:"text"`
+	Index        int                 `json:"index"`
+	Logprobs     *completionLogprobs `json:"logprobs"`
+	FinishReason *string             `json:"finish_reason"`
 }
 
 type textCompletion struct {

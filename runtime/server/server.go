@@ -91,6 +91,8 @@ type Server struct {
 	cors    *CORSPolicy
 	handler http.Handler
 
+	structured structuredCache // response_format and forced tool calls (structured.go)
+
 	// base is the parent of every generation's context: cancelling it
 	// stops them all (shutdown past its grace period).
 	base      context.Context
