@@ -22,7 +22,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/ardanlabs/jinja"
+	"github.com/atsinfer/ats/internal/jinja"
 )
 
 // Message is one turn of a conversation, in the shape of OpenAI's chat API
