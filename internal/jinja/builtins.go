@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 )
 
 // cachedBuiltins is a read-only scope populated once with all built-in
@@ -29,16 +30,19 @@ var cachedBuiltins = func() *scope {
 // =============================================================================
 
 func registerGlobals(s *scope) {
-	s.set("namespace", NewCallable("namespace", builtinNamespace))
+	s.set("namespace", NewLimitedCallable("namespace", builtinNamespace))
 	s.set("raise_exception", NewCallable("raise_exception", builtinRaiseException))
-	s.set("range", NewCallable("range", builtinRange))
+	s.set("range", NewLimitedCallable("range", builtinRange))
 	s.set("joiner", NewCallable("joiner", builtinJoiner))
-	s.set("dict", NewCallable("dict", builtinDict))
+	s.set("dict", NewLimitedCallable("dict", builtinDict))
 	s.set("cycler", NewCallable("cycler", builtinCycler))
 	s.set("strftime_now", NewCallable("strftime_now", builtinStrftimeNow))
 }
 
-func builtinNamespace(args []Value, kwargs map[string]Value) (Value, error) {
+func builtinNamespace(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
+	if err := b.Alloc(2*ValueBytes*int64(len(kwargs)), "a namespace"); err != nil {
+		return Undefined(), err
+	}
 	d := NewDict()
 	dict := d.AsDict()
 	for k, v := range kwargs {
@@ -54,7 +58,7 @@ func builtinRaiseException(args []Value, kwargs map[string]Value) (Value, error)
 	return Undefined(), fmt.Errorf("%s", printValue(args[0]))
 }
 
-func builtinRange(args []Value, kwargs map[string]Value) (Value, error) {
+func builtinRange(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	var start, stop, step int64
 	switch len(args) {
 	case 1:
@@ -75,6 +79,10 @@ func builtinRange(args []Value, kwargs map[string]Value) (Value, error) {
 
 	if step == 0 {
 		return Undefined(), fmt.Errorf("range: step must not be zero")
+	}
+	// ats: the list is built whole, so its length is checked first.
+	if err := b.Alloc(satMul(rangeLen(start, stop, step), ValueBytes), fmt.Sprintf("range(%d, %d, %d)", start, stop, step)); err != nil {
+		return Undefined(), err
 	}
 
 	var items []Value
@@ -107,7 +115,10 @@ func builtinJoiner(args []Value, kwargs map[string]Value) (Value, error) {
 	}), nil
 }
 
-func builtinDict(args []Value, kwargs map[string]Value) (Value, error) {
+func builtinDict(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
+	if err := b.Alloc(2*ValueBytes*int64(len(kwargs)), "a dict"); err != nil {
+		return Undefined(), err
+	}
 	d := NewDict()
 	dict := d.AsDict()
 	for k, v := range kwargs {
@@ -181,7 +192,7 @@ func builtinCycler(args []Value, kwargs map[string]Value) (Value, error) {
 // =============================================================================
 
 func registerFilters(s *scope) {
-	filters := map[string]func([]Value, map[string]Value) (Value, error){
+	filters := map[string]func(*Budget, []Value, map[string]Value) (Value, error){
 		"tojson":     filterTojson,
 		"from_json":  filterFromjson,
 		"fromjson":   filterFromjson,
@@ -226,7 +237,7 @@ func registerFilters(s *scope) {
 	}
 
 	for name, fn := range filters {
-		s.set("__filter_"+name, NewCallable(name, fn))
+		s.set("__filter_"+name, NewLimitedCallable(name, fn))
 	}
 }
 
@@ -239,7 +250,7 @@ func lookupFilter(s *scope, name string) (Value, bool) {
 // Test evaluation
 // =============================================================================
 
-func evalTest(name string, val Value, args []Value) (bool, error) {
+func evalTest(b *Budget, name string, val Value, args []Value) (bool, error) {
 	switch name {
 	case "defined":
 		return !val.IsUndefined(), nil
@@ -273,12 +284,13 @@ func evalTest(name string, val Value, args []Value) (bool, error) {
 		if len(args) < 1 {
 			return false, fmt.Errorf("test %q requires an argument", name)
 		}
-		return val.Equals(args[0]), nil
+		return equalsB(b, val, args[0], 0)
 	case "ne", "!=":
 		if len(args) < 1 {
 			return false, fmt.Errorf("test %q requires an argument", name)
 		}
-		return !val.Equals(args[0]), nil
+		eq, err := equalsB(b, val, args[0], 0)
+		return !eq, err
 	case "gt", "greaterthan", ">":
 		if len(args) < 1 {
 			return false, nil
@@ -303,7 +315,7 @@ func evalTest(name string, val Value, args []Value) (bool, error) {
 		if len(args) < 1 {
 			return false, nil
 		}
-		return containsValue(args[0], val), nil
+		return containsB(b, args[0], val)
 	case "odd":
 		if val.IsInt() {
 			return val.AsInt()%2 != 0, nil
@@ -330,7 +342,7 @@ func evalTest(name string, val Value, args []Value) (bool, error) {
 		if len(args) < 1 {
 			return false, nil
 		}
-		return val.Equals(args[0]), nil
+		return equalsB(b, val, args[0], 0)
 	}
 
 	return false, fmt.Errorf("unknown test %q", name)
@@ -340,7 +352,7 @@ func evalTest(name string, val Value, args []Value) (bool, error) {
 // Filter implementations
 // =============================================================================
 
-func filterTojson(args []Value, kwargs map[string]Value) (Value, error) {
+func filterTojson(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewString(""), nil
 	}
@@ -364,7 +376,16 @@ func filterTojson(args []Value, kwargs map[string]Value) (Value, error) {
 	// the reflection-based encoder for correctness instead of duplicating
 	// indent state in the direct encoder.
 	if indent, ok := kwargs["indent"]; ok && !indent.IsNone() && !indent.IsUndefined() {
-		n := int(toInt64(indent))
+		n := int(max(toInt64(indent), 0))
+		// ats: the indented text is at most the compact one plus an
+		// indentation per line: check that before building it.
+		size, lines, err := jsonBound(b, args[0])
+		if err != nil {
+			return Undefined(), err
+		}
+		if err := b.Alloc(satAdd(size, satMul(lines, int64(n)*maxNestingJSON(lines))), "tojson output"); err != nil {
+			return Undefined(), err
+		}
 		data, err := json.MarshalIndent(valueToGo(args[0]), "", strings.Repeat(" ", n))
 		if err != nil {
 			return NewString(""), nil
@@ -377,11 +398,15 @@ func filterTojson(args []Value, kwargs map[string]Value) (Value, error) {
 	// path. Per-render allocations drop from ~80 (Dict.Set + valueToGo
 	// + reflect) to a handful (one strings.Builder grow + one Marshal
 	// per leaf string for escaping).
-	var sb strings.Builder
-	if err := encodeValueJSON(&sb, args[0], itemSeparator, keySeparator); err != nil {
+	sb := &builder{b: b, what: "tojson output"}
+	if err := encodeValueJSON(sb, args[0], itemSeparator, keySeparator, 0); err != nil {
+		if b.Err() != nil {
+			return Undefined(), b.Err()
+		}
 		return NewString(""), nil
 	}
-	return NewString(sb.String()), nil
+	out, err := sb.String()
+	return NewString(out), err
 }
 
 // encodeValueJSON writes the JSON encoding of v directly into sb without
@@ -398,7 +423,17 @@ func filterTojson(args []Value, kwargs map[string]Value) (Value, error) {
 //
 // Both differences would otherwise change the tokenization of every tool
 // definition that ends up in a chat prompt.
-func encodeValueJSON(sb *strings.Builder, v Value, itemSeparator, keySeparator string) error {
+func encodeValueJSON(sb *builder, v Value, itemSeparator, keySeparator string, depth int) error {
+	// ats: bounded like every walk (see walk.go).
+	if sb.err != nil {
+		return sb.err
+	}
+	if depth > maxNesting {
+		return sb.b.fail(&LimitError{Limit: "nesting", Max: maxNesting, What: "tojson of a value nested too deeply (does it contain itself?)"})
+	}
+	if err := sb.b.Step(1); err != nil {
+		return err
+	}
 	switch v.kind {
 	case KindUndefined, KindNone, KindCallable:
 		sb.WriteString("null")
@@ -413,8 +448,7 @@ func encodeValueJSON(sb *strings.Builder, v Value, itemSeparator, keySeparator s
 		return nil
 
 	case KindInt:
-		var buf [20]byte
-		sb.Write(strconv.AppendInt(buf[:0], v.AsInt(), 10))
+		sb.WriteString(strconv.FormatInt(v.AsInt(), 10))
 		return nil
 
 	case KindFloat:
@@ -422,8 +456,7 @@ func encodeValueJSON(sb *strings.Builder, v Value, itemSeparator, keySeparator s
 		if math.IsInf(f, 0) || math.IsNaN(f) {
 			return fmt.Errorf("tojson: cannot encode %v", f)
 		}
-		var buf [32]byte
-		sb.Write(strconv.AppendFloat(buf[:0], f, 'g', -1, 64))
+		sb.WriteString(strconv.FormatFloat(f, 'g', -1, 64))
 		return nil
 
 	case KindString:
@@ -435,7 +468,7 @@ func encodeValueJSON(sb *strings.Builder, v Value, itemSeparator, keySeparator s
 			if i > 0 {
 				sb.WriteString(itemSeparator)
 			}
-			if err := encodeValueJSON(sb, item, itemSeparator, keySeparator); err != nil {
+			if err := encodeValueJSON(sb, item, itemSeparator, keySeparator, depth+1); err != nil {
 				return err
 			}
 		}
@@ -453,7 +486,7 @@ func encodeValueJSON(sb *strings.Builder, v Value, itemSeparator, keySeparator s
 				return err
 			}
 			sb.WriteString(keySeparator)
-			if err := encodeValueJSON(sb, d.Data[key], itemSeparator, keySeparator); err != nil {
+			if err := encodeValueJSON(sb, d.Data[key], itemSeparator, keySeparator, depth+1); err != nil {
 				return err
 			}
 		}
@@ -467,7 +500,7 @@ func encodeValueJSON(sb *strings.Builder, v Value, itemSeparator, keySeparator s
 
 // encodeJSONString writes the JSON encoding of s without HTML-escaping (no
 // \u0026 / \u003c / \u003e), matching Python json.dumps's default behaviour.
-func encodeJSONString(sb *strings.Builder, s string) error {
+func encodeJSONString(sb *builder, s string) error {
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
@@ -479,15 +512,19 @@ func encodeJSONString(sb *strings.Builder, s string) error {
 	if n := len(out); n > 0 && out[n-1] == '\n' {
 		out = out[:n-1]
 	}
-	sb.Write(out)
-	return nil
+	sb.WriteString(string(out))
+	return sb.err
 }
 
-func filterFromjson(args []Value, kwargs map[string]Value) (Value, error) {
+func filterFromjson(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 || !args[0].IsString() {
 		return Undefined(), nil
 	}
 
+	// ats: decoded values take several times the bytes of their text.
+	if err := b.Alloc(32*int64(len(args[0].AsString())), "fromjson value"); err != nil {
+		return Undefined(), err
+	}
 	var result any
 	if err := json.Unmarshal([]byte(args[0].AsString()), &result); err != nil {
 		return Undefined(), fmt.Errorf("fromjson: %w", err)
@@ -496,7 +533,7 @@ func filterFromjson(args []Value, kwargs map[string]Value) (Value, error) {
 	return FromGoValue(result), nil
 }
 
-func filterItems(args []Value, kwargs map[string]Value) (Value, error) {
+func filterItems(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 || args[0].IsUndefined() {
 		return NewList(nil), nil
 	}
@@ -514,6 +551,9 @@ func filterItems(args []Value, kwargs map[string]Value) (Value, error) {
 	}
 
 	d := args[0].AsDict()
+	if err := b.Alloc(4*ValueBytes*int64(d.Len()), "the items of a dict"); err != nil {
+		return Undefined(), err
+	}
 	items := make([]Value, 0, d.Len())
 	for _, key := range d.Keys {
 		pair := NewList([]Value{NewString(key), d.Data[key]})
@@ -523,30 +563,34 @@ func filterItems(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewList(items), nil
 }
 
-func filterJoin(args []Value, kwargs map[string]Value) (Value, error) {
+func filterJoin(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewString(""), nil
 	}
 
 	if !args[0].IsList() {
-		return NewString(printValue(args[0])), nil
+		return NewString(mustPrint(b, args[0])), nil
 	}
 
 	sep := ""
 	if len(args) > 1 {
-		sep = printValue(args[1])
+		sep = mustPrint(b, args[1])
 	}
 	if s, ok := kwargs["d"]; ok {
-		sep = printValue(s)
+		sep = mustPrint(b, s)
 	}
 
 	attr := ""
 	if a, ok := kwargs["attribute"]; ok {
-		attr = printValue(a)
+		attr = mustPrint(b, a)
 	}
 
 	list := args[0].AsList()
+	if err := b.Alloc(16*int64(list.Len()), "join's parts"); err != nil {
+		return Undefined(), err
+	}
 	parts := make([]string, list.Len())
+	size := int64(len(sep)) * int64(max(list.Len()-1, 0))
 	for i, item := range list.Items {
 		if attr != "" && item.IsDict() {
 			v, ok := item.AsDict().Get(attr)
@@ -554,13 +598,21 @@ func filterJoin(args []Value, kwargs map[string]Value) (Value, error) {
 				item = v
 			}
 		}
-		parts[i] = printValue(item)
+		p, err := printB(b, item)
+		if err != nil {
+			return Undefined(), err
+		}
+		parts[i] = p
+		size += int64(len(p))
+	}
+	if err := b.Alloc(size, "a joined string"); err != nil {
+		return Undefined(), err
 	}
 
 	return NewString(strings.Join(parts, sep)), nil
 }
 
-func filterDefault(args []Value, kwargs map[string]Value) (Value, error) {
+func filterDefault(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return Undefined(), nil
 	}
@@ -589,13 +641,13 @@ func filterDefault(args []Value, kwargs map[string]Value) (Value, error) {
 	return val, nil
 }
 
-func filterTrim(args []Value, kwargs map[string]Value) (Value, error) {
+func filterTrim(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewString(""), nil
 	}
-	s := printValue(args[0])
+	s := mustPrint(b, args[0])
 	if len(args) > 1 {
-		chars := printValue(args[1])
+		chars := mustPrint(b, args[1])
 		s = strings.Trim(s, chars)
 	} else {
 		s = strings.TrimSpace(s)
@@ -603,26 +655,35 @@ func filterTrim(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewString(s), nil
 }
 
-func filterLower(args []Value, kwargs map[string]Value) (Value, error) {
+func filterLower(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewString(""), nil
 	}
-	return NewString(strings.ToLower(printValue(args[0]))), nil
+	if err := allocText(b, args[0], 4); err != nil {
+		return Undefined(), err
+	}
+	return NewString(strings.ToLower(mustPrint(b, args[0]))), nil
 }
 
-func filterUpper(args []Value, kwargs map[string]Value) (Value, error) {
+func filterUpper(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewString(""), nil
 	}
-	return NewString(strings.ToUpper(printValue(args[0]))), nil
+	if err := allocText(b, args[0], 4); err != nil {
+		return Undefined(), err
+	}
+	return NewString(strings.ToUpper(mustPrint(b, args[0]))), nil
 }
 
-func filterTitle(args []Value, kwargs map[string]Value) (Value, error) {
+func filterTitle(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewString(""), nil
 	}
+	if err := allocText(b, args[0], 8); err != nil {
+		return Undefined(), err
+	}
 
-	s := printValue(args[0])
+	s := mustPrint(b, args[0])
 	runes := []rune(s)
 	inWord := false
 	for i, r := range runes {
@@ -640,11 +701,14 @@ func filterTitle(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewString(string(runes)), nil
 }
 
-func filterCapitalize(args []Value, kwargs map[string]Value) (Value, error) {
+func filterCapitalize(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewString(""), nil
 	}
-	s := printValue(args[0])
+	if err := allocText(b, args[0], 8); err != nil {
+		return Undefined(), err
+	}
+	s := mustPrint(b, args[0])
 	if len(s) == 0 {
 		return NewString(""), nil
 	}
@@ -656,7 +720,7 @@ func filterCapitalize(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewString(string(runes)), nil
 }
 
-func filterFirst(args []Value, kwargs map[string]Value) (Value, error) {
+func filterFirst(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 || !args[0].IsList() {
 		return Undefined(), nil
 	}
@@ -667,7 +731,7 @@ func filterFirst(args []Value, kwargs map[string]Value) (Value, error) {
 	return l.Get(0), nil
 }
 
-func filterLast(args []Value, kwargs map[string]Value) (Value, error) {
+func filterLast(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 || !args[0].IsList() {
 		return Undefined(), nil
 	}
@@ -678,7 +742,7 @@ func filterLast(args []Value, kwargs map[string]Value) (Value, error) {
 	return l.Get(l.Len() - 1), nil
 }
 
-func filterLength(args []Value, kwargs map[string]Value) (Value, error) {
+func filterLength(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewInt(0), nil
 	}
@@ -690,18 +754,21 @@ func filterLength(args []Value, kwargs map[string]Value) (Value, error) {
 	case v.IsDict():
 		return NewInt(int64(v.AsDict().Len())), nil
 	case v.IsString():
-		return NewInt(int64(len([]rune(v.AsString())))), nil
+		return NewInt(int64(utf8.RuneCountInString(v.AsString()))), nil
 	}
 
 	return NewInt(0), nil
 }
 
-func filterReverse(args []Value, kwargs map[string]Value) (Value, error) {
+func filterReverse(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewList(nil), nil
 	}
 
 	v := args[0]
+	if err := allocText(b, v, 8); err != nil {
+		return Undefined(), err
+	}
 	if v.IsString() {
 		runes := []rune(v.AsString())
 		for i, j := 0, len(runes)-1; i < j; i, j = i+1, j-1 {
@@ -722,12 +789,15 @@ func filterReverse(args []Value, kwargs map[string]Value) (Value, error) {
 	return v, nil
 }
 
-func filterSort(args []Value, kwargs map[string]Value) (Value, error) {
+func filterSort(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 || !args[0].IsList() {
 		return NewList(nil), nil
 	}
 
 	src := args[0].AsList().Items
+	if err := allocSort(b, len(src)); err != nil {
+		return Undefined(), err
+	}
 	items := make([]Value, len(src))
 	copy(items, src)
 
@@ -747,16 +817,19 @@ func filterSort(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewList(items), nil
 }
 
-func filterUnique(args []Value, kwargs map[string]Value) (Value, error) {
+func filterUnique(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 || !args[0].IsList() {
 		return NewList(nil), nil
 	}
 
 	src := args[0].AsList().Items
+	if err := b.Alloc(2*ValueBytes*int64(len(src)), "unique's list"); err != nil {
+		return Undefined(), err
+	}
 	seen := make(map[string]bool)
 	var items []Value
 	for _, item := range src {
-		key := printValue(item)
+		key := mustPrint(b, item)
 		if !seen[key] {
 			seen[key] = true
 			items = append(items, item)
@@ -766,7 +839,7 @@ func filterUnique(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewList(items), nil
 }
 
-func filterList(args []Value, kwargs map[string]Value) (Value, error) {
+func filterList(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewList(nil), nil
 	}
@@ -776,6 +849,9 @@ func filterList(args []Value, kwargs map[string]Value) (Value, error) {
 		return v, nil
 	}
 	if v.IsString() {
+		if err := b.Alloc(2*ValueBytes*int64(len(v.AsString())), "a list of characters"); err != nil {
+			return Undefined(), err
+		}
 		runes := []rune(v.AsString())
 		items := make([]Value, len(runes))
 		for i, r := range runes {
@@ -787,41 +863,41 @@ func filterList(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewList([]Value{v}), nil
 }
 
-func filterInt(args []Value, kwargs map[string]Value) (Value, error) {
+func filterInt(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewInt(0), nil
 	}
 	return NewInt(toInt64(args[0])), nil
 }
 
-func filterFloatConv(args []Value, kwargs map[string]Value) (Value, error) {
+func filterFloatConv(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewFloat(0), nil
 	}
 	return NewFloat(toFloat64(args[0])), nil
 }
 
-func filterString(args []Value, kwargs map[string]Value) (Value, error) {
+func filterString(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewString(""), nil
 	}
-	return NewString(printValue(args[0])), nil
+	return NewString(mustPrint(b, args[0])), nil
 }
 
-func filterSafe(args []Value, kwargs map[string]Value) (Value, error) {
+func filterSafe(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewString(""), nil
 	}
 	return args[0], nil
 }
 
-func filterReplace(args []Value, kwargs map[string]Value) (Value, error) {
+func filterReplace(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) < 3 {
 		return NewString(""), fmt.Errorf("replace: expected at least 3 arguments")
 	}
-	s := printValue(args[0])
-	old := printValue(args[1])
-	newStr := printValue(args[2])
+	s := mustPrint(b, args[0])
+	old := mustPrint(b, args[1])
+	newStr := mustPrint(b, args[2])
 
 	count := -1
 	if len(args) > 3 {
@@ -830,11 +906,14 @@ func filterReplace(args []Value, kwargs map[string]Value) (Value, error) {
 	if c, ok := kwargs["count"]; ok {
 		count = int(toInt64(c))
 	}
+	if err := b.Alloc(replacedSize(s, old, newStr, count), "a replaced string"); err != nil {
+		return Undefined(), err
+	}
 
 	return NewString(strings.Replace(s, old, newStr, count)), nil
 }
 
-func filterRound(args []Value, kwargs map[string]Value) (Value, error) {
+func filterRound(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewFloat(0), nil
 	}
@@ -857,7 +936,7 @@ func filterRound(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewFloat(rounded), nil
 }
 
-func filterAbs(args []Value, kwargs map[string]Value) (Value, error) {
+func filterAbs(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewInt(0), nil
 	}
@@ -877,7 +956,7 @@ func filterAbs(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewInt(0), nil
 }
 
-func filterMap(args []Value, kwargs map[string]Value) (Value, error) {
+func filterMap(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 || !args[0].IsList() {
 		return NewList(nil), nil
 	}
@@ -886,12 +965,15 @@ func filterMap(args []Value, kwargs map[string]Value) (Value, error) {
 
 	// map(attribute="name") form
 	if attr, ok := kwargs["attribute"]; ok {
-		attrName := printValue(attr)
+		attrName := mustPrint(b, attr)
 		defVal := Undefined()
 		if d, ok := kwargs["default"]; ok {
 			defVal = d
 		}
 
+		if err := b.Alloc(ValueBytes*int64(list.Len()), "map's list"); err != nil {
+			return Undefined(), err
+		}
 		items := make([]Value, list.Len())
 		for i, item := range list.Items {
 			if item.IsDict() {
@@ -911,7 +993,7 @@ func filterMap(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewList(list.Items), nil
 }
 
-func filterSelect(args []Value, kwargs map[string]Value) (Value, error) {
+func filterSelect(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 || !args[0].IsList() {
 		return NewList(nil), nil
 	}
@@ -924,6 +1006,9 @@ func filterSelect(args []Value, kwargs map[string]Value) (Value, error) {
 
 	testArgs := args[2:]
 
+	if err := b.Alloc(ValueBytes*int64(list.Len()), "a filtered list"); err != nil {
+		return Undefined(), err
+	}
 	var items []Value
 	for _, item := range list.Items {
 		if testName == "" {
@@ -931,7 +1016,7 @@ func filterSelect(args []Value, kwargs map[string]Value) (Value, error) {
 				items = append(items, item)
 			}
 		} else {
-			result, err := evalTest(testName, item, testArgs)
+			result, err := evalTest(b, testName, item, testArgs)
 			if err != nil {
 				return Undefined(), err
 			}
@@ -944,7 +1029,7 @@ func filterSelect(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewList(items), nil
 }
 
-func filterReject(args []Value, kwargs map[string]Value) (Value, error) {
+func filterReject(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 || !args[0].IsList() {
 		return NewList(nil), nil
 	}
@@ -957,6 +1042,9 @@ func filterReject(args []Value, kwargs map[string]Value) (Value, error) {
 
 	testArgs := args[2:]
 
+	if err := b.Alloc(ValueBytes*int64(list.Len()), "a filtered list"); err != nil {
+		return Undefined(), err
+	}
 	var items []Value
 	for _, item := range list.Items {
 		if testName == "" {
@@ -964,7 +1052,7 @@ func filterReject(args []Value, kwargs map[string]Value) (Value, error) {
 				items = append(items, item)
 			}
 		} else {
-			result, err := evalTest(testName, item, testArgs)
+			result, err := evalTest(b, testName, item, testArgs)
 			if err != nil {
 				return Undefined(), err
 			}
@@ -977,20 +1065,23 @@ func filterReject(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewList(items), nil
 }
 
-func filterSelectattr(args []Value, kwargs map[string]Value) (Value, error) {
+func filterSelectattr(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) < 2 || !args[0].IsList() {
 		return NewList(nil), nil
 	}
 
 	list := args[0].AsList()
-	attrName := printValue(args[1])
+	attrName := mustPrint(b, args[1])
 	testName := "truthy"
 	if len(args) > 2 {
-		testName = printValue(args[2])
+		testName = mustPrint(b, args[2])
 	}
 
 	testArgs := args[3:]
 
+	if err := b.Alloc(ValueBytes*int64(list.Len()), "a filtered list"); err != nil {
+		return Undefined(), err
+	}
 	var items []Value
 	for _, item := range list.Items {
 		attrVal := Undefined()
@@ -1005,7 +1096,7 @@ func filterSelectattr(args []Value, kwargs map[string]Value) (Value, error) {
 				items = append(items, item)
 			}
 		} else {
-			result, err := evalTest(testName, attrVal, testArgs)
+			result, err := evalTest(b, testName, attrVal, testArgs)
 			if err != nil {
 				return Undefined(), err
 			}
@@ -1018,20 +1109,23 @@ func filterSelectattr(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewList(items), nil
 }
 
-func filterRejectattr(args []Value, kwargs map[string]Value) (Value, error) {
+func filterRejectattr(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) < 2 || !args[0].IsList() {
 		return NewList(nil), nil
 	}
 
 	list := args[0].AsList()
-	attrName := printValue(args[1])
+	attrName := mustPrint(b, args[1])
 	testName := "truthy"
 	if len(args) > 2 {
-		testName = printValue(args[2])
+		testName = mustPrint(b, args[2])
 	}
 
 	testArgs := args[3:]
 
+	if err := b.Alloc(ValueBytes*int64(list.Len()), "a filtered list"); err != nil {
+		return Undefined(), err
+	}
 	var items []Value
 	for _, item := range list.Items {
 		attrVal := Undefined()
@@ -1046,7 +1140,7 @@ func filterRejectattr(args []Value, kwargs map[string]Value) (Value, error) {
 				items = append(items, item)
 			}
 		} else {
-			result, err := evalTest(testName, attrVal, testArgs)
+			result, err := evalTest(b, testName, attrVal, testArgs)
 			if err != nil {
 				return Undefined(), err
 			}
@@ -1059,12 +1153,12 @@ func filterRejectattr(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewList(items), nil
 }
 
-func filterIndent(args []Value, kwargs map[string]Value) (Value, error) {
+func filterIndent(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewString(""), nil
 	}
 
-	s := printValue(args[0])
+	s := mustPrint(b, args[0])
 	width := 4
 	if len(args) > 1 {
 		width = int(toInt64(args[1]))
@@ -1081,6 +1175,12 @@ func filterIndent(args []Value, kwargs map[string]Value) (Value, error) {
 		indentFirst = f.IsTruthy()
 	}
 
+	width = max(width, 0)
+	// ats: every line but the first may get the padding.
+	nl := int64(strings.Count(s, "\n"))
+	if err := b.Alloc(satAdd(int64(len(s))+16*(nl+1), satMul(nl+1, int64(width))), "an indented string"); err != nil {
+		return Undefined(), err
+	}
 	pad := strings.Repeat(" ", width)
 	lines := strings.Split(s, "\n")
 	for i, line := range lines {
@@ -1095,19 +1195,21 @@ func filterIndent(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewString(strings.Join(lines, "\n")), nil
 }
 
-func filterWordcount(args []Value, kwargs map[string]Value) (Value, error) {
+func filterWordcount(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewInt(0), nil
 	}
-	words := strings.Fields(printValue(args[0]))
-	return NewInt(int64(len(words))), nil
+	return NewInt(countFields(mustPrint(b, args[0]))), nil
 }
 
-func filterEscape(args []Value, kwargs map[string]Value) (Value, error) {
+func filterEscape(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 {
 		return NewString(""), nil
 	}
-	s := printValue(args[0])
+	s := mustPrint(b, args[0])
+	if err := b.Alloc(6*int64(len(s)), "an escaped string"); err != nil {
+		return Undefined(), err
+	}
 	s = strings.ReplaceAll(s, "&", "&amp;")
 	s = strings.ReplaceAll(s, "<", "&lt;")
 	s = strings.ReplaceAll(s, ">", "&gt;")
@@ -1116,7 +1218,7 @@ func filterEscape(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewString(s), nil
 }
 
-func filterDictsort(args []Value, kwargs map[string]Value) (Value, error) {
+func filterDictsort(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 || !args[0].IsDict() {
 		return NewList(nil), nil
 	}
@@ -1127,6 +1229,9 @@ func filterDictsort(args []Value, kwargs map[string]Value) (Value, error) {
 		reverse = r.AsBool()
 	}
 
+	if err := allocSort(b, 4*len(d.Keys)); err != nil {
+		return Undefined(), err
+	}
 	keys := make([]string, len(d.Keys))
 	copy(keys, d.Keys)
 
@@ -1145,12 +1250,15 @@ func filterDictsort(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewList(items), nil
 }
 
-func filterMax(args []Value, kwargs map[string]Value) (Value, error) {
+func filterMax(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 || !args[0].IsList() {
 		return Undefined(), nil
 	}
 
 	list := args[0].AsList()
+	if err := b.Step(int64(list.Len())); err != nil {
+		return Undefined(), err
+	}
 	if list.Len() == 0 {
 		return Undefined(), nil
 	}
@@ -1165,12 +1273,15 @@ func filterMax(args []Value, kwargs map[string]Value) (Value, error) {
 	return maxVal, nil
 }
 
-func filterMin(args []Value, kwargs map[string]Value) (Value, error) {
+func filterMin(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 || !args[0].IsList() {
 		return Undefined(), nil
 	}
 
 	list := args[0].AsList()
+	if err := b.Step(int64(list.Len())); err != nil {
+		return Undefined(), err
+	}
 	if list.Len() == 0 {
 		return Undefined(), nil
 	}
@@ -1185,12 +1296,15 @@ func filterMin(args []Value, kwargs map[string]Value) (Value, error) {
 	return minVal, nil
 }
 
-func filterSum(args []Value, kwargs map[string]Value) (Value, error) {
+func filterSum(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) == 0 || !args[0].IsList() {
 		return NewInt(0), nil
 	}
 
 	list := args[0].AsList()
+	if err := b.Step(int64(list.Len())); err != nil {
+		return Undefined(), err
+	}
 	var sumF float64
 	isFloat := false
 
@@ -1209,7 +1323,7 @@ func filterSum(args []Value, kwargs map[string]Value) (Value, error) {
 	return NewInt(int64(sumF)), nil
 }
 
-func filterBatch(args []Value, kwargs map[string]Value) (Value, error) {
+func filterBatch(b *Budget, args []Value, kwargs map[string]Value) (Value, error) {
 	if len(args) < 2 || !args[0].IsList() {
 		return NewList(nil), nil
 	}
@@ -1220,6 +1334,9 @@ func filterBatch(args []Value, kwargs map[string]Value) (Value, error) {
 		return NewList(nil), nil
 	}
 
+	if err := b.Alloc(2*ValueBytes*int64(list.Len()), "batches"); err != nil {
+		return Undefined(), err
+	}
 	var batches []Value
 	for i := 0; i < list.Len(); i += linecount {
 		end := min(i+linecount, list.Len())

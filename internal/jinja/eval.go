@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"unicode/utf8"
 )
 
 var (
@@ -47,7 +48,20 @@ type evaluator struct {
 	scope    *scope
 	builtins *scope
 	output   strings.Builder
+	b        *Budget // ats: the rendering's limits (nil: none)
 }
+
+// write appends s to the output within the budget (ats).
+func (e *evaluator) write(s string) error {
+	if err := e.b.Grow(int64(e.output.Len()), int64(len(s)), "the output"); err != nil {
+		return err
+	}
+	e.output.WriteString(s)
+	return nil
+}
+
+// print is printValue within the budget (ats).
+func (e *evaluator) print(v Value) (string, error) { return printB(e.b, v) }
 
 func (e *evaluator) execNodes(nodes []node) error {
 	for _, n := range nodes {
@@ -59,18 +73,23 @@ func (e *evaluator) execNodes(nodes []node) error {
 }
 
 func (e *evaluator) execNode(n node) error {
+	if err := e.b.Step(1); err != nil {
+		return err
+	}
 	switch nd := n.(type) {
 	case *textNode:
-		e.output.WriteString(nd.text)
-		return nil
+		return e.write(nd.text)
 
 	case *outputNode:
 		val, err := e.evalExpr(nd.expression)
 		if err != nil {
 			return err
 		}
-		e.output.WriteString(printValue(val))
-		return nil
+		s, err := e.print(val)
+		if err != nil {
+			return err
+		}
+		return e.write(s)
 
 	case *ifNode:
 		return e.execIf(nd)
@@ -133,10 +152,16 @@ func (e *evaluator) execFor(n *forNode) error {
 		items = iterVal.AsList().Items
 	case iterVal.IsDict():
 		d := iterVal.AsDict()
+		if err := e.b.Alloc(int64(d.Len())*ValueBytes, "the keys of a dict"); err != nil {
+			return err
+		}
 		for _, key := range d.Keys {
 			items = append(items, NewString(key))
 		}
 	case iterVal.IsString():
+		if err := e.b.Alloc(int64(len(iterVal.AsString()))*ValueBytes, "the characters of a string"); err != nil {
+			return err
+		}
 		for _, r := range iterVal.AsString() {
 			items = append(items, NewString(string(r)))
 		}
@@ -148,6 +173,9 @@ func (e *evaluator) execFor(n *forNode) error {
 	if n.filterExpr != nil {
 		var filtered []Value
 		for _, item := range items {
+			if err := e.b.Step(1); err != nil {
+				return err
+			}
 			child := newScope(e.scope)
 			child.set(n.valVar, item)
 			old := e.scope
@@ -183,6 +211,9 @@ func (e *evaluator) execFor(n *forNode) error {
 	child.set("loop", loop)
 
 	for i, item := range items {
+		if err := e.b.Step(1); err != nil {
+			return err
+		}
 		// Set loop variable(s).
 		if n.keyVar != "" {
 			// Destructuring: for key, val in items
@@ -269,6 +300,7 @@ func (e *evaluator) execSetBlock(n *setBlockNode) error {
 	bodyEval := evaluator{
 		scope:    e.scope,
 		builtins: e.builtins,
+		b:        e.b,
 	}
 	if err := bodyEval.execNodes(n.body); err != nil {
 		return err
@@ -293,7 +325,7 @@ func (e *evaluator) execMacro(n *macroNode) error {
 			} else if v, ok := kwargs[param.name]; ok {
 				child.set(param.name, v)
 			} else if param.defaultVal != nil {
-				defEval := evaluator{scope: child, builtins: e.builtins}
+				defEval := evaluator{scope: child, builtins: e.builtins, b: e.b}
 				defVal, err := defEval.evalExpr(param.defaultVal)
 				if err != nil {
 					return Undefined(), err
@@ -312,9 +344,16 @@ func (e *evaluator) execMacro(n *macroNode) error {
 		macroEval := evaluator{
 			scope:    child,
 			builtins: e.builtins,
+			b:        e.b,
 		}
 
-		if err := macroEval.execNodes(body); err != nil {
+		// ats: a macro may call itself; bound the depth.
+		if err := e.b.enterCall("macro " + n.name); err != nil {
+			return Undefined(), err
+		}
+		err := macroEval.execNodes(body)
+		e.b.leaveCall()
+		if err != nil {
 			return Undefined(), err
 		}
 
@@ -342,8 +381,14 @@ func (e *evaluator) execCall(n *callNode) error {
 		callerEval := evaluator{
 			scope:    child,
 			builtins: e.builtins,
+			b:        e.b,
 		}
-		if err := callerEval.execNodes(body); err != nil {
+		if err := e.b.enterCall("caller"); err != nil {
+			return Undefined(), err
+		}
+		err := callerEval.execNodes(body)
+		e.b.leaveCall()
+		if err != nil {
 			return Undefined(), err
 		}
 		return NewString(callerEval.output.String()), nil
@@ -378,12 +423,15 @@ func (e *evaluator) execCall(n *callNode) error {
 			kwargs[kw.name] = v
 		}
 
-		result, err := fn.AsCallable().Fn(args, kwargs)
+		result, err := fn.AsCallable().call(e.b, args, kwargs)
 		if err != nil {
 			return err
 		}
-		e.output.WriteString(printValue(result))
-		return nil
+		out, err := e.print(result)
+		if err != nil {
+			return err
+		}
+		return e.write(out)
 	}
 
 	// Fallback: evaluate expression and call with caller.
@@ -395,12 +443,15 @@ func (e *evaluator) execCall(n *callNode) error {
 		return fmt.Errorf("call: expression is not callable")
 	}
 
-	result, err := fn.AsCallable().Fn(nil, map[string]Value{"caller": caller})
+	result, err := fn.AsCallable().call(e.b, nil, map[string]Value{"caller": caller})
 	if err != nil {
 		return err
 	}
-	e.output.WriteString(printValue(result))
-	return nil
+	out, err := e.print(result)
+	if err != nil {
+		return err
+	}
+	return e.write(out)
 }
 
 func (e *evaluator) execFilterBlock(n *filterBlockNode) error {
@@ -408,6 +459,7 @@ func (e *evaluator) execFilterBlock(n *filterBlockNode) error {
 	bodyEval := evaluator{
 		scope:    e.scope,
 		builtins: e.builtins,
+		b:        e.b,
 	}
 	if err := bodyEval.execNodes(n.body); err != nil {
 		return err
@@ -420,17 +472,19 @@ func (e *evaluator) execFilterBlock(n *filterBlockNode) error {
 		if !ok {
 			return fmt.Errorf("unknown filter %q", fe.name)
 		}
-		result, err := filterVal.AsCallable().Fn([]Value{NewString(bodyStr)}, nil)
+		result, err := filterVal.AsCallable().call(e.b, []Value{NewString(bodyStr)}, nil)
 		if err != nil {
 			return err
 		}
-		e.output.WriteString(printValue(result))
-		return nil
+		out, err := e.print(result)
+		if err != nil {
+			return err
+		}
+		return e.write(out)
 	}
 
 	// For more complex filter expressions, just output the body.
-	e.output.WriteString(bodyStr)
-	return nil
+	return e.write(bodyStr)
 }
 
 // =============================================================================
@@ -438,6 +492,16 @@ func (e *evaluator) execFilterBlock(n *filterBlockNode) error {
 // =============================================================================
 
 func (e *evaluator) evalExpr(ex expr) (Value, error) {
+	// ats: count the work and bound the nesting (an expression such as
+	// a+a+...+a parses into a tree as deep as it is long).
+	if err := e.b.Step(1); err != nil {
+		return Undefined(), err
+	}
+	if err := e.b.enter(); err != nil {
+		e.b.leave()
+		return Undefined(), err
+	}
+	defer e.b.leave()
 	switch n := ex.(type) {
 	case *litExpr:
 		return n.val, nil
@@ -474,6 +538,9 @@ func (e *evaluator) evalExpr(ex expr) (Value, error) {
 		return e.evalTestExpr(n)
 
 	case *listExpr:
+		if err := e.b.Alloc(int64(len(n.items))*ValueBytes, "a list"); err != nil {
+			return Undefined(), err
+		}
 		items := make([]Value, len(n.items))
 		for i, item := range n.items {
 			v, err := e.evalExpr(item)
@@ -485,6 +552,9 @@ func (e *evaluator) evalExpr(ex expr) (Value, error) {
 		return NewList(items), nil
 
 	case *dictExpr:
+		if err := e.b.Alloc(int64(len(n.pairs))*2*ValueBytes, "a dict"); err != nil {
+			return Undefined(), err
+		}
 		d := NewDict()
 		dict := d.AsDict()
 		for _, pair := range n.pairs {
@@ -496,7 +566,11 @@ func (e *evaluator) evalExpr(ex expr) (Value, error) {
 			if err != nil {
 				return Undefined(), err
 			}
-			dict.Set(printValue(key), val)
+			k, err := e.print(key)
+			if err != nil {
+				return Undefined(), err
+			}
+			dict.Set(k, val)
 		}
 		return d, nil
 
@@ -558,7 +632,10 @@ func (e *evaluator) evalItem(n *itemExpr) (Value, error) {
 	}
 
 	if obj.IsDict() {
-		k := printValue(key)
+		k, err := e.print(key)
+		if err != nil {
+			return Undefined(), err
+		}
 		if v, ok := obj.AsDict().Get(k); ok {
 			return v, nil
 		}
@@ -568,14 +645,26 @@ func (e *evaluator) evalItem(n *itemExpr) (Value, error) {
 	if obj.IsString() {
 		idx := int(toInt64(key))
 		s := obj.AsString()
-		runes := []rune(s)
-		if idx < 0 {
-			idx += len(runes)
+		// ats: find the character without a []rune copy of the string
+		// (a loop over s[i] would copy it once per index).
+		n := utf8.RuneCountInString(s)
+		if err := e.b.Step(int64(len(s) / 256)); err != nil {
+			return Undefined(), err
 		}
-		if idx < 0 || idx >= len(runes) {
+		if idx < 0 {
+			idx += n
+		}
+		if idx < 0 || idx >= n {
 			return Undefined(), nil
 		}
-		return NewString(string(runes[idx])), nil
+		for i := range s {
+			if idx == 0 {
+				r, _ := utf8.DecodeRuneInString(s[i:])
+				return NewString(string(r)), nil
+			}
+			idx--
+		}
+		return Undefined(), nil
 	}
 
 	return Undefined(), nil
@@ -607,6 +696,9 @@ func (e *evaluator) evalSlice(n *sliceExpr) (Value, error) {
 			if start >= stop {
 				return NewList(nil), nil
 			}
+			if err := e.b.Alloc(int64(stop-start)*ValueBytes, "a list slice"); err != nil {
+				return Undefined(), err
+			}
 			items := make([]Value, stop-start)
 			copy(items, list.Items[start:stop])
 			return NewList(items), nil
@@ -618,6 +710,10 @@ func (e *evaluator) evalSlice(n *sliceExpr) (Value, error) {
 			// avoid append's geometric growth allocations.
 			count := (stop - start + step - 1) / step
 			if count > 0 {
+				count = min(count, length)
+				if err := e.b.Alloc(int64(count)*ValueBytes, "a list slice"); err != nil {
+					return Undefined(), err
+				}
 				items = make([]Value, 0, count)
 			}
 			for i := start; i < stop; i += step {
@@ -628,6 +724,10 @@ func (e *evaluator) evalSlice(n *sliceExpr) (Value, error) {
 		} else if step < 0 {
 			count := (start - stop - step - 1) / -step
 			if count > 0 {
+				count = min(count, length)
+				if err := e.b.Alloc(int64(count)*ValueBytes, "a list slice"); err != nil {
+					return Undefined(), err
+				}
 				items = make([]Value, 0, count)
 			}
 			for i := start; i > stop; i += step {
@@ -674,6 +774,9 @@ func (e *evaluator) evalSlice(n *sliceExpr) (Value, error) {
 				if start <= stop {
 					return NewString(""), nil
 				}
+				if err := e.b.Alloc(int64(start-stop), "a string slice"); err != nil {
+					return Undefined(), err
+				}
 				buf := make([]byte, 0, start-stop)
 				for i := start; i > stop; i-- {
 					buf = append(buf, s[i])
@@ -683,6 +786,9 @@ func (e *evaluator) evalSlice(n *sliceExpr) (Value, error) {
 			// Fall through to the general path for unusual steps.
 		}
 
+		if err := e.b.Alloc(8*int64(len(s)), "a string slice"); err != nil {
+			return Undefined(), err
+		}
 		runes := []rune(s)
 		length := len(runes)
 		start, stop, step := resolveSlice(n, e, length)
@@ -817,11 +923,11 @@ func (e *evaluator) evalBinary(n *binExpr) (Value, error) {
 
 	switch n.op {
 	case "+":
-		return addValues(left, right), nil
+		return e.add(left, right)
 	case "-":
 		return subValues(left, right), nil
 	case "*":
-		return mulValues(left, right), nil
+		return e.mul(left, right)
 	case "/":
 		return divValues(left, right), nil
 	case "//":
@@ -831,11 +937,13 @@ func (e *evaluator) evalBinary(n *binExpr) (Value, error) {
 	case "**":
 		return powValues(left, right), nil
 	case "~":
-		return NewString(printValue(left) + printValue(right)), nil
+		return e.concat(left, right)
 	case "==":
-		return NewBool(valuesEqual(left, right)), nil
+		eq, err := e.equal(left, right)
+		return NewBool(eq), err
 	case "!=":
-		return NewBool(!valuesEqual(left, right)), nil
+		eq, err := e.equal(left, right)
+		return NewBool(!eq), err
 	case "<":
 		return NewBool(compareValues(left, right) < 0), nil
 	case ">":
@@ -845,9 +953,11 @@ func (e *evaluator) evalBinary(n *binExpr) (Value, error) {
 	case ">=":
 		return NewBool(compareValues(left, right) >= 0), nil
 	case "in":
-		return NewBool(containsValue(right, left)), nil
+		in, err := containsB(e.b, right, left)
+		return NewBool(in), err
 	case "not in":
-		return NewBool(!containsValue(right, left)), nil
+		in, err := containsB(e.b, right, left)
+		return NewBool(!in), err
 	}
 
 	return Undefined(), fmt.Errorf("unknown binary operator %q", n.op)
@@ -901,7 +1011,7 @@ func (e *evaluator) evalCallExpr(n *callExpr) (Value, error) {
 		}
 	}
 
-	return fn.AsCallable().Fn(args, kwargs)
+	return fn.AsCallable().call(e.b, args, kwargs)
 }
 
 func callableName(ex expr) string {
@@ -963,7 +1073,7 @@ func (e *evaluator) evalFilter(n *filterExpr) (Value, error) {
 		}
 	}
 
-	return filterVal.AsCallable().Fn(args, kwargs)
+	return filterVal.AsCallable().call(e.b, args, kwargs)
 }
 
 func (e *evaluator) evalTestExpr(n *testExpr) (Value, error) {
@@ -981,7 +1091,7 @@ func (e *evaluator) evalTestExpr(n *testExpr) (Value, error) {
 		testArgs = append(testArgs, v)
 	}
 
-	result, err := evalTest(n.name, val, testArgs)
+	result, err := evalTest(e.b, n.name, val, testArgs)
 	if err != nil {
 		return Undefined(), err
 	}
@@ -999,6 +1109,9 @@ func (e *evaluator) evalTestExpr(n *testExpr) (Value, error) {
 
 func (e *evaluator) stringMethod(obj Value, method string) (Value, error) {
 	s := obj.AsString()
+	// ats: the methods that build strings or lists check their size
+	// against the budget first; arguments print within it.
+	printValue := func(v Value) string { return mustPrint(e.b, v) }
 
 	switch method {
 	case "strip":
@@ -1031,6 +1144,15 @@ func (e *evaluator) stringMethod(obj Value, method string) (Value, error) {
 
 	case "split":
 		return e.makeStringFunc("split", func(args []Value, kwargs map[string]Value) (Value, error) {
+			var sep string
+			parts := countFields(s)
+			if len(args) > 0 {
+				sep = printValue(args[0])
+				parts = countParts(s, sep)
+			}
+			if err := e.b.Alloc(2*ValueBytes*parts, "the parts of a split string"); err != nil {
+				return Undefined(), err
+			}
 			if len(args) == 0 {
 				parts := strings.Fields(s)
 				items := make([]Value, len(parts))
@@ -1039,10 +1161,9 @@ func (e *evaluator) stringMethod(obj Value, method string) (Value, error) {
 				}
 				return NewList(items), nil
 			}
-			sep := printValue(args[0])
-			parts := strings.Split(s, sep)
-			items := make([]Value, len(parts))
-			for i, p := range parts {
+			split := strings.Split(s, sep)
+			items := make([]Value, len(split))
+			for i, p := range split {
 				items[i] = NewString(p)
 			}
 			return NewList(items), nil
@@ -1075,21 +1196,33 @@ func (e *evaluator) stringMethod(obj Value, method string) (Value, error) {
 			if len(args) > 2 {
 				count = int(toInt64(args[2]))
 			}
+			if err := e.b.Alloc(replacedSize(s, old, newStr, count), "a replaced string"); err != nil {
+				return Undefined(), err
+			}
 			return NewString(strings.Replace(s, old, newStr, count)), nil
 		}), nil
 
 	case "upper":
 		return e.makeStringFunc("upper", func(args []Value, kwargs map[string]Value) (Value, error) {
+			if err := e.b.Alloc(4*int64(len(s)), "a converted string"); err != nil {
+				return Undefined(), err
+			}
 			return NewString(strings.ToUpper(s)), nil
 		}), nil
 
 	case "lower":
 		return e.makeStringFunc("lower", func(args []Value, kwargs map[string]Value) (Value, error) {
+			if err := e.b.Alloc(4*int64(len(s)), "a converted string"); err != nil {
+				return Undefined(), err
+			}
 			return NewString(strings.ToLower(s)), nil
 		}), nil
 
 	case "title":
 		return e.makeStringFunc("title", func(args []Value, kwargs map[string]Value) (Value, error) {
+			if err := e.b.Alloc(4*int64(len(s)), "a converted string"); err != nil {
+				return Undefined(), err
+			}
 			// Simple title case: capitalize first letter of each word.
 			runes := []rune(s)
 			inWord := false
@@ -1106,6 +1239,9 @@ func (e *evaluator) stringMethod(obj Value, method string) (Value, error) {
 
 	case "capitalize":
 		return e.makeStringFunc("capitalize", func(args []Value, kwargs map[string]Value) (Value, error) {
+			if err := e.b.Alloc(4*int64(len(s)), "a converted string"); err != nil {
+				return Undefined(), err
+			}
 			if len(s) == 0 {
 				return NewString(""), nil
 			}
@@ -1135,8 +1271,12 @@ func (e *evaluator) stringMethod(obj Value, method string) (Value, error) {
 			result := s
 			for i, arg := range args {
 				placeholder := fmt.Sprintf("{%d}", i)
-				result = strings.ReplaceAll(result, placeholder, printValue(arg))
-				result = strings.Replace(result, "{}", printValue(arg), 1)
+				a := printValue(arg)
+				if err := e.b.Alloc(satAdd(replacedSize(result, placeholder, a, -1), replacedSize(result, "{}", a, 1)), "a formatted string"); err != nil {
+					return Undefined(), err
+				}
+				result = strings.ReplaceAll(result, placeholder, a)
+				result = strings.Replace(result, "{}", a, 1)
 			}
 			return NewString(result), nil
 		}), nil
@@ -1159,6 +1299,9 @@ func (e *evaluator) listMethod(obj Value, method string) (Value, error) {
 	switch method {
 	case "append":
 		return NewCallable("list.append", func(args []Value, kwargs map[string]Value) (Value, error) {
+			if err := e.b.Alloc(ValueBytes, "a list item"); err != nil {
+				return Undefined(), err
+			}
 			if len(args) > 0 {
 				list.Append(args[0])
 			}
@@ -1190,6 +1333,9 @@ func (e *evaluator) listMethod(obj Value, method string) (Value, error) {
 			if len(args) < 2 {
 				return None(), nil
 			}
+			if err := e.b.Alloc(ValueBytes*(1+int64(list.Len())/64), "a list item"); err != nil {
+				return Undefined(), err
+			}
 			idx := min(max(int(toInt64(args[0])), 0), list.Len())
 			list.Items = append(list.Items, Undefined())
 			copy(list.Items[idx+1:], list.Items[idx:])
@@ -1207,10 +1353,18 @@ func (e *evaluator) listMethod(obj Value, method string) (Value, error) {
 
 func (e *evaluator) dictMethod(obj Value, method string) (Value, error) {
 	d := obj.AsDict()
+	// ats: the methods that build lists charge them to the budget.
+	charge := func(perKey int64) error {
+		return e.b.Alloc(perKey*ValueBytes*int64(d.Len()), "a list of a dict's entries")
+	}
+	printValue := func(v Value) string { return mustPrint(e.b, v) }
 
 	switch method {
 	case "items":
 		return NewCallable("dict.items", func(args []Value, kwargs map[string]Value) (Value, error) {
+			if err := charge(4); err != nil {
+				return Undefined(), err
+			}
 			items := make([]Value, 0, d.Len())
 			for _, key := range d.Keys {
 				pair := NewList([]Value{NewString(key), d.Data[key]})
@@ -1221,6 +1375,9 @@ func (e *evaluator) dictMethod(obj Value, method string) (Value, error) {
 
 	case "keys":
 		return NewCallable("dict.keys", func(args []Value, kwargs map[string]Value) (Value, error) {
+			if err := charge(1); err != nil {
+				return Undefined(), err
+			}
 			items := make([]Value, 0, d.Len())
 			for _, key := range d.Keys {
 				items = append(items, NewString(key))
@@ -1230,6 +1387,9 @@ func (e *evaluator) dictMethod(obj Value, method string) (Value, error) {
 
 	case "values":
 		return NewCallable("dict.values", func(args []Value, kwargs map[string]Value) (Value, error) {
+			if err := charge(1); err != nil {
+				return Undefined(), err
+			}
 			items := make([]Value, 0, d.Len())
 			for _, key := range d.Keys {
 				items = append(items, d.Data[key])
@@ -1254,6 +1414,9 @@ func (e *evaluator) dictMethod(obj Value, method string) (Value, error) {
 
 	case "pop":
 		return NewCallable("dict.pop", func(args []Value, kwargs map[string]Value) (Value, error) {
+			if err := charge(1); err != nil {
+				return Undefined(), err
+			}
 			if len(args) == 0 {
 				return Undefined(), nil
 			}
@@ -1280,6 +1443,9 @@ func (e *evaluator) dictMethod(obj Value, method string) (Value, error) {
 		return NewCallable("dict.update", func(args []Value, kwargs map[string]Value) (Value, error) {
 			if len(args) > 0 && args[0].IsDict() {
 				other := args[0].AsDict()
+				if err := e.b.Alloc(2*ValueBytes*int64(other.Len()), "a dict update"); err != nil {
+					return Undefined(), err
+				}
 				for _, key := range other.Keys {
 					d.Set(key, other.Data[key])
 				}
@@ -1320,7 +1486,8 @@ func subValues(a, b Value) Value {
 
 func mulValues(a, b Value) Value {
 	if a.IsString() && b.IsInt() {
-		return NewString(strings.Repeat(a.AsString(), int(b.AsInt())))
+		// ats: Python gives "" for a count below 1; strings.Repeat panics.
+		return NewString(strings.Repeat(a.AsString(), int(max(b.AsInt(), 0))))
 	}
 	if a.IsFloat() || b.IsFloat() {
 		return NewFloat(toFloat64(a) * toFloat64(b))

@@ -191,6 +191,17 @@ func tokenizeExpr(s string) []tok {
 type exprParser struct {
 	tokens []tok
 	pos    int
+	depth  int // ats: nesting of the recursive descent
+}
+
+// nest counts one level of the parser's recursion (ats): a hostile
+// template of 100000 '(' must fail, not overflow the stack.
+func (p *exprParser) nest() error {
+	p.depth++
+	if p.depth > maxNesting {
+		return &LimitError{Limit: "nesting", Max: maxNesting, What: "an expression nested too deeply"}
+	}
+	return nil
 }
 
 func newExprParser(tokens []tok) *exprParser {
@@ -252,6 +263,10 @@ func parseExpr(s string) (expr, error) {
 
 // parseExpression handles the lowest precedence: inline if/else.
 func (p *exprParser) parseExpression() (expr, error) {
+	defer func() { p.depth-- }()
+	if err := p.nest(); err != nil {
+		return nil, err
+	}
 	e, err := p.parseOr()
 	if err != nil {
 		return nil, err
@@ -320,6 +335,10 @@ func (p *exprParser) parseAnd() (expr, error) {
 }
 
 func (p *exprParser) parseNot() (expr, error) {
+	defer func() { p.depth-- }()
+	if err := p.nest(); err != nil {
+		return nil, err
+	}
 	if p.peek().kind == tokName && p.peek().val == "not" {
 		p.advance()
 		operand, err := p.parseNot()
@@ -512,6 +531,10 @@ func (p *exprParser) parsePower() (expr, error) {
 }
 
 func (p *exprParser) parseUnary() (expr, error) {
+	defer func() { p.depth-- }()
+	if err := p.nest(); err != nil {
+		return nil, err
+	}
 	if p.peek().kind == tokOp && (p.peek().val == "-" || p.peek().val == "+") {
 		op := p.advance().val
 		operand, err := p.parseUnary()
@@ -991,8 +1014,9 @@ func trimBlockNewline(s string) string {
 }
 
 type templateParser struct {
-	segs []segment
-	pos  int
+	segs  []segment
+	pos   int
+	depth int // ats: nesting of blocks
 }
 
 func (p *templateParser) done() bool {
@@ -1016,6 +1040,11 @@ func (p *templateParser) advance() *segment {
 // stop keywords (e.g., "endif", "endfor", "elif", "else"). Returns the nodes
 // collected so far. The stop keyword segment is NOT consumed.
 func (p *templateParser) parseUntil(stopKeywords ...string) ([]node, error) {
+	p.depth++
+	defer func() { p.depth-- }()
+	if p.depth > maxNesting {
+		return nil, &LimitError{Limit: "nesting", Max: maxNesting, What: "blocks nested too deeply"}
+	}
 	var nodes []node
 
 	for !p.done() {

@@ -1,6 +1,7 @@
 package jinja
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -13,7 +14,13 @@ type Template struct {
 
 // Compile parses a Jinja template source string and returns a compiled
 // template that can be rendered multiple times with different data.
-func Compile(source string) (*Template, error) {
+func Compile(source string) (t *Template, err error) {
+	// ats: a parser bug on a hostile template is an error, not a crash.
+	defer func() {
+		if p := recover(); p != nil {
+			t, err = nil, fmt.Errorf("%w: %v", ErrInternal, p)
+		}
+	}()
 	segs, err := scan(source)
 	if err != nil {
 		return nil, fmt.Errorf("jinja scan: %w", err)
@@ -49,8 +56,23 @@ func (t *Template) RenderValues(data map[string]Value) (string, error) {
 
 // render executes the AST with the given data and returns the result.
 func render(nodes []node, data map[string]Value) (string, error) {
+	return renderBudget(nodes, data, nil)
+}
+
+// ErrInternal marks a panic in the engine, turned into an error so that a
+// template can never take its caller down (ats).
+var ErrInternal = errors.New("jinja: internal error")
+
+// renderBudget is render within the budget b (nil: no limits).
+func renderBudget(nodes []node, data map[string]Value, b *Budget) (out string, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			out, err = "", fmt.Errorf("%w: %v", ErrInternal, p)
+		}
+	}()
 	e := evaluator{
 		output: strings.Builder{},
+		b:      b,
 	}
 
 	// Use the cached builtins scope directly. The scope is initialized
@@ -67,6 +89,14 @@ func render(nodes []node, data map[string]Value) (string, error) {
 	}
 
 	if err := e.execNodes(nodes); err != nil {
+		if be := b.Err(); be != nil {
+			return "", be
+		}
+		return "", err
+	}
+	// ats: a limit broken where the engine dropped the error still fails
+	// the rendering.
+	if err := b.Err(); err != nil {
 		return "", err
 	}
 

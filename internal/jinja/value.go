@@ -192,31 +192,11 @@ func (v Value) String() string {
 	case KindString:
 		return fmt.Sprintf("'%s'", v.v.(string))
 
-	case KindList:
-		list := v.v.(*List)
-		var b strings.Builder
-		b.WriteByte('[')
-		for i, item := range list.Items {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			b.WriteString(item.String())
-		}
-		b.WriteByte(']')
-		return b.String()
-
-	case KindDict:
-		d := v.v.(*Dict)
-		var b strings.Builder
-		b.WriteByte('{')
-		for i, key := range d.Keys {
-			if i > 0 {
-				b.WriteString(", ")
-			}
-			fmt.Fprintf(&b, "'%s': %s", key, d.Data[key].String())
-		}
-		b.WriteByte('}')
-		return b.String()
+	case KindList, KindDict:
+		// ats: through the bounded walk, so a list that contains itself
+		// cannot recurse without end.
+		r, _ := Repr(nil, v)
+		return r
 
 	case KindCallable:
 		c := v.v.(Callable)
@@ -248,35 +228,10 @@ func (v Value) Equals(other Value) bool {
 	case KindString:
 		return v.v.(string) == other.v.(string)
 
-	case KindList:
-		a := v.v.(*List)
-		b := other.v.(*List)
-		if a.Len() != b.Len() {
-			return false
-		}
-		for i := range a.Items {
-			if !a.Items[i].Equals(b.Items[i]) {
-				return false
-			}
-		}
-		return true
-
-	case KindDict:
-		a := v.v.(*Dict)
-		b := other.v.(*Dict)
-		if a.Len() != b.Len() {
-			return false
-		}
-		for _, key := range a.Keys {
-			bv, ok := b.Get(key)
-			if !ok {
-				return false
-			}
-			if !a.Data[key].Equals(bv) {
-				return false
-			}
-		}
-		return true
+	case KindList, KindDict:
+		// ats: through the bounded walk (see walk.go).
+		eq, _ := equalsB(nil, v, other, 0)
+		return eq
 
 	case KindCallable:
 		return false
@@ -347,6 +302,9 @@ func (d *Dict) OrderedKeys() []string {
 type Callable struct {
 	Name string
 	Fn   func(args []Value, kwargs map[string]Value) (Value, error)
+	// ats: limited, when set, is the function with the rendering's budget
+	// (NewLimitedCallable); Fn then calls it without one.
+	limited func(b *Budget, args []Value, kwargs map[string]Value) (Value, error)
 }
 
 // =============================================================================
