@@ -3,7 +3,8 @@
 // the way Hugging Face transformers' apply_chat_template does, so a prompt
 // built by ats matches the one the model was trained and evaluated with.
 //
-// Engine: github.com/ardanlabs/jinja (v1.8.0). Both it and
+// Engine: github.com/ardanlabs/jinja (v1.8.0), forked into internal/jinja
+// so that a template runs within limits (see Limits). Both it and
 // github.com/nikolalohinski/gonja/v2 parse and run the real Qwen3 and
 // Llama 3 templates, but ardanlabs/jinja was written for HF chat templates:
 // it applies HF's trim_blocks/lstrip_blocks, supports the Python string and
@@ -17,10 +18,12 @@
 package chat
 
 import (
+	"context"
 	_ "embed"
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/atsinfer/ats/internal/jinja"
 )
@@ -75,7 +78,47 @@ type Options struct {
 	// BOS and EOS are the tokenizer's begin/end-of-sequence token text,
 	// visible as bos_token and eos_token ("" when the model has none).
 	BOS, EOS string
+	// Limits bound the rendering (nil: DefaultLimits()); Context, when
+	// set, stops it when cancelled.
+	Limits  *Limits
+	Context context.Context
 }
+
+// Limits bound one rendering of a template. A template comes from the model
+// file, so it may be hostile or merely careless: without limits a
+// recursive macro would crash the process and `'x' * 10000000000` would
+// take its memory. Breaking a limit is a *LimitError naming it. A zero
+// field means no limit of that kind.
+type Limits struct {
+	Timeout   time.Duration // wall clock
+	MaxOutput int           // bytes of the prompt, and of any one value built on the way
+	MaxAlloc  int64         // bytes the template's operations allocate in all
+	MaxDepth  int           // nested macro calls
+	MaxSteps  int64         // loop iterations and evaluations
+}
+
+// DefaultLimits are generous for real templates (a long conversation with
+// many tools renders in milliseconds, a few MiB, a few hundred thousand
+// steps, and no template recurses more than a few levels) and small enough
+// that a hostile one ends within seconds and a bounded amount of memory.
+func DefaultLimits() Limits {
+	return Limits{
+		Timeout:   10 * time.Second,
+		MaxOutput: 64 << 20,
+		MaxAlloc:  1 << 30,
+		MaxDepth:  100,
+		MaxSteps:  50_000_000,
+	}
+}
+
+// LimitError is the error of a rendering that broke one of its Limits; its
+// Limit field names which ("time", "output size", "memory", "recursion
+// depth", "steps" or "nesting"). Find it with errors.As.
+type LimitError = jinja.LimitError
+
+// MaxTemplateBytes bounds the source of a chat template. Real ones are a
+// few KiB to a few tens of KiB.
+const MaxTemplateBytes = 1 << 20
 
 // Template is a parsed chat template; safe for concurrent Render calls.
 type Template struct {
@@ -90,6 +133,9 @@ var ErrNoTemplate = errors.New("chat: model has no chat template")
 // New parses a chat template. It fails only when the engine cannot parse
 // it; a template can still fail at Render time (see Load).
 func New(src string) (*Template, error) {
+	if len(src) > MaxTemplateBytes {
+		return nil, fmt.Errorf("chat: the template is %d bytes, more than the %d a chat template may have", len(src), MaxTemplateBytes)
+	}
 	code := prepareSource(src)
 	t, err := jinja.Compile(code)
 	if err != nil {
@@ -111,7 +157,12 @@ func (t *Template) Render(msgs []Message, opt Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	out, err := t.t.RenderValues(data)
+	lim := DefaultLimits()
+	if opt.Limits != nil {
+		lim = *opt.Limits
+	}
+	out, err := t.t.RenderLimited(data, jinja.Limits{Timeout: lim.Timeout, Context: opt.Context, MaxOutput: lim.MaxOutput,
+		MaxAlloc: lim.MaxAlloc, MaxDepth: lim.MaxDepth, MaxSteps: lim.MaxSteps})
 	if err != nil {
 		return "", fmt.Errorf("chat: render template: %w", err)
 	}
