@@ -206,9 +206,9 @@ func templateData(msgs []Message, opt Options) (map[string]jinja.Value, error) {
 	data["add_generation_prompt"] = jinja.NewBool(opt.AddGenerationPrompt)
 	data["bos_token"] = jinja.NewString(opt.BOS)
 	data["eos_token"] = jinja.NewString(opt.EOS)
-	data["raise_exception"] = jinja.NewCallable("raise_exception", raiseException)
+	data["raise_exception"] = jinja.NewLimitedCallable("raise_exception", raiseException)
 	data["strftime_now"] = jinja.NewCallable("strftime_now", strftimeNow)
-	data[tojsonFilter] = jinja.NewCallable("tojson", tojson)
+	data[tojsonFilter] = jinja.NewLimitedCallable("tojson", tojson)
 	return data, nil
 }
 
@@ -216,7 +216,16 @@ var reserved = map[string]bool{
 	"messages": true, "tools": true, "add_generation_prompt": true,
 	"bos_token": true, "eos_token": true, "raise_exception": true,
 	"strftime_now": true, tojsonFilter: true,
+	// The engine's own globals and the names it binds in loops and
+	// macros: a variable of the same name would hide them, and the
+	// template would fail in ways that have nothing to do with it.
+	"namespace": true, "range": true, "dict": true, "joiner": true, "cycler": true,
+	"loop": true, "caller": true, "varargs": true, "kwargs": true, "self": true,
 }
+
+// ReservedVar reports whether name may not be set through Options.Vars:
+// Render sets it itself, or it names one of the engine's globals.
+func ReservedVar(name string) bool { return reserved[name] }
 
 // messageValue is the dict a template sees for m. It follows what HF
 // templates expect from OpenAI-style messages:
@@ -282,10 +291,13 @@ type TemplateError struct{ Msg string }
 
 func (e *TemplateError) Error() string { return "template raised: " + e.Msg }
 
-func raiseException(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+func raiseException(b *jinja.Budget, args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
 	msg := "raise_exception called"
 	if len(args) > 0 {
-		msg = args[0].String()
+		var err error
+		if msg, err = jinja.Repr(b, args[0]); err != nil {
+			return jinja.Undefined(), err
+		}
 		if args[0].IsString() {
 			msg = args[0].AsString()
 		}
@@ -371,7 +383,11 @@ func (t *Template) probe() error {
 		{Role: "assistant", Content: "Hi! How can I help?"},
 		{Role: "user", Content: "Tell me a joke."},
 	}
-	out, err := t.Render(msgs, Options{AddGenerationPrompt: true})
+	// A plain exchange renders in well under a millisecond with any real
+	// template; a template that needs seconds for it is broken.
+	lim := DefaultLimits()
+	lim.Timeout, lim.MaxSteps = 2*time.Second, 5_000_000
+	out, err := t.Render(msgs, Options{AddGenerationPrompt: true, Limits: &lim})
 	if err != nil {
 		var te *TemplateError
 		if !errors.As(err, &te) {
@@ -379,7 +395,7 @@ func (t *Template) probe() error {
 		}
 		// Some templates refuse a system turn; that says nothing about
 		// the engine, so try once more without it.
-		if out, err = t.Render(msgs[1:], Options{AddGenerationPrompt: true}); err != nil {
+		if out, err = t.Render(msgs[1:], Options{AddGenerationPrompt: true, Limits: &lim}); err != nil {
 			return err
 		}
 	}
