@@ -41,6 +41,9 @@ func NewSession(m *Model, opt ContextOptions, warn func(string)) (*Session, erro
 	if err != nil {
 		return nil, err
 	}
+	for _, w := range ContextWarnings(m.Hyper(), c.opt) {
+		warn(w)
+	}
 	return &Session{Model: m, Tok: tok, Ctx: c, warn: warn}, nil
 }
 
