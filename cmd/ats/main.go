@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 
@@ -34,6 +35,10 @@ func register(c func() *cobra.Command) { commands = append(commands, c) }
 
 func main() {
 	if err := newRootCmd().Execute(); err != nil {
+		var status exitStatus
+		if errors.As(err, &status) {
+			os.Exit(int(status))
+		}
 		fmt.Fprintln(os.Stderr, "ats:", err)
 		os.Exit(1)
 	}

@@ -59,6 +59,9 @@ stderr. Without -p the prompt is read from standard input.`,
 					return err
 				}
 				defer s.Close()
+				if err := checkRepeatWindow(cfg.RepeatLastN, s.Ctx.CtxSize()); err != nil {
+					return fmt.Errorf("run: --repeat-last-n: %w", err)
+				}
 				text := prompt
 				if !raw {
 					var msgs []chat.Message
@@ -103,7 +106,7 @@ stderr. Without -p the prompt is read from standard input.`,
 						res.PromptTokens, res.PrefillRate(), len(res.Tokens), res.DecodeRate(), res.StopReason, res.Seed, s.Ctx.Threads())
 				}
 				if errors.Is(err, context.Canceled) {
-					return nil
+					return interrupted
 				}
 				return err
 			},

@@ -8,7 +8,9 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -25,7 +27,7 @@ func init() {
 			port, ctxSize, thrds, queue    int
 			backend                        string
 			grace                          time.Duration
-			verbose                        bool
+			verbose, pprof                 bool
 			sf                             samplingFlags
 		)
 		cmd := &cobra.Command{
@@ -35,15 +37,18 @@ func init() {
 not, with tools and reasoning), POST /v1/completions, GET /v1/models, and
 GET /health and GET /metrics (Prometheus).
 
-Requests take turns on the model; up to --queue of them wait while one is
-generated, and more get 503. A request that continues the previous
+The port is taken before the model loads; until it is ready, /health
+answers 503 {"status": "loading"}. Requests take turns on the model; up to
+--queue of them wait while one is generated (their prompts are rendered and
+tokenized only once admitted), and more get 503. A request that continues the previous
 conversation reuses its KV cache. The sampling flags set the defaults for
 requests that leave a setting out.
 
 Beyond loopback, set --api-key (or $ATS_API_KEY): clients then send
 "Authorization: Bearer KEY". On SIGINT or SIGTERM the server stops taking
-requests, lets running ones finish for --shutdown-grace, cancels the rest
-and exits; a second Ctrl-C quits at once.`,
+requests, lets running ones finish for --shutdown-grace (meanwhile /health
+answers 503 and new requests get 503), cancels the rest and exits; a second
+Ctrl-C quits at once.`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				if modelPath == "" {
@@ -67,19 +72,38 @@ and exits; a second Ctrl-C quits at once.`,
 				log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 				warn := func(s string) { fmt.Fprintln(stderr, "ats: warning:", s) }
 
+				// Take the port first: a busy one is reported at once, not
+				// after loading, and until the model is there the port
+				// answers 503 "loading" (Listen).
+				ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+				if err != nil {
+					return fmt.Errorf("serve: %w", err)
+				}
+				if alias == "" {
+					alias = strings.TrimSuffix(filepath.Base(modelPath), ".gguf")
+				}
+				scfg := server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: server.NVMLStats, PProf: pprof}
+				starting := server.Listen(ln, scfg)
+				fmt.Fprintf(stderr, "ats: listening on http://%s; loading the model (/health answers 503 until it is ready)\n", ln.Addr())
 				sess, err := loadSession(modelPath, runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds, Backend: backend}, stderr, warn)
 				if err != nil {
+					starting.Close()
 					return err
 				}
 				defer sess.Model.Close()
 				defer sess.Close()
-				srv, err := server.New(sess, server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: server.NVMLStats})
+				if err := checkRepeatWindow(cfg.RepeatLastN, sess.Ctx.CtxSize()); err != nil {
+					starting.Close()
+					return fmt.Errorf("serve: --repeat-last-n: %w", err)
+				}
+				srv, err := server.New(sess, scfg)
 				if err != nil {
+					starting.Close()
 					return err
 				}
-				ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
-				if err != nil {
-					return fmt.Errorf("serve: %w", err)
+				if err := starting.Ready(srv); err != nil {
+					starting.Close()
+					return err
 				}
 				if apiKey == "" && !loopback(host) {
 					warn(fmt.Sprintf("serving on %s without --api-key: anyone who can reach this port can use the model", host))
@@ -90,8 +114,7 @@ and exits; a second Ctrl-C quits at once.`,
 				defer stop()
 				fmt.Fprintf(stderr, "ats: serving on http://%s (OpenAI API at http://%s/v1; tool calls: %s; queue %d)\n",
 					ln.Addr(), ln.Addr(), srv.ToolFormat(), queue)
-				served := make(chan error, 1)
-				go func() { served <- srv.Serve(ln) }()
+				served := starting.Served()
 				select {
 				case err := <-served:
 					srv.Close()
@@ -128,6 +151,7 @@ and exits; a second Ctrl-C quits at once.`,
 		f.IntVar(&queue, "queue", 16, "requests that may wait while one is generated; more get 503")
 		f.DurationVar(&grace, "shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long running requests may take to finish before they are cancelled")
 		f.BoolVarP(&verbose, "verbose", "v", false, "log every request and generation")
+		f.BoolVar(&pprof, "pprof", false, "serve Go's profiles at /debug/pprof/ (behind --api-key like the API), to find leaks")
 		sf.register(f)
 		// Stop strings belong to a request ("stop"), not to the server.
 		f.MarkHidden("stop")
