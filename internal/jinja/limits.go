@@ -265,3 +265,31 @@ func satMul(a, b int64) int64 {
 	}
 	return a * b
 }
+
+// Kind returns v's kind (ats: lets callers name a value's type in an error
+// without printing a value that may be huge).
+func (v Value) Kind() Kind { return v.kind }
+
+func (k Kind) String() string {
+	switch k {
+	case KindUndefined:
+		return "undefined"
+	case KindNone:
+		return "none"
+	case KindBool:
+		return "a boolean"
+	case KindInt:
+		return "an integer"
+	case KindFloat:
+		return "a float"
+	case KindString:
+		return "a string"
+	case KindList:
+		return "a list"
+	case KindDict:
+		return "a dict"
+	case KindCallable:
+		return "a callable"
+	}
+	return fmt.Sprintf("kind %d", int(k))
+}

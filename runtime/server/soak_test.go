@@ -196,4 +196,3 @@ func settle() (int, uint64) {
 	runtime.ReadMemStats(&ms)
 	return runtime.NumGoroutine(), ms.HeapAlloc
 }
-
