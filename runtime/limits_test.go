@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/atsinfer/ats/internal/testenv"
+	"github.com/atsinfer/ats/runtime/chat"
 )
 
 // TestContextLimits: sizes from flags are checked before anything is
@@ -67,5 +68,35 @@ func TestContextBytes(t *testing.T) {
 	}
 	if contextBytes(h, ContextOptions{CtxSize: 1 << 62}) <= 0 {
 		t.Error("overflow")
+	}
+}
+
+// TestRenderChatFallsBack: a model's template that breaks a limit midway
+// through a chat is replaced by the built-in template of its family, with
+// a warning, and the chat goes on.
+func TestRenderChatFallsBack(t *testing.T) {
+	m, err := Open(filepath.Join(testenv.SharedDir(t), "testdata", "oracle", "tiny-qwen3-q4_k_m.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	var warned []string
+	s, err := NewSession(m, ContextOptions{CtxSize: 256, Threads: 1}, func(w string) { warned = append(warned, w) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.Template, err = chat.New(`{% if messages | length > 1 %}{{ 'x' * 10000000000 }}{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endfor %}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := s.RenderChat([]chat.Message{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "hello"}, {Role: "user", Content: "again"}}, chat.Options{AddGenerationPrompt: true})
+	if err != nil || !strings.Contains(out, "again") {
+		t.Fatalf("RenderChat: %q, %v", out, err)
+	}
+	if s.Template.Family() != "chatml" || len(warned) != 1 || !strings.Contains(warned[0], "output size") {
+		t.Errorf("template %q, warnings %q", s.Template.Family(), warned)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	rtmetrics "runtime/metrics"
 	"strconv"
 	"strings"
 	"sync"
@@ -271,4 +272,24 @@ func TestRuntimeMetricsAndPProf(t *testing.T) {
 	if status, _, _ := do(t, "GET", on.url+"/debug/pprof/goroutine?debug=1", "", "Authorization", "Bearer k"); status != 200 {
 		t.Errorf("pprof: %d", status)
 	}
+}
+
+// TestMemoryReturnsAfterBigPrompt: once the model is idle after a big
+// prompt, the server collects and hands the memory back to the system.
+func TestMemoryReturnsAfterBigPrompt(t *testing.T) {
+	ts := startServer(t, Config{MaxBodyBytes: 4 << 20})
+	released := func() uint64 {
+		s := []rtmetrics.Sample{{Name: "/memory/classes/heap/released:bytes"}}
+		rtmetrics.Read(s)
+		return s[0].Value.Uint64()
+	}
+	before := released()
+	big := strings.Repeat("lorem ipsum dolor sit amet ", bigPrompt/20)
+	status, e, _ := do(t, "POST", ts.url+"/v1/completions", `{"prompt":"`+big+`","max_tokens":2}`)
+	if status != 400 || e.Error.Code == nil || *e.Error.Code != "context_length_exceeded" {
+		t.Fatalf("big prompt: %d %+v", status, e.Error)
+	}
+	waitFor(t, "the release after the big prompt", 5*time.Second, func() bool {
+		return !ts.prep.bigWork.Load() && released() > before
+	})
 }
