@@ -211,11 +211,6 @@ func (c *chatSession) interrupt() bool {
 	return true
 }
 
-// messages is the conversation with a new user message.
-func (c *chatSession) messages(user string) []chat.Message {
-	return c.messagesWith(c.history, user)
-}
-
 // messagesWith is the conversation of history and a new user message.
 func (c *chatSession) messagesWith(history []chat.Message, user string) []chat.Message {
 	var msgs []chat.Message
