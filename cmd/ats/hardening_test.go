@@ -2,10 +2,14 @@ package main
 
 import (
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/atsinfer/ats/gguf"
 )
 
 // TestFlagBounds: sizes from flags are checked before anything big is
@@ -66,5 +70,48 @@ func TestServeBusyPort(t *testing.T) {
 	}
 	if strings.Contains(stderr, "loaded") {
 		t.Errorf("the model was loaded before the port was taken:\n%s", stderr)
+	}
+}
+
+// withTemplate writes a copy of an oracle model whose chat template is src.
+func withTemplate(t *testing.T, model, src string) string {
+	t.Helper()
+	f, err := gguf.Open(oracleModel(t, model))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p := f.Parts[0]
+	p.KVs = append(p.KVs, gguf.KV{Key: "tokenizer.chat_template", Value: gguf.String(src)})
+	path := filepath.Join(t.TempDir(), "templated.gguf")
+	out, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer out.Close()
+	if _, err := f.WriteTo(out); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestHostileTemplateFallsBack: a model whose template recurses without end
+// (issue 13: ats serve died of a stack overflow at start) runs with the
+// built-in template and a warning naming the limit.
+func TestHostileTemplateFallsBack(t *testing.T) {
+	path := withTemplate(t, "tiny-qwen3-q4_k_m", `{% macro f(n) %}{{ f(n+1) }}{% endmacro %}<|im_start|>{{ f(0) }}`)
+	_, stderr, err := runATSIn(t, "", "run", "-m", path, "-p", "hi", "-n", "2", "-t", "2", "-c", "256")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stderr, "recursion depth") || !strings.Contains(stderr, "built-in chatml") {
+		t.Errorf("no warning about the limit and the fallback:\n%s", stderr)
+	}
+	url, serveErr, _ := startServe(t, "-m", path, "-c", "256")
+	if code, v := post(t, url+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}`); code != 200 {
+		t.Errorf("serve with the fallback: %d %v", code, v)
+	}
+	if !strings.Contains(serveErr.String(), "recursion depth") {
+		t.Errorf("serve gave no warning:\n%s", serveErr)
 	}
 }
