@@ -352,8 +352,11 @@ func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, receive
 	}
 	vars := map[string]any{}
 	for k, raw := range req.ChatTemplateKwargs {
-		if reservedVars[k] || chat.ReservedVar(k) {
+		if reservedVars[k] {
 			return nil, badRequest("chat_template_kwargs", "chat_template_kwargs may not set %q; the server sets it", k)
+		}
+		if chat.ReservedVar(k) {
+			return nil, badRequest("chat_template_kwargs", "chat_template_kwargs may not set %q: it would hide the template engine's own %s", k, k)
 		}
 		var v any
 		if err := json.Unmarshal(raw, &v); err != nil {
