@@ -807,12 +807,21 @@ func filterSort(b *Budget, args []Value, kwargs map[string]Value) (Value, error)
 	}
 
 	sort.SliceStable(items, func(i, j int) bool {
+		// ats: comparing strings parses them as numbers first, so a big
+		// sort can outlast the time limit; once a limit breaks, the
+		// remaining comparisons are free and the sort ends at once.
+		if b.Err() != nil || b.Step(1) != nil {
+			return false
+		}
 		cmp := compareValues(items[i], items[j])
 		if reverse {
 			return cmp > 0
 		}
 		return cmp < 0
 	})
+	if err := b.Err(); err != nil {
+		return Undefined(), err
+	}
 
 	return NewList(items), nil
 }
@@ -1242,6 +1251,9 @@ func filterDictsort(b *Budget, args []Value, kwargs map[string]Value) (Value, er
 		return keys[i] < keys[j]
 	})
 
+	if err := b.Err(); err != nil {
+		return Undefined(), err
+	}
 	items := make([]Value, len(keys))
 	for i, key := range keys {
 		items[i] = NewList([]Value{NewString(key), d.Data[key]})

@@ -102,6 +102,15 @@ func TestTimeLimitAndCancel(t *testing.T) {
 	_, err = tmpl.RenderLimited(nil, lim)
 	checkLimit(t, err, "time")
 
+	// One filter call that would outlast the limit: the sort stops too.
+	sorting, err := jinja.Compile(`{% set l = ('123456789 ' * 300000).split(' ') %}{{ l | sort | length }}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim.MaxOutput, lim.MaxAlloc = 1<<30, 1<<30
+	_, err = sorting.RenderLimited(nil, lim)
+	checkLimit(t, err, "time")
+
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	lim.Timeout = 0
