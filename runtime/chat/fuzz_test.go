@@ -96,6 +96,18 @@ func BenchmarkRenderLimits(b *testing.B) {
 		msgs = append(msgs, Message{Role: "user", Content: strings.Repeat("question ", 50)}, Message{Role: "assistant", Content: fmt.Sprintf("answer %d", i)})
 	}
 	msgs = append(msgs, Message{Role: "user", Content: "last"})
+	// The engine's unlimited path (no budget at all), for comparison.
+	b.Run("unbudgeted", func(b *testing.B) {
+		data, err := templateData(msgs, Options{AddGenerationPrompt: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		for b.Loop() {
+			if _, err := tmpl.t.RenderValues(data); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
 	for _, c := range []struct {
 		name string
 		lim  Limits
