@@ -132,6 +132,9 @@ func (m *Model) NewContext(opt ContextOptions) (*Context, error) {
 		opt.Batch = 512
 	}
 	opt.Batch = min(opt.Batch, opt.CtxSize)
+	if err := checkContextOptions(m, opt); err != nil { // limits.go
+		return nil, fmt.Errorf("%s: %w", m.File.Path, err)
+	}
 	c := &Context{m: m, opt: opt, pool: ops.NewPool(opt.Threads)}
 	if err := c.init(); err != nil {
 		c.Close()

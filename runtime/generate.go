@@ -41,6 +41,9 @@ func NewSession(m *Model, opt ContextOptions, warn func(string)) (*Session, erro
 	if err != nil {
 		return nil, err
 	}
+	for _, w := range ContextWarnings(m.Hyper(), c.opt) {
+		warn(w)
+	}
 	return &Session{Model: m, Tok: tok, Ctx: c, warn: warn}, nil
 }
 
@@ -85,7 +88,18 @@ func (s *Session) RenderChat(msgs []chat.Message, opt chat.Options) (string, err
 	if opt.EOS == "" && s.Tok.EOS() >= 0 {
 		opt.EOS = s.Tok.TokenText(s.Tok.EOS())
 	}
-	return s.Template.Render(msgs, opt)
+	out, err := s.Template.Render(msgs, opt)
+	// A model's own template that breaks a limit (issue 13) is set aside
+	// for the built-in one of its family, so a chat can go on.
+	var le *chat.LimitError
+	if errors.As(err, &le) && s.Template.Family() == "" {
+		if fb, ok := chat.Fallback(chat.Detect(s.Template.Source())); ok {
+			s.warn(fmt.Sprintf("chat template: %v; using the built-in %s template from now on", err, fb.Family()))
+			s.Template = fb
+			return fb.Render(msgs, opt)
+		}
+	}
+	return out, err
 }
 
 // EncodeChat tokenizes a prompt rendered by the chat template: special

@@ -85,6 +85,9 @@ same syntax, commands too), prints the answers and exits at the end.`,
 				if _, err := sampler.New(cfg, sess.Model.Hyper().NVocab); err != nil {
 					return fmt.Errorf("chat: %w", err)
 				}
+				if err := checkRepeatWindow(cfg.RepeatLastN, sess.Ctx.CtxSize()); err != nil {
+					return fmt.Errorf("chat: --repeat-last-n: %w", err)
+				}
 				if cmd.Flags().Changed("think") {
 					c.think = &think
 				}
@@ -212,13 +215,13 @@ func (c *chatSession) interrupt() bool {
 	return true
 }
 
-// messages is the conversation with a new user message.
-func (c *chatSession) messages(user string) []chat.Message {
+// messagesWith is the conversation of history and a new user message.
+func (c *chatSession) messagesWith(history []chat.Message, user string) []chat.Message {
 	var msgs []chat.Message
 	if c.system != "" {
 		msgs = append(msgs, chat.Message{Role: "system", Content: c.system})
 	}
-	msgs = append(msgs, c.history...)
+	msgs = append(msgs, history...)
 	return append(msgs, chat.Message{Role: "user", Content: user})
 }
 
@@ -249,23 +252,34 @@ func (c *chatSession) answer(parent context.Context, user string) error {
 	}
 	var prompt string
 	var ids []int
+	// Older exchanges are dropped from a copy: if the message is too long
+	// even alone, the conversation stays as it was.
+	history, dropped := c.history, 0
 	for {
 		var err error
-		prompt, err = c.sess.RenderChat(c.messages(user), chat.Options{AddGenerationPrompt: true, Vars: c.vars()})
+		prompt, err = c.sess.RenderChat(c.messagesWith(history, user), chat.Options{AddGenerationPrompt: true, Vars: c.vars()})
 		if err != nil {
 			c.note("error: %v", err)
 			return nil
 		}
 		ids = c.sess.EncodeChat(prompt)
-		if len(ids)+reserve <= ctxSize || len(c.history) < 2 {
+		if len(ids)+reserve <= ctxSize || len(history) < 2 {
 			break
 		}
-		c.history = c.history[2:]
-		c.note("(the conversation outgrew the context of %d tokens: forgot the oldest exchange)", ctxSize)
+		history = history[2:]
+		dropped++
 	}
 	if len(ids) >= ctxSize {
-		c.note("this message is too long: %d tokens, and the context holds %d (start ats chat with a larger --ctx-size)", len(ids), ctxSize)
+		c.note("this message is too long: %d tokens, and the context holds %d (start ats chat with a larger --ctx-size); the conversation is kept", len(ids), ctxSize)
 		return nil
+	}
+	if dropped > 0 {
+		c.history = history
+		what := "the oldest exchange"
+		if dropped > 1 {
+			what = fmt.Sprintf("the %d oldest exchanges", dropped)
+		}
+		c.note("(the conversation outgrew the context of %d tokens: forgot %s)", ctxSize, what)
 	}
 
 	ctx, cancel := context.WithCancel(parent)

@@ -152,6 +152,9 @@ func (c *chatSession) set(key, value string) error {
 	if _, err := sampler.New(cfg, c.sess.Model.Hyper().NVocab); err != nil {
 		return err
 	}
+	if err := checkRepeatWindow(cfg.RepeatLastN, c.sess.Ctx.CtxSize()); err != nil {
+		return err
+	}
 	c.cfg = cfg
 	return nil
 }

@@ -3,6 +3,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"runtime/pprof"
@@ -74,8 +75,12 @@ func main() {
 	err := root.Execute()
 	runExits()
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "ats:", err)
 		pprof.StopCPUProfile()
+		var status exitStatus
+		if errors.As(err, &status) {
+			os.Exit(int(status))
+		}
+		fmt.Fprintln(os.Stderr, "ats:", err)
 		os.Exit(1)
 	}
 }

@@ -78,6 +78,9 @@ MODEL (or -m MODEL) is a GGUF file or the name of a pulled model.`,
 				}
 				defer s.Model.Close()
 				defer s.Close()
+				if err := checkRepeatWindow(cfg.RepeatLastN, s.Ctx.CtxSize()); err != nil {
+					return fmt.Errorf("run: --repeat-last-n: %w", err)
+				}
 				text := prompt
 				if !raw {
 					var msgs []chat.Message
@@ -122,7 +125,7 @@ MODEL (or -m MODEL) is a GGUF file or the name of a pulled model.`,
 						res.PromptTokens, res.PrefillRate(), len(res.Tokens), res.DecodeRate(), res.StopReason, res.Seed, s.Ctx.Threads())
 				}
 				if errors.Is(err, context.Canceled) {
-					return nil
+					return interrupted
 				}
 				return err
 			},

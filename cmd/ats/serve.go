@@ -8,7 +8,9 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -26,7 +28,7 @@ func init() {
 			port, ctxSize, thrds, queue    int
 			pf                             placementFlags
 			grace                          time.Duration
-			verbose                        bool
+			verbose, pprof                 bool
 			sf                             samplingFlags
 		)
 		cmd := &cobra.Command{
@@ -38,8 +40,10 @@ GET /health and GET /metrics (Prometheus), llama-server's POST /tokenize,
 POST /detokenize and GET /props, and a web UI at / (chat, and a machine
 page with the placement map and live figures).
 
-Requests take turns on the model; up to --queue of them wait while one is
-generated, and more get 503. A request that continues the previous
+The port is taken before the model loads; until it is ready, /health
+answers 503 {"status": "loading"}. Requests take turns on the model; up to
+--queue of them wait while one is generated (their prompts are rendered and
+tokenized only once admitted), and more get 503. A request that continues the previous
 conversation reuses its KV cache. The sampling flags set the defaults for
 requests that leave a setting out.
 
@@ -49,8 +53,9 @@ from a browser when --cors allows their origin (default: pages on
 localhost); the API key is still required.
 
 On SIGINT or SIGTERM the server stops taking requests, lets running ones
-finish for --shutdown-grace, cancels the rest and exits; a second Ctrl-C
-quits at once.`,
+finish for --shutdown-grace (meanwhile /health answers 503 and new
+requests get 503), cancels the rest and exits; a second Ctrl-C quits at
+once.`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				if modelPath == "" {
@@ -77,28 +82,47 @@ quits at once.`,
 				}
 				log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 				warn := func(s string) { fmt.Fprintln(stderr, "ats: warning:", s) }
-
 				copt := runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds}
 				if err := pf.apply(&copt, stderr); err != nil {
 					return err
 				}
+
+				// Take the port first: a busy one is reported at once, not
+				// after loading, and until the model is there the port
+				// answers 503 "loading" (Listen).
+				ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
+				if err != nil {
+					return fmt.Errorf("serve: %w", err)
+				}
+				if alias == "" {
+					alias = strings.TrimSuffix(filepath.Base(modelPath), ".gguf")
+				}
+				scfg := server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: server.NVMLStats, PProf: pprof, CORS: cors}
+				starting := server.Listen(ln, scfg)
+				url, remote := serveURLs(ln.Addr())
+				fmt.Fprintf(stderr, "ats: listening on %s; loading the model (/health answers 503 until it is ready)\n", url)
 				sess, err := loadSession(modelPath, copt, stderr, warn)
 				if err != nil {
+					starting.Close()
 					return err
 				}
 				defer sess.Model.Close()
 				defer sess.Close()
-				scfg := server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: server.NVMLStats, CORS: cors}
+				if err := checkRepeatWindow(cfg.RepeatLastN, sess.Ctx.CtxSize()); err != nil {
+					starting.Close()
+					return fmt.Errorf("serve: --repeat-last-n: %w", err)
+				}
 				if sess.Ctx.Backend() != runtime.BackendCPU {
 					scfg.PlacementMap = sess.Ctx.Placement().JSON
 				}
 				srv, err := server.New(sess, scfg)
 				if err != nil {
+					starting.Close()
 					return err
 				}
-				ln, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port)))
-				if err != nil {
-					return fmt.Errorf("serve: %w", err)
+				if err := starting.Ready(srv); err != nil {
+					starting.Close()
+					return err
 				}
 				if apiKey == "" && !loopback(host) {
 					warn(fmt.Sprintf("serving on %s without --api-key: anyone who can reach this port can use the model", host))
@@ -110,14 +134,12 @@ quits at once.`,
 				// for that line can stop us gracefully at once.
 				ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 				defer stop()
-				url, remote := serveURLs(ln.Addr())
 				if remote != "" {
 					remote = "; on every interface, " + remote + " from other machines"
 				}
 				fmt.Fprintf(stderr, "ats: serving on %s (OpenAI API at %s/v1%s; tool calls: %s; queue %d)\n",
 					url, url, remote, srv.ToolFormat(), queue)
-				served := make(chan error, 1)
-				go func() { served <- srv.Serve(ln) }()
+				served := starting.Served()
 				select {
 				case err := <-served:
 					srv.Close()
@@ -155,6 +177,7 @@ quits at once.`,
 		f.IntVar(&queue, "queue", 16, "requests that may wait while one is generated; more get 503")
 		f.DurationVar(&grace, "shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long running requests may take to finish before they are cancelled")
 		f.BoolVarP(&verbose, "verbose", "v", false, "log every request and generation")
+		f.BoolVar(&pprof, "pprof", false, "serve Go's profiles at /debug/pprof/ (behind --api-key like the API), to find leaks")
 		sf.register(f)
 		// Stop strings belong to a request ("stop"), not to the server.
 		f.MarkHidden("stop")

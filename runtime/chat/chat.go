@@ -3,7 +3,8 @@
 // the way Hugging Face transformers' apply_chat_template does, so a prompt
 // built by ats matches the one the model was trained and evaluated with.
 //
-// Engine: github.com/ardanlabs/jinja (v1.8.0). Both it and
+// Engine: github.com/ardanlabs/jinja (v1.8.0), forked into internal/jinja
+// so that a template runs within limits (see Limits). Both it and
 // github.com/nikolalohinski/gonja/v2 parse and run the real Qwen3 and
 // Llama 3 templates, but ardanlabs/jinja was written for HF chat templates:
 // it applies HF's trim_blocks/lstrip_blocks, supports the Python string and
@@ -17,12 +18,14 @@
 package chat
 
 import (
+	"context"
 	_ "embed"
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
-	"github.com/ardanlabs/jinja"
+	"github.com/atsinfer/ats/internal/jinja"
 )
 
 // Message is one turn of a conversation, in the shape of OpenAI's chat API
@@ -75,7 +78,47 @@ type Options struct {
 	// BOS and EOS are the tokenizer's begin/end-of-sequence token text,
 	// visible as bos_token and eos_token ("" when the model has none).
 	BOS, EOS string
+	// Limits bound the rendering (nil: DefaultLimits()); Context, when
+	// set, stops it when cancelled.
+	Limits  *Limits
+	Context context.Context
 }
+
+// Limits bound one rendering of a template. A template comes from the model
+// file, so it may be hostile or merely careless: without limits a
+// recursive macro would crash the process and `'x' * 10000000000` would
+// take its memory. Breaking a limit is a *LimitError naming it. A zero
+// field means no limit of that kind.
+type Limits struct {
+	Timeout   time.Duration // wall clock
+	MaxOutput int           // bytes of the prompt, and of any one value built on the way
+	MaxAlloc  int64         // bytes the template's operations allocate in all
+	MaxDepth  int           // nested macro calls
+	MaxSteps  int64         // loop iterations and evaluations
+}
+
+// DefaultLimits are generous for real templates (a long conversation with
+// many tools renders in milliseconds, a few MiB, a few hundred thousand
+// steps, and no template recurses more than a few levels) and small enough
+// that a hostile one ends within seconds and a bounded amount of memory.
+func DefaultLimits() Limits {
+	return Limits{
+		Timeout:   10 * time.Second,
+		MaxOutput: 64 << 20,
+		MaxAlloc:  1 << 30,
+		MaxDepth:  100,
+		MaxSteps:  50_000_000,
+	}
+}
+
+// LimitError is the error of a rendering that broke one of its Limits; its
+// Limit field names which ("time", "output size", "memory", "recursion
+// depth", "steps" or "nesting"). Find it with errors.As.
+type LimitError = jinja.LimitError
+
+// MaxTemplateBytes bounds the source of a chat template. Real ones are a
+// few KiB to a few tens of KiB.
+const MaxTemplateBytes = 1 << 20
 
 // Template is a parsed chat template; safe for concurrent Render calls.
 type Template struct {
@@ -90,6 +133,9 @@ var ErrNoTemplate = errors.New("chat: model has no chat template")
 // New parses a chat template. It fails only when the engine cannot parse
 // it; a template can still fail at Render time (see Load).
 func New(src string) (*Template, error) {
+	if len(src) > MaxTemplateBytes {
+		return nil, fmt.Errorf("chat: the template is %d bytes, more than the %d a chat template may have", len(src), MaxTemplateBytes)
+	}
 	code := prepareSource(src)
 	t, err := jinja.Compile(code)
 	if err != nil {
@@ -111,7 +157,12 @@ func (t *Template) Render(msgs []Message, opt Options) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	out, err := t.t.RenderValues(data)
+	lim := DefaultLimits()
+	if opt.Limits != nil {
+		lim = *opt.Limits
+	}
+	out, err := t.t.RenderLimited(data, jinja.Limits{Timeout: lim.Timeout, Context: opt.Context, MaxOutput: lim.MaxOutput,
+		MaxAlloc: lim.MaxAlloc, MaxDepth: lim.MaxDepth, MaxSteps: lim.MaxSteps})
 	if err != nil {
 		return "", fmt.Errorf("chat: render template: %w", err)
 	}
@@ -155,9 +206,9 @@ func templateData(msgs []Message, opt Options) (map[string]jinja.Value, error) {
 	data["add_generation_prompt"] = jinja.NewBool(opt.AddGenerationPrompt)
 	data["bos_token"] = jinja.NewString(opt.BOS)
 	data["eos_token"] = jinja.NewString(opt.EOS)
-	data["raise_exception"] = jinja.NewCallable("raise_exception", raiseException)
+	data["raise_exception"] = jinja.NewLimitedCallable("raise_exception", raiseException)
 	data["strftime_now"] = jinja.NewCallable("strftime_now", strftimeNow)
-	data[tojsonFilter] = jinja.NewCallable("tojson", tojson)
+	data[tojsonFilter] = jinja.NewLimitedCallable("tojson", tojson)
 	return data, nil
 }
 
@@ -165,7 +216,16 @@ var reserved = map[string]bool{
 	"messages": true, "tools": true, "add_generation_prompt": true,
 	"bos_token": true, "eos_token": true, "raise_exception": true,
 	"strftime_now": true, tojsonFilter: true,
+	// The engine's own globals and the names it binds in loops and
+	// macros: a variable of the same name would hide them, and the
+	// template would fail in ways that have nothing to do with it.
+	"namespace": true, "range": true, "dict": true, "joiner": true, "cycler": true,
+	"loop": true, "caller": true, "varargs": true, "kwargs": true, "self": true,
 }
+
+// ReservedVar reports whether name may not be set through Options.Vars:
+// Render sets it itself, or it names one of the engine's globals.
+func ReservedVar(name string) bool { return reserved[name] }
 
 // messageValue is the dict a template sees for m. It follows what HF
 // templates expect from OpenAI-style messages:
@@ -231,10 +291,13 @@ type TemplateError struct{ Msg string }
 
 func (e *TemplateError) Error() string { return "template raised: " + e.Msg }
 
-func raiseException(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+func raiseException(b *jinja.Budget, args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
 	msg := "raise_exception called"
 	if len(args) > 0 {
-		msg = args[0].String()
+		var err error
+		if msg, err = jinja.Repr(b, args[0]); err != nil {
+			return jinja.Undefined(), err
+		}
 		if args[0].IsString() {
 			msg = args[0].AsString()
 		}
@@ -320,7 +383,11 @@ func (t *Template) probe() error {
 		{Role: "assistant", Content: "Hi! How can I help?"},
 		{Role: "user", Content: "Tell me a joke."},
 	}
-	out, err := t.Render(msgs, Options{AddGenerationPrompt: true})
+	// A plain exchange renders in well under a millisecond with any real
+	// template; a template that needs seconds for it is broken.
+	lim := DefaultLimits()
+	lim.Timeout, lim.MaxSteps = 2*time.Second, 5_000_000
+	out, err := t.Render(msgs, Options{AddGenerationPrompt: true, Limits: &lim})
 	if err != nil {
 		var te *TemplateError
 		if !errors.As(err, &te) {
@@ -328,7 +395,7 @@ func (t *Template) probe() error {
 		}
 		// Some templates refuse a system turn; that says nothing about
 		// the engine, so try once more without it.
-		if out, err = t.Render(msgs[1:], Options{AddGenerationPrompt: true}); err != nil {
+		if out, err = t.Render(msgs[1:], Options{AddGenerationPrompt: true, Limits: &lim}); err != nil {
 			return err
 		}
 	}

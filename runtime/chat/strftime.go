@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/ardanlabs/jinja"
+	"github.com/atsinfer/ats/internal/jinja"
 )
 
 // now is the clock strftime_now reads; tests replace it.

@@ -1,6 +1,7 @@
 package chat
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -8,7 +9,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/ardanlabs/jinja"
+	"github.com/atsinfer/ats/internal/jinja"
 )
 
 // tojsonFilter is the name template code calls for `tojson` after
@@ -20,11 +21,11 @@ const tojsonFilter = "__ats_tojson"
 // engine's own tojson differs with indent= (Go's encoding/json: sorted
 // keys, <>& escaped) and in float formatting (1e6 vs 1000000.0), and
 // models see tool schemas and call arguments through this filter.
-func tojson(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
+func tojson(b *jinja.Budget, args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
 	if len(args) == 0 {
 		return jinja.Undefined(), fmt.Errorf("tojson: no value")
 	}
-	o := jsonOptions{}
+	o := jsonOptions{b: b}
 	// HF's signature, in order: tojson(x, ensure_ascii, indent, separators, sort_keys).
 	names := []string{"ensure_ascii", "indent", "separators", "sort_keys"}
 	opts := map[string]jinja.Value{}
@@ -50,41 +51,72 @@ func tojson(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, err
 		case ind.IsString():
 			o.indent = ind.AsString()
 		case ind.IsInt():
-			o.indent = strings.Repeat(" ", int(max(ind.AsInt(), 0)))
+			n := max(ind.AsInt(), 0)
+			if err := b.Alloc(n, "tojson's indent"); err != nil {
+				return jinja.Undefined(), err
+			}
+			o.indent = strings.Repeat(" ", int(n))
 		default:
-			return jinja.Undefined(), fmt.Errorf("tojson: indent must be an int or a string, not %s", ind.String())
+			return jinja.Undefined(), fmt.Errorf("tojson: indent must be an int or a string, not %s", ind.Kind())
 		}
 	}
 	if sep, ok := opts["separators"]; ok && !sep.IsNone() && !sep.IsUndefined() {
 		if !sep.IsList() || sep.AsList().Len() != 2 || !sep.AsList().Get(0).IsString() || !sep.AsList().Get(1).IsString() {
-			return jinja.Undefined(), fmt.Errorf("tojson: separators must be two strings, not %s", sep.String())
+			return jinja.Undefined(), fmt.Errorf("tojson: separators must be two strings, not %s", sep.Kind())
 		}
 		o.itemSep, o.keySep = sep.AsList().Get(0).AsString(), sep.AsList().Get(1).AsString()
 	}
 	var sb strings.Builder
 	if err := o.encode(&sb, args[0], 0); err != nil {
+		var le *jinja.LimitError
+		if errors.As(err, &le) {
+			return jinja.Undefined(), err
+		}
 		return jinja.Undefined(), fmt.Errorf("tojson: %w", err)
 	}
 	return jinja.NewString(sb.String()), nil
 }
 
 type jsonOptions struct {
+	b                     *jinja.Budget // the rendering's limits
 	ensureASCII, sortKeys bool
 	indented              bool
 	indent                string
 	itemSep, keySep       string
 }
 
-func (o *jsonOptions) newline(sb *strings.Builder, depth int) {
+func (o *jsonOptions) newline(sb *strings.Builder, depth int) error {
 	if o.indented {
+		if err := o.grow(sb, 1+int64(depth)*int64(len(o.indent))); err != nil {
+			return err
+		}
 		sb.WriteByte('\n')
 		for range depth {
 			sb.WriteString(o.indent)
 		}
 	}
+	return nil
 }
 
+// grow checks n more bytes of output against the budget.
+func (o *jsonOptions) grow(sb *strings.Builder, n int64) error {
+	return o.b.Grow(int64(sb.Len()), n, "tojson output")
+}
+
+// maxJSONDepth bounds the nesting tojson follows: a list that contains
+// itself would otherwise recurse until the stack overflows.
+const maxJSONDepth = 1000
+
 func (o *jsonOptions) encode(sb *strings.Builder, v jinja.Value, depth int) error {
+	if depth > maxJSONDepth {
+		return &jinja.LimitError{Limit: "nesting", Max: maxJSONDepth, What: "tojson of a value nested too deeply (does it contain itself?)"}
+	}
+	if err := o.b.Step(1); err != nil {
+		return err
+	}
+	if err := o.grow(sb, 32+int64(len(o.itemSep)+len(o.keySep))); err != nil { // any scalar, brackets, separators
+		return err
+	}
 	switch {
 	case v.IsNone(), v.IsUndefined():
 		// Python would refuse Undefined; null is kinder to a template that
@@ -97,6 +129,9 @@ func (o *jsonOptions) encode(sb *strings.Builder, v jinja.Value, depth int) erro
 	case v.IsFloat():
 		sb.WriteString(pyFloat(v.AsFloat()))
 	case v.IsString():
+		if err := o.grow(sb, 6*int64(len(v.AsString()))); err != nil {
+			return err
+		}
 		o.encodeString(sb, v.AsString())
 	case v.IsList():
 		items := v.AsList().Items
@@ -109,12 +144,16 @@ func (o *jsonOptions) encode(sb *strings.Builder, v jinja.Value, depth int) erro
 			if i > 0 {
 				sb.WriteString(o.itemSep)
 			}
-			o.newline(sb, depth+1)
+			if err := o.newline(sb, depth+1); err != nil {
+				return err
+			}
 			if err := o.encode(sb, it, depth+1); err != nil {
 				return err
 			}
 		}
-		o.newline(sb, depth)
+		if err := o.newline(sb, depth); err != nil {
+			return err
+		}
 		sb.WriteByte(']')
 	case v.IsDict():
 		d := v.AsDict()
@@ -131,17 +170,24 @@ func (o *jsonOptions) encode(sb *strings.Builder, v jinja.Value, depth int) erro
 			if i > 0 {
 				sb.WriteString(o.itemSep)
 			}
-			o.newline(sb, depth+1)
+			if err := o.newline(sb, depth+1); err != nil {
+				return err
+			}
+			if err := o.grow(sb, 6*int64(len(k)+len(o.keySep)+len(o.itemSep))); err != nil {
+				return err
+			}
 			o.encodeString(sb, k)
 			sb.WriteString(o.keySep)
 			if err := o.encode(sb, d.Data[k], depth+1); err != nil {
 				return err
 			}
 		}
-		o.newline(sb, depth)
+		if err := o.newline(sb, depth); err != nil {
+			return err
+		}
 		sb.WriteByte('}')
 	default:
-		return fmt.Errorf("cannot encode %s as JSON", v.String())
+		return fmt.Errorf("cannot encode %s as JSON", v.Kind())
 	}
 	return nil
 }

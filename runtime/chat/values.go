@@ -11,7 +11,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/ardanlabs/jinja"
+	"github.com/atsinfer/ats/internal/jinja"
 )
 
 // toValue converts a Go value (tool definitions, Vars) into a template

@@ -85,6 +85,11 @@ func DefaultConfig() Config {
 
 func finite(f float32) bool { return !math.IsNaN(float64(f)) && !math.IsInf(float64(f), 0) }
 
+// Validate reports the first thing wrong with cfg for a vocabulary of n
+// (an error wrapping ErrConfig), as New would, without allocating a
+// sampler.
+func (cfg Config) Validate(n int) error { return cfg.validate(n) }
+
 // validate reports the first thing wrong with cfg for a vocabulary of n.
 func (cfg *Config) validate(n int) error {
 	switch {
@@ -163,9 +168,11 @@ type Sampler struct {
 	// the tokens with counts > 0 (pos[t] is t's index there) so applying the
 	// penalties costs O(distinct tokens), not O(vocabulary).
 	penalize bool
-	ring     []int32 // the last RepeatLastN accepted tokens (unused for -1)
+	// ring holds the last RepeatLastN accepted tokens (unused for -1). It
+	// grows as tokens arrive, so memory follows the tokens seen, never
+	// the window asked for (a window of 10^10 must not allocate 40 GB).
+	ring     []int32
 	ringHead int
-	ringLen  int
 	counts   []int32
 	distinct []int32
 	pos      []int32
@@ -202,8 +209,7 @@ func New(cfg Config, nVocab int) (*Sampler, error) {
 		s.counts = make([]int32, nVocab)
 		s.pos = make([]int32, nVocab)
 		if cfg.RepeatLastN > 0 {
-			s.ring = make([]int32, cfg.RepeatLastN)
-			s.distinct = make([]int32, 0, min(cfg.RepeatLastN, nVocab))
+			s.distinct = make([]int32, 0, min(cfg.RepeatLastN, nVocab, 1024))
 		}
 	}
 	return s, nil
@@ -227,7 +233,7 @@ func (s *Sampler) Reset() {
 		s.counts[t] = 0
 	}
 	s.distinct = s.distinct[:0]
-	s.ringHead, s.ringLen = 0, 0
+	s.ring, s.ringHead = s.ring[:0], 0
 	s.pcg.Seed(s.seed, pcgStream)
 }
 
@@ -238,14 +244,14 @@ func (s *Sampler) Accept(token int) {
 	if !s.penalize || token < 0 || token >= s.n {
 		return
 	}
-	if len(s.ring) > 0 { // bounded window: evict the oldest when full
-		if s.ringLen == len(s.ring) {
-			s.dec(s.ring[s.ringHead])
+	if w := s.cfg.RepeatLastN; w > 0 { // bounded window: evict the oldest when full
+		if len(s.ring) < w {
+			s.ring = append(s.ring, int32(token))
 		} else {
-			s.ringLen++
+			s.dec(s.ring[s.ringHead])
+			s.ring[s.ringHead] = int32(token)
+			s.ringHead = (s.ringHead + 1) % w
 		}
-		s.ring[s.ringHead] = int32(token)
-		s.ringHead = (s.ringHead + 1) % len(s.ring)
 	}
 	s.inc(int32(token))
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/atsinfer/ats/runtime"
 	"github.com/atsinfer/ats/runtime/chat"
+	"github.com/atsinfer/ats/runtime/sampler"
 )
 
 // writeJSON sends v as the whole response.
@@ -92,6 +93,10 @@ type generation struct {
 	prompt   []int
 	opt      runtime.GenerateOptions
 	out      output
+	// prepare, when set, does the work that grows with the request
+	// (rendering the template, tokenizing): it runs once the request is
+	// admitted to the queue, and sets prompt.
+	prepare func(ctx context.Context) *apiError
 
 	// Set by the worker.
 	res *runtime.GenerateResult
@@ -128,6 +133,19 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *generation)
 		writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Message: msg})
 		return
 	}
+	if e := s.prepareJob(ctx, g); e != nil {
+		s.q.withdraw(j)
+		if ctx.Err() == nil {
+			writeError(w, e)
+			return
+		}
+		s.met.cancelled.Inc()
+		if s.base.Err() != nil && r.Context().Err() == nil {
+			writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Message: "the server is shutting down"})
+		}
+		return
+	}
+	s.q.markReady(j)
 	if !s.q.wait(j) {
 		// Left the queue before its turn: the client went away, or the
 		// server is stopping while the client still listens.
@@ -207,6 +225,9 @@ func (s *Server) errorFor(err error) *apiError {
 		return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Message: "the server is shutting down; the request was cancelled"}
 	case errors.Is(err, runtime.ErrContextFull):
 		return withCode(badRequest("messages", "%v", err), "context_length_exceeded")
+	case errors.Is(err, sampler.ErrNoCandidates):
+		// Penalties and logit_bias together left no token to draw.
+		return badRequest("logit_bias", "%v: the request's logit_bias and penalties leave no token that can be generated", err)
 	}
 	return asAPIError(err)
 }
@@ -237,7 +258,7 @@ func (s *Server) checkLength(prompt []int, max int, maxParam string) *apiError {
 	if n >= ctx {
 		return withCode(badRequest("messages", "the prompt has %d tokens, but the context holds %d (and needs room for at least one generated token); shorten the prompt or start the server with a larger --ctx-size", n, ctx), "context_length_exceeded")
 	}
-	if max > 0 && n+max > ctx {
+	if max > ctx-n { // not n+max > ctx: max may be near MaxInt
 		return withCode(badRequest(maxParam, "%s is %d, but the context holds %d tokens and the prompt uses %d, so at most %d can be generated", maxParam, max, ctx, n, ctx-n), "context_length_exceeded")
 	}
 	return nil
@@ -331,6 +352,9 @@ func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, receive
 		if reservedVars[k] {
 			return nil, badRequest("chat_template_kwargs", "chat_template_kwargs may not set %q; the server sets it", k)
 		}
+		if chat.ReservedVar(k) {
+			return nil, badRequest("chat_template_kwargs", "chat_template_kwargs may not set %q: it would hide the template engine's own %s", k, k)
+		}
 		var v any
 		if err := json.Unmarshal(raw, &v); err != nil {
 			return nil, badRequest("chat_template_kwargs", "chat_template_kwargs[%q]: %v", k, err)
@@ -350,29 +374,6 @@ func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, receive
 			return nil, badRequest("reasoning_effort", "reasoning_effort %q: use none, minimal, low, medium or high", *req.ReasoningEffort)
 		}
 	}
-	prompt, err := s.render(msgs, chat.Options{AddGenerationPrompt: true, Tools: tools, Vars: vars})
-	if err != nil {
-		var te *chat.TemplateError
-		if errors.As(err, &te) {
-			return nil, badRequest("messages", "the model's chat template rejects this conversation: %s", te.Msg)
-		}
-		return nil, internalError(fmt.Errorf("rendering the chat template: %w", err))
-	}
-	if s.testHookPrompt != nil {
-		s.testHookPrompt(prompt)
-	}
-	think := thinkModeFor(s.tmpl.Source(), prompt)
-	con, e := s.formatConstraint(schema, anyObject, think)
-	if e != nil {
-		return nil, e
-	}
-	if choice.required {
-		parallel := req.ParallelToolCalls == nil || *req.ParallelToolCalls
-		if con, e = s.toolConstraint(tools, choice, think, parallel); e != nil {
-			return nil, e
-		}
-	}
-	ids := s.sess.EncodeChat(prompt)
 	maxParam, maxV := "max_tokens", req.MaxTokens
 	if req.MaxCompletionTokens != nil {
 		maxParam, maxV = "max_completion_tokens", req.MaxCompletionTokens
@@ -381,31 +382,59 @@ func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, receive
 	if e != nil {
 		return nil, e
 	}
-	if e := s.checkLength(ids, max, maxParam); e != nil {
-		return nil, e
-	}
 	cfg, e := req.samplerConfig(*s.cfg.Sampling, s.nVocab)
 	if e != nil {
+		return nil, e
+	}
+	if e := s.checkSampling(cfg); e != nil {
 		return nil, e
 	}
 	out := &chatOutput{
 		s: s, w: w, stream: req.Stream, logprobs: lp,
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
-		parser:       NewStreamParser(ParseOptions{Format: s.format, Tools: names, ThinkingOpen: ThinkingOpen(prompt)}),
 		id:           newID("chatcmpl-"),
 		created:      received.Unix(),
 	}
 	if req.Stream {
 		out.sse = newSSE(w, s.cfg.WriteTimeout)
 	}
-	opt := runtime.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop}
-	if con != nil {
-		opt.Constraint = con.NewMatcher()
-	}
+	g := &generation{endpoint: "chat", received: received, out: out,
+		opt: runtime.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop}}
 	if lp.on {
-		opt.OnLogits = out.onLogits
+		g.opt.OnLogits = out.onLogits
 	}
-	return &generation{endpoint: "chat", received: received, prompt: ids, out: out, opt: opt}, nil
+	g.prepare = func(ctx context.Context) *apiError {
+		prompt, err := s.render(msgs, chat.Options{AddGenerationPrompt: true, Tools: tools, Vars: vars, Context: ctx})
+		if err != nil {
+			return s.renderError(ctx, err, len(vars) > 0 || len(tools) > 0)
+		}
+		if s.testHookPrompt != nil {
+			s.testHookPrompt(prompt)
+		}
+		think := thinkModeFor(s.tmpl.Source(), prompt)
+		con, e := s.formatConstraint(schema, anyObject, think)
+		if e != nil {
+			return e
+		}
+		if choice.required {
+			parallel := req.ParallelToolCalls == nil || *req.ParallelToolCalls
+			if con, e = s.toolConstraint(tools, choice, think, parallel); e != nil {
+				return e
+			}
+		}
+		if con != nil {
+			g.opt.Constraint = con.NewMatcher()
+		}
+		ids := s.sess.EncodeChat(prompt)
+		s.noteWork(len(prompt))
+		if e := s.checkLength(ids, max, maxParam); e != nil {
+			return e
+		}
+		out.parser = NewStreamParser(ParseOptions{Format: s.format, Tools: names, ThinkingOpen: ThinkingOpen(prompt)})
+		g.prompt = ids
+		return nil
+	}
+	return g, nil
 }
 
 // chatOutput writes a chat completion.
@@ -629,42 +658,51 @@ func (s *Server) completionGeneration(w http.ResponseWriter, req *completionRequ
 	if e != nil {
 		return nil, e
 	}
-	ids, text, e := s.completionPrompt(req.Prompt)
-	if e != nil {
-		return nil, e
-	}
-	if len(ids) == 0 {
-		return nil, badRequest("prompt", "the prompt is empty")
-	}
 	max, e := maxTokens("max_tokens", req.MaxTokens, defaultCompletionTokens)
 	if e != nil {
-		return nil, e
-	}
-	if e := s.checkLength(ids, max, "max_tokens"); e != nil {
-		if e.Param != nil && *e.Param == "messages" {
-			e.Param = strPtr("prompt")
-		}
 		return nil, e
 	}
 	cfg, e := req.samplerConfig(*s.cfg.Sampling, s.nVocab)
 	if e != nil {
 		return nil, e
 	}
+	if e := s.checkSampling(cfg); e != nil {
+		return nil, e
+	}
 	out := &completionOutput{s: s, w: w, stream: req.Stream,
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
 		id:           newID("cmpl-"), created: received.Unix(), logprobs: lp}
-	if req.Echo {
-		out.echo = text
-	}
-	out.offset = len(out.echo)
 	if req.Stream {
 		out.sse = newSSE(w, s.cfg.WriteTimeout)
 	}
-	opt := runtime.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop}
+	g := &generation{endpoint: "completion", received: received, out: out,
+		opt: runtime.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop}}
 	if lp.on {
-		opt.OnLogits = out.onLogits
+		g.opt.OnLogits = out.onLogits
 	}
-	return &generation{endpoint: "completion", received: received, prompt: ids, out: out, opt: opt}, nil
+	g.prepare = func(context.Context) *apiError {
+		ids, text, e := s.completionPrompt(req.Prompt)
+		if e != nil {
+			return e
+		}
+		s.noteWork(len(text))
+		if len(ids) == 0 {
+			return badRequest("prompt", "the prompt is empty")
+		}
+		if e := s.checkLength(ids, max, "max_tokens"); e != nil {
+			if e.Param != nil && *e.Param == "messages" {
+				e.Param = strPtr("prompt")
+			}
+			return e
+		}
+		if req.Echo {
+			out.echo = text
+		}
+		out.offset = len(out.echo)
+		g.prompt = ids
+		return nil
+	}
+	return g, nil
 }
 
 // completionOutput writes a text completion.

@@ -12,6 +12,11 @@ import (
 // touches the session, runs them in order. A full queue turns requests
 // away (503) before anything is promised; once a job is accepted it runs,
 // unless its client leaves first.
+//
+// Admission comes before any work that grows with the request: a job is
+// queued before its prompt is rendered and tokenized (see Server.prepare),
+// and it becomes ready to run only then. So --queue bounds every
+// request's work, not only its turn on the model.
 
 var (
 	errQueueFull    = errors.New("queue full")
@@ -25,6 +30,7 @@ type job struct {
 	done     chan struct{}
 	enqueued time.Time
 	started  time.Time
+	ready    bool // prepared: the worker may run it (guarded by queue.mu)
 }
 
 // queue holds the jobs waiting for the worker.
@@ -64,11 +70,44 @@ func (q *queue) submit(j *job) error {
 	j.enqueued = time.Now()
 	q.waiting = append(q.waiting, j)
 	q.onLen(len(q.waiting), q.busy)
+	if j.ready {
+		q.signal()
+	}
+	return nil
+}
+
+// signal wakes the worker.
+func (q *queue) signal() {
 	select {
 	case q.wake <- struct{}{}:
 	default:
 	}
-	return nil
+}
+
+// markReady lets the worker run j, which submit accepted unprepared.
+func (q *queue) markReady(j *job) {
+	q.mu.Lock()
+	j.ready = true
+	q.mu.Unlock()
+	q.signal()
+}
+
+// withdraw takes j, accepted but never to run (its preparation failed or
+// its client left), out of the queue. It reports whether j was there.
+func (q *queue) withdraw(j *job) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for i, w := range q.waiting {
+		if w == j {
+			q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
+			q.onLen(len(q.waiting), q.busy)
+			// A closed queue's worker may be waiting for this job to
+			// become ready before it returns.
+			q.signal()
+			return true
+		}
+	}
+	return false
 }
 
 // wait blocks until j has run. If j's context ends while it still waits,
@@ -80,16 +119,9 @@ func (q *queue) wait(j *job) bool {
 		return true
 	case <-j.ctx.Done():
 	}
-	q.mu.Lock()
-	for i, w := range q.waiting {
-		if w == j {
-			q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
-			q.onLen(len(q.waiting), q.busy)
-			q.mu.Unlock()
-			return false
-		}
+	if q.withdraw(j) {
+		return false
 	}
-	q.mu.Unlock()
 	// The worker has it: it sees the cancelled context and ends soon.
 	<-j.done
 	return true
@@ -100,8 +132,15 @@ func (q *queue) work() {
 	defer close(q.exited)
 	for {
 		q.mu.Lock()
-		if len(q.waiting) == 0 {
-			closed := q.closed
+		next := -1
+		for i, w := range q.waiting {
+			if w.ready {
+				next = i
+				break
+			}
+		}
+		if next < 0 {
+			closed := q.closed && len(q.waiting) == 0
 			q.mu.Unlock()
 			if closed {
 				return
@@ -109,8 +148,8 @@ func (q *queue) work() {
 			<-q.wake
 			continue
 		}
-		j := q.waiting[0]
-		q.waiting = q.waiting[1:]
+		j := q.waiting[next]
+		q.waiting = append(q.waiting[:next], q.waiting[next+1:]...)
 		q.busy = true
 		q.onLen(len(q.waiting), q.busy)
 		q.mu.Unlock()

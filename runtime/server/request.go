@@ -315,7 +315,9 @@ func (p *samplingParams) samplerConfig(def sampler.Config, nVocab int) (sampler.
 			cfg.LogitBias[id] = b
 		}
 	}
-	if _, err := sampler.New(cfg, nVocab); err != nil {
+	// Validate, not New: a sampler allocates vocabulary-sized buffers,
+	// which a request must not cost before it is admitted.
+	if err := cfg.Validate(nVocab); err != nil {
 		if errors.Is(err, sampler.ErrConfig) {
 			return cfg, badRequest("", "%v", err)
 		}

@@ -71,9 +71,31 @@ type Config struct {
 	// CORS says which other origins' web pages may call the API (nil:
 	// ParseCORS(DefaultCORS), pages on localhost).
 	CORS *CORSPolicy
+	// PProf serves Go's profiles under /debug/pprof/ (off by default: they
+	// reveal the process's internals and cost CPU while taken).
+	PProf bool
 	// Log receives a line per request and the server's notes (default:
 	// discard).
 	Log *slog.Logger
+}
+
+// setDefaults fills in the timeouts, the body limit and the log.
+func (cfg *Config) setDefaults() {
+	setDefault := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	setDefault(&cfg.ReadHeaderTimeout, 10*time.Second)
+	setDefault(&cfg.ReadTimeout, 60*time.Second)
+	setDefault(&cfg.WriteTimeout, 60*time.Second)
+	setDefault(&cfg.IdleTimeout, 120*time.Second)
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 8 << 20
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
 }
 
 // Server is an OpenAI-compatible HTTP server for one Session.
@@ -87,14 +109,17 @@ type Server struct {
 	fp      string // system_fingerprint
 
 	q       *queue
+	prep    *preparation // admitted requests' rendering and tokenizing (limits.go)
 	met     *metrics
 	cors    *CORSPolicy
 	handler http.Handler
 
 	structured structuredCache // response_format and forced tool calls (structured.go)
 
-	// base is the parent of every generation's context: cancelling it
-	// stops them all (shutdown past its grace period).
+	// base ends every generation's context (see generate): cancelling it
+	// stops them all (shutdown past its grace period). It is not the
+	// requests' own parent, so a request cancelled this way can still be
+	// answered (503) before its connection closes.
 	base      context.Context
 	cancelAll context.CancelFunc
 	shutting  atomic.Bool
@@ -127,23 +152,9 @@ func New(sess *runtime.Session, cfg Config) (*Server, error) {
 		def = *cfg.Sampling
 	}
 	cfg.Sampling = &def
-	setDefault := func(d *time.Duration, v time.Duration) {
-		if *d <= 0 {
-			*d = v
-		}
-	}
-	setDefault(&cfg.ReadHeaderTimeout, 10*time.Second)
-	setDefault(&cfg.ReadTimeout, 60*time.Second)
-	setDefault(&cfg.WriteTimeout, 60*time.Second)
-	setDefault(&cfg.IdleTimeout, 120*time.Second)
-	if cfg.MaxBodyBytes <= 0 {
-		cfg.MaxBodyBytes = 8 << 20
-	}
+	cfg.setDefaults()
 	if cfg.Placement == nil {
 		cfg.Placement = SessionPlacement(sess)
-	}
-	if cfg.Log == nil {
-		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	if cfg.CORS == nil {
 		p, err := ParseCORS(DefaultCORS)
@@ -177,12 +188,16 @@ func New(sess *runtime.Session, cfg Config) (*Server, error) {
 	s.gen = sess.Generate
 	s.base, s.cancelAll = context.WithCancel(context.Background())
 	s.met = newMetrics(&cfg, sess.Ctx.CtxSize())
+	s.prep = newPreparation()
 	s.q = newQueue(cfg.QueueLimit, func(waiting int, busy bool) {
 		s.met.queueLength.Set(float64(waiting))
 		if busy {
 			s.met.running.Set(1)
 		} else {
 			s.met.running.Set(0)
+			if waiting == 0 {
+				s.idle()
+			}
 		}
 	})
 	s.q.onPanic = func(r any) {
@@ -208,21 +223,10 @@ func (s *Server) Handler() http.Handler { return s.handler }
 // Serve accepts connections on ln until Shutdown or Close. It returns nil
 // after a shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	hs := &http.Server{
-		Handler:           s.handler,
-		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
-		IdleTimeout:       s.cfg.IdleTimeout,
-		MaxHeaderBytes:    1 << 20,
-		BaseContext:       func(net.Listener) context.Context { return s.base },
-		ErrorLog:          slog.NewLogLogger(s.cfg.Log.Handler(), slog.LevelWarn),
+	hs := newHTTPServer(s.handler, &s.cfg)
+	if err := s.attach(hs); err != nil {
+		return err
 	}
-	s.mu.Lock()
-	if s.shutting.Load() {
-		s.mu.Unlock()
-		return errShuttingDown
-	}
-	s.httpSrv = hs
-	s.mu.Unlock()
 	err := hs.Serve(ln)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
@@ -230,26 +234,54 @@ func (s *Server) Serve(ln net.Listener) error {
 	return err
 }
 
-// Shutdown stops accepting requests and lets those accepted (running or
-// queued) finish until ctx ends; then it cancels what is left, closes the
-// connections and waits for the model to be idle. It returns ctx's error
-// when it had to cancel.
+// newHTTPServer is the http.Server that serves h with cfg's timeouts.
+func newHTTPServer(h http.Handler, cfg *Config) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    1 << 20,
+		ErrorLog:          slog.NewLogLogger(cfg.Log.Handler(), slog.LevelWarn),
+	}
+}
+
+// attach makes hs the HTTP server that Shutdown stops.
+func (s *Server) attach(hs *http.Server) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.shutting.Load() {
+		return errShuttingDown
+	}
+	s.httpSrv = hs
+	return nil
+}
+
+// Shutdown stops taking generation requests and lets those accepted
+// (running or queued) finish until ctx ends; then it cancels what is left,
+// closes the connections and waits for the model to be idle. It returns
+// ctx's error when it had to cancel. While it drains, the listener stays
+// open: /health answers 503 "shutting down" and new generation requests
+// get a 503, so a load balancer sees the state instead of refused
+// connections.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.shutting.Store(true)
 	workerDone := s.q.close()
 	s.mu.Lock()
 	hs := s.httpSrv
 	s.mu.Unlock()
-	var err error
 	if hs != nil {
-		err = hs.Shutdown(ctx)
+		// Clients reconnect for their next request, and find the 503.
+		hs.SetKeepAlivesEnabled(false)
 	}
-	if err == nil {
-		select {
-		case <-workerDone:
-		case <-ctx.Done():
-			err = ctx.Err()
-		}
+	var err error
+	select {
+	case <-workerDone:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err == nil && hs != nil {
+		// The worker is done; the handlers are writing their last bytes.
+		err = hs.Shutdown(ctx)
 	}
 	if err != nil {
 		s.cancelAll()
@@ -287,6 +319,7 @@ func (s *Server) routes() http.Handler {
 	complR := route{http.MethodPost: s.handleCompletion}
 	modelsR := route{http.MethodGet: s.handleModels}
 	healthR := route{http.MethodGet: s.handleHealth}
+	pprofR := pprofRoute()
 	table := map[string]route{
 		// The paths without /v1 are aliases, as llama.cpp's server has
 		// them, for clients configured with a bare base URL.
@@ -344,6 +377,9 @@ func (s *Server) routes() http.Handler {
 				rt, ok, public = route{http.MethodGet: func(w http.ResponseWriter, r *http.Request) { s.serveWebUI(w, r, a) }}, true, true
 				endpoint = "webui"
 			}
+			if s.cfg.PProf && strings.HasPrefix(path, "/debug/pprof/") {
+				rt, ok, endpoint = pprofR, true, "/debug/pprof"
+			}
 		} else {
 			endpoint = endpoints[path]
 		}
@@ -389,8 +425,9 @@ func (s *Server) authorized(r *http.Request) bool {
 	if s.cfg.APIKey == "" {
 		return true
 	}
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok {
+	// The scheme is case-insensitive (RFC 9110, section 11.1).
+	scheme, got, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
 		return false
 	}
 	return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(s.cfg.APIKey)) == 1
