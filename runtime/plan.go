@@ -189,7 +189,7 @@ func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOpti
 		sol, err = m.solvePrefillResidency(prof, units, pr, bi)
 	} else {
 		if pb := prof.BatchIndex(opt.Batch); prof.Batches[pb] > 1 {
-			blendPrefill(&pr, prof, units, pb, prof.Batches[pb], m.Prog.Hyper)
+			blendPrefill(&pr, prof, units, pb, prof.Batches[pb], promptTokensPerReply, m.Prog.Hyper)
 		}
 		sol, err = plan.Static(pr)
 	}
@@ -264,15 +264,20 @@ func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOpti
 	return pl, nil
 }
 
-// blendPrefill adds to a decode problem each unit's prefill cost per token
-// (a batch of n, profile batch pb): a prompt token then weighs as much as a
-// generated one. Decode dominates, but where it is indifferent the prefill
-// decides: attention, whose KV cache costs little VRAM and saves little at
-// decode between two switches, is twenty times faster on the GPU for a
-// batch of 512, and a CPU-resident attention cannot stream.
-func blendPrefill(pr *plan.Problem, prof *plan.Profile, units []Unit, pb, n int, h ir.Hyper) {
+// promptTokensPerReply is how many prompt tokens the decode placement
+// counts per generated token: chat turns and retrieval prompts are several
+// times longer than the replies they get.
+const promptTokensPerReply = 8
+
+// blendPrefill adds to a decode problem each unit's prefill cost for
+// perReply prompt tokens (batches of n, profile batch pb). Decode still
+// dominates, but where it is nearly indifferent the prefill decides:
+// attention, whose KV cache costs little VRAM and saves little at decode
+// between two switches, is twenty times faster on the GPU for a batch of
+// 512, and a CPU-resident attention cannot stream.
+func blendPrefill(pr *plan.Problem, prof *plan.Profile, units []Unit, pb, n, perReply int, h ir.Hyper) {
 	pre := problem(prof, units, pb, n, 0, h)
-	w := 1 / float64(n)
+	w := float64(perReply) / float64(n)
 	for i, u := range units {
 		p, q := &pr.Units[i], pre.Units[i]
 		cpu, cpuAlone := q.CPU, q.CPUAlone

@@ -20,9 +20,13 @@ import (
 // Each plan is a schedule of the executor, compiled once and kept.
 
 type promoter struct {
-	prof    *plan.Profile
-	ring    int64 // the staging ring's bytes
-	est     plan.Estimator
+	prof *plan.Profile
+	ring int64 // the staging ring's bytes
+	// est learns from steps that uploaded weights, idle from steps that
+	// did not: weight copies read host memory too, so the CPU runs slower
+	// while they go on, and a plan is only as good as its comparison with
+	// no promotion at the CPU's unhindered speed.
+	est, idle plan.Estimator
 	rp      plan.Replanner
 	cur     *schedule
 	curPlan plan.Promotion
@@ -57,6 +61,7 @@ func (c *Context) newPromoter(base *schedule) *promoter {
 	}
 	p := &promoter{prof: pl.prof, ring: pl.RingBytes, cur: base, byKey: map[string]*schedule{"": base}, stepTime: map[*schedule]float64{}}
 	if p.prof != nil {
+		p.idle.Observe(plan.Estimates{CPU: 1, GPU: 1, Overlap: 1, Link: pl.prof.Stream.BytesPerSec})
 		e := p.est.Observe(plan.Estimates{CPU: 1, GPU: 1, Overlap: 1, Link: pl.prof.Stream.BytesPerSec})
 		// The first steps run without promotion: they measure the machine
 		// and the static placement the plans are checked against.
@@ -74,8 +79,12 @@ const minPlanAge = 5
 // promotion path at its busiest, for checking results.
 var promoteEverything bool
 
-// problem is the promotion problem of the next decode step under e.
-func (p *promoter) problem(c *Context, e plan.Estimates) plan.PromoteProblem {
+// problem is the promotion problem of the next decode step under the
+// estimates of steps that copy weights.
+func (p *promoter) problem(c *Context, e plan.Estimates) plan.PromoteProblem { return p.problemFor(c, e) }
+
+// problemFor is the promotion problem of a decode step under e.
+func (p *promoter) problemFor(c *Context, e plan.Estimates) plan.PromoteProblem {
 	d := p.prof.BatchIndex(1)
 	sw := p.prof.Switch[d]
 	link := plan.Link{BytesPerSec: e.Link}
@@ -101,8 +110,12 @@ func (p *promoter) problem(c *Context, e plan.Estimates) plan.PromoteProblem {
 // the estimates call for it.
 func (p *promoter) schedule(c *Context) (*schedule, error) {
 	e := p.est.Current()
+	trig := e // the estimates of the current plan's kind of step
+	if p.curPlan.Count == 0 {
+		trig = p.idle.Current()
+	}
 	first := !p.explored && p.rp.Age() >= minPlanAge
-	if !p.rp.Step(e) && !first && p.prof != nil {
+	if !p.rp.Step(trig) && !first && p.prof != nil {
 		return p.cur, nil
 	}
 	if p.prof == nil && p.replans > 0 {
@@ -120,6 +133,14 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		var err error
 		if sol, err = plan.Promote(p.problem(c, e)); err != nil {
 			return nil, err
+		}
+		// Against no promotion at the CPU's speed when nothing is copied.
+		none := make([]bool, len(c.units))
+		idle := p.idle.Current()
+		idle.Link = e.Link
+		prNone := p.problemFor(c, idle)
+		if tNone, _ := prNone.Timeline(none); sol.Count > 0 && sol.Time > 0.97*tNone {
+			sol = plan.Promotion{Promote: none, Time: tNone}
 		}
 	}
 	var key strings.Builder
@@ -145,7 +166,11 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		s, sol, bytes = base, plan.Promotion{Promote: make([]bool, len(c.units))}, 0
 	}
 	p.cur, p.curPlan, p.promoted = s, sol, bytes
-	p.rp.Planned(e)
+	if sol.Count > 0 { // the next trigger compares estimates of the same kind of step
+		p.rp.Planned(p.est.Current())
+	} else {
+		p.rp.Planned(p.idle.Current())
+	}
 	p.replans++
 	p.planCost = time.Since(start)
 	p.planTotal += p.planCost
@@ -234,7 +259,11 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 			m.Overlap = wall.Seconds() / pred
 		}
 	}
-	p.est.Observe(m)
+	if len(t.Uploads) > 0 {
+		p.est.Observe(m)
+	} else {
+		p.idle.Observe(m)
+	}
 }
 
 // PromotionStats reports dynamic promotion.
