@@ -47,7 +47,7 @@ func TestChatKeepsHistoryWhenTooLong(t *testing.T) {
 	if !strings.Contains(stderr, "too long") {
 		t.Errorf("no note about the long message; stderr:\n%s", stderr)
 	}
-	if !strings.Contains(out, "1 exchanges in the conversation") {
+	if !strings.Contains(out, "1 exchange in the conversation") {
 		t.Errorf("the conversation was not kept; stdout:\n%s", out)
 	}
 	if !strings.Contains(out, "error: repeat_last_n 100000 is more than the context") {
