@@ -274,7 +274,10 @@ const promptTokensPerReply = 8
 // dominates, but where it is nearly indifferent the prefill decides:
 // attention, whose KV cache costs little VRAM and saves little at decode
 // between two switches, is twenty times faster on the GPU for a batch of
-// 512, and a CPU-resident attention cannot stream.
+// 512, and a CPU-resident attention cannot stream. A CPU unit that can
+// stream counts what streaming costs. Switches are not added: a prefill
+// batch runs under its own schedule, where the streamed units put most of
+// the model on the GPU, not at the decode placement's switches.
 func blendPrefill(pr *plan.Problem, prof *plan.Profile, units []Unit, pb, n, perReply int, h ir.Hyper) {
 	pre := problem(prof, units, pb, n, 0, h)
 	w := float64(perReply) / float64(n)
@@ -289,11 +292,7 @@ func blendPrefill(pr *plan.Problem, prof *plan.Profile, units []Unit, pb, n, per
 		p.CPUAlone += w * cpuAlone
 		p.GPU += w * q.GPU
 		p.GPUAlone += w * q.GPUAlone
-		p.ToGPU += w * q.ToGPU
-		p.ToCPU += w * q.ToCPU
 	}
-	pr.ToGPU += w * pre.ToGPU
-	pr.ToCPU += w * pre.ToCPU
 }
 
 // solvePrefillResidency places for prefill: the residency that makes the
