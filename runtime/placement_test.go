@@ -301,3 +301,20 @@ func rewriteKV(t *testing.T, src, key string, val any) string {
 
 func nan32() float32 { return float32(math.NaN()) }
 func inf32() float32 { return float32(math.Inf(1)) }
+
+// TestDecodeBytes: a dense unit's decode reads all of it, an MoE layer's
+// only the router and top-k of its experts.
+func TestDecodeBytes(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3moe-q4_k_m")
+	for _, u := range programUnits(m.Prog, 64, nil) {
+		switch {
+		case u.Op == ir.OpMoE:
+			h := m.Prog.Hyper
+			if u.DecodeBytes <= 0 || u.DecodeBytes*int64(h.NExpert) > u.Bytes*int64(h.NExpertUsed)+u.Bytes {
+				t.Errorf("%s: decode reads %d of %d bytes; want about %d/%d of the stacks", u.Name, u.DecodeBytes, u.Bytes, h.NExpertUsed, h.NExpert)
+			}
+		case u.DecodeBytes != u.Bytes:
+			t.Errorf("%s: decode reads %d of %d bytes", u.Name, u.DecodeBytes, u.Bytes)
+		}
+	}
+}

@@ -54,7 +54,7 @@ func (c *Context) newPromoter(base *schedule) *promoter {
 	}
 	any := false
 	for i, u := range c.units {
-		any = any || (u.Streamable && !pl.resident(i))
+		any = any || (u.Streamable && !pl.resident(i) && (u.Bytes <= 2*u.DecodeBytes || promoteEverything))
 	}
 	if !any {
 		return nil
@@ -95,7 +95,11 @@ func (p *promoter) problemFor(c *Context, e plan.Estimates) plan.PromoteProblem 
 		pu := plan.PromoteUnit{Name: u.Name, CPU: t.CPU[d] * e.CPU, GPU: t.GPU[d] * e.GPU, ToGPU: cross, ToCPU: cross,
 			Resident: c.place.resident(i)}
 		if !pu.Resident {
-			if u.Streamable {
+			// Promotion pays when the link moves what the CPU would read
+			// anyway; an MoE layer's stacks are many times what a token
+			// reads of them, and copying them all would take the host
+			// memory the CPU needs.
+			if u.Streamable && u.Bytes <= 2*u.DecodeBytes {
 				pu.Copy = link.Time(u.Bytes)
 			} else {
 				pu.Fixed = true

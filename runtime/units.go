@@ -31,6 +31,10 @@ type Unit struct {
 	// Streamable units may run on the GPU without being resident, their
 	// matrices copied into the staging ring for the batch (prefill).
 	Streamable bool
+	// DecodeBytes is what a decode step reads of the unit's weights: all
+	// of them, but for an MoE layer only its router and the chosen
+	// experts (top-k of the stacks).
+	DecodeBytes int64
 	// Output marks the output head's unit (norm and logits).
 	Output bool
 	// InBytes is the activations, per token, a switch of backend just
@@ -68,6 +72,7 @@ func programUnits(p *ir.Program, ctxSize int, deviceBytes func(*ir.Weight) int64
 			u.Name = ir.Blk(op.Layer, "ffn_moe")
 			u.Role, u.Type = "ffn_moe", op.Gate.Type.String()
 			u.Streamable = true
+			u.DecodeBytes = -int64(op.TopK) // the fraction, resolved below
 		default:
 			u.Name, u.Role, u.Type = op.W.Name, role(op.W.Name), op.W.Type.String()
 			u.Streamable = op.Kind == ir.OpMatMul && !op.Output
@@ -108,6 +113,21 @@ func programUnits(p *ir.Program, ctxSize int, deviceBytes func(*ir.Weight) int64
 		}
 		for b := range in {
 			u.InBytes += 4 * int64(p.Bufs[b].Width)
+		}
+		if k := -u.DecodeBytes; k > 0 { // MoE: the router, and k of each stack's experts
+			op := &p.Ops[u.Hi-1]
+			for i := u.Lo; i < u.Hi; i++ {
+				if p.Ops[i].Kind == ir.OpMoE {
+					op = &p.Ops[i]
+				}
+			}
+			ne := int64(len(op.Gate.Stack))
+			u.DecodeBytes = deviceBytes(op.W)
+			for _, w := range []*ir.Weight{op.Gate, op.Up, op.Down} {
+				u.DecodeBytes += deviceBytes(w) * k / ne
+			}
+		} else {
+			u.DecodeBytes = u.Bytes
 		}
 		if u.Output {
 			sig = append(sig, "output")
