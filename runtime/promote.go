@@ -27,10 +27,10 @@ type promoter struct {
 	// while they go on, and a plan is only as good as its comparison with
 	// no promotion at the CPU's unhindered speed.
 	est, idle plan.Estimator
-	rp      plan.Replanner
-	cur     *schedule
-	curPlan plan.Promotion
-	byKey   map[string]*schedule
+	rp        plan.Replanner
+	cur       *schedule
+	curPlan   plan.Promotion
+	byKey     map[string]*schedule
 
 	// stepTime is the measured wall time of a decode step, by plan (a
 	// moving average): a plan measured slower than no promotion at all is
@@ -81,7 +81,9 @@ var promoteEverything bool
 
 // problem is the promotion problem of the next decode step under the
 // estimates of steps that copy weights.
-func (p *promoter) problem(c *Context, e plan.Estimates) plan.PromoteProblem { return p.problemFor(c, e) }
+func (p *promoter) problem(c *Context, e plan.Estimates) plan.PromoteProblem {
+	return p.problemFor(c, e)
+}
 
 // problemFor is the promotion problem of a decode step under e.
 func (p *promoter) problemFor(c *Context, e plan.Estimates) plan.PromoteProblem {
