@@ -35,7 +35,29 @@ func (m *Model) planWith(dev *gpu.Device, units []Unit, opt ContextOptions, budg
 	if err != nil {
 		return nil, err
 	}
-	return m.placeByProfile(prof, units, opt, budget, fixed, ring)
+	return m.placeWithRing(dev, prof, units, opt, budget, ring)
+}
+
+// placeWithRing places with a staging ring of ring bytes for dynamic
+// promotion; when the placement leaves nothing on the CPU that promotion
+// could move (an MoE model's CPU units are expert stacks), it places again
+// with the least ring, so that VRAM goes to resident units instead.
+func (m *Model) placeWithRing(dev *gpu.Device, prof *plan.Profile, units []Unit, opt ContextOptions, budget, ring int64) (*Placement, error) {
+	pl, err := m.placeByProfile(prof, units, opt, budget, m.fixedBytes(dev, units, opt, ring), ring)
+	if err != nil || ring == 0 || !pl.Dynamic {
+		return pl, err
+	}
+	for i, u := range units {
+		if !pl.resident(i) && u.Streamable && u.Bytes <= 2*u.DecodeBytes {
+			return pl, nil
+		}
+	}
+	pl, err = m.placeByProfile(prof, units, opt, budget, m.fixedBytes(dev, units, opt, 0), 0)
+	if err == nil {
+		pl.Dynamic = false
+		pl.Note = "nothing on the CPU that a decode step could promote: the staging ring is kept small"
+	}
+	return pl, err
 }
 
 // ringWanted is the staging ring a hybrid context asks for: with dynamic
@@ -115,7 +137,7 @@ func (m *Model) Plan(opt PlanOptions) (*Placement, *plan.Profile, error) {
 		if budget < fixed {
 			return nil, nil, fmt.Errorf("--vram-budget %s is below the %s needed before any weight", FormatBytes(budget), FormatBytes(fixed))
 		}
-		pl, err = m.placeByProfile(prof, units, o, budget, fixed, ring)
+		pl, err = m.placeWithRing(dev, prof, units, o, budget, ring)
 	} else {
 		pl, err = m.planWith(dev, units, o, budget)
 	}
