@@ -39,23 +39,28 @@ func (m *Model) planWith(dev *gpu.Device, units []Unit, opt ContextOptions, budg
 }
 
 // placeWithRing places with a staging ring of ring bytes for dynamic
-// promotion; when the placement leaves nothing on the CPU that promotion
-// could move (an MoE model's CPU units are expert stacks), it places again
-// with the least ring, so that VRAM goes to resident units instead.
+// promotion; when the placement leaves less on the CPU that promotion
+// could move than half the ring (an MoE model's CPU units are mostly
+// expert stacks, which do not pay to promote), it places again with a ring
+// of twice what could move, so that the VRAM goes to resident units.
 func (m *Model) placeWithRing(dev *gpu.Device, prof *plan.Profile, units []Unit, opt ContextOptions, budget, ring int64) (*Placement, error) {
 	pl, err := m.placeByProfile(prof, units, opt, budget, m.fixedBytes(dev, units, opt, ring), ring)
 	if err != nil || ring == 0 || !pl.Dynamic {
 		return pl, err
 	}
+	var movable int64
 	for i, u := range units {
 		if !pl.resident(i) && u.Streamable && u.Bytes <= 2*u.DecodeBytes {
-			return pl, nil
+			movable += u.Bytes
 		}
 	}
-	pl, err = m.placeByProfile(prof, units, opt, budget, m.fixedBytes(dev, units, opt, 0), 0)
-	if err == nil {
+	if 2*movable >= ring {
+		return pl, nil
+	}
+	smaller := 2 * movable
+	if pl, err = m.placeByProfile(prof, units, opt, budget, m.fixedBytes(dev, units, opt, smaller), smaller); err == nil && movable == 0 {
 		pl.Dynamic = false
-		pl.Note = "nothing on the CPU that a decode step could promote: the staging ring is kept small"
+		pl.Note = "nothing on the CPU that a decode step could promote: the staging ring only streams prefill"
 	}
 	return pl, err
 }
