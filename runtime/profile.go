@@ -172,8 +172,11 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 			l.last = u.Index
 		}
 	}
+	// A layer's kind is the signatures of its units; the first layer of
+	// each kind is timed whole.
 	layerRep := map[string]*layer{}
 	var layerKinds []*layer
+	layerOf := map[int]*layer{} // unit -> its layer's representative
 	for l := 0; l < p.Hyper.NLayer; l++ {
 		ly := layers[l]
 		if ly == nil {
@@ -188,20 +191,8 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 			layerRep[k] = ly
 			layerKinds = append(layerKinds, ly)
 		}
-	}
-	layerOf := map[int]*layer{} // unit -> its layer's representative
-	for l := 0; l < p.Hyper.NLayer; l++ {
-		ly := layers[l]
-		if ly == nil {
-			continue
-		}
-		var sig []string
 		for i := ly.first; i <= ly.last; i++ {
-			sig = append(sig, units[i].Sig)
-		}
-		r := layerRep[strings.Join(sig, "|")]
-		for i := ly.first; i <= ly.last; i++ {
-			layerOf[i] = r
+			layerOf[i] = layerRep[k]
 		}
 	}
 	// Rotations: units (and layers) of one shape, enough of them that a

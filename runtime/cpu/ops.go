@@ -227,13 +227,7 @@ func (b *Backend) moeSlots(op *ir.Op, n int) {
 			dst[d] = s.down[i*emb+d] * w
 		}
 	}
-	for t := 0; t < n; t++ {
-		out := b.row(op.Out, t)
-		copy(out, s.results[t*k*emb:(t*k+1)*emb])
-		for j := 1; j < k; j++ {
-			ops.AddTo(out, s.results[(t*k+j)*emb:(t*k+j+1)*emb])
-		}
-	}
+	b.moeSum(op, n)
 }
 
 func (s *moeScratch) grow(batch int, op *ir.Op) {
@@ -344,6 +338,14 @@ func (b *Backend) moeLoop(op *ir.Op, n int) {
 			}
 		}
 	}
+	b.moeSum(op, n)
+}
+
+// moeSum adds each token's weighted expert outputs in slot order, as
+// llama.cpp's build_moe_ffn does.
+func (b *Backend) moeSum(op *ir.Op, n int) {
+	s := &b.moe
+	k, emb := op.TopK, op.Gate.Stack[0].Cols
 	for t := 0; t < n; t++ {
 		out := b.row(op.Out, t)
 		copy(out, s.results[t*k*emb:(t*k+1)*emb])

@@ -289,13 +289,7 @@ func (g *Exec) runGroup(s *cudadrv.Stream, grp *group, n int) error {
 	f := g.format(grp, n)
 	if f == actMixed {
 		for _, mb := range grp.members {
-			if err := g.acquire(s, mb.m); err != nil {
-				return err
-			}
-			if err := g.w.MatMul(s, mb.m, grp.x, n, mb.out, mb.ld, g.scratch); err != nil {
-				return err
-			}
-			if err := g.release(s, mb.m); err != nil {
+			if err := g.with(s, mb.m, func() error { return g.w.MatMul(s, mb.m, grp.x, n, mb.out, mb.ld, g.scratch) }); err != nil {
 				return err
 			}
 			if err := g.addBias(s, mb, n); err != nil {
@@ -315,13 +309,7 @@ func (g *Exec) runGroup(s *cudadrv.Stream, grp *group, n int) error {
 		x = g.act
 	}
 	for _, mb := range grp.members {
-		if err := g.acquire(s, mb.m); err != nil {
-			return err
-		}
-		if err := p.MatMulPrepared(s, mb.m, f, x, n, mb.out, mb.ld); err != nil {
-			return err
-		}
-		if err := g.release(s, mb.m); err != nil {
+		if err := g.with(s, mb.m, func() error { return p.MatMulPrepared(s, mb.m, f, x, n, mb.out, mb.ld) }); err != nil {
 			return err
 		}
 		if err := g.addBias(s, mb, n); err != nil {
