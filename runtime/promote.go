@@ -2,7 +2,9 @@ package runtime
 
 import (
 	"fmt"
+	"math"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/atsinfer/ats/plan"
@@ -37,6 +39,12 @@ type promoter struct {
 	// not taken again, whatever the model predicts.
 	stepTime map[*schedule]float64
 	explored bool // no promotion has been measured for MinAge steps
+
+	// live is what metrics scrapes read from other goroutines.
+	live struct {
+		promoted, replans atomic.Int64
+		link              atomic.Uint64 // float64 bits: the link estimate, bytes/s
+	}
 
 	// Statistics.
 	replans   int
@@ -178,6 +186,8 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		p.rp.Planned(p.idle.Current())
 	}
 	p.replans++
+	p.live.replans.Store(int64(p.replans))
+	p.live.promoted.Store(bytes)
 	p.planCost = time.Since(start)
 	p.planTotal += p.planCost
 	return s, nil
@@ -266,7 +276,7 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 		}
 	}
 	if len(t.Uploads) > 0 {
-		p.est.Observe(m)
+		p.live.link.Store(math.Float64bits(p.est.Observe(m).Link))
 	} else {
 		p.idle.Observe(m)
 	}
@@ -292,4 +302,14 @@ func (c *Context) Promotion() PromotionStats {
 	}
 	return PromotionStats{On: true, Replans: p.replans, LastPlanCost: p.planCost, PlanCost: p.planTotal,
 		PromotedBytes: p.promoted, PromotedUnits: p.curPlan.Count, Predicted: p.curPlan.Time, Estimates: p.est.Current()}
+}
+
+// PromotionLive is what a metrics scrape reads of promotion; unlike the
+// rest of a context it may be called from any goroutine.
+func (c *Context) PromotionLive() (promotedBytes, replans int64, linkBytesPerSec float64) {
+	if c.prom == nil {
+		return 0, 0, 0
+	}
+	p := c.prom
+	return p.live.promoted.Load(), p.live.replans.Load(), math.Float64frombits(p.live.link.Load())
 }

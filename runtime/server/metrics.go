@@ -29,6 +29,10 @@ type Placement struct {
 	// VRAMBudget is the placement's budget, VRAMUsed what the context
 	// allocated on the GPU (both 0 on the CPU).
 	VRAMBudget, VRAMUsed int64
+	// Replans counts dynamic promotion's plans; LinkBytesPerS is its
+	// estimate of the link's speed for weight copies (0: not measured).
+	Replans       int64
+	LinkBytesPerS float64
 }
 
 // GPUStat is one GPU's figures (NVML) for /metrics.
@@ -59,8 +63,10 @@ func SessionPlacement(s *runtime.Session) func() Placement {
 	vram := s.Ctx.VRAM()
 	ctx := s.Ctx
 	return func() Placement {
+		promoted, replans, link := ctx.PromotionLive()
 		return Placement{Backend: backend, WeightBytes: map[string]int64{"cpu": cpuBytes, "gpu": gpuBytes},
-			StreamedBytes: ctx.StreamedBytes(), VRAMBudget: vram.Budget, VRAMUsed: vram.Allocated}
+			StreamedBytes: ctx.StreamedBytes(), VRAMBudget: vram.Budget, VRAMUsed: vram.Allocated,
+			PromotedBytes: promoted, Replans: replans, LinkBytesPerS: link}
 	}
 }
 
@@ -173,10 +179,12 @@ type placementCollector struct {
 var (
 	descBackend  = prometheus.NewDesc("ats_backend_info", "The compute backend in use (value 1).", []string{"backend"}, nil)
 	descWeights  = prometheus.NewDesc("ats_weight_bytes", "Bytes of model weights placed on each device.", []string{"device"}, nil)
-	descPromoted = prometheus.NewDesc("ats_promoted_weight_bytes", "Bytes of CPU weights promoted to the GPU for the last decode step.", nil, nil)
+	descPromoted = prometheus.NewDesc("ats_promoted_weight_bytes", "Bytes of CPU weights promoted to the GPU in each decode step under the current plan.", nil, nil)
 	descStreamed = prometheus.NewDesc("ats_streamed_weight_bytes_total", "Bytes of CPU-resident weights streamed to the GPU (prefill).", nil, nil)
 	descBudget   = prometheus.NewDesc("ats_vram_budget_bytes", "The VRAM budget of the placement.", nil, nil)
 	descVRAMUsed = prometheus.NewDesc("ats_vram_used_bytes", "GPU memory ats allocated (weights, KV caches, buffers, staging ring).", nil, nil)
+	descReplans  = prometheus.NewDesc("ats_replans_total", "Plans dynamic promotion made (re-planned as the machine's load changed).", nil, nil)
+	descLink     = prometheus.NewDesc("ats_link_bytes_per_second", "Dynamic promotion's estimate of the speed of weight copies to the GPU.", nil, nil)
 	descGPUCount = prometheus.NewDesc("ats_gpus", "GPUs ats uses.", nil, nil)
 	descGPUUsed  = prometheus.NewDesc("ats_gpu_memory_used_bytes", "GPU memory in use.", []string{"gpu", "name"}, nil)
 	descGPUTotal = prometheus.NewDesc("ats_gpu_memory_total_bytes", "GPU memory in total.", []string{"gpu", "name"}, nil)
@@ -186,7 +194,7 @@ var (
 )
 
 func (c *placementCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descBackend, descWeights, descPromoted, descStreamed, descBudget, descVRAMUsed, descGPUCount, descGPUUsed, descGPUTotal, descGPUUtil, descPCIeRx, descPCIeTx} {
+	for _, d := range []*prometheus.Desc{descBackend, descWeights, descPromoted, descStreamed, descBudget, descVRAMUsed, descReplans, descLink, descGPUCount, descGPUUsed, descGPUTotal, descGPUUtil, descPCIeRx, descPCIeTx} {
 		ch <- d
 	}
 }
@@ -203,6 +211,10 @@ func (c *placementCollector) Collect(ch chan<- prometheus.Metric) {
 		if p.VRAMBudget > 0 {
 			ch <- prometheus.MustNewConstMetric(descBudget, prometheus.GaugeValue, float64(p.VRAMBudget))
 			ch <- prometheus.MustNewConstMetric(descVRAMUsed, prometheus.GaugeValue, float64(p.VRAMUsed))
+			ch <- prometheus.MustNewConstMetric(descReplans, prometheus.CounterValue, float64(p.Replans))
+			if p.LinkBytesPerS > 0 {
+				ch <- prometheus.MustNewConstMetric(descLink, prometheus.GaugeValue, p.LinkBytesPerS)
+			}
 		}
 	}
 	var gpus []GPUStat
