@@ -3,6 +3,8 @@ package runtime
 import (
 	"errors"
 	"fmt"
+	"os"
+	"sync"
 	"time"
 	"unsafe"
 
@@ -113,6 +115,9 @@ type segment struct {
 	g      *gpu.Segment // onGPU: the compiled segment
 }
 
+// pageableNote says once that streamed weights are not page-locked.
+var pageableNote sync.Once
+
 // ErrContextFull is returned when a sequence outgrows the KV cache.
 var ErrContextFull = errors.New("context is full")
 
@@ -185,6 +190,13 @@ func (c *Context) init() error {
 		cfg := pl.gpuConfig(c.m, c.opt, onGPU, logitRows, scheds)
 		if c.gpu, err = gpu.New(dev, dev.Weights(), p, cfg); err != nil {
 			return err
+		}
+		if cfg.Streams != nil {
+			if ok, why := c.gpu.Pinned(); !ok {
+				pageableNote.Do(func() {
+					fmt.Fprintf(os.Stderr, "ats: the model file could not be page-locked for the GPU (%s): streamed weights go through pageable copies, at about a third of the link's speed\n", why)
+				})
+			}
 		}
 	}
 	hostOf := map[ir.BufID]*cudadrv.HostMem{}
