@@ -354,6 +354,10 @@ func (c *Context) compile(s *schedule, hostOf map[ir.BufID]*cudadrv.HostMem) err
 // Close stops the context's worker threads and frees its GPU memory.
 func (c *Context) Close() {
 	c.pool.Close()
+	if c.prom != nil {
+		c.prom.release(c)
+		c.prom = nil
+	}
 	for _, s := range c.scheds {
 		if s.gpu != nil {
 			_ = s.gpu.Release()

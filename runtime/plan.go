@@ -31,7 +31,7 @@ func (m *Model) planWith(dev *gpu.Device, units []Unit, opt ContextOptions, budg
 		return nil, fmt.Errorf("--vram-budget %s is below the %s ats needs on the GPU before any weight (activations for batches of %d tokens, scratch, the staging ring, norms): give at least that, a smaller batch (-b), or --vram-budget 0 to run on the CPU",
 			FormatBytes(budget), FormatBytes(fixed), opt.Batch)
 	}
-	prof, err := m.profile(dev, units, opt)
+	prof, err := m.profile(dev, units, opt, false)
 	if err != nil {
 		return nil, err
 	}
@@ -154,7 +154,7 @@ func (m *Model) Plan(opt PlanOptions) (*Placement, *plan.Profile, error) {
 		return nil, nil, err
 	}
 	if pl.OptimizedFor != "" && prof == nil {
-		prof, _ = m.profile(dev, units, o) // cached by planWith
+		prof, _ = m.profile(dev, units, o, false) // cached by planWith
 	}
 	return pl, prof, nil
 }

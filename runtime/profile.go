@@ -77,14 +77,14 @@ func hardware(dev *gpu.Device, threads int) plan.Hardware {
 
 // profile returns the model's profile on this machine: cached, or
 // measured now (and cached).
-func (m *Model) profile(dev *gpu.Device, units []Unit, opt ContextOptions) (*plan.Profile, error) {
-	threads := ops.NewPool(opt.Threads)
-	nThreads := threads.Threads()
-	threads.Close()
+func (m *Model) profile(dev *gpu.Device, units []Unit, opt ContextOptions, fresh bool) (*plan.Profile, error) {
+	pool := ops.NewPool(opt.Threads)
+	threads := pool.Threads()
+	pool.Close()
 	batches := ProfileBatches
-	key := plan.ProfileKey(modelIdentity(m), hardware(dev, nThreads), batches)
+	key := plan.ProfileKey(modelIdentity(m), hardware(dev, threads), batches)
 	dir, err := plan.CacheDir()
-	if err == nil {
+	if err == nil && !fresh {
 		if p, err := plan.LoadProfile(dir, key); err == nil && p != nil && len(p.Units) == len(units) {
 			return p, nil
 		}
@@ -113,24 +113,7 @@ func (m *Model) Profile(opt ContextOptions, fresh bool) (*plan.Profile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("profile: %w", err)
 	}
-	units := programUnits(m.Prog, opt.CtxSize, dev.Weights().DeviceBytes)
-	if fresh {
-		batches := ProfileBatches
-		p, err := m.MeasureProfile(dev, units, opt, batches)
-		if err != nil {
-			return nil, err
-		}
-		pool := ops.NewPool(opt.Threads)
-		p.Key = plan.ProfileKey(modelIdentity(m), hardware(dev, pool.Threads()), batches)
-		pool.Close()
-		if dir, err := plan.CacheDir(); err == nil {
-			if err := plan.SaveProfile(dir, p); err != nil {
-				fmt.Fprintf(os.Stderr, "ats: could not cache the profile: %v\n", err)
-			}
-		}
-		return p, nil
-	}
-	return m.profile(dev, units, opt)
+	return m.profile(dev, programUnits(m.Prog, opt.CtxSize, dev.Weights().DeviceBytes), opt, fresh)
 }
 
 // profileRun is the state of one measurement.

@@ -167,6 +167,7 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 	}
 	s := p.byKey[key.String()]
 	if s == nil {
+		p.evict(c)
 		var err error
 		if s, err = c.promotionSchedule(sol.Promote); err != nil {
 			return nil, err
@@ -191,6 +192,40 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 	p.planCost = time.Since(start)
 	p.planTotal += p.planCost
 	return s, nil
+}
+
+// maxPlans bounds the compiled promotion schedules a context keeps (each
+// holds compiled segments and, for decode, CUDA graphs): a server whose load
+// keeps changing would otherwise collect them without end.
+const maxPlans = 8
+
+// evict drops a kept schedule other than the base and the current one
+// when there are maxPlans of them.
+func (p *promoter) evict(c *Context) {
+	if len(p.byKey) < maxPlans {
+		return
+	}
+	for k, s := range p.byKey {
+		if s == c.scheds[0] || s == p.cur {
+			continue
+		}
+		if s.gpu != nil {
+			_ = s.gpu.Release()
+		}
+		delete(p.byKey, k)
+		delete(p.stepTime, s)
+		return
+	}
+}
+
+// release destroys the promotion schedules' graphs (Context.Close).
+func (p *promoter) release(c *Context) {
+	for _, s := range p.byKey {
+		if s != c.scheds[0] && s.gpu != nil {
+			_ = s.gpu.Release()
+		}
+	}
+	p.byKey = nil
 }
 
 // promotionSchedule compiles the decode schedule that also runs the

@@ -72,7 +72,12 @@ func programUnits(p *ir.Program, ctxSize int, deviceBytes func(*ir.Weight) int64
 			u.Name = ir.Blk(op.Layer, "ffn_moe")
 			u.Role, u.Type = "ffn_moe", op.Gate.Type.String()
 			u.Streamable = true
-			u.DecodeBytes = -int64(op.TopK) // the fraction, resolved below
+			// A token reads the router and top-k of each stack's experts.
+			ne := int64(len(op.Gate.Stack))
+			u.DecodeBytes = deviceBytes(op.W)
+			for _, w := range []*ir.Weight{op.Gate, op.Up, op.Down} {
+				u.DecodeBytes += deviceBytes(w) * int64(op.TopK) / ne
+			}
 		default:
 			u.Name, u.Role, u.Type = op.W.Name, role(op.W.Name), op.W.Type.String()
 			u.Streamable = op.Kind == ir.OpMatMul && !op.Output
@@ -114,19 +119,7 @@ func programUnits(p *ir.Program, ctxSize int, deviceBytes func(*ir.Weight) int64
 		for b := range in {
 			u.InBytes += 4 * int64(p.Bufs[b].Width)
 		}
-		if k := -u.DecodeBytes; k > 0 { // MoE: the router, and k of each stack's experts
-			op := &p.Ops[u.Hi-1]
-			for i := u.Lo; i < u.Hi; i++ {
-				if p.Ops[i].Kind == ir.OpMoE {
-					op = &p.Ops[i]
-				}
-			}
-			ne := int64(len(op.Gate.Stack))
-			u.DecodeBytes = deviceBytes(op.W)
-			for _, w := range []*ir.Weight{op.Gate, op.Up, op.Down} {
-				u.DecodeBytes += deviceBytes(w) * k / ne
-			}
-		} else {
+		if u.DecodeBytes == 0 {
 			u.DecodeBytes = u.Bytes
 		}
 		if u.Output {
