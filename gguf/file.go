@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strconv"
+	"unsafe"
 )
 
 // KV is one metadata entry, in file order.
@@ -286,4 +287,39 @@ func mapFile(path string) (b []byte, unmap func() error, mapped bool, err error)
 		return nil, nil, false, fmt.Errorf("%s: %w", path, err)
 	}
 	return b, func() error { return nil }, false, nil
+}
+
+// ReleasePages tells the operating system that the process no longer
+// needs the mapped pages that lie wholly inside b, a slice of one of the
+// file's parts (a tensor's data, say, once the GPU holds its own copy):
+// they leave the process's resident memory, and a later read maps them
+// again from the page cache or the disk, so the contents never change.
+// It does nothing where b is not inside a mapped part, on platforms
+// without madvise, and to the pages b shares with its neighbours. It
+// returns the bytes released.
+func (f *File) ReleasePages(b []byte) int64 {
+	if len(b) == 0 {
+		return 0
+	}
+	lo := uintptr(unsafe.Pointer(&b[0]))
+	for _, p := range f.Parts {
+		if !p.Mapped || len(p.Data) == 0 {
+			continue
+		}
+		base := uintptr(unsafe.Pointer(&p.Data[0]))
+		if lo < base || lo+uintptr(len(b)) > base+uintptr(len(p.Data)) {
+			continue
+		}
+		page := uintptr(os.Getpagesize())
+		start := (lo + page - 1) &^ (page - 1)
+		end := (lo + uintptr(len(b))) &^ (page - 1)
+		if end <= start {
+			return 0
+		}
+		if err := releasePages(p.Data[start-base : end-base]); err != nil {
+			return 0
+		}
+		return int64(end - start)
+	}
+	return 0
 }

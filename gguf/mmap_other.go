@@ -10,3 +10,5 @@ import (
 func mmap(*os.File, int64) ([]byte, func() error, error) {
 	return nil, nil, errors.New("mmap is not available on this platform")
 }
+
+func releasePages([]byte) error { return errors.ErrUnsupported }

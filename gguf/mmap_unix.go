@@ -18,3 +18,8 @@ func mmap(f *os.File, size int64) ([]byte, func() error, error) {
 	}
 	return b, func() error { return unix.Munmap(b) }, nil
 }
+
+// releasePages drops b's pages (page-aligned, inside a read-only shared
+// mapping) from the process: MADV_DONTNEED on a file mapping never loses
+// data, the next read faults the file's pages back in.
+func releasePages(b []byte) error { return unix.Madvise(b, unix.MADV_DONTNEED) }

@@ -3,6 +3,7 @@
 package gguf
 
 import (
+	"errors"
 	"os"
 	"unsafe"
 
@@ -26,3 +27,7 @@ func mmap(f *os.File, size int64) ([]byte, func() error, error) {
 		return err
 	}, nil
 }
+
+// releasePages leaves the pages be (Windows trims a read-only view's
+// working set itself under memory pressure) and says so.
+func releasePages([]byte) error { return errors.ErrUnsupported }

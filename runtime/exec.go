@@ -153,8 +153,11 @@ func (c *Context) init() error {
 	if err != nil {
 		return err
 	}
-	if dev == nil {
+	switch {
+	case dev == nil:
 		c.m.repackForCPU()
+	case !pl.allGPU():
+		c.m.repackHybrid(pl)
 	}
 	c.place = pl
 	c.units = pl.units
@@ -190,6 +193,16 @@ func (c *Context) init() error {
 		cfg := pl.gpuConfig(c.m, c.opt, onGPU, logitRows, scheds)
 		if c.gpu, err = gpu.New(dev, dev.Weights(), p, cfg); err != nil {
 			return err
+		}
+		// The GPU has its own copy of the resident matrices now: their
+		// mapped pages may leave the process (they come back from the
+		// page cache if anything reads them again).
+		for i, u := range c.units {
+			if pl.resident(i) {
+				for _, w := range u.Mats {
+					c.m.File.ReleasePages(w.Data)
+				}
+			}
 		}
 		if cfg.Streams != nil {
 			if ok, why := c.gpu.Pinned(); !ok {

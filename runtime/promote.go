@@ -38,7 +38,14 @@ type promoter struct {
 	// moving average): a plan measured slower than no promotion at all is
 	// not taken again, whatever the model predicts.
 	stepTime map[*schedule]float64
-	explored bool // no promotion has been measured for MinAge steps
+	seen     map[*schedule]int // steps run by plan (the first is not timed)
+	explored bool              // no promotion has been measured for MinAge steps
+	// The step time of no promotion goes stale while a plan runs (the
+	// machine's load changes, and the first steps of a context are slow),
+	// so every probeEvery steps of a promoting plan, probeSteps steps run
+	// without promotion again and the two are compared afresh.
+	sinceProbe, probing int
+	last                *schedule // the schedule of the last observed step
 
 	// live is what metrics scrapes read from other goroutines.
 	live struct {
@@ -67,7 +74,7 @@ func (c *Context) newPromoter(base *schedule) *promoter {
 	if !any {
 		return nil
 	}
-	p := &promoter{prof: pl.prof, ring: pl.RingBytes, cur: base, byKey: map[string]*schedule{"": base}, stepTime: map[*schedule]float64{}}
+	p := &promoter{prof: pl.prof, ring: pl.RingBytes, cur: base, byKey: map[string]*schedule{"": base}, stepTime: map[*schedule]float64{}, seen: map[*schedule]int{}}
 	if p.prof != nil {
 		p.idle.Observe(plan.Estimates{CPU: 1, GPU: 1, Overlap: 1, Link: pl.prof.Stream.BytesPerSec})
 		e := p.est.Observe(plan.Estimates{CPU: 1, GPU: 1, Overlap: 1, Link: pl.prof.Stream.BytesPerSec})
@@ -81,6 +88,11 @@ func (c *Context) newPromoter(base *schedule) *promoter {
 // minPlanAge is how many decode steps run without promotion before the
 // first plan (the Replanner's MinAge).
 const minPlanAge = 5
+
+// probeEvery and probeSteps: how often a promoting plan is checked
+// against no promotion, and for how many steps (the first of them is not
+// timed: it follows a change of schedule).
+const probeEvery, probeSteps = 48, 3
 
 // promoteEverything, set by tests, promotes every CPU unit that can
 // stream on every decode step, whatever it costs (no profile needed): the
@@ -123,6 +135,24 @@ func (p *promoter) problemFor(c *Context, e plan.Estimates) plan.PromoteProblem 
 // schedule is the decode schedule of the next step, re-planned first when
 // the estimates call for it.
 func (p *promoter) schedule(c *Context) (*schedule, error) {
+	base := c.scheds[0]
+	if p.probing > 0 {
+		if p.probing--; p.probing > 0 {
+			return base, nil
+		}
+		p.sinceProbe = 0
+		if t, tb := p.stepTime[p.cur], p.stepTime[base]; p.cur != base && t > 1.03*tb {
+			p.cur, p.curPlan, p.promoted = base, plan.Promotion{Promote: make([]bool, len(c.units))}, 0
+			p.live.promoted.Store(0)
+		}
+		return p.cur, nil
+	}
+	if p.cur != base && p.prof != nil {
+		if p.sinceProbe++; p.sinceProbe >= probeEvery {
+			p.probing = probeSteps
+			return base, nil
+		}
+	}
 	e := p.est.Current()
 	trig := e // the estimates of the current plan's kind of step
 	if p.curPlan.Count == 0 {
@@ -174,7 +204,6 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		}
 		p.byKey[key.String()] = s
 	}
-	base := c.scheds[0]
 	if t, tb := p.stepTime[s], p.stepTime[base]; s != base && t > 0 && tb > 0 && t > 1.03*tb {
 		// Measured slower than no promotion: the model misjudges this
 		// machine (say, the copies slow the CPU's own memory reads).
@@ -255,11 +284,16 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 	if p.prof == nil {
 		return
 	}
-	if old := p.stepTime[s]; old > 0 {
-		p.stepTime[s] = old + 0.3*(wall.Seconds()-old)
-	} else {
-		p.stepTime[s] = wall.Seconds()
+	// The first step of a schedule (and the first after a switch back to
+	// it) pays for the switch: graphs captured, the ring refilled.
+	if p.seen[s]++; p.seen[s] > 1 && s == p.last {
+		if old := p.stepTime[s]; old > 0 {
+			p.stepTime[s] = old + 0.3*(wall.Seconds()-old)
+		} else {
+			p.stepTime[s] = wall.Seconds()
+		}
 	}
+	p.last = s
 	d := p.prof.BatchIndex(1)
 	var cpuPred, gpuPred, gpuMeas float64
 	for i, u := range c.units {

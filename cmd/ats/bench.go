@@ -49,6 +49,8 @@ type benchResult struct {
 	VRAMBudget  int64     `json:"vram_budget_bytes,omitempty"`
 	VRAMUsed    int64     `json:"vram_used_bytes,omitempty"`    // NVML: this process less the CUDA context
 	VRAMContext int64     `json:"vram_context_bytes,omitempty"` // the CUDA context and modules, apart
+	HostRSS     int64     `json:"host_rss_bytes,omitempty"`     // resident host memory at the end of the test (Linux)
+	Repacked    int64     `json:"repacked_bytes,omitempty"`     // of which repacked CPU copies of weights
 	// DecodeCPUMs and DecodeGPUMs split a decode step's wall time (tg of
 	// mixed placements): CPU segments, and GPU segments with their waits.
 	DecodeCPUMs float64 `json:"decode_cpu_ms,omitempty"`
@@ -214,6 +216,10 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 					if r.VRAMUsed > 0 {
 						fmt.Fprintf(stderr, "; VRAM in use %s of the budget %s (CUDA context %s apart)",
 							runtime.FormatBytes(r.VRAMUsed), runtime.FormatBytes(r.VRAMBudget), runtime.FormatBytes(r.VRAMContext))
+					}
+					if r.HostRSS > 0 {
+						fmt.Fprintf(stderr, "; host RSS %s (weights %s; repacked CPU copies %s)",
+							runtime.FormatBytes(r.HostRSS), runtime.FormatBytes(m.WeightBytes()), runtime.FormatBytes(r.Repacked))
 					}
 					fmt.Fprintln(stderr)
 				}
@@ -391,6 +397,7 @@ func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer
 		if v := c.VRAM(); v.Allocated > 0 {
 			r.VRAMBudget, r.VRAMUsed, r.VRAMContext = v.Budget, v.Process, v.Context
 		}
+		r.HostRSS, r.Repacked = residentBytes(), m.RepackedBytes()
 		if pr := c.Promotion(); pr.On {
 			r.Promotion = describePromotion(pr)
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/runtime"
 	"github.com/atsinfer/ats/runtime/gpu"
 )
@@ -50,6 +51,15 @@ func init() {
 					}
 				}
 				if gpuPct > 0 {
+					// A load of the GPU and the link, not of the CPU: the
+					// driver's default for one context spins the host
+					// thread that waits for the device, which would take a
+					// core from the measured program's threads.
+					if err := cudadrv.Init(); err == nil {
+						if d, err := cudadrv.GetDevice(0); err == nil {
+							_ = d.SetPrimaryContextFlags(cudadrv.CtxSchedBlockingSync)
+						}
+					}
 					dev, err := gpu.Open()
 					if err != nil {
 						return fmt.Errorf("stress: %w", err)

@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 
@@ -173,7 +174,25 @@ func progressPrinter(w io.Writer) func(done, total int64) {
 
 // peakRSS reads the process's peak resident set size from /proc (Linux);
 // "" elsewhere.
-func peakRSS() string {
+func peakRSS() string { return procStatus("VmHWM:") }
+
+// residentBytes is the process's resident set size now (VmRSS, Linux);
+// 0 elsewhere.
+func residentBytes() int64 {
+	f := strings.Fields(procStatus("VmRSS:"))
+	if len(f) != 2 || f[1] != "kB" {
+		return 0
+	}
+	kb, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return kb << 10
+}
+
+// procStatus is the value of one line of /proc/self/status; "" where
+// there is none.
+func procStatus(key string) string {
 	f, err := os.Open("/proc/self/status")
 	if err != nil {
 		return ""
@@ -181,7 +200,7 @@ func peakRSS() string {
 	defer f.Close()
 	s := bufio.NewScanner(f)
 	for s.Scan() {
-		if v, ok := strings.CutPrefix(s.Text(), "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(s.Text(), key); ok {
 			return strings.TrimSpace(v)
 		}
 	}

@@ -91,8 +91,9 @@ type Config struct {
 	// none. RingBytes sizes the ring (at least twice the largest of them).
 	Streams   func(w *ir.Weight) bool
 	RingBytes int64
-	// Files is the model file's mapping, registered with the driver while
-	// anything streams (and during the upload).
+	// Files is the model file's mapping: registered with the driver whole
+	// during the upload, and where the streamed matrices lie while the
+	// context lives.
 	Files [][]byte
 }
 
@@ -283,12 +284,14 @@ func New(dev *Device, w WeightOps, p *ir.Program, cfg Config) (g *Exec, err erro
 		}
 	}()
 	specs := g.layout(dev, w, p, cfg)
-	if g.st.bytes > 0 {
-		// Pinned for the context's life: every streamed copy reads it.
-		g.reg, _ = registerFiles(dev, cfg.Files)
-	}
 	if g.ws, err = acquireWeights(dev, w, p, cfg.Model, cfg.Resident, cfg.Files); err != nil {
 		return nil, err
+	}
+	if g.st.bytes > 0 {
+		// Pinned for the context's life, after the upload (which pins the
+		// whole file while it copies): every streamed copy reads these
+		// pages, and only these.
+		g.reg, _ = registerFiles(dev, streamedParts(cfg.Files, p, cfg.Streams, cfg.Resident))
 	}
 	for _, s := range specs {
 		g.bytes += align(s.bytes)

@@ -1,13 +1,16 @@
 package gpu
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strings"
 	"sync"
+	"unsafe"
 
 	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/cudadrv/kernels"
@@ -366,6 +369,9 @@ var registered = struct {
 // in Why, and copies still work from pageable memory.
 func registerFiles(dev *Device, files [][]byte) (*registration, error) {
 	r := &registration{Pinned: len(files) > 0}
+	if len(files) == 0 {
+		r.Why = "nothing of the file to register"
+	}
 	if !dev.info.HostRegisterSupported {
 		r.Pinned, r.Why = false, "the device does not support registering host memory"
 		return r, nil
@@ -452,4 +458,46 @@ type moePreparedOps interface {
 	// tokens: actQ8_1, or actMixed where it has no such path.
 	MoEInputFormat(m *mat, nTok int) actFormat
 	MoEMatMulPrepared(s *cudadrv.Stream, m *mat, x cudadrv.DevicePtr, perSlot bool, ids cudadrv.DevicePtr, nTok, topK int, out cudadrv.DevicePtr) error
+}
+
+// streamedParts is what of the mapped file a context keeps registered:
+// the stretches that hold the matrices that may stream (whole pages,
+// neighbours merged), not the whole file. The GPU-resident matrices'
+// pages are then free to leave host memory once uploaded, and only the
+// host-resident weights stay page-locked.
+func streamedParts(files [][]byte, p *ir.Program, streams, resident func(*ir.Weight) bool) [][]byte {
+	if streams == nil {
+		return nil
+	}
+	page := uintptr(os.Getpagesize())
+	type span struct{ lo, hi uintptr }
+	var out [][]byte
+	for _, f := range files {
+		if len(f) == 0 {
+			continue
+		}
+		base := uintptr(unsafe.Pointer(&f[0]))
+		end := base + uintptr(len(f))
+		var spans []span
+		for _, w := range programWeights(p) {
+			if isVector(w) || len(w.Data) == 0 || !streams(w) || (resident != nil && resident(w)) {
+				continue
+			}
+			lo := uintptr(unsafe.Pointer(&w.Data[0]))
+			if lo < base || lo >= end {
+				continue
+			}
+			hi := min(lo+uintptr(len(w.Data)), end)
+			spans = append(spans, span{max(lo&^(page-1), base), min((hi+page-1)&^(page-1), end)})
+		}
+		slices.SortFunc(spans, func(a, b span) int { return cmp.Compare(a.lo, b.lo) })
+		for i := 0; i < len(spans); {
+			s := spans[i]
+			for i++; i < len(spans) && spans[i].lo <= s.hi; i++ {
+				s.hi = max(s.hi, spans[i].hi)
+			}
+			out = append(out, f[s.lo-base:s.hi-base])
+		}
+	}
+	return out
 }
