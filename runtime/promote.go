@@ -1,8 +1,10 @@
 package runtime
 
 import (
+	"cmp"
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -32,6 +34,7 @@ type promoter struct {
 	rp        plan.Replanner
 	cur       *schedule
 	curPlan   plan.Promotion
+	kept      bool // curPlan is a keptPlan: its weights stay in the ring
 	byKey     map[string]*schedule
 
 	// stepTime is the measured wall time of a decode step, by plan (a
@@ -142,7 +145,7 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		}
 		p.sinceProbe = 0
 		if t, tb := p.stepTime[p.cur], p.stepTime[base]; p.cur != base && t > 1.03*tb {
-			p.cur, p.curPlan, p.promoted = base, plan.Promotion{Promote: make([]bool, len(c.units))}, 0
+			p.cur, p.curPlan, p.promoted, p.kept = base, plan.Promotion{Promote: make([]bool, len(c.units))}, 0, false
 			p.live.promoted.Store(0)
 		}
 		return p.cur, nil
@@ -155,7 +158,7 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 	}
 	e := p.est.Current()
 	trig := e // the estimates of the current plan's kind of step
-	if p.curPlan.Count == 0 {
+	if p.curPlan.Count == 0 || p.kept {
 		trig = p.idle.Current()
 	}
 	first := !p.explored && p.rp.Age() >= minPlanAge
@@ -178,10 +181,14 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		if sol, err = plan.Promote(p.problem(c, e)); err != nil {
 			return nil, err
 		}
-		// Against no promotion at the CPU's speed when nothing is copied.
-		none := make([]bool, len(c.units))
 		idle := p.idle.Current()
 		idle.Link = e.Link
+		kept := p.keptPlan(c, idle)
+		if p.kept = kept.Count > 0 && kept.Time < sol.Time; p.kept {
+			sol = kept
+		}
+		// Against no promotion at the CPU's speed when nothing is copied.
+		none := make([]bool, len(c.units))
 		prNone := p.problemFor(c, idle)
 		if tNone, _ := prNone.Timeline(none); sol.Count > 0 && sol.Time > 0.97*tNone {
 			sol = plan.Promotion{Promote: none, Time: tNone}
@@ -210,7 +217,8 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		s, sol, bytes = base, plan.Promotion{Promote: make([]bool, len(c.units))}, 0
 	}
 	p.cur, p.curPlan, p.promoted = s, sol, bytes
-	if sol.Count > 0 { // the next trigger compares estimates of the same kind of step
+	p.kept = p.kept && sol.Count > 0
+	if sol.Count > 0 && !p.kept { // the next trigger compares estimates of the same kind of step
 		p.rp.Planned(p.est.Current())
 	} else {
 		p.rp.Planned(p.idle.Current())
@@ -381,4 +389,62 @@ func (c *Context) PromotionLive() (promotedBytes, replans int64, linkBytesPerSec
 	}
 	p := c.prom
 	return p.live.promoted.Load(), p.live.replans.Load(), math.Float64frombits(p.live.link.Load())
+}
+
+// keptPlan is the promotion that copies nothing after its first step:
+// units whose weights fit the ring together stay there from one decode
+// step to the next (gpu.Schedule's fits), so each step runs them on the
+// GPU without a copy, and the host memory the copies would read stays
+// with the CPU, which needs it when its products are bound by memory
+// bandwidth. It takes the units that save the most CPU time per byte,
+// under the estimates of steps that copy nothing, drops those whose
+// switches cost more than they save, and returns the plan with its
+// predicted time.
+func (p *promoter) keptPlan(c *Context, e plan.Estimates) plan.Promotion {
+	d := p.prof.BatchIndex(1)
+	pr := p.problemFor(c, e)
+	type cand struct {
+		i     int
+		bytes int64
+		gain  float64 // seconds saved per byte
+	}
+	var cands []cand
+	for i, u := range c.units {
+		if c.place.resident(i) || !u.Streamable {
+			continue
+		}
+		t := p.prof.Units[i]
+		b := u.Bytes + 256*int64(len(u.Mats)) // the ring aligns each matrix
+		if saved := t.CPU[d]*e.CPU - t.GPU[d]*e.GPU; saved > 0 && b > 0 {
+			cands = append(cands, cand{i, b, saved / float64(b)})
+		}
+	}
+	slices.SortStableFunc(cands, func(a, b cand) int { return cmp.Compare(b.gain, a.gain) })
+	promote := make([]bool, len(c.units))
+	room := p.ring
+	for _, k := range cands {
+		if k.bytes <= room {
+			promote[k.i], room = true, room-k.bytes
+			pr.Units[k.i].Copy = 0
+			pr.Units[k.i].Fixed = false
+		}
+	}
+	best, _ := pr.Timeline(promote)
+	for _, k := range cands { // an isolated unit may cost more in switches than it saves
+		if promote[k.i] {
+			promote[k.i] = false
+			if t, _ := pr.Timeline(promote); t < best {
+				best = t
+				continue
+			}
+			promote[k.i] = true
+		}
+	}
+	sol := plan.Promotion{Promote: promote, Time: best}
+	for _, on := range promote {
+		if on {
+			sol.Count++
+		}
+	}
+	return sol
 }

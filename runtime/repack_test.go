@@ -1,8 +1,10 @@
 package runtime
 
 import (
+	"strings"
 	"testing"
 
+	"github.com/atsinfer/ats/plan"
 	"github.com/atsinfer/ats/runtime/ir"
 )
 
@@ -51,5 +53,63 @@ func TestRepackHybrid(t *testing.T) {
 	}
 	if again := m.repackHybrid(pl); again != got {
 		t.Errorf("a second call repacked more: %d after %d", again, got)
+	}
+}
+
+// keptPlan takes what fits the ring, best savings per byte first, never a
+// resident unit, and predicts its time with no copies.
+func TestKeptPlan(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	units := programUnits(m.Prog, 64, nil)
+	pl := newPlacement(m, units, BackendCPU)
+	prof := &plan.Profile{Batches: []int{1}, Switch: []plan.Link{{Latency: 1e-6, BytesPerSec: 1e10}}, Stream: plan.Link{BytesPerSec: 1e10}}
+	var ring, streamable int64
+	for i, u := range units {
+		// Matrices save CPU time in proportion to their bytes, the FFN
+		// twice as much per byte as the rest; attention is resident.
+		cpuT, gpuT := 1e-9*float64(u.Bytes), 1e-10*float64(u.Bytes)
+		if strings.HasPrefix(u.Role, "ffn") {
+			cpuT *= 2
+		}
+		prof.Units = append(prof.Units, plan.UnitTimes{Name: u.Name, CPU: []float64{cpuT}, GPU: []float64{gpuT}})
+		if u.Op == ir.OpAttention {
+			pl.Units[i].Backend = BackendGPU
+		}
+		if u.Streamable && u.Op != ir.OpAttention {
+			streamable += u.Bytes + 256*int64(len(u.Mats))
+		}
+	}
+	ring = streamable / 3
+	c := &Context{m: m, units: units, place: pl}
+	p := &promoter{prof: prof, ring: ring}
+	sol := p.keptPlan(c, plan.Estimates{CPU: 1, GPU: 1, Link: 1e10, Overlap: 1})
+	if sol.Count == 0 {
+		t.Fatal("nothing kept")
+	}
+	var used int64
+	for i, on := range sol.Promote {
+		if !on {
+			continue
+		}
+		u := units[i]
+		if pl.resident(i) || !u.Streamable {
+			t.Errorf("kept %s, which is resident or cannot stream", u.Name)
+		}
+		used += u.Bytes + 256*int64(len(u.Mats))
+	}
+	if used > ring {
+		t.Errorf("kept %d bytes in a ring of %d", used, ring)
+	}
+	// An FFN unit (more saved per byte) is left out only when it does not
+	// fit what is left.
+	for i, u := range units {
+		if b := u.Bytes + 256*int64(len(u.Mats)); strings.HasPrefix(u.Role, "ffn") && !sol.Promote[i] && b <= ring-used {
+			t.Errorf("left out %s (%d bytes) with %d bytes of the ring free", u.Name, b, ring-used)
+		}
+	}
+	pr := p.problemFor(c, plan.Estimates{CPU: 1, GPU: 1, Link: 1e10, Overlap: 1})
+	none, _ := pr.Timeline(make([]bool, len(units)))
+	if sol.Time >= none {
+		t.Errorf("kept plan predicted %g s, no promotion %g s", sol.Time, none)
 	}
 }

@@ -421,6 +421,11 @@ type Schedule struct {
 	Segs     []*Segment
 	streamed []*mat
 	waitFor  []int // ringLayout's
+	// fits: the streamed weights fit the ring side by side, so after a
+	// batch has uploaded them they stay there, and the next batch of the
+	// same schedule (no other schedule having streamed in between) finds
+	// them in place and copies nothing.
+	fits bool
 }
 
 // Compile compiles the segments of a schedule; streams says which
@@ -453,7 +458,7 @@ func (g *Exec) Compile(specs []SegmentSpec, streams func(*ir.Weight) bool) (*Sch
 		sch.Segs = append(sch.Segs, seg)
 	}
 	var err error
-	if sch.waitFor, err = g.ringLayout(sch.streamed); err != nil {
+	if sch.waitFor, sch.fits, err = g.ringLayout(sch.streamed); err != nil {
 		return nil, err
 	}
 	return sch, nil
@@ -657,6 +662,10 @@ type streamer struct {
 	waitFor []int  // by order: the latest earlier weight whose region overlaps (-1: none)
 	issued  int    // uploads queued
 	done    int    // the last weight released
+	// holder is the schedule whose streamed weights all sit in the ring
+	// (Schedule.fits), kept says this batch found them there.
+	holder *Schedule
+	kept   bool
 
 	copied, used, started []*cudadrv.Event // by order (grown as needed)
 	moved                 atomic.Int64     // bytes uploaded since the Exec began (read by metrics)
@@ -665,23 +674,24 @@ type streamer struct {
 // ringLayout places a schedule's streamed weights in the ring: their
 // device addresses, and for each the latest earlier weight whose region
 // it overlaps.
-func (g *Exec) ringLayout(streamed []*mat) ([]int, error) {
+func (g *Exec) ringLayout(streamed []*mat) (waitFor []int, fits bool, err error) {
 	off := make([]int64, len(streamed))
 	size := make([]int64, len(streamed))
 	cursor := int64(0)
+	fits = true
 	for j, m := range streamed {
 		b := align(g.w.DeviceBytes(m.W))
 		if b > g.st.bytes {
-			return nil, fmt.Errorf("weight %q (%d bytes) does not fit the staging ring of %d", m.W.Name, b, g.st.bytes)
+			return nil, false, fmt.Errorf("weight %q (%d bytes) does not fit the staging ring of %d", m.W.Name, b, g.st.bytes)
 		}
 		if cursor+b > g.st.bytes {
-			cursor = 0
+			cursor, fits = 0, false
 		}
 		off[j], size[j] = cursor, b
 		m.Ptr = g.st.base.Add(int(cursor))
 		cursor += b
 	}
-	waitFor := make([]int, len(streamed))
+	waitFor = make([]int, len(streamed))
 	for j := range streamed {
 		waitFor[j] = -1
 		for k := j - 1; k >= 0; k-- {
@@ -691,13 +701,23 @@ func (g *Exec) ringLayout(streamed []*mat) ([]int, error) {
 			}
 		}
 	}
-	return waitFor, nil
+	return waitFor, fits, nil
 }
 
 // streamBegin starts a batch: every upload whose region is free.
 func (g *Exec) streamBegin(sch *Schedule) error {
 	st := &g.st
 	st.order, st.waitFor, st.issued, st.done = sch.streamed, sch.waitFor, 0, -1
+	st.kept = len(sch.streamed) > 0 && sch.fits && st.holder == sch
+	if st.kept {
+		// Every weight is in place: the compute stream's waits for
+		// their uploads find the events of the batch that made them.
+		st.issued = len(st.order)
+		return nil
+	}
+	if len(sch.streamed) > 0 {
+		st.holder = nil // this batch overwrites the ring
+	}
 	for len(st.copied) < len(st.order) {
 		var ev [3]*cudadrv.Event
 		for k, flags := range []cudadrv.EventFlags{cudadrv.EventDefault, cudadrv.EventDisableTiming, cudadrv.EventDefault} {
@@ -709,7 +729,13 @@ func (g *Exec) streamBegin(sch *Schedule) error {
 		}
 		st.copied, st.used, st.started = append(st.copied, ev[0]), append(st.used, ev[1]), append(st.started, ev[2])
 	}
-	return g.streamIssue()
+	if err := g.streamIssue(); err != nil {
+		return err
+	}
+	if sch.fits && st.issued == len(st.order) {
+		st.holder = sch // in place once these uploads are done
+	}
+	return nil
 }
 
 // streamIssue queues the uploads, in order, whose regions are free.
@@ -831,7 +857,7 @@ func (g *Exec) Times() (Times, error) {
 		}
 		t.Segments = append(t.Segments, Span{Name: fmt.Sprintf("ops %d-%d", seg.Lo, seg.Hi-1), Lo: seg.Lo, Hi: seg.Hi, Start: a, End: b, Streams: !seg.graphable})
 	}
-	for j := 0; j < g.st.issued; j++ {
+	for j := 0; j < g.st.issued && !g.st.kept; j++ {
 		a, err := at(g.st.started[j])
 		if err != nil {
 			return t, err
