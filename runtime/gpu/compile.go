@@ -612,6 +612,11 @@ func (g *Exec) moeStep(op *ir.Op, sum bool) (step, error) {
 		if err := d.moe.Route(s, m.probs, ne, k, norm, m.ids, m.weights, n); err != nil {
 			return err
 		}
+		if g.routeInspector != nil {
+			if err := g.inspectRoute(s, op, n); err != nil {
+				return err
+			}
+		}
 		if g.format(grp, n) == actQ8_1 && ff%32 == 0 && emb%32 == 0 {
 			// Decode: one Q8_1 input for gate and up (written by the norm
 			// before, or quantized here), SwiGLU writing down's.
