@@ -1,7 +1,9 @@
 package runtime
 
 import (
+	"cmp"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -100,7 +102,7 @@ func TestOraclesGPU(t *testing.T) {
 					withWeights(v.w, func() {
 						prefill, decode = runOracleWith(t, path, want, ContextOptions{Backend: BackendGPU}, func(c *Context) {
 							if len(cpuRoutes) > 0 {
-								gpuRoutes = inspectGPURoutes(t, c, len(want.Prompt)+len(want.Generated))
+								gpuRoutes = inspectGPURoutes(t, c, len(want.Prompt)+len(want.Generated), nil)
 							}
 						})
 					})
@@ -142,8 +144,11 @@ func TestOraclesGPU(t *testing.T) {
 // inspectGPURoutes has the context's GPU executor report its routing, and
 // returns where it goes: [MoE op][row], filled as the context runs rows
 // tokens. Each record's ids are checked against cpu.Route on the GPU's
-// own router logits (the routing kernel against its CPU twin).
-func inspectGPURoutes(t *testing.T, c *Context, rows int) [][]tokenRoute {
+// own router logits (the routing kernel against its CPU twin). With
+// impose ([MoE op][row], the CPU's routing), the GPU then uses impose's
+// experts instead of its own choice, weighted by its own probabilities
+// (renormalised as the op says): only the discrete choice is the CPU's.
+func inspectGPURoutes(t *testing.T, c *Context, rows int, impose [][]tokenRoute) [][]tokenRoute {
 	t.Helper()
 	if c.gpu == nil {
 		t.Fatal("the context runs nothing on the GPU")
@@ -156,18 +161,18 @@ func inspectGPURoutes(t *testing.T, c *Context, rows int) [][]tokenRoute {
 		index[i] = j
 		routes[j] = make([]tokenRoute, rows)
 	}
-	c.gpu.InspectRoutes(func(r gpu.RouteRecord) {
+	c.gpu.InspectRoutes(func(r *gpu.RouteRecord) bool {
 		j, ok := index[r.Op]
 		if !ok {
 			t.Errorf("routing of op %d, which is no MoE op", r.Op)
-			return
+			return false
 		}
 		op := &p.Ops[r.Op]
 		for k := 0; k < r.NTok; k++ {
 			row := r.Pos0 + k
 			if row >= rows {
 				t.Errorf("MoE op %d routed position %d, past the %d tokens of the oracle", r.Op, row, rows)
-				return
+				return false
 			}
 			rt := routeOf(r.Logits[k*r.NExpert:(k+1)*r.NExpert], r.TopK, op.NormTopK)
 			gpuIDs := make([]int, r.TopK)
@@ -177,11 +182,67 @@ func inspectGPURoutes(t *testing.T, c *Context, rows int) [][]tokenRoute {
 			if !slices.Equal(gpuIDs, rt.ids) {
 				t.Errorf("MoE op %d, token %d: the routing kernel chose %v, cpu.Route on the same logits %v", r.Op, row, gpuIDs, rt.ids)
 			}
+			if impose != nil {
+				ids, w := impose[j][row].ids, r.Weights[k*r.TopK:(k+1)*r.TopK]
+				var sum float32
+				for s, e := range ids {
+					r.IDs[k*r.TopK+s] = int32(e)
+					w[s] = rt.probs[e]
+					sum += w[s]
+				}
+				if op.NormTopK {
+					for s := range w {
+						w[s] /= sum
+					}
+				}
+			}
 			rt.ids = gpuIDs
 			routes[j][row] = rt
 		}
+		return impose != nil
 	})
 	return routes
+}
+
+// TestOraclesGPUWithCPURouting runs the MoE oracles on the GPU with the
+// CPU backend's expert choice imposed on every token and layer (each
+// expert weighted by the GPU's own router probabilities), and judges all
+// rows with the oracle bound: what is left is the GPU's arithmetic, as
+// for the dense models. It also counts the flips of the GPU's own choice
+// under that imposed history.
+func TestOraclesGPUWithCPURouting(t *testing.T) {
+	dev := needGPUDevice(t)
+	files := oracleFiles(t)
+	for _, v := range gpuWeightVariants(dev) {
+		t.Run(v.name, func(t *testing.T) {
+			for _, path := range files {
+				name := strings.TrimSuffix(filepath.Base(path), ".gguf")
+				want := loadOracle(t, strings.TrimSuffix(path, ".gguf")+".logits.json")
+				cpuRoutes, cpuPre, cpuDec := cpuOracleRoutes(t, path, want)
+				if len(cpuRoutes) == 0 {
+					continue
+				}
+				t.Run(name, func(t *testing.T) {
+					var own [][]tokenRoute
+					var prefill []float32
+					var decode [][]float32
+					withWeights(v.w, func() {
+						prefill, decode = runOracleWith(t, path, want, ContextOptions{Backend: BackendGPU}, func(c *Context) {
+							own = inspectGPURoutes(t, c, len(want.Prompt)+len(want.Generated), cpuRoutes)
+						})
+					})
+					got, cpu := flatLogits(prefill, decode), flatLogits(cpuPre, cpuDec)
+					ref := flatLogits(nil, append(slices.Clone(want.PrefillLogits), want.DecodeLogits...))
+					flips, _ := routeFlips(cpuRoutes, own)
+					e, tol := nmse(got, ref), oracleTolerance(name)
+					t.Logf("IMPOSED %s (%s): with the CPU's expert choice, NMSE %.3g vs llama.cpp (bound %.0e), %.3g vs ats CPU; the GPU's own choice would differ at %d token x layer pairs", name, v.name, e, tol, nmse(got, cpu), len(flips))
+					if e > tol {
+						t.Errorf("NMSE %.3g over the bound %.0e with the CPU's routing", e, tol)
+					}
+				})
+			}
+		})
+	}
 }
 
 // judgeRoutes reports the routing flips between the CPU's routes and the
@@ -220,6 +281,25 @@ func judgeRoutes(t *testing.T, what string, cpuRoutes, gpuRoutes [][]tokenRoute,
 	e := nmse(rowsOf(got), rowsOf(ref))
 	t.Logf("ROUTES %s: %d of %d tokens routed differently from the CPU (%d of %d token x layer pairs), largest margin at a flip: CPU %.3g, GPU %.3g", what, rows-len(keep), rows, len(flips), pairs, maxMargin(flips, true), maxMargin(flips, false))
 	t.Logf("ROUTES %s: NMSE vs llama.cpp %.3g on the %d rows whose routing agrees, %.3g on all %d rows; vs ats CPU %.3g and %.3g", what, e, len(keep), nmse(got, ref), rows, nmse(rowsOf(got), rowsOf(cpu)), nmse(got, cpu))
+	type rowErr struct {
+		row   int
+		e     float64
+		agree bool
+	}
+	var worst []rowErr
+	for r := range agree {
+		worst = append(worst, rowErr{r, nmse(got[r*nv:(r+1)*nv], ref[r*nv:(r+1)*nv]), agree[r]})
+	}
+	slices.SortFunc(worst, func(a, b rowErr) int { return cmp.Compare(b.e, a.e) })
+	var line []string
+	for _, w := range worst[:min(6, len(worst))] {
+		tag := "agrees"
+		if !w.agree {
+			tag = "flipped"
+		}
+		line = append(line, fmt.Sprintf("token %d (%s) %.3g", w.row, tag, w.e))
+	}
+	t.Logf("ROUTES %s: worst rows' NMSE vs llama.cpp: %s", what, strings.Join(line, ", "))
 	if 2*len(keep) < rows {
 		t.Errorf("%d of %d tokens routed differently from the CPU: more than near-ties", rows-len(keep), rows)
 	}

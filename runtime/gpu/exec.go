@@ -72,7 +72,7 @@ type Exec struct {
 	nMarks  int
 	ran     []*Segment
 
-	routeInspector func(RouteRecord) // InspectRoutes (tests); nil in use
+	routeInspector RouteInspector // InspectRoutes (tests); nil in use
 }
 
 // Config describes what an Exec may run.
