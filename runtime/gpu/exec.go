@@ -72,7 +72,7 @@ type Exec struct {
 	nMarks  int
 	ran     []*Segment
 
-	routeInspector RouteInspector // InspectRoutes (tests); nil in use
+	routeInspector RouteInspector // InspectRoutes; nil outside tests
 }
 
 // Config describes what an Exec may run.
