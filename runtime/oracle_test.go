@@ -2,13 +2,18 @@ package runtime
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"testing"
 
 	"github.com/atsinfer/ats/internal/testenv"
 	"github.com/atsinfer/ats/ops"
+	"github.com/atsinfer/ats/runtime/cpu"
+	"github.com/atsinfer/ats/runtime/ir"
 	"github.com/google/go-cmp/cmp"
 )
 
@@ -47,6 +52,13 @@ func oracleTolerance(name string) float64 {
 // our logits for the prompt and for each decode step.
 func runOracle(t *testing.T, path string, want *oracleLogits, opt ContextOptions) (prefill []float32, decode [][]float32) {
 	t.Helper()
+	return runOracleWith(t, path, want, opt, nil)
+}
+
+// runOracleWith is runOracle with setup called on the context before the
+// prompt (nil: none).
+func runOracleWith(t *testing.T, path string, want *oracleLogits, opt ContextOptions, setup func(*Context)) (prefill []float32, decode [][]float32) {
+	t.Helper()
 	m, err := Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -57,6 +69,9 @@ func runOracle(t *testing.T, path string, want *oracleLogits, opt ContextOptions
 		t.Fatal(err)
 	}
 	defer c.Close()
+	if setup != nil {
+		setup(c)
+	}
 	prefill, err = c.Eval(want.Prompt, true)
 	if err != nil {
 		t.Fatal(err)
@@ -169,5 +184,171 @@ func TestSmallBatches(t *testing.T) {
 	got, _ := runOracle(t, path, want, ContextOptions{Threads: 2, Batch: 5})
 	if e := nmse(got, ref); e > 1e-12 {
 		t.Fatalf("batch 5 against one batch: NMSE %g", e)
+	}
+}
+
+// MoE routing of the oracle prompts. A token's expert choice is discrete:
+// where two router probabilities are nearly tied, the last bits of the
+// router's input decide it, and one backend may send the token to another
+// expert than the other. The GPU oracle test counts such flips against the
+// CPU backend (gpu_test.go); the driver below gives the CPU's routing.
+
+// tokenRoute is one MoE op's routing of one token.
+type tokenRoute struct {
+	probs []float32 // the softmax of the router's logits
+	ids   []int     // the chosen experts, in slot order
+}
+
+// margin is the gap between the k-th and the (k+1)-th largest router
+// probability: how far the choice is from a tie (k = all experts: 1).
+func (r tokenRoute) margin() float64 {
+	k := len(r.ids)
+	if k >= len(r.probs) {
+		return 1
+	}
+	p := slices.Clone(r.probs)
+	sort.Slice(p, func(a, b int) bool { return p[a] > p[b] })
+	return float64(p[k-1] - p[k])
+}
+
+// sameExperts says whether two routings chose the same set of experts
+// (their slot order may differ).
+func sameExperts(a, b []int) bool {
+	x, y := slices.Clone(a), slices.Clone(b)
+	slices.Sort(x)
+	slices.Sort(y)
+	return slices.Equal(x, y)
+}
+
+// routeOf routes one token's router logits as the CPU backend does
+// (cpu.Route).
+func routeOf(logits []float32, k int, norm bool) tokenRoute {
+	r := tokenRoute{probs: slices.Clone(logits), ids: make([]int, k)}
+	cpu.Route(r.probs, k, norm, r.ids, make([]float32, k), make([]int, len(logits)))
+	return r
+}
+
+// moeOps lists the program's MoE ops.
+func moeOps(p *ir.Program) []int {
+	var ids []int
+	for i := range p.Ops {
+		if p.Ops[i].Kind == ir.OpMoE {
+			ids = append(ids, i)
+		}
+	}
+	return ids
+}
+
+// cpuOracleRoutes evaluates an oracle on a CPU backend of its own, op
+// range by op range, and before each MoE op recomputes the op's routing
+// from its input with the op's own arithmetic (the router product and
+// cpu.Route): routes[j][row] is MoE op j's routing of token row (prompt
+// then generated tokens, the rows of the logits). The logits are those
+// of a CPU context (TestCPUOracleRoutes checks it).
+func cpuOracleRoutes(t *testing.T, path string, want *oracleLogits) (routes [][]tokenRoute, prefill []float32, decode [][]float32) {
+	t.Helper()
+	m, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	m.repackForCPU() // as a CPU-only context does
+	p := m.Prog
+	pool := ops.NewPool(2)
+	defer pool.Close()
+	n := len(want.Prompt)
+	b, err := cpu.New(p, pool, cpu.Options{Batch: n, CtxSize: n + len(want.Generated), LogitRows: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	moe := moeOps(p)
+	routes = make([][]tokenRoute, len(moe))
+	nv := p.Hyper.NVocab
+	eval := func(tokens []int, pos0 int, mode ir.OutputMode) []float32 {
+		rows, lo := len(tokens), 0
+		for j, i := range moe {
+			rows = b.Run(lo, i, tokens, rows, pos0, mode)
+			op := &p.Ops[i]
+			ne, emb := op.W.Mat.Rows, op.W.Mat.Cols
+			logits := make([]float32, rows*ne)
+			op.W.Mat.Mul(pool, b.Buf(op.In)[:rows*emb], rows, logits, ne, make([]byte, op.W.Mat.ActBytes(rows)))
+			for r := 0; r < rows; r++ {
+				routes[j] = append(routes[j], routeOf(logits[r*ne:(r+1)*ne], op.TopK, op.NormTopK))
+			}
+			lo = i
+		}
+		rows = b.Run(lo, len(p.Ops), tokens, rows, pos0, mode)
+		return slices.Clone(b.Buf(p.Logits)[:rows*nv])
+	}
+	prefill = eval(want.Prompt, 0, ir.OutputAll)
+	for s, tok := range want.Generated {
+		decode = append(decode, eval([]int{tok}, n+s, ir.OutputLast))
+	}
+	return routes, prefill, decode
+}
+
+// routeFlip is a token and MoE op whose chosen experts differ between two
+// routings.
+type routeFlip struct {
+	op, row          int
+	a, b             tokenRoute
+	marginA, marginB float64
+}
+
+func (f routeFlip) String() string {
+	return fmt.Sprintf("MoE op %d, token %d: experts %v vs %v; margins (p_k - p_k+1) %.3g vs %.3g", f.op, f.row, f.a.ids, f.b.ids, f.marginA, f.marginB)
+}
+
+// routeFlips compares two routings ([op][row]) and returns the flips and
+// the rows whose routing agrees in every op.
+func routeFlips(a, b [][]tokenRoute) (flips []routeFlip, agree []bool) {
+	agree = make([]bool, len(a[0]))
+	for r := range agree {
+		agree[r] = true
+	}
+	for j := range a {
+		for r := range a[j] {
+			if !sameExperts(a[j][r].ids, b[j][r].ids) {
+				flips = append(flips, routeFlip{op: j, row: r, a: a[j][r], b: b[j][r], marginA: a[j][r].margin(), marginB: b[j][r].margin()})
+				agree[r] = false
+			}
+		}
+	}
+	return flips, agree
+}
+
+// TestCPUOracleRoutes checks that cpuOracleRoutes computes what a CPU
+// context computes (bit for bit) and reports, per MoE oracle, the
+// smallest router margins: how close the prompts come to a tie.
+func TestCPUOracleRoutes(t *testing.T) {
+	dir := filepath.Join(testenv.SharedDir(t), "testdata", "oracle")
+	files, _ := filepath.Glob(filepath.Join(dir, "*moe*.gguf"))
+	if len(files) == 0 {
+		t.Skipf("no MoE oracle models in %s", dir)
+	}
+	for _, path := range files {
+		name := strings.TrimSuffix(filepath.Base(path), ".gguf")
+		t.Run(name, func(t *testing.T) {
+			want := loadOracle(t, strings.TrimSuffix(path, ".gguf")+".logits.json")
+			routes, pre, dec := cpuOracleRoutes(t, path, want)
+			refPre, refDec := runOracle(t, path, want, ContextOptions{Threads: 2})
+			if diff := cmp.Diff(refPre, pre); diff != "" {
+				t.Fatalf("prefill logits differ from a CPU context's")
+			}
+			if diff := cmp.Diff(refDec, dec); diff != "" {
+				t.Fatalf("decode logits differ from a CPU context's")
+			}
+			var margins []float64
+			for j := range routes {
+				if len(routes[j]) != len(want.Prompt)+len(want.Generated) {
+					t.Fatalf("MoE op %d: %d routed tokens, want %d", j, len(routes[j]), len(want.Prompt)+len(want.Generated))
+				}
+				for _, r := range routes[j] {
+					margins = append(margins, r.margin())
+				}
+			}
+			slices.Sort(margins)
+			t.Logf("%s: %d routings (tokens x MoE layers); smallest margins p_k - p_k+1: %.3g", name, len(margins), margins[:min(5, len(margins))])
+		})
 	}
 }

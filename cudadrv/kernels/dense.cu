@@ -38,6 +38,61 @@ extern "C" __global__ void dense_matmul_f32(float *out, const float *W, const fl
     }
 }
 
+// dense_matmul_f32_t8: dense_matmul_f32's product, each warp computing its
+// row for a tile of 8 tokens at once: the weight row is read once per tile
+// instead of once per token, 16 bytes a lane where cols % 4 == 0 (rows and
+// activation rows are then 16-byte aligned: the buffers are 256-aligned).
+// Float32 throughout, with fmaf; only the order of the additions differs
+// from dense_matmul_f32. The MoE router's product at prefill batch sizes
+// (runtime/gpu: moeStep) uses it. Grid: x over groups of the block's warps
+// (one row each), y over token tiles.
+#define DENSE_TT 8
+extern "C" __global__ void dense_matmul_f32_t8(float *out, const float *W, const float *x,
+                                               int rows, int cols, int nTok, int ldOut)
+{
+    const int lane = threadIdx.x & 31;
+    const long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int t0 = blockIdx.y * DENSE_TT;
+    if (r >= rows)
+        return;
+    const int nt = min(DENSE_TT, nTok - t0);
+    const float *w = W + r * cols;
+    const float *xt = x + (long long)t0 * cols;
+    float acc[DENSE_TT];
+#pragma unroll
+    for (int i = 0; i < DENSE_TT; i++)
+        acc[i] = 0.0f;
+    if ((cols & 3) == 0) {
+        for (int c = 4 * lane; c < cols; c += 128) {
+            const float4 wv = *(const float4 *)(w + c);
+#pragma unroll
+            for (int i = 0; i < DENSE_TT; i++) {
+                if (i < nt) {
+                    const float4 xv = *(const float4 *)(xt + (long long)i * cols + c);
+                    acc[i] = fmaf(wv.x, xv.x, acc[i]);
+                    acc[i] = fmaf(wv.y, xv.y, acc[i]);
+                    acc[i] = fmaf(wv.z, xv.z, acc[i]);
+                    acc[i] = fmaf(wv.w, xv.w, acc[i]);
+                }
+            }
+        }
+    } else {
+        for (int c = lane; c < cols; c += 32) {
+            const float wv = w[c];
+#pragma unroll
+            for (int i = 0; i < DENSE_TT; i++)
+                if (i < nt)
+                    acc[i] = fmaf(wv, xt[(long long)i * cols + c], acc[i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < DENSE_TT; i++) {
+        const float v = warp_sum(acc[i]);
+        if (lane == 0 && i < nt)
+            out[(long long)(t0 + i) * ldOut + r] = v;
+    }
+}
+
 // dense_get_rows_f32: out[t] = W[ids[t]] for t < nTok; rows of cols floats.
 extern "C" __global__ void dense_get_rows_f32(float *out, const float *W, const int *ids,
                                               int cols, int nTok)

@@ -1,6 +1,8 @@
 package kernels
 
 import (
+	"fmt"
+
 	"github.com/atsinfer/ats/cudadrv"
 )
 
@@ -9,6 +11,7 @@ import (
 type Dense struct {
 	lazyModule
 	matmul    *cudadrv.Function
+	matmulT8  *cudadrv.Function
 	getRows   *cudadrv.Function
 	moeMatmul *cudadrv.Function
 }
@@ -19,6 +22,7 @@ func NewDense(ctx *cudadrv.Context) (*Dense, error) {
 	k := &Dense{}
 	err := k.prepareLookup(ctx, "dense", map[string]**cudadrv.Function{
 		"dense_matmul_f32":     &k.matmul,
+		"dense_matmul_f32_t8":  &k.matmulT8,
 		"dense_get_rows_f32":   &k.getRows,
 		"dense_moe_matmul_f32": &k.moeMatmul,
 	})
@@ -48,6 +52,29 @@ func (k *Dense) MatMul(s *cudadrv.Stream, out, w, x cudadrv.DevicePtr, rows, col
 		return err
 	}
 	return launch(k.matmul, s, denseGrid(rows), cudadrv.D1(32*denseWarps), 0, func(a *cudadrv.Args) {
+		a.Ptr(out).Ptr(w).Ptr(x).I32(int32(rows)).I32(int32(cols)).I32(int32(nTok)).I32(int32(ldOut))
+	})
+}
+
+// denseTokenTile is dense_matmul_f32_t8's tokens per warp.
+const denseTokenTile = 8
+
+// MatMulTiled queues MatMul's product (float32, the same values up to the
+// order of the additions) with each warp taking its row for 8 tokens at a
+// time: fast enough for many tokens of a small matrix, the MoE router's
+// product at prefill. nTok is at most 65535*8.
+func (k *Dense) MatMulTiled(s *cudadrv.Stream, out, w, x cudadrv.DevicePtr, rows, cols, nTok, ldOut int) error {
+	if rows == 0 || nTok == 0 {
+		return nil
+	}
+	if nTok > 65535*denseTokenTile {
+		return fmt.Errorf("kernels: tiled float32 product of %d tokens: at most %d", nTok, 65535*denseTokenTile)
+	}
+	if err := k.ready(); err != nil {
+		return err
+	}
+	grid := cudadrv.Dim3{X: uint32(cudadrv.Blocks(rows, 2*denseWarps)), Y: uint32(cudadrv.Blocks(nTok, denseTokenTile)), Z: 1}
+	return launch(k.matmulT8, s, grid, cudadrv.D1(32*2*denseWarps), 0, func(a *cudadrv.Args) {
 		a.Ptr(out).Ptr(w).Ptr(x).I32(int32(rows)).I32(int32(cols)).I32(int32(nTok)).I32(int32(ldOut))
 	})
 }

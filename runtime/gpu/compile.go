@@ -6,6 +6,7 @@ import (
 
 	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/cudadrv/kernels"
+	"github.com/atsinfer/ats/gguf"
 	"github.com/atsinfer/ats/ops"
 	"github.com/atsinfer/ats/runtime/ir"
 )
@@ -606,11 +607,16 @@ func (g *Exec) moeStep(op *ir.Op, sum bool) (step, error) {
 		// Router logits, top-k ids and weights (they stay on the device),
 		// gate and up of the chosen experts per slot, SwiGLU, down per
 		// slot, and the weighted sum in slot order.
-		if err := g.with(s, router, func() error { return w.MatMul(s, router, in, n, m.probs, ne, g.scratch) }); err != nil {
+		if err := g.with(s, router, func() error { return g.routerLogits(s, router, in, n, m.probs) }); err != nil {
 			return err
 		}
 		if err := d.moe.Route(s, m.probs, ne, k, norm, m.ids, m.weights, n); err != nil {
 			return err
+		}
+		if g.routeInspector != nil {
+			if err := g.inspectRoute(s, op, n); err != nil {
+				return err
+			}
 		}
 		if g.format(grp, n) == actQ8_1 && ff%32 == 0 && emb%32 == 0 {
 			// Decode: one Q8_1 input for gate and up (written by the norm
@@ -642,6 +648,21 @@ func (g *Exec) moeStep(op *ir.Op, sum bool) (step, error) {
 		}
 		return d.moe.WeightedSum(s, out, m.down, m.weights, emb, k, n)
 	}}, nil
+}
+
+// routerLogits queues the MoE router's product: the logits of n tokens
+// ([n][experts]) from the op's input in. A float32 router (llama.cpp's
+// quantizer keeps it so) is multiplied in float32 at any batch, as the CPU
+// and llama.cpp multiply it: above the matrix-vector path's batch the
+// weight kernels would round its weights and the activations to f16 for
+// the tensor cores, and the logits' last bits decide near-tied expert
+// choices. The float32 layout of an F32 tensor is the same on both weight
+// paths (the file's bytes, or the reference path's dequantized copy).
+func (g *Exec) routerLogits(s *cudadrv.Stream, router *mat, in cudadrv.DevicePtr, n int, out cudadrv.DevicePtr) error {
+	if router.W.Type == gguf.TypeF32 && n > kernels.MatVecMaxTokens {
+		return g.dev.dense.MatMulTiled(s, out, router.Ptr, in, router.Rows, router.Cols, n, router.Rows)
+	}
+	return g.w.MatMul(s, router, in, n, out, router.Rows, g.scratch)
 }
 
 // moeExperts queues the expert products of an MoE op through MoEMatMul,

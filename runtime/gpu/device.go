@@ -33,6 +33,9 @@ type Device struct {
 	util *kernels.Util
 	w    WeightOps // the weight kernels contexts use
 	ref  WeightOps // the float32 reference weight kernels
+	// dense is ref's float32 kernels, which also take the MoE router's
+	// float32 product at prefill (compile.go: routerLogits).
+	dense *kernels.Dense
 	// contextBytes is what NVML charged the process once the context and
 	// the modules were loaded, before any allocation of ats (0 without
 	// NVML): the CUDA context's own memory, reported apart from budgets.
@@ -85,6 +88,7 @@ func newDevice() (*Device, error) {
 	if err != nil {
 		return nil, err
 	}
+	g.dense = g.ref.(*refWeightOps).k
 	g.contextBytes, _, _ = g.ProcessMemory()
 	return g, nil
 }

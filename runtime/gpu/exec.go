@@ -71,6 +71,8 @@ type Exec struct {
 	marks   []*cudadrv.Event
 	nMarks  int
 	ran     []*Segment
+
+	routeInspector RouteInspector // InspectRoutes; nil outside tests
 }
 
 // Config describes what an Exec may run.
@@ -505,7 +507,7 @@ func (g *Exec) Run(seg *Segment, rows int, mode ir.OutputMode) (int, error) {
 		defer func() { _ = g.mark() }()
 		g.ran = append(g.ran, seg)
 	}
-	if rows == 1 && mode != ir.OutputNone && seg.graphable && g.prof == nil && os.Getenv(EnvGPUGraphs) != "0" {
+	if rows == 1 && mode != ir.OutputNone && seg.graphable && g.prof == nil && g.routeInspector == nil && os.Getenv(EnvGPUGraphs) != "0" {
 		if seg.graph == nil {
 			if err := g.capture(seg); err != nil {
 				return 0, err

@@ -1,15 +1,18 @@
 package gpu
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"unsafe"
 
 	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/cudadrv/kernels"
+	"github.com/atsinfer/ats/gguf"
 	"github.com/atsinfer/ats/ops"
 	"github.com/atsinfer/ats/runtime/cpu"
 )
@@ -492,6 +495,61 @@ func TestGPUOps(t *testing.T) {
 		expectClose(g.t, "add_bias", down[float32](g, dx, len(x)), x, 0)
 	})
 
+	// The MoE router's float32 product at prefill (dense_matmul_f32_t8)
+	// against a float64 product; then its routing against the CPU's
+	// routing of the CPU's float32 router product (ops' F32 matrix),
+	// which must choose the same experts wherever the CPU's choice is not
+	// a tie to the last bits.
+	for _, c := range []struct{ nTok, ne, cols, k int }{{37, 128, 2048, 8}, {9, 60, 257, 4}, {512, 8, 256, 2}, {8, 8, 256, 2}} {
+		run(fmt.Sprintf("router_f32/tok=%d,experts=%d,cols=%d", c.nTok, c.ne, c.cols), func(g *gpuT) {
+			w, x := g.randn(c.ne*c.cols, 0.05), g.randn(c.nTok*c.cols, 1)
+			out := g.poison(c.nTok * c.ne)
+			g.check(dev.dense.MatMulTiled(g.s, out, up(g, w), up(g, x), c.ne, c.cols, c.nTok, c.ne))
+			got := down[float32](g, out, c.nTok*c.ne)
+			want := make([]float32, c.nTok*c.ne)
+			for t := 0; t < c.nTok; t++ {
+				for e := 0; e < c.ne; e++ {
+					var d float64
+					for i := 0; i < c.cols; i++ {
+						d += float64(w[e*c.cols+i]) * float64(x[t*c.cols+i])
+					}
+					want[t*c.ne+e] = float32(d)
+				}
+			}
+			expectClose(g.t, "router logits", got, want, 1e-10)
+			kf, err := ops.KernelFor(gguf.TypeF32)
+			if err != nil {
+				g.t.Fatal(err)
+			}
+			m, err := ops.NewMatrix(kf, c.ne, c.cols, bytesOf(w))
+			if err != nil {
+				g.t.Fatal(err)
+			}
+			pool := ops.NewPool(2)
+			defer pool.Close()
+			cpuLogits := make([]float32, c.nTok*c.ne)
+			m.Mul(pool, x, c.nTok, cpuLogits, c.ne, make([]byte, m.ActBytes(c.nTok)))
+			ids, wts := g.poison(c.nTok*c.k), g.poison(c.nTok*c.k)
+			g.check(dev.moe.Route(g.s, out, c.ne, c.k, true, ids, wts, c.nTok))
+			gotIDs := down[int32](g, ids, c.nTok*c.k)
+			choice, weight, idx := make([]int, c.k), make([]float32, c.k), make([]int, c.ne)
+			for t := 0; t < c.nTok; t++ {
+				p := append([]float32(nil), cpuLogits[t*c.ne:(t+1)*c.ne]...)
+				cpu.Route(p, c.k, true, choice, weight, idx)
+				sorted := append([]float32(nil), p...)
+				slices.SortFunc(sorted, func(a, b float32) int { return cmp.Compare(b, a) })
+				if c.k < c.ne && sorted[c.k-1]-sorted[c.k] < 1e-6 {
+					continue // a tie to the last bits: either choice is right
+				}
+				for j, e := range choice {
+					if int(gotIDs[t*c.k+j]) != e {
+						g.t.Fatalf("token %d slot %d: expert %d, want %d (margin %.3g)", t, j, gotIDs[t*c.k+j], e, sorted[c.k-1]-sorted[c.k])
+					}
+				}
+			}
+		})
+	}
+
 	// moe_route against runtime's routing: ids exact, weights close.
 	for _, c := range []struct {
 		nTok, ne, k int
@@ -585,4 +643,87 @@ func nmse(a, b []float32) float64 {
 		den += float64(b[i]) * float64(b[i])
 	}
 	return num / den
+}
+
+// BenchmarkMoERouter times the MoE router's product at a prefill batch
+// (512 tokens, Qwen3-30B-A3B's router: 128 experts of 2048) two ways: the
+// float32 product moeStep uses (dense_matmul_f32_t8), and the weight
+// kernels' tensor-core path it replaced for float32 routers (f16
+// conversion of the activations, f16 weights in the MMA). Device time from
+// events around b.N launches; us/op per product.
+func BenchmarkMoERouter(b *testing.B) {
+	dev := needGPUDevice(b)
+	q, ok := dev.w.(*quantOps)
+	if !ok {
+		b.Skip("the quantized weight kernels are not in use")
+	}
+	const nTok, ne, cols = 512, 128, 2048
+	rng := rand.New(rand.NewPCG(7, 7))
+	randBuf := func(n int, scale float64) cudadrv.DevicePtr {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64() * scale)
+		}
+		p, err := dev.ctx.Alloc(4 * n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { dev.ctx.Free(p) })
+		if err := dev.ctx.CopyHtoD(p, bytesOf(v)); err != nil {
+			b.Fatal(err)
+		}
+		return p
+	}
+	w, x, out := randBuf(ne*cols, 0.05), randBuf(nTok*cols, 1), randBuf(nTok*ne, 1)
+	m := kernels.Matrix{Type: gguf.TypeF32, Data: w, Rows: ne, Cols: cols}
+	scratch := randBuf(kernels.MatMulScratchBytes(m, nTok)/4+4, 1)
+	s, err := dev.ctx.NewStream(cudadrv.StreamNonBlocking, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Destroy()
+	for _, v := range []struct {
+		name string
+		f    func() error
+	}{
+		{"f32_tiled", func() error { return dev.dense.MatMulTiled(s, out, w, x, ne, cols, nTok, ne) }},
+		{"tensor_cores_f16", func() error { return q.k.MatMul(s, m, x, cols, nTok, out, ne, scratch) }},
+	} {
+		b.Run(v.name, func(b *testing.B) {
+			start, err := dev.ctx.NewEvent(cudadrv.EventDefault)
+			if err != nil {
+				b.Fatal(err)
+			}
+			end, err := dev.ctx.NewEvent(cudadrv.EventDefault)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer start.Destroy()
+			defer end.Destroy()
+			for i := 0; i < 10; i++ {
+				if err := v.f(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := start.Record(s); err != nil {
+				b.Fatal(err)
+			}
+			for i := 0; i < b.N; i++ {
+				if err := v.f(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if err := end.Record(s); err != nil {
+				b.Fatal(err)
+			}
+			if err := s.Synchronize(); err != nil {
+				b.Fatal(err)
+			}
+			d, err := cudadrv.Elapsed(start, end)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(d.Seconds()*1e6/float64(b.N), "us/op")
+		})
+	}
 }
