@@ -205,10 +205,24 @@ func (c *Context) init() error {
 			}
 		}
 		if cfg.Streams != nil {
-			if ok, why := c.gpu.Pinned(); !ok {
+			switch ok, copied, why := c.gpu.Pinned(); {
+			case !ok:
 				pageableNote.Do(func() {
 					fmt.Fprintf(os.Stderr, "ats: the model file could not be page-locked for the GPU (%s): streamed weights go through pageable copies, at about a third of the link's speed\n", why)
 				})
+			case copied > 0:
+				pageableNote.Do(func() {
+					fmt.Fprintf(os.Stderr, "ats: the model file could not be page-locked for the GPU (%s): the %s of weights that stream were copied into pinned memory\n", why, FormatBytes(copied))
+				})
+				// Copies read the pinned copy, the CPU its repacked
+				// one: the file's own pages of those are not needed.
+				for i, u := range c.units {
+					for _, w := range u.Mats {
+						if !pl.resident(i) && w.Mat.RepackedBytes() > 0 {
+							c.m.File.ReleasePages(w.Data)
+						}
+					}
+				}
 			}
 		}
 	}

@@ -68,32 +68,40 @@ func TestOraclesPlacements(t *testing.T) {
 			ref := flatOracle(want)
 			rng := rand.New(rand.NewPCG(7, uint64(len(name))))
 			type variant struct {
-				name string
-				opt  ContextOptions
+				name   string
+				opt    ContextOptions
+				copies bool // the driver may not register the file: pinned copies
 			}
 			variants := []variant{
-				{"all-cpu", ContextOptions{Backend: BackendCPU}},
-				{"all-gpu", ContextOptions{Backend: BackendGPU}},
-				{"alternating", ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i%2 == 1 })}},
-				{"alternating-odd", ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i%2 == 0 })}},
-				{"random", ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(int, Unit) bool { return rng.IntN(2) == 0 })}},
-				{"attention-cpu", ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(_ int, u Unit) bool { return u.Role != "attention" })}},
+				{"all-cpu", ContextOptions{Backend: BackendCPU}, false},
+				{"all-gpu", ContextOptions{Backend: BackendGPU}, false},
+				{"alternating", ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i%2 == 1 })}, false},
+				{"alternating-odd", ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i%2 == 0 })}, false},
+				{"random", ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(int, Unit) bool { return rng.IntN(2) == 0 })}, false},
+				{"attention-cpu", ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(_ int, u Unit) bool { return u.Role != "attention" })}, false},
+				{"alternating-pinned-copies", ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i%2 == 1 })}, true},
 			}
 			// The planner's own, at budgets from just above its fixed
 			// buffers to everything.
 			need := m.WeightBytes()
 			for _, frac := range []float64{0.25, 0.5, 0.75} {
 				variants = append(variants, variant{fmt.Sprintf("planned-%.0f%%", 100*frac),
-					ContextOptions{Backend: BackendAuto, VRAMBudget: int64(frac*float64(need)) + m.fixedBytesFor(t, dev, ctx)}})
+					ContextOptions{Backend: BackendAuto, VRAMBudget: int64(frac*float64(need)) + m.fixedBytesFor(t, dev, ctx)}, false})
 			}
 			for _, v := range variants {
 				t.Run(v.name, func(t *testing.T) {
 					v.opt.CtxSize, v.opt.Threads = ctx, 2
+					if v.copies {
+						t.Setenv(gpu.EnvGPURegister, "0")
+					}
 					c, err := m.NewContext(v.opt)
 					if err != nil {
 						t.Fatal(err)
 					}
 					defer c.Close()
+					if ok, copied, why := c.gpu.Pinned(); v.copies && (!ok || copied == 0) {
+						t.Fatalf("streamed weights not in pinned copies (registration: %s)", why)
+					}
 					prefill, err := c.Eval(want.Prompt, true)
 					if err != nil {
 						t.Fatal(err)

@@ -61,6 +61,8 @@ type promoter struct {
 	planCost  time.Duration // the last re-planning (the DP and, when new, the compile)
 	planTotal time.Duration
 	promoted  int64 // weight bytes the current plan promotes a step
+	steps     int   // decode steps observed
+	copied    int64 // weight bytes they uploaded (a kept plan: only its first step)
 }
 
 // newPromoter starts the promotion of a context whose decode schedule is
@@ -326,6 +328,8 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 		moved += up.Bytes
 		busy += up.End - up.Start
 	}
+	p.steps++
+	p.copied += moved
 	m := plan.Estimates{}
 	if cpuPred > 0 && onCPU > 0 {
 		m.CPU = onCPU.Seconds() / cpuPred
@@ -367,6 +371,8 @@ type PromotionStats struct {
 	PlanCost      time.Duration // all re-planning
 	PromotedBytes int64         // weight bytes the current plan promotes each step
 	PromotedUnits int
+	Kept          bool    // the promoted units' weights stay in the ring from step to step
+	CopiedPerStep int64   // weight bytes uploaded per decode step, on average over the context
 	Predicted     float64 // seconds a step under the current plan and estimates
 	Estimates     plan.Estimates
 }
@@ -378,7 +384,8 @@ func (c *Context) Promotion() PromotionStats {
 		return PromotionStats{}
 	}
 	return PromotionStats{On: true, Replans: p.replans, LastPlanCost: p.planCost, PlanCost: p.planTotal,
-		PromotedBytes: p.promoted, PromotedUnits: p.curPlan.Count, Predicted: p.curPlan.Time, Estimates: p.est.Current()}
+		PromotedBytes: p.promoted, PromotedUnits: p.curPlan.Count, Kept: p.kept, CopiedPerStep: p.copied / int64(max(p.steps, 1)),
+		Predicted: p.curPlan.Time, Estimates: p.est.Current()}
 }
 
 // PromotionLive is what a metrics scrape reads of promotion; unlike the

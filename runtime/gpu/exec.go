@@ -293,7 +293,7 @@ func New(dev *Device, w WeightOps, p *ir.Program, cfg Config) (g *Exec, err erro
 		// Pinned for the context's life, after the upload (which pins the
 		// whole file while it copies): every streamed copy reads these
 		// pages, and only these.
-		g.reg, _ = registerFiles(dev, streamedParts(cfg.Files, p, cfg.Streams, cfg.Resident))
+		g.reg, _ = registerFiles(dev, streamedParts(cfg.Files, p, cfg.Streams, cfg.Resident), true)
 	}
 	for _, s := range specs {
 		g.bytes += align(s.bytes)
@@ -333,13 +333,14 @@ func (g *Exec) Bytes() (arena, weights int64) {
 	return roundAlloc(g.bytes), weights
 }
 
-// Pinned says whether streamed weights are read from page-locked memory
-// (the registered file), and why not.
-func (g *Exec) Pinned() (bool, string) {
+// Pinned says whether streamed weights are read from page-locked memory,
+// the registered file or (copied > 0) pinned copies of the parts the
+// driver would not register, and why a part is not registered.
+func (g *Exec) Pinned() (ok bool, copied int64, why string) {
 	if g.reg == nil {
-		return false, "nothing streams"
+		return false, 0, "nothing streams"
 	}
-	return g.reg.Pinned, g.reg.Why
+	return g.reg.Pinned, g.reg.Copied, g.reg.Why
 }
 
 // Close frees what the Exec holds on the device.
@@ -754,7 +755,13 @@ func (g *Exec) streamIssue() error {
 		if err := st.started[j].Record(g.cs); err != nil {
 			return fmt.Errorf("gpu: streaming %s: %w", m.W.Name, err)
 		}
-		if _, err := g.w.Upload(g.cs, m.W, m.Ptr); err != nil {
+		var err error
+		if _, raw := g.w.(*quantOps); raw && g.reg != nil && g.reg.Copied > 0 {
+			err = g.cs.CopyHtoD(m.Ptr, g.reg.source(m.W.Data)) // the file's blocks, from their pinned copy
+		} else {
+			_, err = g.w.Upload(g.cs, m.W, m.Ptr)
+		}
+		if err != nil {
 			return fmt.Errorf("gpu: streaming %s: %w", m.W.Name, err)
 		}
 		if err := st.copied[j].Record(g.cs); err != nil {

@@ -96,7 +96,7 @@ func (d *Device) MeasureUpload(src []byte, files [][]byte, reps int) (bytesPerSe
 	if len(src) == 0 {
 		return 0, false, errors.New("gpu: nothing to upload")
 	}
-	reg, _ := registerFiles(d, files)
+	reg, _ := registerFiles(d, files, false)
 	defer reg.release()
 	dst, err := d.ctx.Alloc(len(src))
 	if err != nil {

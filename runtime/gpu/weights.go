@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	goruntime "runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -290,7 +291,7 @@ func uploadWeights(dev *Device, wo WeightOps, p *ir.Program, resident func(*ir.W
 		return fail(err)
 	}
 	defer s.Destroy()
-	reg, _ := registerFiles(dev, files)
+	reg, _ := registerFiles(dev, files, false)
 	defer reg.release()
 	off := int64(0)
 	for _, w := range programWeights(p) {
@@ -344,18 +345,25 @@ func uploadWeights(dev *Device, wo WeightOps, p *ir.Program, resident func(*ir.W
 // weight copies from it run on the copy engine at the link's speed.
 // Registrations are shared: a part registered by one holder is reused by
 // the next and unregistered when the last lets go (the driver refuses to
-// register the same pages twice).
+// register the same pages twice). Where the driver refuses to register a
+// part and the holder asks for it (a context that streams weights), the
+// part is copied once into pinned memory instead, and copies read that.
 type registration struct {
 	parts []*registeredPart
-	// Pinned says whether every part is registered; when false, copies
-	// from the file go through the driver's pageable path (about a third
-	// of the link's speed).
+	// Pinned says whether every part is page-locked, registered or
+	// copied; when false, copies from the file go through the driver's
+	// pageable path (about a third of the link's speed).
 	Pinned bool
-	Why    string // why not, when Pinned is false
+	// Copied is the bytes of the parts held as pinned copies (the
+	// driver refused to register them, for Why).
+	Copied int64
+	Why    string // why a part is not registered
 }
 
 type registeredPart struct {
 	reg  *cudadrv.Registration
+	data []byte           // the part itself
+	copy *cudadrv.HostMem // or its pinned copy
 	refs int
 }
 
@@ -364,16 +372,30 @@ var registered = struct {
 	m map[*byte]*registeredPart
 }{m: map[*byte]*registeredPart{}}
 
+// EnvGPURegister set to "0" never registers the model file: copies read
+// pinned copies of what streams (or, for the upload, pageable memory). It
+// is for systems whose driver misbehaves with registered file mappings,
+// and for testing that path.
+const EnvGPURegister = "ATS_GPU_REGISTER"
+
 // registerFiles registers each part of the mapped file, read-only where
-// the device allows. It never fails: what could not be registered is said
-// in Why, and copies still work from pageable memory.
-func registerFiles(dev *Device, files [][]byte) (*registration, error) {
+// the device allows; a part the driver refuses is copied into pinned
+// memory when copies is set. It never fails: what could not be
+// registered is said in Why, and copies still work from pageable memory.
+func registerFiles(dev *Device, files [][]byte, copies bool) (*registration, error) {
 	r := &registration{Pinned: len(files) > 0}
 	if len(files) == 0 {
 		r.Why = "nothing of the file to register"
 	}
-	if !dev.info.HostRegisterSupported {
-		r.Pinned, r.Why = false, "the device does not support registering host memory"
+	can := true
+	switch {
+	case !dev.info.HostRegisterSupported:
+		can, r.Why = false, "the device does not support registering host memory"
+	case os.Getenv(EnvGPURegister) == "0":
+		can, r.Why = false, EnvGPURegister+"=0"
+	}
+	if !can && !copies {
+		r.Pinned = false
 		return r, nil
 	}
 	flags := cudadrv.HostRegisterPortable
@@ -388,19 +410,83 @@ func registerFiles(dev *Device, files [][]byte) (*registration, error) {
 		}
 		key := &part[0]
 		p := registered.m[key]
+		if p != nil && len(p.data) != len(part) {
+			p = nil // another holder's stretch from the same page: not this one
+		}
 		if p == nil {
-			reg, err := dev.ctx.HostRegister(part, flags)
-			if err != nil {
-				r.Pinned, r.Why = false, err.Error()
-				continue
+			p = &registeredPart{data: part}
+			var err error
+			if can {
+				p.reg, err = dev.ctx.HostRegister(part, flags)
+				if err != nil {
+					r.Why = err.Error()
+				}
 			}
-			p = &registeredPart{reg: reg}
-			registered.m[key] = p
+			if p.reg == nil {
+				if !copies {
+					r.Pinned = false
+					continue
+				}
+				if p.copy, err = pinnedCopy(dev, part); err != nil {
+					r.Pinned, r.Why = false, r.Why+"; no pinned copy either: "+err.Error()
+					continue
+				}
+			}
+			if registered.m[key] == nil {
+				registered.m[key] = p
+			}
+		}
+		if p.copy != nil {
+			r.Copied += int64(len(part))
 		}
 		p.refs++
 		r.parts = append(r.parts, p)
 	}
 	return r, nil
+}
+
+// pinnedCopy copies b into new pinned host memory, several goroutines at
+// once (a single core copies a few GB/s; a model's host weights are
+// gigabytes).
+func pinnedCopy(dev *Device, b []byte) (*cudadrv.HostMem, error) {
+	h, err := dev.ctx.HostAlloc(len(b), cudadrv.HostAllocPortable)
+	if err != nil {
+		return nil, err
+	}
+	dst := h.Bytes()
+	const chunk = 64 << 20
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, max(1, goruntime.GOMAXPROCS(0)))
+	for off := 0; off < len(b); off += chunk {
+		end := min(off+chunk, len(b))
+		sem <- struct{}{}
+		wg.Go(func() {
+			copy(dst[off:end], b[off:end])
+			<-sem
+		})
+	}
+	wg.Wait()
+	return h, nil
+}
+
+// source is where copies of b (a weight's bytes in the file) read from: its
+// pinned copy, or b itself.
+func (r *registration) source(b []byte) []byte {
+	if r == nil || r.Copied == 0 || len(b) == 0 {
+		return b
+	}
+	lo := uintptr(unsafe.Pointer(&b[0]))
+	for _, p := range r.parts {
+		if p.copy == nil {
+			continue
+		}
+		base := uintptr(unsafe.Pointer(&p.data[0]))
+		if lo >= base && lo+uintptr(len(b)) <= base+uintptr(len(p.data)) {
+			off := int(lo - base)
+			return p.copy.Bytes()[off : off+len(b)]
+		}
+	}
+	return b
 }
 
 func (r *registration) release() {
@@ -411,7 +497,12 @@ func (r *registration) release() {
 	defer registered.Unlock()
 	for _, p := range r.parts {
 		if p.refs--; p.refs == 0 {
-			_ = p.reg.Unregister()
+			if p.reg != nil {
+				_ = p.reg.Unregister()
+			}
+			if p.copy != nil {
+				_ = p.copy.Free()
+			}
 			for k, v := range registered.m {
 				if v == p {
 					delete(registered.m, k)
