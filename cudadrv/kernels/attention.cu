@@ -20,9 +20,15 @@
 //      and sum with shuffles; P = exp(S - m) goes to shared memory;
 //   3. output: warp w, lane l accumulates O[w + 4i][l + 32k] in registers,
 //      rescaled by exp(m_old - m_new) and increased by P·V.
-// Split-K (decode over long contexts): grid.z splits the positions into
-// chunks; each split writes its unnormalised O and its (max, sum) and
-// attn_combine merges them. With one split the kernel writes out directly.
+// Split-K (decode): grid.z splits the positions into chunks; each split
+// writes its unnormalised O and its (max, sum), and either attn_combine
+// merges them (a second launch), or, with a counter array (done), the last
+// block of a (token block, head block) to finish merges them in place: a
+// decode step is then one launch at every context length, and short
+// chunks give short contexts enough blocks. In that mode splits past the
+// last position exit at once; the counters start at zero and the merging
+// block sets its own back to zero, so a captured graph replays.
+// With one split the kernel writes out directly.
 //
 // Numerics: as ops.Attention.Run with an f16 cache, q is rounded to f16
 // before the products; scores and softmax are float (the CPU sums in
@@ -79,6 +85,8 @@ struct AttnParams {
     int nsplit;
     signed char *q8;            // optional: out also in ats's GPU Q8_1 layout (hs % 32 == 0)
     float2 *q8ds;               //   its block scales {d, d*sum(q)}
+    int *done;                  // optional, nsplit > 1: per (blockIdx.x, blockIdx.y) count of
+                                // finished splits; the last one merges (zero between launches)
 };
 
 // q8_1_block quantizes the 32 values v of a warp (one per lane) into one
@@ -140,6 +148,10 @@ __device__ void attn_f16(const AttnParams p)
     const int lastPos = pos0 + t0 + min(tb, p.nTok - t0) - 1;
     const int begin = split * p.chunk;
     const int end = min(begin + p.chunk, lastPos + 1);
+    // Splits that hold a position of this block's rows (merged in place).
+    const int nActive = p.nsplit > 1 ? min(p.nsplit, (lastPos + p.chunk) / p.chunk) : 1;
+    if (p.done && p.nsplit > 1 && split >= nActive)
+        return; // uniform over the block: no position to attend
 
     // Load Q rounded to f16 (as the CPU path does for an f16 cache).
     for (int i = tid; i < ATT_ROWS * hs; i += ATT_THREADS) {
@@ -206,10 +218,16 @@ __device__ void attn_f16(const AttnParams p)
                 const int pos = kv0 + c;
                 if (rowValid && pos < end && pos <= myPos) {
                     const float *kr = Ks + c * (hs + 1);
-                    float acc = 0.0f;
-                    for (int d = 0; d < hs; d++)
-                        acc += qr[d] * kr[d];
-                    s[j] = acc * p.scale;
+                    // Four chains: the dot product is a latency chain
+                    // per thread (hs % 4 == 0).
+                    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+                    for (int d = 0; d < hs; d += 4) {
+                        a0 += qr[d] * kr[d];
+                        a1 += qr[d + 1] * kr[d + 1];
+                        a2 += qr[d + 2] * kr[d + 2];
+                        a3 += qr[d + 3] * kr[d + 3];
+                    }
+                    s[j] = ((a0 + a1) + (a2 + a3)) * p.scale;
                 }
                 mx = fmaxf(mx, s[j]);
             }
@@ -299,6 +317,67 @@ __device__ void attn_f16(const AttnParams p)
             if (lane == 0) {
                 p.ml[2 * prow] = Ms[r];
                 p.ml[2 * prow + 1] = Ls[r];
+            }
+        }
+    }
+    if (p.nsplit == 1 || !p.done)
+        return;
+
+    // In-place merge: the last of the nActive splits to finish takes all.
+    __shared__ int lastSplit;
+    __threadfence(); // this block's partials are visible before its count
+    __syncthreads();
+    if (tid == 0) {
+        int *ctr = p.done + blockIdx.x * gridDim.y + blockIdx.y;
+        const int prev = atomicAdd(ctr, 1);
+        lastSplit = prev == nActive - 1;
+        if (lastSplit)
+            *ctr = 0; // every split has counted: ready for the next launch
+    }
+    __syncthreads();
+    if (!lastSplit)
+        return;
+    __threadfence();
+    // As attn_combine, rows warp + 4i, values lane + 32k; the other
+    // blocks' partials are read from L2 (__ldcg: not a stale L1 line).
+#pragma unroll
+    for (int i = 0; i < ATT_ROWS / 4; i++) {
+        const int r = warp + 4 * i;
+        if (r >= nRows)
+            continue;
+        const int t = t0 + r / p.hb, h = h0 + r % p.hb;
+        const long long row = (long long)t * p.nHeads + h;
+        const long long nr = (long long)p.nTok * p.nHeads;
+        float M = -INFINITY;
+        for (int s = 0; s < nActive; s++)
+            M = fmaxf(M, __ldcg(p.ml + 2 * (s * nr + row)));
+        float L = 0.0f;
+        float acc[DPL];
+#pragma unroll
+        for (int k = 0; k < DPL; k++)
+            acc[k] = 0.0f;
+        for (int s = 0; s < nActive; s++) {
+            const float m = __ldcg(p.ml + 2 * (s * nr + row));
+            if (m == -INFINITY)
+                continue;
+            const float e = expf(m - M);
+            L += __ldcg(p.ml + 2 * (s * nr + row) + 1) * e;
+#pragma unroll
+            for (int k = 0; k < DPL; k++) {
+                const int d = lane + 32 * k;
+                if (d < hs)
+                    acc[k] += __ldcg(p.part + (s * nr + row) * hs + d) * e;
+            }
+        }
+        const float inv = 1.0f / L;
+#pragma unroll
+        for (int k = 0; k < DPL; k++) {
+            const int d = lane + 32 * k;
+            if (d < hs) {
+                const float v = acc[k] * inv;
+                p.out[row * hs + d] = v;
+                if (p.q8)
+                    q8_1_block(v, p.q8 + row * hs + d, p.q8ds + (row * hs + d) / 32);
             }
         }
     }
