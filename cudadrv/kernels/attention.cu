@@ -36,6 +36,7 @@
 
 #define ATT_ROWS 16    // query rows per block
 #define ATT_THREADS 128 // 4 warps; ATT_ROWS * 8 threads in the score phase (8 rows * 16 in decode)
+#define ATT_MERGE_BATCH 4 // splits whose partials the in-place merge loads at once
 
 __device__ __forceinline__ float h2f(unsigned short h)
 {
@@ -324,18 +325,20 @@ __device__ void attn_f16(const AttnParams p)
         return;
 
     // In-place merge: the last of the nActive splits to finish takes all.
-    __shared__ int lastSplit;
+    // The flag lives in the P tile, unused from here on (static shared
+    // memory would count against the opt-in size the launcher grants).
+    int *lastSplit = (int *)Ps;
     __threadfence(); // this block's partials are visible before its count
     __syncthreads();
     if (tid == 0) {
         int *ctr = p.done + blockIdx.x * gridDim.y + blockIdx.y;
         const int prev = atomicAdd(ctr, 1);
-        lastSplit = prev == nActive - 1;
-        if (lastSplit)
+        *lastSplit = prev == nActive - 1;
+        if (*lastSplit)
             *ctr = 0; // every split has counted: ready for the next launch
     }
     __syncthreads();
-    if (!lastSplit)
+    if (!*lastSplit)
         return;
     __threadfence();
     // As attn_combine, rows warp + 4i, values lane + 32k; the other
@@ -348,25 +351,48 @@ __device__ void attn_f16(const AttnParams p)
         const int t = t0 + r / p.hb, h = h0 + r % p.hb;
         const long long row = (long long)t * p.nHeads + h;
         const long long nr = (long long)p.nTok * p.nHeads;
+        // The splits' loads in batches, issued before any is used: a
+        // loop that branched on each split's max would wait for it
+        // (a round trip to L2) split after split. Same sums, same order
+        // as attn_combine.
         float M = -INFINITY;
-        for (int s = 0; s < nActive; s++)
-            M = fmaxf(M, __ldcg(p.ml + 2 * (s * nr + row)));
+        for (int s0 = 0; s0 < nActive; s0 += 8) {
+            float mv[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                mv[u] = s0 + u < nActive ? __ldcg(p.ml + 2 * ((s0 + u) * nr + row)) : -INFINITY;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                M = fmaxf(M, mv[u]);
+        }
         float L = 0.0f;
         float acc[DPL];
 #pragma unroll
         for (int k = 0; k < DPL; k++)
             acc[k] = 0.0f;
-        for (int s = 0; s < nActive; s++) {
-            const float m = __ldcg(p.ml + 2 * (s * nr + row));
-            if (m == -INFINITY)
-                continue;
-            const float e = expf(m - M);
-            L += __ldcg(p.ml + 2 * (s * nr + row) + 1) * e;
+        for (int s0 = 0; s0 < nActive; s0 += ATT_MERGE_BATCH) {
+            float mv[ATT_MERGE_BATCH], lv[ATT_MERGE_BATCH], pv[ATT_MERGE_BATCH][DPL];
 #pragma unroll
-            for (int k = 0; k < DPL; k++) {
-                const int d = lane + 32 * k;
-                if (d < hs)
-                    acc[k] += __ldcg(p.part + (s * nr + row) * hs + d) * e;
+            for (int u = 0; u < ATT_MERGE_BATCH; u++) {
+                const bool in = s0 + u < nActive;
+                const long long sr = (s0 + u) * nr + row;
+                mv[u] = in ? __ldcg(p.ml + 2 * sr) : -INFINITY;
+                lv[u] = in ? __ldcg(p.ml + 2 * sr + 1) : 0.0f;
+#pragma unroll
+                for (int k = 0; k < DPL; k++) {
+                    const int d = lane + 32 * k;
+                    pv[u][k] = in && d < hs ? __ldcg(p.part + sr * hs + d) : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < ATT_MERGE_BATCH; u++) {
+                if (mv[u] == -INFINITY)
+                    continue; // a split without positions for this row (or none)
+                const float e = expf(mv[u] - M);
+                L += lv[u] * e;
+#pragma unroll
+                for (int k = 0; k < DPL; k++)
+                    acc[k] += pv[u][k] * e;
             }
         }
         const float inv = 1.0f / L;
