@@ -20,15 +20,9 @@
 //      and sum with shuffles; P = exp(S - m) goes to shared memory;
 //   3. output: warp w, lane l accumulates O[w + 4i][l + 32k] in registers,
 //      rescaled by exp(m_old - m_new) and increased by P·V.
-// Split-K (decode): grid.z splits the positions into chunks; each split
-// writes its unnormalised O and its (max, sum), and either attn_combine
-// merges them (a second launch), or, with a counter array (done), the last
-// block of a (token block, head block) to finish merges them in place: a
-// decode step is then one launch at every context length, and short
-// chunks give short contexts enough blocks. In that mode splits past the
-// last position exit at once; the counters start at zero and the merging
-// block sets its own back to zero, so a captured graph replays.
-// With one split the kernel writes out directly.
+// Split-K (decode over long contexts): grid.z splits the positions into
+// chunks; each split writes its unnormalised O and its (max, sum) and
+// attn_combine merges them. With one split the kernel writes out directly.
 //
 // Numerics: as ops.Attention.Run with an f16 cache, q is rounded to f16
 // before the products; scores and softmax are float (the CPU sums in
@@ -36,7 +30,6 @@
 
 #define ATT_ROWS 16    // query rows per block
 #define ATT_THREADS 128 // 4 warps; ATT_ROWS * 8 threads in the score phase (8 rows * 16 in decode)
-#define ATT_MERGE_BATCH 4 // splits whose partials the in-place merge loads at once
 
 __device__ __forceinline__ float h2f(unsigned short h)
 {
@@ -86,8 +79,6 @@ struct AttnParams {
     int nsplit;
     signed char *q8;            // optional: out also in ats's GPU Q8_1 layout (hs % 32 == 0)
     float2 *q8ds;               //   its block scales {d, d*sum(q)}
-    int *done;                  // optional, nsplit > 1: per (blockIdx.x, blockIdx.y) count of
-                                // finished splits; the last one merges (zero between launches)
 };
 
 // q8_1_block quantizes the 32 values v of a warp (one per lane) into one
@@ -149,10 +140,6 @@ __device__ void attn_f16(const AttnParams p)
     const int lastPos = pos0 + t0 + min(tb, p.nTok - t0) - 1;
     const int begin = split * p.chunk;
     const int end = min(begin + p.chunk, lastPos + 1);
-    // Splits that hold a position of this block's rows (merged in place).
-    const int nActive = p.nsplit > 1 ? min(p.nsplit, (lastPos + p.chunk) / p.chunk) : 1;
-    if (p.done && p.nsplit > 1 && split >= nActive)
-        return; // uniform over the block: no position to attend
 
     // Load Q rounded to f16 (as the CPU path does for an f16 cache).
     for (int i = tid; i < ATT_ROWS * hs; i += ATT_THREADS) {
@@ -219,16 +206,10 @@ __device__ void attn_f16(const AttnParams p)
                 const int pos = kv0 + c;
                 if (rowValid && pos < end && pos <= myPos) {
                     const float *kr = Ks + c * (hs + 1);
-                    // Four chains: the dot product is a latency chain
-                    // per thread (hs % 4 == 0).
-                    float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
-                    for (int d = 0; d < hs; d += 4) {
-                        a0 += qr[d] * kr[d];
-                        a1 += qr[d + 1] * kr[d + 1];
-                        a2 += qr[d + 2] * kr[d + 2];
-                        a3 += qr[d + 3] * kr[d + 3];
-                    }
-                    s[j] = ((a0 + a1) + (a2 + a3)) * p.scale;
+                    float acc = 0.0f;
+                    for (int d = 0; d < hs; d++)
+                        acc += qr[d] * kr[d];
+                    s[j] = acc * p.scale;
                 }
                 mx = fmaxf(mx, s[j]);
             }
@@ -318,92 +299,6 @@ __device__ void attn_f16(const AttnParams p)
             if (lane == 0) {
                 p.ml[2 * prow] = Ms[r];
                 p.ml[2 * prow + 1] = Ls[r];
-            }
-        }
-    }
-    if (p.nsplit == 1 || !p.done)
-        return;
-
-    // In-place merge: the last of the nActive splits to finish takes all.
-    // The flag lives in the P tile, unused from here on (static shared
-    // memory would count against the opt-in size the launcher grants).
-    int *lastSplit = (int *)Ps;
-    __threadfence(); // this block's partials are visible before its count
-    __syncthreads();
-    if (tid == 0) {
-        int *ctr = p.done + blockIdx.x * gridDim.y + blockIdx.y;
-        const int prev = atomicAdd(ctr, 1);
-        *lastSplit = prev == nActive - 1;
-        if (*lastSplit)
-            *ctr = 0; // every split has counted: ready for the next launch
-    }
-    __syncthreads();
-    if (!*lastSplit)
-        return;
-    __threadfence();
-    // As attn_combine, rows warp + 4i, values lane + 32k; the other
-    // blocks' partials are read from L2 (__ldcg: not a stale L1 line).
-#pragma unroll
-    for (int i = 0; i < ATT_ROWS / 4; i++) {
-        const int r = warp + 4 * i;
-        if (r >= nRows)
-            continue;
-        const int t = t0 + r / p.hb, h = h0 + r % p.hb;
-        const long long row = (long long)t * p.nHeads + h;
-        const long long nr = (long long)p.nTok * p.nHeads;
-        // The splits' loads in batches, issued before any is used: a
-        // loop that branched on each split's max would wait for it
-        // (a round trip to L2) split after split. Same sums, same order
-        // as attn_combine.
-        float M = -INFINITY;
-        for (int s0 = 0; s0 < nActive; s0 += 8) {
-            float mv[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                mv[u] = s0 + u < nActive ? __ldcg(p.ml + 2 * ((s0 + u) * nr + row)) : -INFINITY;
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                M = fmaxf(M, mv[u]);
-        }
-        float L = 0.0f;
-        float acc[DPL];
-#pragma unroll
-        for (int k = 0; k < DPL; k++)
-            acc[k] = 0.0f;
-        for (int s0 = 0; s0 < nActive; s0 += ATT_MERGE_BATCH) {
-            float mv[ATT_MERGE_BATCH], lv[ATT_MERGE_BATCH], pv[ATT_MERGE_BATCH][DPL];
-#pragma unroll
-            for (int u = 0; u < ATT_MERGE_BATCH; u++) {
-                const bool in = s0 + u < nActive;
-                const long long sr = (s0 + u) * nr + row;
-                mv[u] = in ? __ldcg(p.ml + 2 * sr) : -INFINITY;
-                lv[u] = in ? __ldcg(p.ml + 2 * sr + 1) : 0.0f;
-#pragma unroll
-                for (int k = 0; k < DPL; k++) {
-                    const int d = lane + 32 * k;
-                    pv[u][k] = in && d < hs ? __ldcg(p.part + sr * hs + d) : 0.0f;
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < ATT_MERGE_BATCH; u++) {
-                if (mv[u] == -INFINITY)
-                    continue; // a split without positions for this row (or none)
-                const float e = expf(mv[u] - M);
-                L += lv[u] * e;
-#pragma unroll
-                for (int k = 0; k < DPL; k++)
-                    acc[k] += pv[u][k] * e;
-            }
-        }
-        const float inv = 1.0f / L;
-#pragma unroll
-        for (int k = 0; k < DPL; k++) {
-            const int d = lane + 32 * k;
-            if (d < hs) {
-                const float v = acc[k] * inv;
-                p.out[row * hs + d] = v;
-                if (p.q8)
-                    q8_1_block(v, p.q8 + row * hs + d, p.q8ds + (row * hs + d) / 32);
             }
         }
     }

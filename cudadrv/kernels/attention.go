@@ -102,12 +102,6 @@ type AttnArgs struct {
 	// cache size: a graph captured with them replays at any position.
 	Splits, Chunk int
 	Part, ML      cudadrv.DevicePtr
-	// Done, when set with Splits > 1, holds AttnCounterBytes of int32
-	// counters, zero before the first launch (each launch leaves them
-	// zero): the last split of each head block to finish merges the
-	// partials itself, so no attn_combine launch follows, and splits past
-	// the last position exit at once.
-	Done cudadrv.DevicePtr
 
 	// Q8, when set, also receives Out in the Q8_1 layout of QuantizeQ8_1
 	// (Q8_1Bytes(NTok, NHeads*HeadSize); HeadSize % 32 == 0): the input of
@@ -122,24 +116,16 @@ func AttnScratch(nTok, nHeads, headSize, splits int) (part, ml int) {
 	return 4 * rows * headSize, 8 * rows
 }
 
-// AttnCounterBytes is the bytes of Done for a launch of nTok rows.
-func AttnCounterBytes(nTok, nHeads int) int { return 4 * nTok * nHeads }
-
 // DecodeSplits chooses the split-K layout for decoding over a cache of ctx
 // positions: about two blocks per multiprocessor when the cache is full,
-// chunks of at least 16 positions (a multiple of 16), so that a short
-// context still spreads over several blocks per KV head. Positions past
-// the current one leave the later splits empty; they exit at once.
+// chunks of at least 64 positions. Short contexts leave the later splits
+// empty; they exit at once.
 func DecodeSplits(ctx, nKV, multiprocessors int) (splits, chunk int) {
 	want := max(1, 2*multiprocessors/max(1, nKV))
-	chunk = max(attnMinChunk, (ctx+want-1)/want)
-	chunk = (chunk + attnMinChunk - 1) &^ (attnMinChunk - 1)
+	chunk = max(64, (ctx+want-1)/want)
+	chunk = (chunk + 63) &^ 63
 	return (ctx + chunk - 1) / chunk, chunk
 }
-
-// attnMinChunk is the shortest split: one 16-position tile (the score
-// phase's 16 threads a row take one position each).
-const attnMinChunk = 16
 
 // attnPlan is the launch shape of a head size and group.
 type attnPlan struct {
@@ -210,14 +196,6 @@ func (k *Attention) Run(s *cudadrv.Stream, a *AttnArgs) error {
 	} else if chunk <= 0 || a.Part == 0 || a.ML == 0 {
 		return fmt.Errorf("kernels: split attention needs a chunk size and scratch")
 	}
-	if splits > 1 {
-		// A tile longer than a chunk would only load and multiply zeros.
-		for p.bk > chunk && p.bk > p.tpr {
-			p.bk /= 2
-		}
-		hs := a.HeadSize
-		p.shared = 4 * (attnRows*(hs+1) + p.bk*(hs+1) + p.bk*hs + attnRows*p.bk + 3*attnRows)
-	}
 	tb := attnRows / p.hb
 	grid := cudadrv.Dim3{X: uint32(cudadrv.Blocks(a.NTok, tb)), Y: uint32(a.NHeads / p.hb), Z: uint32(splits)}
 	var q8, q8ds cudadrv.DevicePtr
@@ -227,14 +205,10 @@ func (k *Attention) Run(s *cudadrv.Stream, a *AttnArgs) error {
 		}
 		q8, q8ds = a.Q8, a.Q8.Add(align16(a.NTok*a.NHeads*a.HeadSize))
 	}
-	// struct AttnParams of attention.cu: 7 pointers, a float, 9 ints and 3
+	// struct AttnParams of attention.cu: 7 pointers, a float, 9 ints and 2
 	// more pointers (the 9th int ends where the 8-byte aligned pointers
 	// begin, at 96).
-	var done cudadrv.DevicePtr
-	if splits > 1 {
-		done = a.Done
-	}
-	var b [120]byte
+	var b [112]byte
 	for i, ptr := range []cudadrv.DevicePtr{a.Out, a.Part, a.ML, a.Q, a.K, a.V, a.Pos0} {
 		binary.LittleEndian.PutUint64(b[8*i:], uint64(ptr))
 	}
@@ -244,7 +218,6 @@ func (k *Attention) Run(s *cudadrv.Stream, a *AttnArgs) error {
 	}
 	binary.LittleEndian.PutUint64(b[96:], uint64(q8))
 	binary.LittleEndian.PutUint64(b[104:], uint64(q8ds))
-	binary.LittleEndian.PutUint64(b[112:], uint64(done))
 	if err := k.ready(); err != nil {
 		return err
 	}
@@ -253,7 +226,7 @@ func (k *Attention) Run(s *cudadrv.Stream, a *AttnArgs) error {
 	}); err != nil {
 		return err
 	}
-	if splits == 1 || done != 0 {
+	if splits == 1 {
 		return nil
 	}
 	rows := a.NTok * a.NHeads

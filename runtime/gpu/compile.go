@@ -490,7 +490,7 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 		if n == 1 && g.attn.splits > 1 {
 			// Decode: split the positions across blocks. The split count
 			// covers the whole cache, so a captured graph fits any position.
-			args.Splits, args.Chunk, args.Part, args.ML, args.Done = g.attn.splits, g.attn.chunk, g.attn.part, g.attn.ml, g.attn.done
+			args.Splits, args.Chunk, args.Part, args.ML = g.attn.splits, g.attn.chunk, g.attn.part, g.attn.ml
 		}
 		if link != nil && g.q8Ready(link.group, n) {
 			args.Q8 = g.act

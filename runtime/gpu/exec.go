@@ -56,13 +56,8 @@ type Exec struct {
 	attn struct { // split-K decode attention
 		splits, chunk int
 		part, ml      cudadrv.DevicePtr
-		done          cudadrv.DevicePtr // its merge counters, in counters
 	}
-	// counters are the kernels' completion counters (last block merges):
-	// zeroed once at New, each launch leaves its own zero again.
-	counters     cudadrv.DevicePtr
-	counterWords int
-	st           streamer
+	st streamer
 
 	ws      *weightSet
 	resolve func(*ir.Weight) (*mat, error) // during compile: resident or streamed
@@ -220,14 +215,6 @@ func (g *Exec) layout(dev *Device, w WeightOps, p *ir.Program, cfg Config) []buf
 		}
 		add("attention partials", int64(part), &g.attn.part)
 		add("attention maxima", int64(ml), &g.attn.ml)
-		var done int
-		for i := range p.Ops {
-			if a := p.Ops[i].Attn; a != nil && runs(i) {
-				done = max(done, kernels.AttnCounterBytes(1, a.NHeads))
-			}
-		}
-		g.counterWords = done / 4
-		add("kernel counters", int64(done), &g.counters)
 	}
 	if ring := RingBytes(w, p, cfg.Streams, cfg.RingBytes); ring > 0 {
 		g.st.bytes = ring
@@ -313,12 +300,6 @@ func New(dev *Device, w WeightOps, p *ir.Program, cfg Config) (g *Exec, err erro
 	for _, s := range specs {
 		*s.dst = g.arena.Add(int(off))
 		off += align(s.bytes)
-	}
-	if g.counterWords > 0 {
-		if err = dev.ctx.MemsetD32(g.counters, 0, g.counterWords); err != nil {
-			return nil, fmt.Errorf("gpu: kernel counters: %w", err)
-		}
-		g.attn.done = g.counters
 	}
 	if g.in, err = dev.ctx.HostAlloc(4*(1+cfg.Batch), cudadrv.HostAllocPortable); err != nil {
 		return nil, fmt.Errorf("gpu: %w", err)

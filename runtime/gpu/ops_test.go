@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"testing"
 	"unsafe"
 
@@ -403,30 +402,23 @@ func TestGPUOps(t *testing.T) {
 	// split-K decode over a long cache, a chunk of a prompt after a cache.
 	type attnCase struct {
 		nTok, pos0, heads, kv, hs, splitCtx int
-		merge                               bool // split-K merged in place (Done), twice: the counters reset
 	}
 	for _, c := range []attnCase{
-		{1, 0, 8, 2, 64, 0, false},
-		{9, 0, 8, 2, 64, 0, false},
-		{7, 0, 8, 4, 32, 0, false},
-		{5, 37, 40, 8, 128, 0, false},
-		{1, 1000, 40, 8, 128, 4096, false}, // split-K decode
-		{1, 70, 32, 4, 128, 4096, false},   // split-K, most splits empty
-		{33, 100, 12, 12, 80, 0, false},    // MHA, head size 80
-		{3, 5, 16, 1, 256, 0, false},       // MQA, head size 256
-		{130, 0, 6, 2, 64, 0, false},       // many tiles
-		{1, 513, 6, 3, 96, 1024, false},    // split-K, head size 96
-		{2, 10, 8, 2, 64, 0, false},        // 8 rows a block: 16 threads a row
-		{1, 300, 16, 1, 256, 0, false},     // decode, 16 heads a block, big tile
-		{1, 63, 40, 8, 128, 0, false},      // decode without splits (tg64's cache)
-		{1, 1000, 40, 8, 128, 4096, true},  // split-K merged in place
-		{1, 70, 32, 4, 128, 4096, true},    // most splits empty
-		{1, 63, 32, 4, 128, 64, true},      // tg64's cache, 30B-A3B heads
-		{1, 0, 40, 8, 128, 64, true},       // the first token: one split
-		{1, 513, 6, 3, 96, 1024, true},     // head size 96: no Q8_1
-		{1, 200, 16, 1, 256, 512, true},    // MQA, head size 256
+		{1, 0, 8, 2, 64, 0},
+		{9, 0, 8, 2, 64, 0},
+		{7, 0, 8, 4, 32, 0},
+		{5, 37, 40, 8, 128, 0},
+		{1, 1000, 40, 8, 128, 4096}, // split-K decode
+		{1, 70, 32, 4, 128, 4096},   // split-K, most splits empty
+		{33, 100, 12, 12, 80, 0},    // MHA, head size 80
+		{3, 5, 16, 1, 256, 0},       // MQA, head size 256
+		{130, 0, 6, 2, 64, 0},       // many tiles
+		{1, 513, 6, 3, 96, 1024},    // split-K, head size 96
+		{2, 10, 8, 2, 64, 0},        // 8 rows a block: 16 threads a row
+		{1, 300, 16, 1, 256, 0},     // decode, 16 heads a block, big tile
+		{1, 63, 40, 8, 128, 0},      // decode without splits (tg64's cache)
 	} {
-		run(fmt.Sprintf("attention/tok=%d,pos=%d,heads=%d/%d,hs=%d,split_ctx=%d,merge=%v", c.nTok, c.pos0, c.heads, c.kv, c.hs, c.splitCtx, c.merge), func(g *gpuT) {
+		run(fmt.Sprintf("attention/tok=%d,pos=%d,heads=%d/%d,hs=%d,split_ctx=%d", c.nTok, c.pos0, c.heads, c.kv, c.hs, c.splitCtx), func(g *gpuT) {
 			a := &ops.Attention{NHeads: c.heads, NKVHeads: c.kv, HeadSize: c.hs, Scale: ops.DefaultScale(c.hs)}
 			total := c.pos0 + c.nTok
 			width := c.kv * c.hs
@@ -451,9 +443,6 @@ func TestGPUOps(t *testing.T) {
 				pb, mb := kernels.AttnScratch(c.nTok, c.heads, c.hs, args.Splits)
 				args.Part, args.ML = g.poison(pb/4), g.poison(mb/4)
 				g.t.Logf("%d splits of %d positions", args.Splits, args.Chunk)
-				if c.merge {
-					args.Done = up(g, make([]int32, kernels.AttnCounterBytes(c.nTok, c.heads)/4))
-				}
 			}
 			if c.hs%32 == 0 {
 				args.Q8 = g.alloc(kernels.Q8_1Bytes(c.nTok, c.heads*c.hs))
@@ -461,18 +450,6 @@ func TestGPUOps(t *testing.T) {
 			g.check(dev.attn.Run(g.s, &args))
 			got := down[float32](g, args.Out, len(q))
 			expectClose(g.t, "attention", got, want, 1e-6)
-			if c.merge {
-				// Again into a poisoned output: the first launch must have
-				// left its counters at zero, and the merge is deterministic.
-				first := got
-				args.Out = g.poison(len(q))
-				g.check(dev.attn.Run(g.s, &args))
-				got = down[float32](g, args.Out, len(q))
-				expectClose(g.t, "attention, second launch", got, first, 0)
-				if n := down[int32](g, args.Done, kernels.AttnCounterBytes(c.nTok, c.heads)/4); slices.ContainsFunc(n, func(v int32) bool { return v != 0 }) {
-					g.t.Errorf("counters after the launch: %v", n)
-				}
-			}
 			if args.Q8 != 0 {
 				checkQ8(g, args.Q8, got, c.nTok, c.heads*c.hs)
 			}
