@@ -186,11 +186,11 @@ __device__ __forceinline__ void norm_ex_regs(float *sum, const float *a, const f
 // The norm with the MoE weighted sum, the row in registers: up to
 // NORM_MOE_SLOTS slots and ITEMS values a thread (2: rows up to 2048 wide
 // with 1024 threads; 4 would spill under the 64 registers of 1024-thread
-// blocks). Every input of the row
-// (a, the slots' weights and outputs) is loaded before the first store, so
-// the whole row is one memory round trip rather than one per value (the
-// loop in rms_norm_ex waits for each value's stores before the next
-// loads). The sum's expressions and order are the loop's.
+// blocks). Every input of the row (a, the slots' weights and outputs) is
+// loaded before the first store, so the whole row is one memory round
+// trip rather than one per value (the loop below waits for each value's
+// stores before the next loads). The sum's expressions and order are the
+// loop's.
 #define NORM_MOE_SLOTS 8
 
 template <int ITEMS>
