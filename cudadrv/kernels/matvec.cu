@@ -489,6 +489,16 @@ __device__ __forceinline__ void stage_store(uint4 *st, const uint4 *v, int nvec,
     }
 }
 
+// A further matrix of a launch: products of the same input, weight type
+// and width (Q, K and V; an MoE layer's gate and up stacks) share one
+// launch, each owning a range of blockIdx.x from bx0 on.
+struct MvMember {
+    const u8 *W;
+    float *out;
+    long long rowBytes, ldOut, expertBytes;
+    int rows, bx0;
+};
+
 // The launch parameters every matvec kernel takes.
 struct MvArgs {
     const u8 *W;          // weights (16-byte aligned), or the expert stack
@@ -505,12 +515,37 @@ struct MvArgs {
     const int *ids;       // MoE: expert of problem blockIdx.y, else NULL
     long long expertBytes;
     int actDiv;           // activation row of problem p: p / actDiv
+    int nextra;           // further matrices in this launch (0..2), below
+    MvMember m[2];
 };
+
+// MvMat is the matrix a block works on: member 0 (MvArgs's own fields) for
+// blockIdx.x below m[0].bx0, else the last extra member whose bx0 it
+// reaches; bx is the block's index within that matrix. Scalars, not a
+// copy of MvArgs: a local copy of the struct would live in local memory.
+struct MvMat {
+    const u8 *W;
+    float *out;
+    long long rowBytes, ldOut, expertBytes;
+    int rows, bx;
+};
+
+__device__ __forceinline__ MvMat mv_member(const MvArgs &a)
+{
+    const int bx = blockIdx.x;
+    MvMat m = {a.W, a.out, a.rowBytes, a.ldOut, a.expertBytes, a.rows, bx};
+    if (a.nextra > 1 && bx >= a.m[1].bx0) {
+        m = {a.m[1].W, a.m[1].out, a.m[1].rowBytes, a.m[1].ldOut, a.m[1].expertBytes, a.m[1].rows, bx - a.m[1].bx0};
+    } else if (a.nextra > 0 && bx >= a.m[0].bx0) {
+        m = {a.m[0].W, a.m[0].out, a.m[0].rowBytes, a.m[0].ldOut, a.m[0].expertBytes, a.m[0].rows, bx - a.m[0].bx0};
+    }
+    return m;
+}
 
 // Reduces the R x NTOK sums over the warp, then over the ks warps of the
 // row group (through red), and writes them: out[(p + t) * ldOut + row].
 template <int NTOK, int R>
-__device__ __forceinline__ void mv_store(const MvArgs &a, float *acc, float (*red)[R * NTOK], int row0, int p)
+__device__ __forceinline__ void mv_store(const MvArgs &a, const MvMat &mm, float *acc, float (*red)[R * NTOK], int row0, int p)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kw = warp % a.ks;
 #pragma unroll
@@ -529,11 +564,11 @@ __device__ __forceinline__ void mv_store(const MvArgs &a, float *acc, float (*re
     __syncthreads();
     if (kw == 0 && lane < R * NTOK) {
         const int r = lane / NTOK, t = lane % NTOK;
-        if (row0 + r < a.rows && t < a.ntok) {
+        if (row0 + r < mm.rows && t < a.ntok) {
             float s = 0.f;
             for (int w = warp; w < warp + a.ks; w++)
                 s += red[w][lane];
-            a.out[(long long)(p + t) * a.ldOut + row0 + r] = s;
+            mm.out[(long long)(p + t) * mm.ldOut + row0 + r] = s;
         }
     }
 }
@@ -542,8 +577,11 @@ __device__ __forceinline__ void mv_store(const MvArgs &a, float *acc, float (*re
 // calls op.chunk(stage rows, misalignments, chunk index, lane, acc) for
 // each chunk the warp owns; then reduces and writes the R x NTOK results.
 template <class Op, int NTOK, int R>
-__device__ __forceinline__ void mv_drive(const MvArgs &a)
+__device__ __forceinline__ void mv_drive(const MvArgs &a0)
 {
+    const MvArgs &a = a0;
+    const MvMat mm = mv_member(a);
+    const int bx = mm.bx;
     typedef Stage<Op::CBYTES> S;
     __shared__ uint4 stage[MV_WARPS][R][S::SV];
     __shared__ float red[MV_WARPS][R * NTOK];
@@ -551,14 +589,14 @@ __device__ __forceinline__ void mv_drive(const MvArgs &a)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ks = a.ks, rg = warp / ks, kw = warp % ks;
     const int p = blockIdx.y;
-    const u8 *Wp = a.W + (a.ids ? (long long)a.ids[p] * a.expertBytes : 0ll);
-    const int row0 = (blockIdx.x * (MV_WARPS / ks) + rg) * R;
+    const u8 *Wp = mm.W + (a.ids ? (long long)a.ids[p] * mm.expertBytes : 0ll);
+    const int row0 = (bx * (MV_WARPS / ks) + rg) * R;
     const int nchunk = Op::nchunk(a);
 
     const u8 *rp[R];
 #pragma unroll
     for (int r = 0; r < R; r++)
-        rp[r] = Wp + (long long)min(row0 + r, a.rows - 1) * a.rowBytes;
+        rp[r] = Wp + (long long)min(row0 + r, mm.rows - 1) * mm.rowBytes;
 
     float acc[R * NTOK];
 #pragma unroll
@@ -572,7 +610,7 @@ __device__ __forceinline__ void mv_drive(const MvArgs &a)
 #pragma unroll
         for (int r = 0; r < R; r++)
             mis[r] = stage_load<S::VPL>(rp[r], (long long)c * Op::CBYTES,
-                                        (int)min((long long)Op::CBYTES, a.rowBytes - (long long)c * Op::CBYTES), lane,
+                                        (int)min((long long)Op::CBYTES, mm.rowBytes - (long long)c * Op::CBYTES), lane,
                                         v[r], nvec[r]);
     }
     for (; c < nchunk; c += ks) {
@@ -589,7 +627,7 @@ __device__ __forceinline__ void mv_drive(const MvArgs &a)
 #pragma unroll
             for (int r = 0; r < R; r++)
                 mis[r] = stage_load<S::VPL>(rp[r], (long long)cn * Op::CBYTES,
-                                            (int)min((long long)Op::CBYTES, a.rowBytes - (long long)cn * Op::CBYTES),
+                                            (int)min((long long)Op::CBYTES, mm.rowBytes - (long long)cn * Op::CBYTES),
                                             lane, v[r], nvec[r]);
         }
         const u8 *st[R];
@@ -599,7 +637,7 @@ __device__ __forceinline__ void mv_drive(const MvArgs &a)
         Op::template chunk<NTOK, R>(a, st, c, lane, p / a.actDiv, acc);
     }
 
-    mv_store<NTOK, R>(a, acc, red, row0, p);
+    mv_store<NTOK, R>(a, mm, acc, red, row0, p);
 }
 
 // ---------------------------------------------------------------- integer chunks
@@ -652,16 +690,19 @@ struct K4Regs {
 };
 
 template <int T, int NTOK, int R>
-__device__ __forceinline__ void mv_direct_k4(const MvArgs &a)
+__device__ __forceinline__ void mv_direct_k4(const MvArgs &a0)
 {
+    const MvArgs &a = a0;
+    const MvMat mm = mv_member(a);
+    const int bx = mm.bx;
     enum { BB = Fmt<T>::BB, CB = 4 };
     __shared__ float red[MV_WARPS][R * NTOK];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ks = a.ks, rg = warp / ks, kw = warp % ks;
     const int p = blockIdx.y;
-    const u8 *Wp = a.W + (a.ids ? (long long)a.ids[p] * a.expertBytes : 0ll);
-    const int row0 = (blockIdx.x * (MV_WARPS / ks) + rg) * R;
+    const u8 *Wp = mm.W + (a.ids ? (long long)a.ids[p] * mm.expertBytes : 0ll);
+    const int row0 = (bx * (MV_WARPS / ks) + rg) * R;
     const int nblk = a.cols >> 8, nchunk = (nblk + CB - 1) / CB;
     const int b = lane >> 3, u = lane & 7;
     const int qsOff = k4_qs_off<T>(u), qhOff = k4_qh_off(u);
@@ -670,7 +711,7 @@ __device__ __forceinline__ void mv_direct_k4(const MvArgs &a)
     const u8 *rp[R];
 #pragma unroll
     for (int r = 0; r < R; r++)
-        rp[r] = Wp + (long long)min(row0 + r, a.rows - 1) * a.rowBytes;
+        rp[r] = Wp + (long long)min(row0 + r, mm.rows - 1) * mm.rowBytes;
 
     float acc[R * NTOK];
 #pragma unroll
@@ -727,7 +768,7 @@ __device__ __forceinline__ void mv_direct_k4(const MvArgs &a)
             load(c + 2 * ks, ra);
         compute(c + ks, rb);
     }
-    mv_store<NTOK, R>(a, acc, red, row0, p);
+    mv_store<NTOK, R>(a, mm, acc, red, row0, p);
 }
 
 // ---------------------------------------------------------------- float chunks

@@ -183,22 +183,101 @@ __device__ __forceinline__ void norm_ex_regs(float *sum, const float *a, const f
     }
 }
 
-extern "C" __global__ void __launch_bounds__(1024) rms_norm_ex(float *sum, const float *a, const float *b,
-                                       const float *y, const float *yw, int k, float *bout,
-                                       float *dst, const float *w,
-                                       signed char *q, float2 *ds,
-                                       int cols, float eps, long long rows)
+// The norm with the MoE weighted sum, the row in registers: up to
+// NORM_MOE_SLOTS slots and ITEMS values a thread (2: rows up to 2048 wide
+// with 1024 threads; 4 would spill under the 64 registers of 1024-thread
+// blocks). Every input of the row (a, the slots' weights and outputs) is
+// loaded before the first store, so the whole row is one memory round
+// trip rather than one per value (the loop below waits for each value's
+// stores before the next loads). The sum's expressions and order are the
+// loop's.
+#define NORM_MOE_SLOTS 8
+
+template <int ITEMS>
+__device__ __forceinline__ void norm_ex_moe_regs(float *sum, const float *a, const float *y, const float *yw, int k,
+                                                 float *bout, float *dst, const float *w,
+                                                 signed char *q, float2 *ds,
+                                                 int cols, float eps, long long r, float *red)
+{
+    const long long o = r * cols;
+    float wj[NORM_MOE_SLOTS];
+#pragma unroll
+    for (int j = 0; j < NORM_MOE_SLOTS; j++)
+        wj[j] = j < k ? yw[r * k + j] : 0.0f;
+    float v[ITEMS], yv[ITEMS][NORM_MOE_SLOTS];
+#pragma unroll
+    for (int it = 0; it < ITEMS; it++) {
+        const int i = it * blockDim.x + threadIdx.x;
+        v[it] = i < cols ? a[o + i] : 0.0f;
+        const float *yr = y + o * k + i;
+#pragma unroll
+        for (int j = 0; j < NORM_MOE_SLOTS; j++)
+            yv[it][j] = (j < k && i < cols) ? yr[(long long)j * cols] : 0.0f;
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int it = 0; it < ITEMS; it++) {
+        const int i = it * blockDim.x + threadIdx.x;
+        float t = __fmul_rn(yv[it][0], wj[0]);
+#pragma unroll
+        for (int j = 1; j < NORM_MOE_SLOTS; j++)
+            if (j < k)
+                t = __fadd_rn(t, __fmul_rn(yv[it][j], wj[j]));
+        v[it] = __fadd_rn(v[it], t);
+        if (i < cols) {
+            if (bout)
+                bout[o + i] = t;
+            if (sum)
+                sum[o + i] = v[it];
+        }
+        s += v[it] * v[it]; // zero past the row
+    }
+    if (!dst)
+        return; // the add alone; every thread of the block returns alike
+    const float scale = rms_scale(block_sum(s, red), cols, eps);
+#pragma unroll
+    for (int it = 0; it < ITEMS; it++) {
+        const int i0 = it * blockDim.x;
+        const int i = i0 + threadIdx.x;
+        if (i0 >= cols)
+            break; // uniform over the block
+        float x = v[it] * scale;
+        if (i < cols) {
+            if (w)
+                x = x * w[i];
+            dst[o + i] = x;
+        }
+        if (q && i0 + (threadIdx.x & ~31) < cols)
+            q8_1_block(x, q + o + i, ds + (o + i) / 32);
+    }
+}
+
+// MOE: the kernel for the MoE sum (rms_norm_ex_moe), with its register
+// paths; a kernel of its own, so that their registers do not weigh on the
+// plain and residual norms' code (rms_norm_ex).
+template <bool MOE>
+__device__ __forceinline__ void rms_norm_ex_body(float *sum, const float *a, const float *b,
+                                                 const float *y, const float *yw, int k, float *bout,
+                                                 float *dst, const float *w,
+                                                 signed char *q, float2 *ds,
+                                                 int cols, float eps, long long rows)
 {
     __shared__ float red[32];
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
         // Measured on an H200 (docs/bench/gpu.md): registers help the plain
-        // and residual norms a little; with the MoE sum they lose (its slot
-        // loop is serial there, per element in the loop below), so that
-        // takes the loop.
+        // and residual norms a little. The MoE sum takes its own register
+        // path (all loads first; blocks of up to 1024 threads, see
+        // RMSNormEx) for up to NORM_MOE_SLOTS slots and rows up to twice
+        // the block, else the loop.
         if (k == 0 && cols <= NORM_ITEMS * (int)blockDim.x) {
             norm_ex_regs(sum, a, b, bout, dst, w, q, ds, cols, eps, r, red);
             continue;
         }
+        if (MOE && k > 0 && k <= NORM_MOE_SLOTS && cols <= 2 * (int)blockDim.x) {
+            norm_ex_moe_regs<2>(sum, a, y, yw, k, bout, dst, w, q, ds, cols, eps, r, red);
+            continue;
+        }
+
         const long long o = r * cols;
         float s = 0.0f;
         for (int i = threadIdx.x; i < cols; i += blockDim.x) {
@@ -257,4 +336,22 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_ex(float *sum, const
                 q8_1_block(v, q + o + i, ds + (o + i) / 32);
         }
     }
+}
+
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_ex(float *sum, const float *a, const float *b,
+                                                               const float *y, const float *yw, int k, float *bout,
+                                                               float *dst, const float *w,
+                                                               signed char *q, float2 *ds,
+                                                               int cols, float eps, long long rows)
+{
+    rms_norm_ex_body<false>(sum, a, b, y, yw, k, bout, dst, w, q, ds, cols, eps, rows);
+}
+
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_ex_moe(float *sum, const float *a, const float *b,
+                                                                   const float *y, const float *yw, int k, float *bout,
+                                                                   float *dst, const float *w,
+                                                                   signed char *q, float2 *ds,
+                                                                   int cols, float eps, long long rows)
+{
+    rms_norm_ex_body<true>(sum, a, b, y, yw, k, bout, dst, w, q, ds, cols, eps, rows);
 }

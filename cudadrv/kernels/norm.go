@@ -13,6 +13,8 @@ type Norm struct {
 	rmsNorm    *cudadrv.Function
 	addRMSNorm *cudadrv.Function
 	rmsNormEx  *cudadrv.Function
+	// rmsNormExMoE is rms_norm_ex with the MoE sum's register paths.
+	rmsNormExMoE *cudadrv.Function
 }
 
 // NewNorm prepares norm.cu's kernels for the context's device; the module
@@ -23,6 +25,7 @@ func NewNorm(ctx *cudadrv.Context) (*Norm, error) {
 		"rms_norm_f32":     &k.rmsNorm,
 		"add_rms_norm_f32": &k.addRMSNorm,
 		"rms_norm_ex":      &k.rmsNormEx,
+		"rms_norm_ex_moe":  &k.rmsNormExMoE,
 	})
 	if err != nil {
 		return nil, err
@@ -114,7 +117,13 @@ func (k *Norm) RMSNormEx(s *cudadrv.Stream, a *NormEx) error {
 	if err := k.ready(); err != nil {
 		return err
 	}
-	return launch(k.rmsNormEx, s, normGrid(a.Rows), normBlock(a.Cols), 0, func(p *cudadrv.Args) {
+	f, block := k.rmsNormEx, normBlock(a.Cols)
+	if a.K > 0 {
+		// The MoE sum's register path holds NORM_MOE_SLOTS values per
+		// column: two columns a thread, not normBlock's four.
+		f, block = k.rmsNormExMoE, cudadrv.D1(min(1024, max(32, (a.Cols/2+31)&^31)))
+	}
+	return launch(f, s, normGrid(a.Rows), block, 0, func(p *cudadrv.Args) {
 		p.Ptr(a.Sum).Ptr(a.A).Ptr(a.B).Ptr(a.Y).Ptr(a.YW).I32(int32(a.K)).Ptr(a.BOut).
 			Ptr(a.Dst).Ptr(a.W).Ptr(q).Ptr(ds).I32(int32(a.Cols)).F32(a.Eps).I64(int64(a.Rows))
 	})

@@ -254,7 +254,19 @@ func (w *WeightOps) convert(s *cudadrv.Stream, x cudadrv.DevicePtr, ldx, nRows, 
 
 // ---- matrix-vector products
 
-// mvArgs mirrors struct MvArgs of matvec.cu (112 bytes, natural alignment).
+// mvMember mirrors struct MvMember of matvec.cu (48 bytes): a further
+// matrix of a launch.
+type mvMember struct {
+	w                            cudadrv.DevicePtr
+	out                          cudadrv.DevicePtr
+	rowBytes, ldOut, expertBytes int64
+	rows, bx0                    int32
+}
+
+// mvArgsBytes is the size of struct MvArgs of matvec.cu.
+const mvArgsBytes = 208
+
+// mvArgs mirrors struct MvArgs of matvec.cu (natural alignment).
 type mvArgs struct {
 	w              cudadrv.DevicePtr
 	rowBytes       int64
@@ -267,9 +279,11 @@ type mvArgs struct {
 	ids            cudadrv.DevicePtr
 	expertBytes    int64
 	actDiv         int32
+	nextra         int32
+	m              [2]mvMember
 }
 
-func (p *mvArgs) encode(b *[112]byte) {
+func (p *mvArgs) encode(b *[mvArgsBytes]byte) {
 	le := binary.LittleEndian
 	le.PutUint64(b[0:], uint64(p.w))
 	le.PutUint64(b[8:], uint64(p.rowBytes))
@@ -288,13 +302,24 @@ func (p *mvArgs) encode(b *[112]byte) {
 	le.PutUint64(b[88:], uint64(p.ids))
 	le.PutUint64(b[96:], uint64(p.expertBytes))
 	le.PutUint32(b[104:], uint32(p.actDiv))
-	le.PutUint32(b[108:], 0)
+	le.PutUint32(b[108:], uint32(p.nextra))
+	for i, m := range p.m {
+		o := 112 + 48*i
+		le.PutUint64(b[o:], uint64(m.w))
+		le.PutUint64(b[o+8:], uint64(m.out))
+		le.PutUint64(b[o+16:], uint64(m.rowBytes))
+		le.PutUint64(b[o+24:], uint64(m.ldOut))
+		le.PutUint64(b[o+32:], uint64(m.expertBytes))
+		le.PutUint32(b[o+40:], uint32(m.rows))
+		le.PutUint32(b[o+44:], uint32(m.bx0))
+	}
 }
 
 const mvWarps = 4 // MV_WARPS
 
 // mvLaunch picks the kernel for nTok (<= 8) tokens and the K split, and
-// queues problems matvecs of p.rows rows.
+// queues problems matvecs of p.rows rows (and of each extra member's rows,
+// p.nextra of them, in the same launch).
 func (w *WeightOps) mvLaunch(s *cudadrv.Stream, k *typeKernels, m Matrix, p *mvArgs, nTok, problems int) error {
 	if err := w.matvec.ready(); err != nil {
 		return err
@@ -329,15 +354,24 @@ func (w *WeightOps) mvLaunch(s *cudadrv.Stream, k *typeKernels, m Matrix, p *mvA
 		chunkVals = 512
 	}
 	nchunk := (m.Cols + chunkVals - 1) / chunkVals
-	groups := (m.Rows + rows - 1) / rows * problems
+	allRows := m.Rows
+	for _, e := range p.m[:p.nextra] {
+		allRows += (int(e.rows) + rows - 1) / rows * rows
+	}
+	groups := (allRows + rows - 1) / rows * problems
 	ks := w.mvKS
 	if ks == 0 {
 		ks = mvSplit(groups, nchunk, w.sms, m.Type == gguf.TypeQ4_K || m.Type == gguf.TypeQ5_K)
 	}
 	p.ks = int32(ks)
 	perCTA := mvWarps / ks * rows
-	grid := cudadrv.Dim3{X: uint32((m.Rows + perCTA - 1) / perCTA), Y: uint32(problems), Z: 1}
-	var b [112]byte
+	bx := (m.Rows + perCTA - 1) / perCTA
+	for i := range p.m[:p.nextra] {
+		p.m[i].bx0 = int32(bx)
+		bx += (int(p.m[i].rows) + perCTA - 1) / perCTA
+	}
+	grid := cudadrv.Dim3{X: uint32(bx), Y: uint32(problems), Z: 1}
+	var b [mvArgsBytes]byte
 	p.encode(&b)
 	return launch(f, s, grid, cudadrv.D1(32*mvWarps), 0, func(a *cudadrv.Args) { a.Bytes(b[:]) })
 }
@@ -381,6 +415,37 @@ func (w *WeightOps) MatVecQ8_1(s *cudadrv.Stream, m Matrix, xq cudadrv.DevicePtr
 	}
 	p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
 		xq: xq, xds: xq.Add(align16(nTok * m.Cols)), ntok: int32(nTok), out: out, ldOut: int64(ldOut), actDiv: 1}
+	return w.mvLaunch(s, k, m, &p, nTok, 1)
+}
+
+// MaxMatVecGroup is the most matrices MatVecQ8_1Group and
+// MoEMatVecQ8_1Group take in one launch.
+const MaxMatVecGroup = 3
+
+// MatVecQ8_1Group is MatVecQ8_1 for up to MaxMatVecGroup matrices of one
+// quantized type and width reading the same activations xq, in one launch
+// (Q, K and V of a decode step): outs[i] rows ldOuts[i] apart.
+func (w *WeightOps) MatVecQ8_1Group(s *cudadrv.Stream, ms []Matrix, xq cudadrv.DevicePtr, nTok int, outs []cudadrv.DevicePtr, ldOuts []int) error {
+	if len(ms) < 1 || len(ms) > MaxMatVecGroup || len(outs) != len(ms) || len(ldOuts) != len(ms) {
+		return fmt.Errorf("kernels: matvec group of %d matrices (1 to %d, an output each)", len(ms), MaxMatVecGroup)
+	}
+	m := ms[0]
+	k, err := w.kernels(m)
+	if err != nil {
+		return err
+	}
+	if isFloat(m.Type) {
+		return fmt.Errorf("kernels: MatVecQ8_1Group of %s weights", m.Type)
+	}
+	p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
+		xq: xq, xds: xq.Add(align16(nTok * m.Cols)), ntok: int32(nTok), out: outs[0], ldOut: int64(ldOuts[0]), actDiv: 1}
+	for i, e := range ms[1:] {
+		if e.Type != m.Type || e.Cols != m.Cols {
+			return fmt.Errorf("kernels: matvec group of %s x %d with %s x %d", m.Type, m.Cols, e.Type, e.Cols)
+		}
+		p.m[i] = mvMember{w: e.Data, out: outs[i+1], rowBytes: int64(e.RowBytes()), ldOut: int64(ldOuts[i+1]), rows: int32(e.Rows)}
+	}
+	p.nextra = int32(len(ms) - 1)
 	return w.mvLaunch(s, k, m, &p, nTok, 1)
 }
 

@@ -419,6 +419,14 @@ func woCases() []woCase {
 			}
 		}
 		cs = append(cs, woCase{op: "graph", typ: t, rows: 33, cols: cols[1], ntok: 1})
+		if !isFloat(t) {
+			// Several matrices in one launch: Q, K, V (dense) and gate, up (MoE).
+			for _, n := range []int{1, 3} {
+				cs = append(cs, woCase{op: "group", typ: t, rows: 300, cols: cols[1], ntok: n, variant: "dense"})
+			}
+			cs = append(cs, woCase{op: "group", typ: t, rows: 33, cols: cols[1], ntok: 1, variant: "moe"})
+			cs = append(cs, woCase{op: "group", typ: t, rows: 33, cols: cols[1], ntok: 3, variant: "moe"})
+		}
 	}
 	return cs
 }
@@ -455,6 +463,8 @@ func TestWeightOps(t *testing.T) {
 				woTestMoE(t, ctx, w, c, note)
 			case "graph":
 				woTestGraph(t, ctx, w, c)
+			case "group":
+				woTestGroup(t, ctx, w, c, note)
 			}
 		})
 		k := c.op
@@ -470,7 +480,7 @@ func TestWeightOps(t *testing.T) {
 	}
 	// The summary: cases and failures per op and type, worst NMSE per check.
 	var keys []string
-	for _, op := range []string{"quantize", "matvec", "matmul", "getrows", "moe", "graph"} {
+	for _, op := range []string{"quantize", "matvec", "matmul", "getrows", "moe", "graph", "group"} {
 		if op == "quantize" {
 			keys = append(keys, op)
 			continue
@@ -669,6 +679,75 @@ func woTestMoE(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, note 
 		refQ := woDot(wt.deq, c.cols, xq, c.cols, nslots, c.rows, wrow, xrow)
 		note(key+"/q8", woCheck(t, "vs GPU Q8_1 activations", got, ldOut, c.rows, refQ, woBoundQuant), c.name())
 		note(key+"/act", woCheck(t, "vs f32 activations", got, ldOut, c.rows, refAct, woBoundAct), c.name())
+	}
+}
+
+// woTestGroup runs MatVecQ8_1Group over three matrices of different row
+// counts (dense), or MoEMatVecQ8_1Group over two expert stacks (MoE), in
+// one launch each, and checks every output against the products of its own
+// matrix with the GPU's Q8_1 activations.
+func woTestGroup(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, note func(string, float64, string)) {
+	r := woRand(c.name())
+	key := "group/" + c.typ.String()
+	if c.variant == "dense" {
+		rowsOf := []int{c.rows, 7, 33 + 64}
+		var ms []Matrix
+		var wts []*woWeight
+		var outs []cudadrv.DevicePtr
+		var bufs []woBuf
+		var lds []int
+		for _, rows := range rowsOf {
+			wt := woGetWeight(t, ctx, c.typ, rows, c.cols, 1)
+			wts, ms = append(wts, wt), append(ms, wt.m)
+			b := woPoisoned(t, ctx, c.ntok*(rows+1))
+			bufs, outs, lds = append(bufs, b), append(outs, b.p), append(lds, rows+1)
+		}
+		x := woGauss(r, c.ntok*c.cols, c.cols)
+		xd := woUpload(t, ctx, woF32s(x))
+		xq := woAlloc(t, ctx, Q8_1Bytes(c.ntok, c.cols))
+		if err := w.QuantizeQ8_1(nil, xd.p, c.cols, c.ntok, c.cols, xq.p); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.MatVecQ8_1Group(nil, ms, xq.p, c.ntok, outs, lds); err != nil {
+			t.Fatal(err)
+		}
+		q := woQ8(woDownload(t, ctx, woBuf{xq.p, Q8_1Bytes(c.ntok, c.cols)}), c.ntok, c.cols)
+		for i, wt := range wts {
+			ref := woDot(wt.deq, c.cols, q, c.cols, c.ntok, rowsOf[i], func(_, r int) int { return r }, func(t int) int { return t })
+			note(key+"/dense", woCheck(t, fmt.Sprintf("matrix %d vs GPU Q8_1 activations", i), woDownload(t, ctx, bufs[i]), lds[i], rowsOf[i], ref, woBoundQuant), c.name())
+		}
+		return
+	}
+	const k = 4
+	gate := woGetWeight(t, ctx, c.typ, c.rows, c.cols, woExperts)
+	upw := woGetWeight(t, ctx, c.typ, c.rows+8, c.cols, woExperts)
+	ids := woMoEIDs(r, c.ntok, k, woExperts)
+	idd := woUpload(t, ctx, woI32s(ids))
+	x := woGauss(r, c.ntok*c.cols, c.cols)
+	xd := woUpload(t, ctx, woF32s(x))
+	xq := woAlloc(t, ctx, Q8_1Bytes(c.ntok, c.cols))
+	if err := w.QuantizeQ8_1(nil, xd.p, c.cols, c.ntok, c.cols, xq.p); err != nil {
+		t.Fatal(err)
+	}
+	nslots := c.ntok * k
+	wts := []*woWeight{gate, upw}
+	var es []MoE
+	var bufs []woBuf
+	var outs []cudadrv.DevicePtr
+	var lds []int
+	for _, wt := range wts {
+		es = append(es, MoE{Matrix: wt.m, NExpert: woExperts, K: k})
+		b := woPoisoned(t, ctx, nslots*(wt.m.Rows+2))
+		bufs, outs, lds = append(bufs, b), append(outs, b.p), append(lds, wt.m.Rows+2)
+	}
+	if err := w.MoEMatVecQ8_1Group(nil, es, idd.p, xq.p, c.ntok, outs, lds); err != nil {
+		t.Fatal(err)
+	}
+	q := woQ8(woDownload(t, ctx, woBuf{xq.p, Q8_1Bytes(c.ntok, c.cols)}), c.ntok, c.cols)
+	for i, wt := range wts {
+		rows := wt.m.Rows
+		ref := woDot(wt.deq, c.cols, q, c.cols, nslots, rows, func(p, r int) int { return int(ids[p])*rows + r }, func(p int) int { return p / k })
+		note(key+"/moe", woCheck(t, fmt.Sprintf("stack %d vs GPU Q8_1 activations", i), woDownload(t, ctx, bufs[i]), lds[i], rows, ref, woBoundQuant), c.name())
 	}
 }
 

@@ -204,6 +204,34 @@ type group struct {
 	// moe marks the input of an MoE op's expert products (gate, up; down
 	// reads SwiGLU's output): members are asked MoEInputFormat.
 	moe bool
+	// The members as one launch takes them (groupedOps), when oneLaunch.
+	mats []*mat
+	outs []cudadrv.DevicePtr
+	lds  []int
+}
+
+// oneLaunch says whether the group's Q8_1 products may share one launch:
+// the weight ops can, the members are resident (a streamed one waits for
+// its own upload) and add no bias.
+func (grp *group) oneLaunch() bool {
+	return grp.mats != nil
+}
+
+// prepareOneLaunch fills mats, outs and lds when the members qualify.
+func (g *Exec) prepareOneLaunch(grp *group) {
+	if _, ok := g.w.(groupedOps); !ok || len(grp.members) < 2 || len(grp.members) > kernels.MaxMatVecGroup {
+		return
+	}
+	for _, mb := range grp.members {
+		if mb.m.seq >= 0 || mb.bias != 0 {
+			return
+		}
+	}
+	for _, mb := range grp.members {
+		grp.mats = append(grp.mats, mb.m)
+		grp.outs = append(grp.outs, mb.out)
+		grp.lds = append(grp.lds, mb.ld)
+	}
 }
 
 type groupMember struct {
@@ -211,6 +239,15 @@ type groupMember struct {
 	out  cudadrv.DevicePtr
 	ld   int
 	bias cudadrv.DevicePtr
+}
+
+// groupedOps is implemented by weight ops that run several products of
+// one prepared Q8_1 input in one launch (one launch where there were one
+// per matrix: decode is a chain of short launches). They answer false,
+// having queued nothing, when the matrices cannot share one.
+type groupedOps interface {
+	MatMulPreparedGroup(s *cudadrv.Stream, ms []*mat, xq cudadrv.DevicePtr, nTok int, outs []cudadrv.DevicePtr, lds []int) (bool, error)
+	MoEMatMulPreparedGroup(s *cudadrv.Stream, ms []*mat, xq, ids cudadrv.DevicePtr, nTok, topK int, outs []cudadrv.DevicePtr) (bool, error)
 }
 
 // q8Link is how a step that produces a group's input learns, at run time,
@@ -281,6 +318,7 @@ func (g *Exec) groupStep(ops []ir.Op) (step, error) {
 		}
 		names = append(names, name)
 	}
+	g.prepareOneLaunch(grp)
 	return step{name: "matmul " + strings.Join(names, ","), group: grp, run: func(s *cudadrv.Stream, n int) error {
 		return g.runGroup(s, grp, n)
 	}}, nil
@@ -308,6 +346,11 @@ func (g *Exec) runGroup(s *cudadrv.Stream, grp *group, n int) error {
 			}
 		}
 		x = g.act
+	}
+	if f == actQ8_1 && grp.oneLaunch() {
+		if done, err := g.w.(groupedOps).MatMulPreparedGroup(s, grp.mats, x, n, grp.outs, grp.lds); done || err != nil {
+			return err
+		}
 	}
 	for _, mb := range grp.members {
 		if err := g.with(s, mb.m, func() error { return p.MatMulPrepared(s, mb.m, f, x, n, mb.out, mb.ld) }); err != nil {
@@ -603,6 +646,12 @@ func (g *Exec) moeStep(op *ir.Op, sum bool) (step, error) {
 	m, w, d, norm := &g.moe, g.w, g.dev, op.NormTopK
 	grp := &group{in: op.In, x: in, cols: emb, moe: true,
 		members: []groupMember{{m: gate}, {m: up}, {m: down}}}
+	// Gate and up share a launch when both are resident.
+	gu, _ := w.(groupedOps)
+	if gate.seq >= 0 || up.seq >= 0 {
+		gu = nil
+	}
+	gateUp, gateUpOut := []*mat{gate, up}, []cudadrv.DevicePtr{m.gate, m.up}
 	return step{group: grp, run: func(s *cudadrv.Stream, n int) error {
 		// Router logits, top-k ids and weights (they stay on the device),
 		// gate and up of the chosen experts per slot, SwiGLU, down per
@@ -627,11 +676,21 @@ func (g *Exec) moeStep(op *ir.Op, sum bool) (step, error) {
 					return err
 				}
 			}
-			if err := g.with(s, gate, func() error { return pm.MoEMatMulPrepared(s, gate, g.act, false, m.ids, n, k, m.gate) }); err != nil {
-				return err
+			done := false
+			if gu != nil {
+				// Gate and up in one launch.
+				var err error
+				if done, err = gu.MoEMatMulPreparedGroup(s, gateUp, g.act, m.ids, n, k, gateUpOut); err != nil {
+					return err
+				}
 			}
-			if err := g.with(s, up, func() error { return pm.MoEMatMulPrepared(s, up, g.act, false, m.ids, n, k, m.up) }); err != nil {
-				return err
+			if !done {
+				if err := g.with(s, gate, func() error { return pm.MoEMatMulPrepared(s, gate, g.act, false, m.ids, n, k, m.gate) }); err != nil {
+					return err
+				}
+				if err := g.with(s, up, func() error { return pm.MoEMatMulPrepared(s, up, g.act, false, m.ids, n, k, m.up) }); err != nil {
+					return err
+				}
 			}
 			// g.act is free again: the products above read it first.
 			if err := d.glu.SwiGLUQ8(s, m.gate, m.gate, m.up, ff, ff, n*k, g.act); err != nil {

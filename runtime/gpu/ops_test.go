@@ -204,12 +204,15 @@ func TestGPUOps(t *testing.T) {
 		add, norm, q8    bool
 		weight, storeSum bool
 	}{
-		{1, 5120, 0, false, true, true, true, false}, // norm → Q8_1 (decode)
-		{3, 2048, 0, true, true, true, true, true},   // add + norm → Q8_1
-		{1, 2048, 8, true, true, true, true, true},   // moe sum + add + norm → Q8_1
-		{5, 256, 2, true, false, false, false, true}, // moe sum + add alone
-		{7, 96, 0, true, true, false, false, true},   // add + norm, no weight
-		{2, 4096, 4, true, true, false, true, false}, // moe sum + add + norm, sum not stored
+		{1, 5120, 0, false, true, true, true, false},  // norm → Q8_1 (decode)
+		{3, 2048, 0, true, true, true, true, true},    // add + norm → Q8_1
+		{1, 2048, 8, true, true, true, true, true},    // moe sum + add + norm → Q8_1
+		{5, 256, 2, true, false, false, false, true},  // moe sum + add alone
+		{7, 96, 0, true, true, false, false, true},    // add + norm, no weight
+		{2, 4096, 4, true, true, false, true, false},  // moe sum + add + norm, sum not stored
+		{2, 4096, 8, true, true, true, true, true},    // moe sum wider than the register path: the loop
+		{3, 992, 10, true, true, true, true, true},    // more slots than the register path holds
+		{1, 2048, 3, true, false, false, false, true}, // moe sum + add alone, register path
 	} {
 		run(fmt.Sprintf("rms_norm_ex/rows=%d,cols=%d,k=%d,add=%v,norm=%v,q8=%v,w=%v,sum=%v", c.rows, c.cols, c.k, c.add, c.norm, c.q8, c.weight, c.storeSum), func(g *gpuT) {
 			n := c.rows * c.cols

@@ -124,3 +124,45 @@ func (q *quantOps) MoEInputFormat(m *mat, nTok int) actFormat {
 func (q *quantOps) MoEMatMulPrepared(s *cudadrv.Stream, m *mat, xq cudadrv.DevicePtr, perSlot bool, ids cudadrv.DevicePtr, nTok, topK int, out cudadrv.DevicePtr) error {
 	return q.k.MoEMatVecQ8_1(s, q.moe(m, topK, perSlot), ids, xq, nTok, out, m.Rows)
 }
+
+var _ groupedOps = (*quantOps)(nil)
+
+// MatMulPreparedGroup runs the Q8_1 products of ms (one type and width, no
+// more than kernels.MaxMatVecGroup) in one launch; false when they differ.
+func (q *quantOps) MatMulPreparedGroup(s *cudadrv.Stream, ms []*mat, xq cudadrv.DevicePtr, nTok int, outs []cudadrv.DevicePtr, lds []int) (bool, error) {
+	if !sameQuantType(ms) || nTok > kernels.MatVecMaxTokens {
+		return false, nil
+	}
+	km := make([]kernels.Matrix, len(ms))
+	for i, m := range ms {
+		km[i] = q.matrix(m)
+	}
+	return true, q.k.MatVecQ8_1Group(s, km, xq, nTok, outs, lds)
+}
+
+// MoEMatMulPreparedGroup runs the Q8_1 products of the expert stacks ms
+// (one type and width; every slot reads its token's row of xq) in one
+// launch; false when they differ.
+func (q *quantOps) MoEMatMulPreparedGroup(s *cudadrv.Stream, ms []*mat, xq, ids cudadrv.DevicePtr, nTok, topK int, outs []cudadrv.DevicePtr) (bool, error) {
+	if !sameQuantType(ms) || nTok > kernels.MoEMatVecMaxTokens {
+		return false, nil
+	}
+	es := make([]kernels.MoE, len(ms))
+	lds := make([]int, len(ms))
+	for i, m := range ms {
+		es[i], lds[i] = q.moe(m, topK, false), m.Rows
+	}
+	return true, q.k.MoEMatVecQ8_1Group(s, es, ids, xq, nTok, outs, lds)
+}
+
+func sameQuantType(ms []*mat) bool {
+	if len(ms) == 0 || len(ms) > kernels.MaxMatVecGroup || isFloatType(ms[0].W.Type) {
+		return false
+	}
+	for _, m := range ms[1:] {
+		if m.W.Type != ms[0].W.Type || m.Cols != ms[0].Cols {
+			return false
+		}
+	}
+	return true
+}
