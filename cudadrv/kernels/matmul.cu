@@ -18,20 +18,24 @@
 // operations, in the same order and without fused multiply-adds, as ops'
 // Dequantize, so get_rows reproduces the CPU bit for bit.
 //
-// ## mm_<type>: thread mapping
+// ## mm_<type>, mm64_<type>, mm32_<type>: thread mapping
 //
 // A CTA of 256 threads (8 warps) computes a tile of 128 weight rows (M) by
-// 128 tokens (N), stepping over K 32 values at a time with two shared-memory
-// buffers. Per step each thread dequantizes one run of 16 weights (row
-// tid/2, half tid%2) to f16 into the A tile, and copies two 16-byte pieces
-// of f16 activations into the B tile (cp.async on CC >= 8.0). Warp w
-// computes the 64x32 sub-tile at rows 64*(w%2), tokens 32*(w/2) with
-// mma.sync m16n8k16 (f16 in, f32 accumulate; two m16n8k8 on CC 7.5),
-// fragments loaded with ldmatrix from rows padded to 40 halves (80 bytes,
-// conflict-free). While a step's MMAs run, the next step's weight bytes and
-// activations are in flight; its weights are converted after the MMAs.
+// BN tokens (N: 128, 64 or 32), stepping over K 32 values at a time with
+// two shared-memory buffers. Per step each thread dequantizes one run of 16
+// weights (row tid/2, half tid%2) to f16 into the A tile, and copies
+// 16-byte pieces of f16 activations into the B tile (cp.async on CC >=
+// 8.0). The warps form BN/32 columns of 32 tokens by 256/BN rows: warp w
+// computes the (128*32/BN)x32 sub-tile at rows (128*32/BN)*(w%(256/BN)),
+// tokens 32*(w/(256/BN)) with mma.sync m16n8k16 (f16 in, f32 accumulate;
+// two m16n8k8 on CC 7.5), fragments loaded with ldmatrix from rows padded
+// to 40 halves (80 bytes, conflict-free); n8 fragments past the tile's
+// token count skip their MMAs. Each thread keeps the raw bytes of PF runs
+// in flight in registers (a ring: step ks+1's weights are converted at the
+// end of step ks from loads issued PF steps earlier); the next step's
+// activations load during the current step's MMAs.
 //
-// Dense launches: grid (ceil(rows/128), ceil(ntok/128)), tiles == NULL.
+// Dense launches: grid (ceil(rows/128), ceil(ntok/BN)), tiles == NULL.
 // MoE launches: grid.y = the tile table's capacity; tile y (if y < *ntiles)
 // is {expert, start, count}: rows start..start+count-1 of the gathered
 // activations, results scattered to out rows perm[start+i].
