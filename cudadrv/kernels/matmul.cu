@@ -18,20 +18,24 @@
 // operations, in the same order and without fused multiply-adds, as ops'
 // Dequantize, so get_rows reproduces the CPU bit for bit.
 //
-// ## mm_<type>: thread mapping
+// ## mm_<type>, mm64_<type>, mm32_<type>: thread mapping
 //
 // A CTA of 256 threads (8 warps) computes a tile of 128 weight rows (M) by
-// 128 tokens (N), stepping over K 32 values at a time with two shared-memory
-// buffers. Per step each thread dequantizes one run of 16 weights (row
-// tid/2, half tid%2) to f16 into the A tile, and copies two 16-byte pieces
-// of f16 activations into the B tile (cp.async on CC >= 8.0). Warp w
-// computes the 64x32 sub-tile at rows 64*(w%2), tokens 32*(w/2) with
-// mma.sync m16n8k16 (f16 in, f32 accumulate; two m16n8k8 on CC 7.5),
-// fragments loaded with ldmatrix from rows padded to 40 halves (80 bytes,
-// conflict-free). While a step's MMAs run, the next step's weight bytes and
-// activations are in flight; its weights are converted after the MMAs.
+// BN tokens (N: 128, 64 or 32), stepping over K 32 values at a time with
+// two shared-memory buffers. Per step each thread dequantizes one run of 16
+// weights (row tid/2, half tid%2) to f16 into the A tile, and copies
+// 16-byte pieces of f16 activations into the B tile (cp.async on CC >=
+// 8.0). The warps form BN/32 columns of 32 tokens by 256/BN rows: warp w
+// computes the (128*32/BN)x32 sub-tile at rows (128*32/BN)*(w%(256/BN)),
+// tokens 32*(w/(256/BN)) with mma.sync m16n8k16 (f16 in, f32 accumulate;
+// two m16n8k8 on CC 7.5), fragments loaded with ldmatrix from rows padded
+// to 40 halves (80 bytes, conflict-free); n8 fragments past the tile's
+// token count skip their MMAs. Each thread keeps the raw bytes of PF runs
+// in flight in registers (a ring: step ks+1's weights are converted at the
+// end of step ks from loads issued PF steps earlier); the next step's
+// activations load during the current step's MMAs.
 //
-// Dense launches: grid (ceil(rows/128), ceil(ntok/128)), tiles == NULL.
+// Dense launches: grid (ceil(rows/128), ceil(ntok/BN)), tiles == NULL.
 // MoE launches: grid.y = the tile table's capacity; tile y (if y < *ntiles)
 // is {expert, start, count}: rows start..start+count-1 of the gathered
 // activations, results scattered to out rows perm[start+i].
@@ -123,20 +127,22 @@ struct Raw {
 };
 
 template <int T> struct Fmt;
-template <> struct Fmt<T_Q4_0> { enum { BV = 32, BB = 18 }; };
-template <> struct Fmt<T_Q4_1> { enum { BV = 32, BB = 20 }; };
-template <> struct Fmt<T_Q5_0> { enum { BV = 32, BB = 22 }; };
-template <> struct Fmt<T_Q5_1> { enum { BV = 32, BB = 24 }; };
-template <> struct Fmt<T_Q8_0> { enum { BV = 32, BB = 34 }; };
-template <> struct Fmt<T_Q2_K> { enum { BV = 256, BB = 84 }; };
-template <> struct Fmt<T_Q3_K> { enum { BV = 256, BB = 110 }; };
-template <> struct Fmt<T_Q4_K> { enum { BV = 256, BB = 144 }; };
-template <> struct Fmt<T_Q5_K> { enum { BV = 256, BB = 176 }; };
-template <> struct Fmt<T_Q6_K> { enum { BV = 256, BB = 210 }; };
-template <> struct Fmt<T_F32> { enum { BV = 1, BB = 4 }; };
-template <> struct Fmt<T_F16> { enum { BV = 1, BB = 2 }; };
-template <> struct Fmt<T_BF16> { enum { BV = 1, BB = 2 }; };
+template <> struct Fmt<T_Q4_0> { enum { BV = 32, BB = 18, RW = 5 }; };
+template <> struct Fmt<T_Q4_1> { enum { BV = 32, BB = 20, RW = 5 }; };
+template <> struct Fmt<T_Q5_0> { enum { BV = 32, BB = 22, RW = 6 }; };
+template <> struct Fmt<T_Q5_1> { enum { BV = 32, BB = 24, RW = 6 }; };
+template <> struct Fmt<T_Q8_0> { enum { BV = 32, BB = 34, RW = 5 }; };
+template <> struct Fmt<T_Q2_K> { enum { BV = 256, BB = 84, RW = 6 }; };
+template <> struct Fmt<T_Q3_K> { enum { BV = 256, BB = 110, RW = 11 }; };
+template <> struct Fmt<T_Q4_K> { enum { BV = 256, BB = 144, RW = 8 }; };
+template <> struct Fmt<T_Q5_K> { enum { BV = 256, BB = 176, RW = 12 }; };
+template <> struct Fmt<T_Q6_K> { enum { BV = 256, BB = 210, RW = 10 }; };
+template <> struct Fmt<T_F32> { enum { BV = 1, BB = 4, RW = 16 }; };
+template <> struct Fmt<T_F16> { enum { BV = 1, BB = 2, RW = 8 }; };
+template <> struct Fmt<T_BF16> { enum { BV = 1, BB = 2, RW = 8 }; };
 
+// RW: the words of Raw a run of the type uses (what a register ring of
+// fetched runs costs, see mm_pf).
 // fetch<T>(row, e, cols, r): the bytes of values e..e+15 of the row (e a
 // multiple of 16; for the float types values at or past cols read as 0).
 // convert<T>(r, e, y): the 16 values.
@@ -444,6 +450,83 @@ template <> __device__ __forceinline__ void convert<T_F32>(const Raw &r, int, fl
         y[j] = __uint_as_float(r.w[j]);
 }
 
+// ---------------------------------------------------------------- runs of 16 as f16
+
+// convert_h<T>(r, e, h): the 16 values of a run as 8 packed f16 pairs for
+// the tensor-core tiles. By default convert<T> rounded to f16. Q4_K and
+// Q6_K, the types of a Q4_K_M model's large matrices, decode in f16x2
+// instead: a quant q (< 64) becomes the f16 1024+q by putting its byte
+// under the exponent 0x64 (prmt), 1024 (+32) is subtracted exactly, and one
+// f16x2 fma (mul) applies the scale (and min): about 2-3 instructions a
+// value instead of 6. The scale and min are rounded to f16 first, which
+// moves a value by at most about 2^-11 of itself more than the f32 path
+// followed by the f16 rounding does: the same order as that rounding.
+__device__ __forceinline__ u32 h2_splat(float f)
+{
+    u32 h = f2h(f);
+    return h | (h << 16);
+}
+__device__ __forceinline__ u32 hsub2(u32 a, u32 b)
+{
+    u32 r;
+    asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 hmul2(u32 a, u32 b)
+{
+    u32 r;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+__device__ __forceinline__ u32 hfma2(u32 a, u32 b, u32 c)
+{
+    u32 r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+// Bytes 0,1 (lo) or 2,3 (hi) of v, each < 64, as the f16 pair 1024+b.
+__device__ __forceinline__ u32 q_lo_h2(u32 v) { return __byte_perm(v, 0x64646464u, 0x4140); }
+__device__ __forceinline__ u32 q_hi_h2(u32 v) { return __byte_perm(v, 0x64646464u, 0x4342); }
+#define H2_1024 0x64006400u // f16 pair 1024, 1024
+#define H2_1056 0x64206420u // f16 pair 1056, 1056 (1024 + Q6_K's offset 32)
+
+template <int T> __device__ __forceinline__ void convert_h(const Raw &r, int e, u32 *h)
+{
+    float y[16];
+    convert<T>(r, e, y);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        h[j] = pack_h2(y[2 * j], y[2 * j + 1]);
+}
+template <> __device__ __forceinline__ void convert_h<T_Q4_K>(const Raw &r, int e, u32 *h)
+{
+    int p = e & 255, sb = p >> 5, sh = (p & 32) ? 4 : 0;
+    float d = h2f((u16)r.w[0]), dmin = h2f((u16)(r.w[0] >> 16));
+    int sc, m;
+    scale_min_k4w(sb, r.w[1], r.w[2], r.w[3], sc, m);
+    u32 d1 = h2_splat(__fmul_rn(d, (float)sc)), m1 = h2_splat(-__fmul_rn(dmin, (float)m));
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 v = (r.w[4 + i] >> sh) & 0x0F0F0F0Fu;
+        h[2 * i] = hfma2(hsub2(q_lo_h2(v), H2_1024), d1, m1);
+        h[2 * i + 1] = hfma2(hsub2(q_hi_h2(v), H2_1024), d1, m1);
+    }
+}
+template <> __device__ __forceinline__ void convert_h<T_Q6_K>(const Raw &r, int e, u32 *h)
+{
+    int p = e & 255, h2 = p >> 7, k = (p & 127) >> 5, l0 = p & 31;
+    int si = 192 + 8 * h2 + (l0 >> 4) + 2 * k;
+    float d = h2f((u16)r.w[0]);
+    u32 ds = h2_splat(__fmul_rn(d, (float)(i8)byte_of(r.w[9], si & 1)));
+    int sh = 4 * (k >> 1);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        u32 v = ((r.w[1 + i] >> sh) & 0x0F0F0F0Fu) | (((r.w[5 + i] >> (2 * k)) & 0x03030303u) << 4);
+        h[2 * i] = hmul2(hsub2(q_lo_h2(v), H2_1056), ds);
+        h[2 * i + 1] = hmul2(hsub2(q_hi_h2(v), H2_1056), ds);
+    }
+}
+
 // ---------------------------------------------------------------- get_rows
 
 // get_rows_<type>(W, rowBytes, cols, ids, n, out, ldOut): out[i][0..cols)
@@ -616,14 +699,21 @@ __device__ __forceinline__ void cp_wait_all()
 #endif
 }
 
-template <int T>
+// BN tokens per tile (128, 64 or 32): the 8 warps form BN/32 columns of 32
+// tokens by 256/BN rows of 128*32/BN weight rows, so a warp always holds
+// MI = BN/32 m16 fragments by 4 n8 fragments. Fragments of tokens past
+// the tile's count skip their MMAs (warp-uniform), so a short MoE tile
+// costs its dequantization and little more.
+template <int T, int BN, int PF>
 __device__ __forceinline__ void mm_body(const u8 *__restrict__ W, long long rowBytes, int rows, int cols,
                                         long long expertBytes, const u16 *__restrict__ xh, int ldh, int ntok,
                                         const int4 *__restrict__ tiles, const int *__restrict__ ntiles,
                                         const int *__restrict__ perm, float *__restrict__ out, long long ldOut)
 {
+    constexpr int WARPS_N = BN / 32, WARPS_M = 8 / WARPS_N, WM = MM_BM / WARPS_M, MI = WM / 16;
+    constexpr int BPIECES = BN * 4, BPER = (BPIECES + MM_THREADS - 1) / MM_THREADS;
     __shared__ __align__(16) u16 As[2][MM_BM][MM_LD];
-    __shared__ __align__(16) u16 Bs[2][MM_BN][MM_LD];
+    __shared__ __align__(16) u16 Bs[2][BN][MM_LD];
 
     int ex = 0, start, count;
     if (tiles) {
@@ -634,8 +724,8 @@ __device__ __forceinline__ void mm_body(const u8 *__restrict__ W, long long rowB
         start = tt.y;
         count = tt.z;
     } else {
-        start = blockIdx.y * MM_BN;
-        count = min(MM_BN, ntok - start);
+        start = blockIdx.y * BN;
+        count = min(BN, ntok - start);
     }
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int m0 = blockIdx.x * MM_BM;
@@ -643,11 +733,11 @@ __device__ __forceinline__ void mm_body(const u8 *__restrict__ W, long long rowB
     // A loader: row ar of the tile, run ah (values 16*ah..+16 of the step).
     const int ar = tid >> 1, ah = tid & 1;
     const u8 *arow = W + (long long)ex * expertBytes + (long long)min(m0 + ar, rows - 1) * rowBytes;
-    // B loader: pieces c = tid and tid+256 of the 128 rows x 4 pieces.
-    const u16 *brow[2];
-    int bn[2], bp[2];
+    // B loader: pieces c = tid + 256*i (< BPIECES) of the BN rows x 4 pieces.
+    const u16 *brow[BPER];
+    int bn[BPER], bp[BPER];
 #pragma unroll
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < BPER; i++) {
         int c = tid + MM_THREADS * i;
         bn[i] = c >> 2;
         bp[i] = c & 3;
@@ -655,76 +745,96 @@ __device__ __forceinline__ void mm_body(const u8 *__restrict__ W, long long rowB
     }
     const int nk = (cols + MM_BK - 1) / MM_BK;
 
-    Raw raw;
-    auto fetchA = [&](int ks) { fetch<T>(arow, ks * MM_BK + 16 * ah, cols, raw); };
-    auto storeA = [&](int buf, int ks) {
-        float y[16];
-        convert<T>(raw, ks * MM_BK + 16 * ah, y);
-        uint4 v0 = make_uint4(pack_h2(y[0], y[1]), pack_h2(y[2], y[3]), pack_h2(y[4], y[5]), pack_h2(y[6], y[7]));
-        uint4 v1 = make_uint4(pack_h2(y[8], y[9]), pack_h2(y[10], y[11]), pack_h2(y[12], y[13]), pack_h2(y[14], y[15]));
+    // A ring of PF runs in registers: the weights of step ks+1 are stored
+    // (converted) at the end of step ks, from loads issued PF steps before.
+    Raw raw[PF];
+    auto fetchA = [&](Raw &r, int ks) { fetch<T>(arow, ks * MM_BK + 16 * ah, cols, r); };
+    auto storeA = [&](const Raw &r, int buf, int ks) {
+        u32 h[8];
+        convert_h<T>(r, ks * MM_BK + 16 * ah, h);
         uint4 *d = (uint4 *)&As[buf][ar][16 * ah];
-        d[0] = v0;
-        d[1] = v1;
+        d[0] = make_uint4(h[0], h[1], h[2], h[3]);
+        d[1] = make_uint4(h[4], h[5], h[6], h[7]);
     };
     auto loadB = [&](int buf, int ks) {
 #pragma unroll
-        for (int i = 0; i < 2; i++)
-            cp16(&Bs[buf][bn[i]][8 * bp[i]], brow[i] + ks * MM_BK, bn[i] < count);
+        for (int i = 0; i < BPER; i++)
+            if (BPIECES % MM_THREADS == 0 || tid + MM_THREADS * i < BPIECES)
+                cp16(&Bs[buf][bn[i]][8 * bp[i]], brow[i] + ks * MM_BK, bn[i] < count);
     };
 
-    float acc[4][4][4];
+    float acc[MI][4][4];
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < MI; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++)
 #pragma unroll
             for (int k = 0; k < 4; k++)
                 acc[i][j][k] = 0.f;
-    const int wm = warp & 1, wn = warp >> 1;
+    const int wm = warp % WARPS_M, wn = warp / WARPS_M;
+    // Token fragments of this warp that hold tokens of the tile (0..4).
+    const int nfrag = min(4, max(0, (count - 32 * wn + 7) >> 3));
 
-    fetchA(0);
+#pragma unroll
+    for (int u = 0; u < PF; u++)
+        if (u < nk)
+            fetchA(raw[u], u);
     loadB(0, 0);
     cp_commit();
-    storeA(0, 0);
+    storeA(raw[0], 0, 0);
+    if (PF < nk)
+        fetchA(raw[0], PF);
     cp_wait_all();
     __syncthreads();
 
-    for (int ks = 0; ks < nk; ks++) {
-        const int buf = ks & 1;
-        const bool more = ks + 1 < nk;
-        if (more) {
-            fetchA(ks + 1);
-            loadB(buf ^ 1, ks + 1);
-            cp_commit();
-        }
+    for (int k0 = 0; k0 < nk; k0 += PF) {
 #pragma unroll
-        for (int kk = 0; kk < MM_BK; kk += 16) {
-            u32 a[4][4], b[4][2];
-#pragma unroll
-            for (int i = 0; i < 4; i++)
-                ldmatrix_x4(a[i], &As[buf][64 * wm + 16 * i + (lane & 15)][kk + (lane >> 4) * 8]);
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                u32 r[4];
-                ldmatrix_x4(r, &Bs[buf][32 * wn + 16 * j + (lane & 7) + ((lane >> 4) << 3)][kk + ((lane >> 3) & 1) * 8]);
-                b[2 * j][0] = r[0];
-                b[2 * j][1] = r[1];
-                b[2 * j + 1][0] = r[2];
-                b[2 * j + 1][1] = r[3];
+        for (int u = 0; u < PF; u++) {
+            const int ks = k0 + u;
+            if (ks >= nk)
+                break;
+            const int buf = ks & 1;
+            const bool more = ks + 1 < nk;
+            if (more) {
+                loadB(buf ^ 1, ks + 1);
+                cp_commit();
             }
+            if (nfrag > 0) {
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+                for (int kk = 0; kk < MM_BK; kk += 16) {
+                    u32 a[MI][4], b[4][2];
 #pragma unroll
-                for (int j = 0; j < 4; j++)
-                    mma16816(acc[i][j], a[i], b[j]);
+                    for (int i = 0; i < MI; i++)
+                        ldmatrix_x4(a[i], &As[buf][WM * wm + 16 * i + (lane & 15)][kk + (lane >> 4) * 8]);
+#pragma unroll
+                    for (int j = 0; j < 2; j++) {
+                        u32 r[4];
+                        ldmatrix_x4(r, &Bs[buf][32 * wn + 16 * j + (lane & 7) + ((lane >> 4) << 3)][kk + ((lane >> 3) & 1) * 8]);
+                        b[2 * j][0] = r[0];
+                        b[2 * j][1] = r[1];
+                        b[2 * j + 1][0] = r[2];
+                        b[2 * j + 1][1] = r[3];
+                    }
+#pragma unroll
+                    for (int j = 0; j < 4; j++)
+                        if (j < nfrag)
+#pragma unroll
+                            for (int i = 0; i < MI; i++)
+                                mma16816(acc[i][j], a[i], b[j]);
+                }
+            }
+            if (more) {
+                Raw &r = raw[(u + 1) % PF];
+                storeA(r, buf ^ 1, ks + 1);
+                if (ks + 1 + PF < nk)
+                    fetchA(r, ks + 1 + PF);
+            }
+            cp_wait_all();
+            __syncthreads();
         }
-        if (more)
-            storeA(buf ^ 1, ks + 1);
-        cp_wait_all();
-        __syncthreads();
     }
 
-    // Epilogue: accumulator (i, j, 2h+q) is row 64wm + 16i + lane/4 + 8h,
+    // Epilogue: accumulator (i, j, 2h+q) is row WM*wm + 16i + lane/4 + 8h,
     // token 32wn + 8j + 2*(lane%4) + q of the tile.
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -736,10 +846,10 @@ __device__ __forceinline__ void mm_body(const u8 *__restrict__ W, long long rowB
             long long orow = tiles ? perm[start + n] : start + n;
             float *o = out + orow * ldOut;
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
+            for (int i = 0; i < MI; i++) {
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    int m = m0 + 64 * wm + 16 * i + (lane >> 2) + 8 * h;
+                    int m = m0 + WM * wm + 16 * i + (lane >> 2) + 8 * h;
                     if (m < rows)
                         o[m] = acc[i][j][2 * h + q];
                 }
@@ -748,15 +858,33 @@ __device__ __forceinline__ void mm_body(const u8 *__restrict__ W, long long rowB
     }
 }
 
-// mm_<type>(W, rowBytes, rows, cols, expertBytes, xh, ldh, ntok, tiles, ntiles, perm, out, ldOut)
-#define MM(NAME, T)                                                                                               \
-    extern "C" __global__ void __launch_bounds__(MM_THREADS, 2)                                                   \
-        mm_##NAME(const u8 *W, long long rowBytes, int rows, int cols, long long expertBytes, const u16 *xh,      \
-                  int ldh, int ntok, const int4 *tiles, const int *ntiles, const int *perm, float *out,           \
-                  long long ldOut)                                                                                \
+// mm_<type> (128-token tiles), mm64_<type>, mm32_<type>: (W, rowBytes,
+// rows, cols, expertBytes, xh, ldh, ntok, tiles, ntiles, perm, out, ldOut).
+// The smaller tiles hold fewer accumulators, so more CTAs fit an SM.
+#define MM_VARIANT(PREFIX, NAME, T, BN, PF, MINB)                                                                     \
+    extern "C" __global__ void __launch_bounds__(MM_THREADS, MINB)                                                \
+        PREFIX##NAME(const u8 *W, long long rowBytes, int rows, int cols, long long expertBytes, const u16 *xh,   \
+                     int ldh, int ntok, const int4 *tiles, const int *ntiles, const int *perm, float *out,        \
+                     long long ldOut)                                                                             \
     {                                                                                                             \
-        mm_body<T>(W, rowBytes, rows, cols, expertBytes, xh, ldh, ntok, tiles, ntiles, perm, out, ldOut);         \
+        mm_body<T, BN, PF>(W, rowBytes, rows, cols, expertBytes, xh, ldh, ntok, tiles, ntiles, perm, out, ldOut);     \
     }
+// Runs in flight per thread (mm_body's PF) and CTAs per SM, chosen from
+// ptxas's reports on sm_90 so that no variant spills: the small tiles hold
+// few accumulators and spend the registers on a deeper ring, which is
+// what the MoE products (a 32- or 64-token tile, 2048 or 768 columns)
+// wait on; the 128-token tile has room for a second run when its type's
+// runs are small.
+#if __CUDA_ARCH__ >= 800
+#define MM_PF128(T) (Fmt<T>::RW <= 10 ? 2 : 1)
+#else // CC 7.5's two m16n8k8 per product leave no room (ptxas spills)
+#define MM_PF128(T) 1
+#endif
+#define MM_PF64(T) (Fmt<T>::RW <= 12 ? 4 : 3)
+#define MM_PF32(T) (Fmt<T>::RW <= 8 ? 3 : 2)
+#define MM(NAME, T)                                                                                               \
+    MM_VARIANT(mm_, NAME, T, 128, MM_PF128(T), 2)                                                                 \
+    MM_VARIANT(mm64_, NAME, T, 64, MM_PF64(T), 2) MM_VARIANT(mm32_, NAME, T, 32, MM_PF32(T), 3)
 
 #define WEIGHT_TYPE_KERNELS(NAME, T) GET_ROWS(NAME, T) MM(NAME, T)
 

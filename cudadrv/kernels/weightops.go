@@ -97,7 +97,7 @@ type typeKernels struct {
 	mv      [4]*cudadrv.Function // NTOK 1, 2, 4, 8
 	mvR1    *cudadrv.Function    // NTOK 1 with 1 / 4 rows per row group (benchmarks)
 	mvR4    *cudadrv.Function
-	mm      *cudadrv.Function
+	mm      [3]*cudadrv.Function // by token tile: mm_ (128), mm64_, mm32_; see mmTiles
 	getRows *cudadrv.Function
 }
 
@@ -113,9 +113,11 @@ type WeightOps struct {
 	sms                                int // multiprocessors, for the matvec split
 
 	// Benchmark knobs (package tests only): rows per row group of the
-	// one-token matvec (0: the default 2; 1 or 4 where built) and a forced
-	// K split (0: automatic).
+	// one-token matvec (0: the default 2; 1 or 4 where built), a forced
+	// K split (0: automatic), and the token tile of the dense and the MoE
+	// tensor-core products (0: automatic; else one of mmTiles).
 	mvRows, mvKS int
+	mmBN, moeBN  int
 }
 
 // NewWeightOps prepares matvec.cu's and matmul.cu's kernels for the
@@ -143,7 +145,9 @@ func NewWeightOps(ctx *cudadrv.Context) (*WeightOps, error) {
 			mv["mv_"+n+"_1_r1"] = &k.mvR1
 			mv["mv_"+n+"_1_r4"] = &k.mvR4
 		}
-		mm["mm_"+n] = &k.mm
+		for i, bn := range mmTiles {
+			mm[mmKernelName(bn, n)] = &k.mm[i]
+		}
 		mm["get_rows_"+n] = &k.getRows
 	}
 	if err := w.matvec.prepareLookup(ctx, "matvec", mv); err != nil {
@@ -466,7 +470,27 @@ func (w *WeightOps) MatVecF32(s *cudadrv.Stream, m Matrix, x cudadrv.DevicePtr, 
 
 // ---- tensor-core matrix products
 
-const mmTile = 128 // MM_BM = MM_BN
+// mmTiles are the token tiles of the tensor-core kernel (MM_BN of the
+// kernels mm_, mm64_ and mm32_); every tile is 128 weight rows (MM_BM).
+var mmTiles = [3]int{128, 64, 32}
+
+const mmRowTile = 128 // MM_BM
+
+func mmKernelName(bn int, typeName string) string {
+	if bn == 128 {
+		return "mm_" + typeName
+	}
+	return fmt.Sprintf("mm%d_%s", bn, typeName)
+}
+
+func (k *typeKernels) mmFor(bn int) *cudadrv.Function {
+	for i, t := range mmTiles {
+		if t == bn {
+			return k.mm[i]
+		}
+	}
+	return nil
+}
 
 // MatMulF16 queues out[t][r] = W[r] . xh[t] for all t < nTok on the tensor
 // cores: xh nTok rows of f16 activations from ConvertF16 (stride
@@ -479,15 +503,23 @@ func (w *WeightOps) MatMulF16(s *cudadrv.Stream, m Matrix, xh cudadrv.DevicePtr,
 	if nTok < 1 {
 		return fmt.Errorf("kernels: matmul of %d tokens", nTok)
 	}
-	grid := cudadrv.Dim3{X: uint32(cudadrv.Blocks(m.Rows, mmTile)), Y: uint32(cudadrv.Blocks(nTok, mmTile)), Z: 1}
-	return w.mmLaunch(s, k, m, grid, 0, xh, nTok, 0, 0, 0, out, ldOut)
+	bn := 128
+	if w.mmBN != 0 {
+		bn = w.mmBN
+	}
+	grid := cudadrv.Dim3{X: uint32(cudadrv.Blocks(m.Rows, mmRowTile)), Y: uint32(cudadrv.Blocks(nTok, bn)), Z: 1}
+	return w.mmLaunch(s, k, bn, m, grid, 0, xh, nTok, 0, 0, 0, out, ldOut)
 }
 
-func (w *WeightOps) mmLaunch(s *cudadrv.Stream, k *typeKernels, m Matrix, grid cudadrv.Dim3, expertBytes int, xh cudadrv.DevicePtr, nTok int, tiles, ntiles, perm, out cudadrv.DevicePtr, ldOut int) error {
+func (w *WeightOps) mmLaunch(s *cudadrv.Stream, k *typeKernels, bn int, m Matrix, grid cudadrv.Dim3, expertBytes int, xh cudadrv.DevicePtr, nTok int, tiles, ntiles, perm, out cudadrv.DevicePtr, ldOut int) error {
 	if err := w.matmul.ready(); err != nil {
 		return err
 	}
-	return launch(k.mm, s, grid, cudadrv.D1(256), 0, func(a *cudadrv.Args) {
+	f := k.mmFor(bn)
+	if f == nil {
+		return fmt.Errorf("kernels: no tensor-core kernel of %d-token tiles", bn)
+	}
+	return launch(f, s, grid, cudadrv.D1(256), 0, func(a *cudadrv.Args) {
 		a.Ptr(m.Data).I64(int64(m.RowBytes())).I32(int32(m.Rows)).I32(int32(m.Cols)).I64(int64(expertBytes)).
 			Ptr(xh).I32(int32(F16Stride(m.Cols))).I32(int32(nTok)).Ptr(tiles).Ptr(ntiles).Ptr(perm).Ptr(out).I64(int64(ldOut))
 	})
@@ -577,12 +609,18 @@ func (e MoE) inputRows(nTok int) int {
 	return nTok
 }
 
+// moeMaxTiles bounds the tile table of nslots slots in tiles of bn: each
+// expert's last tile may be partial.
+func (e MoE) moeMaxTiles(nslots, bn int) int {
+	return cudadrv.Blocks(nslots, bn) + min(e.NExpert, nslots)
+}
+
 // moeLayout returns the offsets in the grouped path's scratch of perm
-// (nslots int32), tiles (maxTiles int4), ntiles (int32) and the f16
-// activations, and the total size.
-func (e MoE) moeLayout(nTok int) (perm, tiles, ntiles, xh, total, maxTiles int) {
+// (nslots int32), tiles (room for the smallest token tile's table: int4s),
+// ntiles (int32) and the f16 activations, and the total size.
+func (e MoE) moeLayout(nTok int) (perm, tiles, ntiles, xh, total int) {
 	nslots := nTok * e.K
-	maxTiles = cudadrv.Blocks(nslots, mmTile) + min(e.NExpert, nslots)
+	maxTiles := e.moeMaxTiles(nslots, mmTiles[len(mmTiles)-1])
 	perm = 0
 	tiles = align16(4 * nslots)
 	ntiles = tiles + 16*maxTiles
@@ -594,7 +632,7 @@ func (e MoE) moeLayout(nTok int) (perm, tiles, ntiles, xh, total, maxTiles int) 
 // MoEScratchBytes is the scratch MoEMatMul needs for nTok tokens.
 func MoEScratchBytes(e MoE, nTok int) int {
 	if nTok > MoEMatVecMaxTokens {
-		_, _, _, _, total, _ := e.moeLayout(nTok)
+		_, _, _, _, total := e.moeLayout(nTok)
 		return total
 	}
 	if isFloat(e.Type) {
@@ -643,13 +681,17 @@ func (w *WeightOps) MoEMatMul(s *cudadrv.Stream, e MoE, ids cudadrv.DevicePtr, x
 		}
 		return w.mvLaunch(s, k, e.Matrix, &p, 1, nslots)
 	}
-	permOff, tilesOff, ntilesOff, xhOff, _, maxTiles := e.moeLayout(nTok)
+	permOff, tilesOff, ntilesOff, xhOff, _ := e.moeLayout(nTok)
+	bn := moeTile(nslots, e.NExpert)
+	if w.moeBN != 0 {
+		bn = w.moeBN
+	}
 	perm, tiles, ntiles, xh := scratch.Add(permOff), scratch.Add(tilesOff), scratch.Add(ntilesOff), scratch.Add(xhOff)
 	if err := w.matmul.ready(); err != nil {
 		return err
 	}
 	err = launch(w.moeGroup, s, cudadrv.D1(1), cudadrv.D1(1024), 12*e.NExpert, func(a *cudadrv.Args) {
-		a.Ptr(ids).I32(int32(nslots)).I32(int32(e.NExpert)).I32(mmTile).Ptr(perm).Ptr(tiles).Ptr(ntiles)
+		a.Ptr(ids).I32(int32(nslots)).I32(int32(e.NExpert)).I32(int32(bn)).Ptr(perm).Ptr(tiles).Ptr(ntiles)
 	})
 	if err != nil {
 		return err
@@ -657,6 +699,22 @@ func (w *WeightOps) MoEMatMul(s *cudadrv.Stream, e MoE, ids cudadrv.DevicePtr, x
 	if err := w.convert(s, x, ldx, nslots, e.Cols, perm, actDiv, xh); err != nil {
 		return err
 	}
-	grid := cudadrv.Dim3{X: uint32(cudadrv.Blocks(e.Rows, mmTile)), Y: uint32(maxTiles), Z: 1}
-	return w.mmLaunch(s, k, e.Matrix, grid, e.Bytes(), xh, nslots, tiles, ntiles, perm, out, ldOut)
+	grid := cudadrv.Dim3{X: uint32(cudadrv.Blocks(e.Rows, mmRowTile)), Y: uint32(e.moeMaxTiles(nslots, bn)), Z: 1}
+	return w.mmLaunch(s, k, bn, e.Matrix, grid, e.Bytes(), xh, nslots, tiles, ntiles, perm, out, ldOut)
+}
+
+// moeTile is the token tile of the grouped expert products: the smallest
+// of mmTiles that holds twice the average expert's slots (nslots/nExpert:
+// 32 of 4096 for Qwen3-30B-A3B at 512 tokens, so 64). Counts scatter
+// around the average, and an expert that needs a second tile has its
+// weights dequantized twice; tokens past a tile's count skip their MMAs,
+// so a tile that is too large costs little.
+func moeTile(nslots, nExpert int) int {
+	avg := cudadrv.Blocks(nslots, nExpert)
+	for i := len(mmTiles) - 1; i > 0; i-- {
+		if 2*avg <= mmTiles[i] {
+			return mmTiles[i]
+		}
+	}
+	return mmTiles[0]
 }

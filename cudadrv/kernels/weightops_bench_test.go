@@ -233,13 +233,17 @@ func BenchmarkWeightMatMul(b *testing.B) {
 				b.Fatal(err)
 			}
 			flop := 2 * float64(m.Rows) * float64(m.Cols) * n
-			b.Run(fmt.Sprintf("type=%s/%s/ntok=%d/mma", t, sh.name, n), func(b *testing.B) {
-				d := woTime(b, ctx, s, func(i int) error {
-					return w.MatMulF16(s, ms[i%len(ms)], scratch.p, n, out.p, m.Rows)
+			for _, bn := range mmTiles {
+				b.Run(fmt.Sprintf("type=%s/%s/ntok=%d/mma/bn=%d", t, sh.name, n, bn), func(b *testing.B) {
+					w.mmBN = bn
+					defer func() { w.mmBN = 0 }()
+					d := woTime(b, ctx, s, func(i int) error {
+						return w.MatMulF16(s, ms[i%len(ms)], scratch.p, n, out.p, m.Rows)
+					})
+					b.ReportMetric(flop/d.Seconds()/1e12, "TFLOP/s")
+					b.ReportMetric(float64(d.Nanoseconds())/1e3, "us/op")
 				})
-				b.ReportMetric(flop/d.Seconds()/1e12, "TFLOP/s")
-				b.ReportMetric(float64(d.Nanoseconds())/1e3, "us/op")
-			})
+			}
 			b.Run(fmt.Sprintf("type=%s/%s/ntok=%d/with-convert", t, sh.name, n), func(b *testing.B) {
 				d := woTime(b, ctx, s, func(i int) error {
 					return w.MatMul(s, ms[i%len(ms)], x.p, m.Cols, n, out.p, m.Rows, scratch.p)
@@ -260,7 +264,7 @@ func BenchmarkWeightMoE(b *testing.B) {
 	for _, t := range []gguf.Type{gguf.TypeQ4_K, gguf.TypeQ6_K} {
 		for _, sh := range []woShape{{"gate_768x2048", 768, 2048}, {"down_2048x768", 2048, 768}} {
 			ms := woBenchWeights(b, ctx, t, sh.rows, sh.cols, nExp)
-			for _, n := range []int{1, 4, 512} {
+			for _, n := range []int{1, 4, 64, 512} {
 				perSlot := sh.rows == 2048
 				e := MoE{Matrix: ms[0], NExpert: nExp, K: k, PerSlot: perSlot}
 				ids := woUpload(b, ctx, woI32s(woMoEIDs(woRand("ids"), n, k, nExp)))
@@ -271,18 +275,30 @@ func BenchmarkWeightMoE(b *testing.B) {
 				}
 				out := woAlloc(b, ctx, 4*n*k*sh.rows)
 				scratch := woAlloc(b, ctx, MoEScratchBytes(e, n))
-				b.Run(fmt.Sprintf("type=%s/%s/experts=%d/k=%d/ntok=%d", t, sh.name, nExp, k, n), func(b *testing.B) {
-					d := woTimeGraph(b, ctx, s, 2*len(ms), func(i int) error {
-						e.Matrix = ms[i%len(ms)]
-						return w.MoEMatMul(s, e, ids.p, x.p, sh.cols, n, out.p, sh.rows, scratch.p)
-					})
-					b.ReportMetric(float64(d.Nanoseconds())/1e3, "us/op")
-					if n <= MoEMatVecMaxTokens {
-						b.ReportMetric(float64(n*k*e.Bytes())/d.Seconds()/1e9, "GB/s")
-					} else {
-						b.ReportMetric(2*float64(sh.rows*sh.cols*n*k)/d.Seconds()/1e12, "TFLOP/s")
+				bns := []int{0} // automatic
+				if n > MoEMatVecMaxTokens {
+					bns = append(bns, mmTiles[:]...)
+				}
+				for _, bn := range bns {
+					name := fmt.Sprintf("type=%s/%s/experts=%d/k=%d/ntok=%d", t, sh.name, nExp, k, n)
+					if bn != 0 {
+						name += fmt.Sprintf("/bn=%d", bn)
 					}
-				})
+					b.Run(name, func(b *testing.B) {
+						w.moeBN = bn
+						defer func() { w.moeBN = 0 }()
+						d := woTimeGraph(b, ctx, s, 2*len(ms), func(i int) error {
+							e.Matrix = ms[i%len(ms)]
+							return w.MoEMatMul(s, e, ids.p, x.p, sh.cols, n, out.p, sh.rows, scratch.p)
+						})
+						b.ReportMetric(float64(d.Nanoseconds())/1e3, "us/op")
+						if n <= MoEMatVecMaxTokens {
+							b.ReportMetric(float64(n*k*e.Bytes())/d.Seconds()/1e9, "GB/s")
+						} else {
+							b.ReportMetric(2*float64(sh.rows*sh.cols*n*k)/d.Seconds()/1e12, "TFLOP/s")
+						}
+					})
+				}
 			}
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -347,7 +348,7 @@ type woCase struct {
 	op               string
 	typ              gguf.Type
 	rows, cols, ntok int
-	variant          string // matvec: "ks=N", "r=N"; moe: "k=K/perslot=B"
+	variant          string // matvec: "ks=N", "r=N"; matmul: "bn=N"; moe: "k=K/perslot=B[/bn=N/ids=skew]"
 }
 
 func (c woCase) name() string {
@@ -416,6 +417,18 @@ func woCases() []woCase {
 		for _, n := range []int{1, 5, 40, 300} {
 			for _, perSlot := range []bool{false, true} {
 				cs = append(cs, woCase{op: "moe", typ: t, rows: 33, cols: cols[1], ntok: n, variant: fmt.Sprintf("k=4/perslot=%v", perSlot)})
+			}
+		}
+		// Each token tile of the tensor-core kernel, forced: dense, and MoE
+		// with experts of 0, 1 and many slots (ids=skew), odd counts.
+		for _, bn := range mmTiles {
+			for _, sh := range [][3]int{{33, cols[1], 9}, {4096 + 13, cols[0], 300}, {130, cols[1], 77}} {
+				cs = append(cs, woCase{op: "matmul", typ: t, rows: sh[0], cols: sh[1], ntok: sh[2], variant: fmt.Sprintf("bn=%d", bn)})
+			}
+			for _, n := range []int{37, 300} {
+				for _, perSlot := range []bool{false, true} {
+					cs = append(cs, woCase{op: "moe", typ: t, rows: 130, cols: cols[1], ntok: n, variant: fmt.Sprintf("k=4/perslot=%v/bn=%d/ids=skew", perSlot, bn)})
+				}
 			}
 		}
 		cs = append(cs, woCase{op: "graph", typ: t, rows: 33, cols: cols[1], ntok: 1})
@@ -574,8 +587,9 @@ func woTestMatMul(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, no
 	case "r=1", "r=4":
 		w.mvRows = int(c.variant[2] - '0')
 	}
+	w.mmBN = woVariantInt(c.variant, "bn")
 	err := w.MatMul(nil, m, xd.p, ldx, c.ntok, out.p, ldOut, scratch.p)
-	w.mvKS, w.mvRows = 0, 0
+	w.mvKS, w.mvRows, w.mmBN = 0, 0, 0
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -638,15 +652,47 @@ func woMoEIDs(r *rand.Rand, nTok, k, nExp int) []int32 {
 	return ids
 }
 
+// woMoEIDsSkewed gives nExp (>= k+2) experts very different loads: expert
+// 0 no slot, expert 1 one (token 0's), experts 2..k+1 nearly every token.
+func woMoEIDsSkewed(r *rand.Rand, nTok, k, nExp int) []int32 {
+	ids := make([]int32, nTok*k)
+	for tk := 0; tk < nTok; tk++ {
+		pick := make([]int32, k)
+		for j := range pick {
+			pick[j] = int32(2 + j)
+		}
+		if tk == 0 {
+			pick[0] = 1
+		}
+		r.Shuffle(k, func(a, b int) { pick[a], pick[b] = pick[b], pick[a] })
+		copy(ids[tk*k:], pick)
+	}
+	return ids
+}
+
+// woVariantInt is the value of key=N in a case's variant, 0 if absent.
+func woVariantInt(variant, key string) int {
+	for _, f := range strings.Split(variant, "/") {
+		if v, ok := strings.CutPrefix(f, key+"="); ok {
+			n, _ := strconv.Atoi(v)
+			return n
+		}
+	}
+	return 0
+}
+
 const woExperts = 6
 
 func woTestMoE(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, note func(string, float64, string)) {
 	const k = 4
-	perSlot := c.variant == "k=4/perslot=true"
+	perSlot := strings.Contains(c.variant, "perslot=true")
 	wt := woGetWeight(t, ctx, c.typ, c.rows, c.cols, woExperts)
 	e := MoE{Matrix: wt.m, NExpert: woExperts, K: k, PerSlot: perSlot}
 	r := woRand(c.name())
 	ids := woMoEIDs(r, c.ntok, k, woExperts)
+	if strings.Contains(c.variant, "ids=skew") {
+		ids = woMoEIDsSkewed(r, c.ntok, k, woExperts)
+	}
 	inRows := e.inputRows(c.ntok)
 	ldx := c.cols + 4
 	x := woGauss(r, inRows*ldx, ldx)
@@ -656,7 +702,10 @@ func woTestMoE(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, note 
 	nslots := c.ntok * k
 	out := woPoisoned(t, ctx, nslots*ldOut)
 	scratch := woAlloc(t, ctx, MoEScratchBytes(e, c.ntok))
-	if err := w.MoEMatMul(nil, e, idd.p, xd.p, ldx, c.ntok, out.p, ldOut, scratch.p); err != nil {
+	w.moeBN = woVariantInt(c.variant, "bn")
+	err := w.MoEMatMul(nil, e, idd.p, xd.p, ldx, c.ntok, out.p, ldOut, scratch.p)
+	w.moeBN = 0
+	if err != nil {
 		t.Fatal(err)
 	}
 	got := woDownload(t, ctx, out)
