@@ -32,10 +32,12 @@
 // to 40 halves (80 bytes, conflict-free); n8 fragments past the tile's
 // token count skip their MMAs. Each thread keeps the raw bytes of PF runs
 // in flight in registers (a ring: step ks+1's weights are converted at the
-// end of step ks from loads issued PF steps earlier); the next step's
-// activations load during the current step's MMAs.
+// end of step ks from loads issued PF steps earlier); the activations of
+// step ks+1 (tile 128) or ks+2 (tiles 64 and 32: three stages) load during
+// step ks.
 //
-// Dense launches: grid (ceil(rows/128), ceil(ntok/BN)), tiles == NULL.
+// Dense launches: grid (ceil(rows/128) summed over the launch's up to three
+// matrices, ceil(ntok/BN)), tiles == NULL.
 // MoE launches: grid.y = the tile table's capacity; tile y (if y < *ntiles)
 // is {expert, start, count}: rows start..start+count-1 of the gathered
 // activations, results scattered to out rows perm[start+i].
@@ -692,6 +694,14 @@ __device__ __forceinline__ void cp_commit()
 #endif
 }
 
+// All but the most recent group complete.
+__device__ __forceinline__ void cp_wait_prev()
+{
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 1;");
+#endif
+}
+
 __device__ __forceinline__ void cp_wait_all()
 {
 #if __CUDA_ARCH__ >= 800
@@ -708,12 +718,17 @@ template <int T, int BN, int PF>
 __device__ __forceinline__ void mm_body(const u8 *__restrict__ W, long long rowBytes, int rows, int cols,
                                         long long expertBytes, const u16 *__restrict__ xh, int ldh, int ntok,
                                         const int4 *__restrict__ tiles, const int *__restrict__ ntiles,
-                                        const int *__restrict__ perm, float *__restrict__ out, long long ldOut)
+                                        const int *__restrict__ perm, int rowTile, int seg, float *out0,
+                                        long long ldOut0, float *out1, long long ldOut1, float *out2,
+                                        long long ldOut2)
 {
     constexpr int WARPS_N = BN / 32, WARPS_M = 8 / WARPS_N, WM = MM_BM / WARPS_M, MI = WM / 16;
     constexpr int BPIECES = BN * 4, BPER = (BPIECES + MM_THREADS - 1) / MM_THREADS;
     __shared__ __align__(16) u16 As[2][MM_BM][MM_LD];
-    __shared__ __align__(16) u16 Bs[2][BN][MM_LD];
+    // NSB stages of activations: with 3, step ks+2's are loaded during step
+    // ks (the 128-token tile has no room for a third in 48 KiB).
+    constexpr int NSB = BN == 128 ? 2 : 3;
+    __shared__ __align__(16) u16 Bs[NSB][BN][MM_LD];
 
     int ex = 0, start, count;
     if (tiles) {
@@ -728,7 +743,7 @@ __device__ __forceinline__ void mm_body(const u8 *__restrict__ W, long long rowB
         count = min(BN, ntok - start);
     }
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int m0 = blockIdx.x * MM_BM;
+    const int m0 = rowTile * MM_BM;
 
     // A loader: row ar of the tile, run ah (values 16*ah..+16 of the step).
     const int ar = tid >> 1, ah = tid & 1;
@@ -781,10 +796,18 @@ __device__ __forceinline__ void mm_body(const u8 *__restrict__ W, long long rowB
             fetchA(raw[u], u);
     loadB(0, 0);
     cp_commit();
+    if (NSB == 3) {
+        if (nk > 1)
+            loadB(1, 1);
+        cp_commit();
+    }
     storeA(raw[0], 0, 0);
     if (PF < nk)
         fetchA(raw[0], PF);
-    cp_wait_all();
+    if (NSB == 3)
+        cp_wait_prev();
+    else
+        cp_wait_all();
     __syncthreads();
 
     for (int k0 = 0; k0 < nk; k0 += PF) {
@@ -793,9 +816,15 @@ __device__ __forceinline__ void mm_body(const u8 *__restrict__ W, long long rowB
             const int ks = k0 + u;
             if (ks >= nk)
                 break;
-            const int buf = ks & 1;
+            const int buf = ks & 1, bbuf = NSB == 3 ? ks % 3 : buf;
             const bool more = ks + 1 < nk;
-            if (more) {
+            if (NSB == 3) {
+                // Every step commits a group (maybe empty), so that
+                // wait_group 1 below always leaves only step ks+2's.
+                if (ks + 2 < nk)
+                    loadB((ks + 2) % 3, ks + 2);
+                cp_commit();
+            } else if (more) {
                 loadB(buf ^ 1, ks + 1);
                 cp_commit();
             }
@@ -809,7 +838,7 @@ __device__ __forceinline__ void mm_body(const u8 *__restrict__ W, long long rowB
 #pragma unroll
                     for (int j = 0; j < 2; j++) {
                         u32 r[4];
-                        ldmatrix_x4(r, &Bs[buf][32 * wn + 16 * j + (lane & 7) + ((lane >> 4) << 3)][kk + ((lane >> 3) & 1) * 8]);
+                        ldmatrix_x4(r, &Bs[bbuf][32 * wn + 16 * j + (lane & 7) + ((lane >> 4) << 3)][kk + ((lane >> 3) & 1) * 8]);
                         b[2 * j][0] = r[0];
                         b[2 * j][1] = r[1];
                         b[2 * j + 1][0] = r[2];
@@ -829,7 +858,10 @@ __device__ __forceinline__ void mm_body(const u8 *__restrict__ W, long long rowB
                 if (ks + 1 + PF < nk)
                     fetchA(r, ks + 1 + PF);
             }
-            cp_wait_all();
+            if (NSB == 3)
+                cp_wait_prev();
+            else
+                cp_wait_all();
             __syncthreads();
         }
     }
@@ -844,6 +876,10 @@ __device__ __forceinline__ void mm_body(const u8 *__restrict__ W, long long rowB
             if (n >= count)
                 continue;
             long long orow = tiles ? perm[start + n] : start + n;
+            // The output of the launch's matrix seg, chosen only here so
+            // that the main loop holds no registers for it.
+            float *out = seg == 2 ? out2 : seg == 1 ? out1 : out0;
+            long long ldOut = seg == 2 ? ldOut2 : seg == 1 ? ldOut1 : ldOut0;
             float *o = out + orow * ldOut;
 #pragma unroll
             for (int i = 0; i < MI; i++) {
@@ -859,15 +895,28 @@ __device__ __forceinline__ void mm_body(const u8 *__restrict__ W, long long rowB
 }
 
 // mm_<type> (128-token tiles), mm64_<type>, mm32_<type>: (W, rowBytes,
-// rows, cols, expertBytes, xh, ldh, ntok, tiles, ntiles, perm, out, ldOut).
+// rows, cols, expertBytes, xh, ldh, ntok, tiles, ntiles, perm, out, ldOut,
+// W1, out1, ldOut1, rows1, tile1, W2, out2, ldOut2, rows2, tile2).
 // The smaller tiles hold fewer accumulators, so more CTAs fit an SM.
-#define MM_VARIANT(PREFIX, NAME, T, BN, PF, MINB)                                                                     \
+// Dense launches may carry up to two more matrices of the same type and
+// width on the same input (attn_q/k/v, ffn_gate/up): row tiles from tile1
+// (tile2) on are matrix 1 (2); an absent one has tile 0x7fffffff. One
+// launch then fills the SMs where each alone would leave a partial wave.
+#define MM_VARIANT(PREFIX, NAME, T, BN, PF, MINB)                                                                 \
     extern "C" __global__ void __launch_bounds__(MM_THREADS, MINB)                                                \
         PREFIX##NAME(const u8 *W, long long rowBytes, int rows, int cols, long long expertBytes, const u16 *xh,   \
                      int ldh, int ntok, const int4 *tiles, const int *ntiles, const int *perm, float *out,        \
-                     long long ldOut)                                                                             \
+                     long long ldOut, const u8 *W1, float *out1, long long ldOut1, int rows1, int tile1,          \
+                     const u8 *W2, float *out2, long long ldOut2, int rows2, int tile2)                            \
     {                                                                                                             \
-        mm_body<T, BN, PF>(W, rowBytes, rows, cols, expertBytes, xh, ldh, ntok, tiles, ntiles, perm, out, ldOut);     \
+        int rt = blockIdx.x, seg = 0;                                                                             \
+        if (rt >= tile2) {                                                                                        \
+            W = W2, rows = rows2, rt -= tile2, seg = 2;                                                           \
+        } else if (rt >= tile1) {                                                                                 \
+            W = W1, rows = rows1, rt -= tile1, seg = 1;                                                           \
+        }                                                                                                         \
+        mm_body<T, BN, PF>(W, rowBytes, rows, cols, expertBytes, xh, ldh, ntok, tiles, ntiles, perm, rt, seg, out, \
+                           ldOut, out1, ldOut1, out2, ldOut2);                                                    \
     }
 // Runs in flight per thread (mm_body's PF) and CTAs per SM, chosen from
 // ptxas's reports on sm_90 so that no variant spills: the small tiles hold

@@ -496,6 +496,28 @@ func (k *typeKernels) mmFor(bn int) *cudadrv.Function {
 // cores: xh nTok rows of f16 activations from ConvertF16 (stride
 // F16Stride(m.Cols)), any weight type.
 func (w *WeightOps) MatMulF16(s *cudadrv.Stream, m Matrix, xh cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr, ldOut int) error {
+	return w.MatMulF16Multi(s, []F16Product{{M: m, Out: out, LdOut: ldOut}}, xh, nTok)
+}
+
+// F16Product is one member of MatMulF16Multi: out[t][r] = M[r] . xh[t].
+type F16Product struct {
+	M     Matrix
+	Out   cudadrv.DevicePtr
+	LdOut int
+}
+
+// MaxF16Products is how many products one MatMulF16Multi launch takes.
+const MaxF16Products = 3
+
+// MatMulF16Multi queues up to MaxF16Products products of matrices of one
+// type and width on the same f16 activations as one launch: their row
+// tiles share the grid, so small matrices (attn_k/v beside attn_q) do not
+// each take a partial wave of their own.
+func (w *WeightOps) MatMulF16Multi(s *cudadrv.Stream, ps []F16Product, xh cudadrv.DevicePtr, nTok int) error {
+	if len(ps) < 1 || len(ps) > MaxF16Products {
+		return fmt.Errorf("kernels: %d products in one launch (1 to %d)", len(ps), MaxF16Products)
+	}
+	m := ps[0].M
 	k, err := w.kernels(m)
 	if err != nil {
 		return err
@@ -503,15 +525,37 @@ func (w *WeightOps) MatMulF16(s *cudadrv.Stream, m Matrix, xh cudadrv.DevicePtr,
 	if nTok < 1 {
 		return fmt.Errorf("kernels: matmul of %d tokens", nTok)
 	}
+	seg := mmSegments{tile: [2]int{noSegment, noSegment}}
+	tiles := cudadrv.Blocks(m.Rows, mmRowTile)
+	for i, p := range ps[1:] {
+		if _, err := w.kernels(p.M); err != nil {
+			return err
+		}
+		if p.M.Type != m.Type || p.M.Cols != m.Cols {
+			return fmt.Errorf("kernels: one launch for a %s %dx%d and a %s %dx%d matrix (one type and width only)",
+				m.Type, m.Rows, m.Cols, p.M.Type, p.M.Rows, p.M.Cols)
+		}
+		seg.p[i], seg.tile[i] = p, tiles
+		tiles += cudadrv.Blocks(p.M.Rows, mmRowTile)
+	}
 	bn := 128
 	if w.mmBN != 0 {
 		bn = w.mmBN
 	}
-	grid := cudadrv.Dim3{X: uint32(cudadrv.Blocks(m.Rows, mmRowTile)), Y: uint32(cudadrv.Blocks(nTok, bn)), Z: 1}
-	return w.mmLaunch(s, k, bn, m, grid, 0, xh, nTok, 0, 0, 0, out, ldOut)
+	grid := cudadrv.Dim3{X: uint32(tiles), Y: uint32(cudadrv.Blocks(nTok, bn)), Z: 1}
+	return w.mmLaunch(s, k, bn, m, grid, 0, xh, nTok, 0, 0, 0, ps[0].Out, ps[0].LdOut, &seg)
 }
 
-func (w *WeightOps) mmLaunch(s *cudadrv.Stream, k *typeKernels, bn int, m Matrix, grid cudadrv.Dim3, expertBytes int, xh cudadrv.DevicePtr, nTok int, tiles, ntiles, perm, out cudadrv.DevicePtr, ldOut int) error {
+// mmSegments are the second and third matrix of a dense launch (row tiles
+// from tile[i] on); noSegment marks an absent one.
+type mmSegments struct {
+	p    [2]F16Product
+	tile [2]int
+}
+
+const noSegment = 0x7fffffff
+
+func (w *WeightOps) mmLaunch(s *cudadrv.Stream, k *typeKernels, bn int, m Matrix, grid cudadrv.Dim3, expertBytes int, xh cudadrv.DevicePtr, nTok int, tiles, ntiles, perm, out cudadrv.DevicePtr, ldOut int, seg *mmSegments) error {
 	if err := w.matmul.ready(); err != nil {
 		return err
 	}
@@ -522,6 +566,14 @@ func (w *WeightOps) mmLaunch(s *cudadrv.Stream, k *typeKernels, bn int, m Matrix
 	return launch(f, s, grid, cudadrv.D1(256), 0, func(a *cudadrv.Args) {
 		a.Ptr(m.Data).I64(int64(m.RowBytes())).I32(int32(m.Rows)).I32(int32(m.Cols)).I64(int64(expertBytes)).
 			Ptr(xh).I32(int32(F16Stride(m.Cols))).I32(int32(nTok)).Ptr(tiles).Ptr(ntiles).Ptr(perm).Ptr(out).I64(int64(ldOut))
+		for i := 0; i < 2; i++ {
+			if seg == nil || seg.tile[i] == noSegment {
+				a.Ptr(0).Ptr(0).I64(0).I32(0).I32(noSegment)
+				continue
+			}
+			p := seg.p[i]
+			a.Ptr(p.M.Data).Ptr(p.Out).I64(int64(p.LdOut)).I32(int32(p.M.Rows)).I32(int32(seg.tile[i]))
+		}
 	})
 }
 
@@ -655,6 +707,26 @@ const maxMoEExperts = 4096
 // (moe_group) and each expert's group runs through the tensor-core kernel.
 // scratch: MoEScratchBytes(e, nTok), 16-byte aligned.
 func (w *WeightOps) MoEMatMul(s *cudadrv.Stream, e MoE, ids cudadrv.DevicePtr, x cudadrv.DevicePtr, ldx, nTok int, out cudadrv.DevicePtr, ldOut int, scratch cudadrv.DevicePtr) error {
+	return w.MoEMatMulReusing(s, e, ids, x, ldx, nTok, out, ldOut, scratch, MoEReuseNothing)
+}
+
+// MoEReuse says what of the grouped path's scratch a MoEMatMulReusing
+// takes from the MoEMatMul queued before it on the same stream and
+// scratch, with the same ids, nTok, K and NExpert (an MoE layer's gate,
+// up and down): the grouping is the same for all three, and gate and up
+// read the same gathered input.
+type MoEReuse int
+
+const (
+	MoEReuseNothing MoEReuse = iota
+	MoEReuseGroups           // moe_group's slot order and tile table
+	MoEReuseInput            // those and the gathered f16 input (same x, ldx, Cols, PerSlot)
+)
+
+// MoEMatMulReusing is MoEMatMul that skips, above MoEMatVecMaxTokens
+// tokens, the grouping (and the input's conversion) the previous call
+// left in scratch, as reuse says.
+func (w *WeightOps) MoEMatMulReusing(s *cudadrv.Stream, e MoE, ids cudadrv.DevicePtr, x cudadrv.DevicePtr, ldx, nTok int, out cudadrv.DevicePtr, ldOut int, scratch cudadrv.DevicePtr, reuse MoEReuse) error {
 	k, err := w.kernels(e.Matrix)
 	if err != nil {
 		return err
@@ -690,17 +762,21 @@ func (w *WeightOps) MoEMatMul(s *cudadrv.Stream, e MoE, ids cudadrv.DevicePtr, x
 	if err := w.matmul.ready(); err != nil {
 		return err
 	}
-	err = launch(w.moeGroup, s, cudadrv.D1(1), cudadrv.D1(1024), 12*e.NExpert, func(a *cudadrv.Args) {
-		a.Ptr(ids).I32(int32(nslots)).I32(int32(e.NExpert)).I32(int32(bn)).Ptr(perm).Ptr(tiles).Ptr(ntiles)
-	})
-	if err != nil {
-		return err
+	if reuse < MoEReuseGroups {
+		err = launch(w.moeGroup, s, cudadrv.D1(1), cudadrv.D1(1024), 12*e.NExpert, func(a *cudadrv.Args) {
+			a.Ptr(ids).I32(int32(nslots)).I32(int32(e.NExpert)).I32(int32(bn)).Ptr(perm).Ptr(tiles).Ptr(ntiles)
+		})
+		if err != nil {
+			return err
+		}
 	}
-	if err := w.convert(s, x, ldx, nslots, e.Cols, perm, actDiv, xh); err != nil {
-		return err
+	if reuse < MoEReuseInput {
+		if err := w.convert(s, x, ldx, nslots, e.Cols, perm, actDiv, xh); err != nil {
+			return err
+		}
 	}
 	grid := cudadrv.Dim3{X: uint32(cudadrv.Blocks(e.Rows, mmRowTile)), Y: uint32(e.moeMaxTiles(nslots, bn)), Z: 1}
-	return w.mmLaunch(s, k, bn, e.Matrix, grid, e.Bytes(), xh, nslots, tiles, ntiles, perm, out, ldOut)
+	return w.mmLaunch(s, k, bn, e.Matrix, grid, e.Bytes(), xh, nslots, tiles, ntiles, perm, out, ldOut, nil)
 }
 
 // moeTile is the token tile of the grouped expert products: the smallest

@@ -303,3 +303,59 @@ func BenchmarkWeightMoE(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkWeightMatMulMulti: Qwen3-14B's products on one input (attn
+// q/k/v, ffn gate/up; Q4_K, 512 tokens) one launch each against one
+// MatMulF16Multi launch.
+func BenchmarkWeightMatMulMulti(b *testing.B) {
+	ctx, w := woSetup(b)
+	s := woBenchStream(b, ctx)
+	const n = 512
+	for _, g := range []struct {
+		name string
+		rows []int
+	}{{"qkv_5120+1024+1024x5120", []int{5120, 1024, 1024}}, {"gate_up_2x17408x5120", []int{17408, 17408}}} {
+		const cols = 5120
+		var sets [][]Matrix
+		var outs []woBuf
+		flop := 0.0
+		for _, r := range g.rows {
+			sets = append(sets, woBenchWeights(b, ctx, gguf.TypeQ4_K, r, cols, 1))
+			outs = append(outs, woAlloc(b, ctx, 4*n*r))
+			flop += 2 * float64(r) * cols * n
+		}
+		xh := woAlloc(b, ctx, F16Bytes(n, cols))
+		x := woAlloc(b, ctx, 4*n*cols)
+		if err := ctx.CopyHtoD(x.p, woF32s(woGauss(woRand("x"), n*cols, cols))); err != nil {
+			b.Fatal(err)
+		}
+		if err := w.ConvertF16(s, x.p, cols, n, cols, xh.p); err != nil {
+			b.Fatal(err)
+		}
+		products := func(i int) []F16Product {
+			var ps []F16Product
+			for j, set := range sets {
+				ps = append(ps, F16Product{M: set[i%len(set)], Out: outs[j].p, LdOut: g.rows[j]})
+			}
+			return ps
+		}
+		for _, fused := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%s/ntok=%d/fused=%v", g.name, n, fused), func(b *testing.B) {
+				d := woTime(b, ctx, s, func(i int) error {
+					ps := products(i)
+					if fused {
+						return w.MatMulF16Multi(s, ps, xh.p, n)
+					}
+					for _, p := range ps {
+						if err := w.MatMulF16(s, p.M, xh.p, n, p.Out, p.LdOut); err != nil {
+							return err
+						}
+					}
+					return nil
+				})
+				b.ReportMetric(flop/d.Seconds()/1e12, "TFLOP/s")
+				b.ReportMetric(float64(d.Nanoseconds())/1e3, "us/op")
+			})
+		}
+	}
+}

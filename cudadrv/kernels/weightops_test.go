@@ -419,6 +419,11 @@ func woCases() []woCase {
 				cs = append(cs, woCase{op: "moe", typ: t, rows: 33, cols: cols[1], ntok: n, variant: fmt.Sprintf("k=4/perslot=%v", perSlot)})
 			}
 		}
+		// Several matrices of one type in one tensor-core launch (rows:
+		// those of the first; the others 33 and 7 / 4096+13 rows).
+		for _, sh := range [][3]int{{130, cols[1], 77}, {1, cols[0], 300}} {
+			cs = append(cs, woCase{op: "multi", typ: t, rows: sh[0], cols: sh[1], ntok: sh[2]})
+		}
 		// Each token tile of the tensor-core kernel, forced: dense, and MoE
 		// with experts of 0, 1 and many slots (ids=skew), odd counts.
 		for _, bn := range mmTiles {
@@ -430,6 +435,7 @@ func woCases() []woCase {
 					cs = append(cs, woCase{op: "moe", typ: t, rows: 130, cols: cols[1], ntok: n, variant: fmt.Sprintf("k=4/perslot=%v/bn=%d/ids=skew", perSlot, bn)})
 				}
 			}
+			cs = append(cs, woCase{op: "moereuse", typ: t, rows: 130, cols: cols[1], ntok: 77, variant: fmt.Sprintf("bn=%d", bn)})
 		}
 		cs = append(cs, woCase{op: "graph", typ: t, rows: 33, cols: cols[1], ntok: 1})
 		if !isFloat(t) {
@@ -470,10 +476,14 @@ func TestWeightOps(t *testing.T) {
 				woTestQuantize(t, ctx, w, c)
 			case "matvec", "matmul":
 				woTestMatMul(t, ctx, w, c, note)
+			case "multi":
+				woTestMulti(t, ctx, w, c, note)
 			case "getrows":
 				woTestGetRows(t, ctx, w, c)
 			case "moe":
 				woTestMoE(t, ctx, w, c, note)
+			case "moereuse":
+				woTestMoEReuse(t, ctx, w, c, note)
 			case "graph":
 				woTestGraph(t, ctx, w, c)
 			case "group":
@@ -493,7 +503,7 @@ func TestWeightOps(t *testing.T) {
 	}
 	// The summary: cases and failures per op and type, worst NMSE per check.
 	var keys []string
-	for _, op := range []string{"quantize", "matvec", "matmul", "getrows", "moe", "graph", "group"} {
+	for _, op := range []string{"quantize", "matvec", "matmul", "multi", "getrows", "moe", "moereuse", "graph", "group"} {
 		if op == "quantize" {
 			keys = append(keys, op)
 			continue
@@ -608,6 +618,40 @@ func woTestMatMul(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, no
 		refQ := woDot(wt.deq, c.cols, xq, c.cols, c.ntok, c.rows, wrow, xrow)
 		note(key+"/q8", woCheck(t, "vs GPU Q8_1 activations", got, ldOut, c.rows, refQ, woBoundQuant), c.name())
 		note(key+"/act", woCheck(t, "vs f32 activations", got, ldOut, c.rows, refAct, woBoundAct), c.name())
+	}
+}
+
+// woTestMulti: MatMulF16Multi of three matrices of the case's type and
+// width (c.rows rows, then 33 or 4096+13, then 7) against each one's
+// float64 product.
+func woTestMulti(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, note func(string, float64, string)) {
+	rows := []int{c.rows, 33, 7}
+	if c.rows < 33 {
+		rows[1] = 4096 + 13
+	}
+	ldx := c.cols + 4
+	x := woGauss(woRand(c.name()), c.ntok*ldx, ldx)
+	xd := woUpload(t, ctx, woF32s(x))
+	xh := woAlloc(t, ctx, F16Bytes(c.ntok, c.cols))
+	if err := w.ConvertF16(nil, xd.p, ldx, c.ntok, c.cols, xh.p); err != nil {
+		t.Fatal(err)
+	}
+	var ps []F16Product
+	var wts []*woWeight
+	var outs []woBuf
+	for i, r := range rows {
+		wt := woGetWeight(t, ctx, c.typ, r, c.cols, 1)
+		out := woPoisoned(t, ctx, c.ntok*(r+i+1))
+		wts, outs = append(wts, wt), append(outs, out)
+		ps = append(ps, F16Product{M: wt.m, Out: out.p, LdOut: r + i + 1})
+	}
+	if err := w.MatMulF16Multi(nil, ps, xh.p, c.ntok); err != nil {
+		t.Fatal(err)
+	}
+	for i, p := range ps {
+		got := woDownload(t, ctx, outs[i])
+		ref := woDot(wts[i].deq, c.cols, woF64(x), ldx, c.ntok, p.M.Rows, func(_, r int) int { return r }, func(t int) int { return t })
+		note("multi/"+c.typ.String()+"/f16", woCheck(t, fmt.Sprintf("matrix %d vs f32 activations", i), got, p.LdOut, p.M.Rows, ref, woBoundF16), c.name())
 	}
 }
 
@@ -797,6 +841,59 @@ func woTestGroup(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, not
 		rows := wt.m.Rows
 		ref := woDot(wt.deq, c.cols, q, c.cols, nslots, rows, func(p, r int) int { return int(ids[p])*rows + r }, func(p int) int { return p / k })
 		note(key+"/moe", woCheck(t, fmt.Sprintf("stack %d vs GPU Q8_1 activations", i), woDownload(t, ctx, bufs[i]), lds[i], rows, ref, woBoundQuant), c.name())
+	}
+}
+
+// woTestMoEReuse: an MoE layer's three products on one scratch, as the
+// executor queues them: gate (c.rows rows, shared input), up (33 rows)
+// reusing gate's grouping and gathered input, down (cols x 7 rows... of
+// c.cols-wide per-slot input) reusing the grouping only.
+func woTestMoEReuse(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, note func(string, float64, string)) {
+	const k = 4
+	r := woRand(c.name())
+	ids := woMoEIDsSkewed(r, c.ntok, k, woExperts)
+	idd := woUpload(t, ctx, woI32s(ids))
+	nslots := c.ntok * k
+	ldx := c.cols + 4
+	xTok := woGauss(r, c.ntok*ldx, ldx)
+	xSlot := woGauss(r, nslots*ldx, ldx)
+	xTokD, xSlotD := woUpload(t, ctx, woF32s(xTok)), woUpload(t, ctx, woF32s(xSlot))
+	type step struct {
+		rows    int
+		perSlot bool
+		reuse   MoEReuse
+	}
+	steps := []step{{c.rows, false, MoEReuseNothing}, {33, false, MoEReuseInput}, {7, true, MoEReuseGroups}}
+	var scratchBytes int
+	for _, st := range steps {
+		wt := woGetWeight(t, ctx, c.typ, st.rows, c.cols, woExperts)
+		scratchBytes = max(scratchBytes, MoEScratchBytes(MoE{Matrix: wt.m, NExpert: woExperts, K: k, PerSlot: st.perSlot}, c.ntok))
+	}
+	scratch := woAlloc(t, ctx, scratchBytes)
+	w.moeBN = woVariantInt(c.variant, "bn")
+	defer func() { w.moeBN = 0 }()
+	for i, st := range steps {
+		wt := woGetWeight(t, ctx, c.typ, st.rows, c.cols, woExperts)
+		e := MoE{Matrix: wt.m, NExpert: woExperts, K: k, PerSlot: st.perSlot}
+		x, xd := xTok, xTokD
+		if st.perSlot {
+			x, xd = xSlot, xSlotD
+		}
+		ldOut := st.rows + 1
+		out := woPoisoned(t, ctx, nslots*ldOut)
+		if err := w.MoEMatMulReusing(nil, e, idd.p, xd.p, ldx, c.ntok, out.p, ldOut, scratch.p, st.reuse); err != nil {
+			t.Fatal(err)
+		}
+		got := woDownload(t, ctx, out)
+		wrow := func(p, row int) int { return int(ids[p])*st.rows + row }
+		xrow := func(p int) int {
+			if st.perSlot {
+				return p
+			}
+			return p / k
+		}
+		ref := woDot(wt.deq, c.cols, woF64(x), ldx, nslots, st.rows, wrow, xrow)
+		note("moereuse/"+c.typ.String()+"/f16", woCheck(t, fmt.Sprintf("product %d vs f32 activations", i), got, ldOut, st.rows, ref, woBoundF16), c.name())
 	}
 }
 

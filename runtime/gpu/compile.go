@@ -352,6 +352,9 @@ func (g *Exec) runGroup(s *cudadrv.Stream, grp *group, n int) error {
 			return err
 		}
 	}
+	if mp, ok := g.w.(multiPreparedOps); ok && f == actF16 {
+		return g.runGroupMulti(s, grp, mp, x, n)
+	}
 	for _, mb := range grp.members {
 		if err := g.with(s, mb.m, func() error { return p.MatMulPrepared(s, mb.m, f, x, n, mb.out, mb.ld) }); err != nil {
 			return err
@@ -359,6 +362,57 @@ func (g *Exec) runGroup(s *cudadrv.Stream, grp *group, n int) error {
 		if err := g.addBias(s, mb, n); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// multiPreparedOps is implemented by weight kernels that can run several
+// f16 products on one input as one launch (MatMulF16Multi).
+type multiPreparedOps interface {
+	// MultiMax is how many products one launch takes; MultiFits whether
+	// a and b may share one.
+	MultiMax() int
+	MultiFits(a, b *mat) bool
+	MatMulF16Multi(s *cudadrv.Stream, ms []*mat, x cudadrv.DevicePtr, nTok int, outs []cudadrv.DevicePtr, lds []int) error
+}
+
+// runGroupMulti runs a group's f16 products (input prepared at x), with
+// runs of consecutive resident members that fit one launch (attn_q and
+// attn_k, or all three; ffn_gate and ffn_up) launched together: each
+// alone would leave part of a wave of the GPU idle. Streamed members run
+// alone, between their acquire and release.
+func (g *Exec) runGroupMulti(s *cudadrv.Stream, grp *group, mp multiPreparedOps, x cudadrv.DevicePtr, n int) error {
+	p := g.w.(preparedOps)
+	mbs := grp.members
+	for i := 0; i < len(mbs); {
+		j := i + 1
+		if mbs[i].m.seq < 0 {
+			for j < len(mbs) && j-i < mp.MultiMax() && mbs[j].m.seq < 0 && mp.MultiFits(mbs[i].m, mbs[j].m) {
+				j++
+			}
+		}
+		if j == i+1 {
+			mb := mbs[i]
+			if err := g.with(s, mb.m, func() error { return p.MatMulPrepared(s, mb.m, actF16, x, n, mb.out, mb.ld) }); err != nil {
+				return err
+			}
+		} else {
+			var ms [8]*mat
+			var outs [8]cudadrv.DevicePtr
+			var lds [8]int
+			for k := i; k < j; k++ {
+				ms[k-i], outs[k-i], lds[k-i] = mbs[k].m, mbs[k].out, mbs[k].ld
+			}
+			if err := mp.MatMulF16Multi(s, ms[:j-i], x, n, outs[:j-i], lds[:j-i]); err != nil {
+				return err
+			}
+		}
+		for k := i; k < j; k++ {
+			if err := g.addBias(s, mbs[k], n); err != nil {
+				return err
+			}
+		}
+		i = j
 	}
 	return nil
 }
@@ -725,19 +779,33 @@ func (g *Exec) routerLogits(s *cudadrv.Stream, router *mat, in cudadrv.DevicePtr
 }
 
 // moeExperts queues the expert products of an MoE op through MoEMatMul,
-// which prepares its inputs itself.
+// which prepares its inputs itself. Where the kernels can (moeReuseOps),
+// up takes gate's grouping of the slots and gathered input, and down the
+// grouping.
 func (g *Exec) moeExperts(s *cudadrv.Stream, gate, up, down *mat, in cudadrv.DevicePtr, n, k, ff int) error {
 	m, w := &g.moe, g.w
-	if err := g.with(s, gate, func() error { return w.MoEMatMul(s, gate, in, false, m.ids, n, k, m.gate, g.scratch) }); err != nil {
+	mm := func(mt *mat, x cudadrv.DevicePtr, perSlot bool, out cudadrv.DevicePtr, reuse kernels.MoEReuse) error {
+		if r, ok := w.(moeReuseOps); ok {
+			return r.MoEMatMulReusing(s, mt, x, perSlot, m.ids, n, k, out, g.scratch, reuse)
+		}
+		return w.MoEMatMul(s, mt, x, perSlot, m.ids, n, k, out, g.scratch)
+	}
+	if err := g.with(s, gate, func() error { return mm(gate, in, false, m.gate, kernels.MoEReuseNothing) }); err != nil {
 		return err
 	}
-	if err := g.with(s, up, func() error { return w.MoEMatMul(s, up, in, false, m.ids, n, k, m.up, g.scratch) }); err != nil {
+	if err := g.with(s, up, func() error { return mm(up, in, false, m.up, kernels.MoEReuseInput) }); err != nil {
 		return err
 	}
 	if err := g.dev.glu.SwiGLU(s, m.gate, m.gate, m.up, ff, ff, n*k); err != nil {
 		return err
 	}
-	return g.with(s, down, func() error { return w.MoEMatMul(s, down, m.gate, true, m.ids, n, k, m.down, g.scratch) })
+	return g.with(s, down, func() error { return mm(down, m.gate, true, m.down, kernels.MoEReuseGroups) })
+}
+
+// moeReuseOps is implemented by weight kernels whose MoE products can
+// take the grouping (and gathered input) of the product before them.
+type moeReuseOps interface {
+	MoEMatMulReusing(s *cudadrv.Stream, m *mat, x cudadrv.DevicePtr, perSlot bool, ids cudadrv.DevicePtr, nTok, topK int, out cudadrv.DevicePtr, scratch cudadrv.DevicePtr, reuse kernels.MoEReuse) error
 }
 
 // with runs a launch that reads m between acquire and release: for a

@@ -1,6 +1,8 @@
 package gpu
 
 import (
+	"fmt"
+
 	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/cudadrv/kernels"
 	"github.com/atsinfer/ats/gguf"
@@ -54,6 +56,12 @@ func (q *quantOps) MoEScratchBytes(m *mat, nTok, topK int, perSlot bool) int {
 
 func (q *quantOps) MatMul(s *cudadrv.Stream, m *mat, x cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr, ldOut int, scratch cudadrv.DevicePtr) error {
 	return q.k.MatMul(s, q.matrix(m), x, m.Cols, nTok, out, ldOut, scratch)
+}
+
+var _ moeReuseOps = (*quantOps)(nil)
+
+func (q *quantOps) MoEMatMulReusing(s *cudadrv.Stream, m *mat, x cudadrv.DevicePtr, perSlot bool, ids cudadrv.DevicePtr, nTok, topK int, out cudadrv.DevicePtr, scratch cudadrv.DevicePtr, reuse kernels.MoEReuse) error {
+	return q.k.MoEMatMulReusing(s, q.moe(m, topK, perSlot), ids, x, m.Cols, nTok, out, m.Rows, scratch, reuse)
 }
 
 func (q *quantOps) GetRows(s *cudadrv.Stream, m *mat, ids cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr) error {
@@ -110,6 +118,26 @@ func (q *quantOps) MatMulPrepared(s *cudadrv.Stream, m *mat, f actFormat, x cuda
 		return q.k.MatMulF16(s, q.matrix(m), x, nTok, out, ldOut)
 	}
 	return q.k.MatVecF32(s, q.matrix(m), x, m.Cols, nTok, out, ldOut)
+}
+
+var _ multiPreparedOps = (*quantOps)(nil)
+
+func (q *quantOps) MultiMax() int { return kernels.MaxF16Products }
+
+// MultiFits: one tensor-core launch takes matrices of one type and width.
+func (q *quantOps) MultiFits(a, b *mat) bool {
+	return a.W.Type == b.W.Type && a.Cols == b.Cols && a.Experts == 1 && b.Experts == 1
+}
+
+func (q *quantOps) MatMulF16Multi(s *cudadrv.Stream, ms []*mat, x cudadrv.DevicePtr, nTok int, outs []cudadrv.DevicePtr, lds []int) error {
+	var ps [kernels.MaxF16Products]kernels.F16Product
+	if len(ms) > len(ps) {
+		return fmt.Errorf("%d products in one launch, at most %d", len(ms), len(ps))
+	}
+	for i, m := range ms {
+		ps[i] = kernels.F16Product{M: q.matrix(m), Out: outs[i], LdOut: lds[i]}
+	}
+	return q.k.MatMulF16Multi(s, ps[:len(ms)], x, nTok)
 }
 
 var _ moePreparedOps = (*quantOps)(nil)
