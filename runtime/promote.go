@@ -146,7 +146,7 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 			return base, nil
 		}
 		p.sinceProbe = 0
-		if t, tb := p.stepTime[p.cur], p.stepTime[base]; p.cur != base && t > 1.03*tb {
+		if t, tb := p.stepTime[p.cur], p.stepTime[base]; p.cur != base && t > 0 && tb > 0 && t > 1.03*tb {
 			p.cur, p.curPlan, p.promoted, p.kept = base, plan.Promotion{Promote: make([]bool, len(c.units))}, 0, false
 			p.live.promoted.Store(0)
 		}
@@ -253,6 +253,7 @@ func (p *promoter) evict(c *Context) {
 		}
 		delete(p.byKey, k)
 		delete(p.stepTime, s)
+		delete(p.seen, s)
 		return
 	}
 }
