@@ -380,6 +380,9 @@ func (c *Context) compile(s *schedule, hostOf map[ir.BufID]*cudadrv.HostMem) err
 
 // Close stops the context's worker threads and frees its GPU memory.
 func (c *Context) Close() {
+	if c.cpu != nil {
+		c.cpu.Report(os.Stderr) // ATS_CPU_OPS_PROFILE
+	}
 	c.pool.Close()
 	if c.prom != nil {
 		c.prom.release(c)
@@ -583,6 +586,7 @@ func (c *Context) run(tokens []int, mode ir.OutputMode) ([]float32, error) {
 	c.pos += n
 	c.stats.Steps++
 	c.stats.Switches = switches
+	c.cpu.CountBatch(n)
 	wall := time.Since(start)
 	if n == 1 {
 		c.stats.DecodeSteps++

@@ -76,6 +76,7 @@ existing file is only replaced with --force.`,
 		f.StringVar(&opt.Layout, "layout", "q4_k_m", "weight layout: "+strings.Join(synth.Layouts(), ", "))
 		f.Uint64Var(&opt.Seed, "seed", 0, "random seed; the same seed writes the same file")
 		f.StringVar(&opt.Vocab, "vocab", "", "copy the tokenizer metadata of this GGUF file (e.g. a vocab-only file)")
+		f.IntVar(&opt.Layers, "layers", 0, "write only the first N blocks of the preset (0: all), to study a layer's speed on a small machine")
 		f.IntVar(&opt.Threads, "threads", 0, "generator threads (0: all cores)")
 		f.StringVarP(&out, "output", "o", "", "file to write")
 		f.BoolVar(&list, "list", false, "list the presets with their parameter counts and sizes")

@@ -7,6 +7,8 @@ package cpu
 
 import (
 	"fmt"
+	"strings"
+	"time"
 
 	"github.com/atsinfer/ats/ops"
 	"github.com/atsinfer/ats/runtime/ir"
@@ -37,13 +39,14 @@ type Backend struct {
 	bufs    [][]float32    // by BufID: Batch rows of the buffer's width, nil if unused here
 	scratch []byte         // quantized activations
 	moe     moeScratch
-	rope    ropeCache // rotation table of the current batch
+	rope    ropeCache  // rotation table of the current batch
+	prof    *opProfile // ATS_CPU_OPS_PROFILE; nil when off
 }
 
 // New sizes the buffers, scratch and KV caches of the ops that may run on
 // the CPU.
 func New(p *ir.Program, pool *ops.Pool, opt Options) (*Backend, error) {
-	b := &Backend{prog: p, pool: pool, kv: make([]*ops.KVLayer, p.Hyper.NLayer), bufs: make([][]float32, len(p.Bufs))}
+	b := &Backend{prog: p, pool: pool, kv: make([]*ops.KVLayer, p.Hyper.NLayer), bufs: make([][]float32, len(p.Bufs)), prof: newOpProfile()}
 	runs := opt.Runs
 	if runs == nil {
 		runs = func(int) bool { return true }
@@ -113,6 +116,9 @@ func (b *Backend) KVBytes() int64 {
 // produced.
 func (b *Backend) Run(lo, hi int, tokens []int, n, pos0 int, mode ir.OutputMode) int {
 	prog := b.prog.Ops
+	if b.prof != nil {
+		return b.runProfiled(lo, hi, tokens, n, pos0, mode)
+	}
 	for i := lo; i < hi; i++ {
 		op := &prog[i]
 		if op.Output && mode == ir.OutputNone {
@@ -132,4 +138,43 @@ func (b *Backend) Run(lo, hi int, tokens []int, n, pos0 int, mode ir.OutputMode)
 		b.exec(op, tokens, n, pos0)
 	}
 	return n
+}
+
+// runProfiled is Run with every op (or group of products) timed.
+func (b *Backend) runProfiled(lo, hi int, tokens []int, n, pos0 int, mode ir.OutputMode) int {
+	prog := b.prog.Ops
+	n0 := n
+	for i := lo; i < hi; i++ {
+		op := &prog[i]
+		if op.Output && mode == ir.OutputNone {
+			n = 0
+			break
+		}
+		if op.Output && mode == ir.OutputLast && n > 1 {
+			w := b.prog.Bufs[op.In].Width
+			copy(b.bufs[op.In][:w], b.bufs[op.In][(n-1)*w:n*w])
+			n = 1
+		}
+		start := time.Now()
+		name := opName(op)
+		if j := min(matMulGroup(prog, i), hi); j > i+1 {
+			b.execMatMuls(prog[i:j], n)
+			for k := i + 1; k < j; k++ {
+				name += "+" + strings.TrimPrefix(opName(&prog[k]), "matmul ")
+			}
+			i = j - 1
+		} else {
+			b.exec(op, tokens, n, pos0)
+		}
+		b.prof.add(n0, name, time.Since(start))
+	}
+	return n
+}
+
+// CountBatch tells the op profile that a batch of n tokens is done (its
+// figures are per batch); nothing when the profile is off.
+func (b *Backend) CountBatch(n int) {
+	if b.prof != nil {
+		b.prof.step(n)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sort"
 	"testing"
 
 	"github.com/atsinfer/ats/gguf"
@@ -66,6 +67,49 @@ func TestMoESlotsMatchExpertLoop(t *testing.T) {
 			loop := be.Buf(out)[:n*h.NEmbd]
 			if !slices.Equal(slots, loop) {
 				t.Errorf("top-%d of %d, %d tokens: the slot path differs from the expert loop", topK, h.NExpert, n)
+			}
+		}
+	}
+}
+
+// Route's selection chooses what a stable sort by decreasing probability
+// does, ties to the lower id, with the same weights.
+func TestRouteMatchesStableSort(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for trial := range 500 {
+		ne := 1 + rng.IntN(160)
+		k := 1 + rng.IntN(ne)
+		logits := make([]float32, ne)
+		for i := range logits {
+			logits[i] = float32(rng.IntN(7)) / 2 // few values: many ties
+			if trial%2 == 1 {
+				logits[i] = float32(rng.NormFloat64())
+			}
+		}
+		for _, norm := range []bool{false, true} {
+			p := slices.Clone(logits)
+			choice, weight := make([]int, k), make([]float32, k)
+			Route(p, k, norm, choice, weight, make([]int, ne))
+
+			q := slices.Clone(logits)
+			ops.Softmax(q)
+			idx := make([]int, ne)
+			for i := range idx {
+				idx[i] = i
+			}
+			sort.SliceStable(idx, func(a, b int) bool { return q[idx[a]] > q[idx[b]] })
+			var sum float32
+			for j := 0; j < k; j++ {
+				sum += q[idx[j]]
+			}
+			for j := 0; j < k; j++ {
+				w := q[idx[j]]
+				if norm {
+					w /= sum
+				}
+				if choice[j] != idx[j] || weight[j] != w {
+					t.Fatalf("trial %d (%d experts, top %d, norm %v): slot %d chose %d (%g), the sort %d (%g)", trial, ne, k, norm, j, choice[j], weight[j], idx[j], w)
+				}
 			}
 		}
 	}

@@ -2,7 +2,6 @@ package cpu
 
 import (
 	"fmt"
-	"sort"
 
 	"github.com/atsinfer/ats/ops"
 	"github.com/atsinfer/ats/runtime/ir"
@@ -199,6 +198,7 @@ func (b *Backend) moeSlots(op *ir.Op, n int) {
 	gate0, down0 := op.Gate.Stack[0], op.Down.Stack[0]
 	emb, ff := gate0.Cols, gate0.Rows
 	slots := n * k
+	t0 := b.lapStart()
 	xq := gate0.QuantizeActs(b.pool, b.bufs[op.In][:n*emb], n, b.scratch)
 	ab := gate0.Kernel.ActRowBytes(emb)
 	s.mats, s.xqs, s.outs, s.lds = s.mats[:0], s.xqs[:0], s.outs[:0], s.lds[:0]
@@ -210,8 +210,10 @@ func (b *Backend) moeSlots(op *ir.Op, n int) {
 		s.lds = append(s.lds, ff, ff)
 	}
 	ops.MulQEach(b.pool, s.mats, s.xqs, 1, s.outs, s.lds)
+	t0 = b.lap(n, "moe > gate+up", t0)
 	ops.SwiGLU(s.gate[:slots*ff], s.gate[:slots*ff], s.up[:slots*ff])
 	xd := down0.QuantizeActs(b.pool, s.gate[:slots*ff], slots, s.downAct)
+	t0 = b.lap(n, "moe > swiglu, quantize", t0)
 	db := down0.Kernel.ActRowBytes(ff)
 	s.mats, s.xqs, s.outs, s.lds = s.mats[:0], s.xqs[:0], s.outs[:0], s.lds[:0]
 	for i := 0; i < slots; i++ {
@@ -221,13 +223,26 @@ func (b *Backend) moeSlots(op *ir.Op, n int) {
 		s.lds = append(s.lds, emb)
 	}
 	ops.MulQEach(b.pool, s.mats, s.xqs, 1, s.outs, s.lds)
-	for i := 0; i < slots; i++ {
-		dst, w := s.results[i*emb:(i+1)*emb], s.weight[i]
-		for d := range dst {
-			dst[d] = s.down[i*emb+d] * w
+	t0 = b.lap(n, "moe > down", t0)
+	// Each token's output is its slots' products times their weights,
+	// added in slot order (moeSum's arithmetic, in one pass: the
+	// conversions keep every product rounded before its add, as there).
+	for t := 0; t < n; t++ {
+		out := b.row(op.Out, t)
+		d0, w0 := s.down[t*k*emb:(t*k+1)*emb], s.weight[t*k]
+		d0 = d0[:len(out)]
+		for d := range out {
+			out[d] = float32(d0[d] * w0)
+		}
+		for j := 1; j < k; j++ {
+			dj, wj := s.down[(t*k+j)*emb:(t*k+j+1)*emb], s.weight[t*k+j]
+			dj = dj[:len(out)]
+			for d := range out {
+				out[d] += float32(dj[d] * wj)
+			}
 		}
 	}
-	b.moeSum(op, n)
+	b.lap(n, "moe > weighted sum", t0)
 }
 
 func (s *moeScratch) grow(batch int, op *ir.Op) {
@@ -261,15 +276,25 @@ func (s *moeScratch) grow(batch int, op *ir.Op) {
 // norm is set. idx is scratch of len(p).
 func Route(p []float32, k int, norm bool, choice []int, weight []float32, idx []int) {
 	ops.Softmax(p)
+	// The k largest by selection (k is a few of many experts): each pass
+	// takes the largest not yet taken, the lowest id among equals, which
+	// is the order a stable sort by decreasing probability gives. idx
+	// marks the taken ones.
 	for i := range idx {
-		idx[i] = i
+		idx[i] = 0
 	}
-	sort.SliceStable(idx, func(a, b int) bool { return p[idx[a]] > p[idx[b]] })
 	var sum float32
 	for j := 0; j < k; j++ {
-		choice[j] = idx[j]
-		weight[j] = p[idx[j]]
-		sum += p[idx[j]]
+		best := -1
+		for i, v := range p {
+			if idx[i] == 0 && (best < 0 || v > p[best]) {
+				best = i
+			}
+		}
+		idx[best] = 1
+		choice[j] = best
+		weight[j] = p[best]
+		sum += p[best]
 	}
 	if norm {
 		for j := 0; j < k; j++ {
@@ -284,11 +309,14 @@ func (b *Backend) moeFFN(op *ir.Op, n int) {
 	s := &b.moe
 	ne, k := op.W.Mat.Rows, op.TopK
 	emb := op.Gate.Stack[0].Cols
+	t0 := b.lapStart()
 	op.W.Mat.Mul(b.pool, b.bufs[op.In][:n*emb], n, s.probs, ne, b.scratch)
+	t0 = b.lap(n, "moe > router", t0)
 	idx := make([]int, ne)
 	for t := 0; t < n; t++ {
 		Route(s.probs[t*ne:(t+1)*ne], k, op.NormTopK, s.choice[t*k:(t+1)*k], s.weight[t*k:(t+1)*k], idx)
 	}
+	b.lap(n, "moe > top-k", t0)
 	if gate0 := op.Gate.Stack[0]; n*k <= maxMoESlots && op.Up.Stack[0].Kernel.ActType == gate0.Kernel.ActType {
 		b.moeSlots(op, n)
 		return

@@ -30,7 +30,12 @@ type Options struct {
 	// Vocab names a GGUF file whose tokenizer.* metadata (tokens, merges,
 	// special ids, chat template, ...) the model copies instead of the
 	// made-up SentencePiece vocabulary.
-	Vocab   string
+	Vocab string
+	// Layers, when positive, writes only that many blocks of the preset
+	// (the same shapes, block_count set to it): a model small enough to
+	// study one layer's speed on a laptop. The Q4_K_M layout's choice of
+	// which attn_v/ffn_down take Q6_K counts these layers.
+	Layers  int
 	Threads int // generator goroutines; 0 means GOMAXPROCS
 	// Progress, when set, is called from one goroutine after each chunk is
 	// written, with bytes written so far and the file size.
@@ -74,6 +79,14 @@ func plan(opt Options) (*model, error) {
 	p, err := Lookup(opt.Preset)
 	if err != nil {
 		return nil, err
+	}
+	switch {
+	case opt.Layers < 0:
+		return nil, fmt.Errorf("synth: --layers %d: want a positive count (0: the preset's %d)", opt.Layers, p.Layers)
+	case opt.Layers > p.Layers:
+		return nil, fmt.Errorf("synth: --layers %d: the preset %s has %d", opt.Layers, p.Name, p.Layers)
+	case opt.Layers > 0:
+		p.Layers = opt.Layers
 	}
 	layout := opt.Layout
 	if layout == "" {

@@ -702,3 +702,31 @@ func BenchmarkGenerate(b *testing.B) {
 		})
 	}
 }
+
+// --layers keeps the first blocks of a preset: block_count and the
+// tensors follow, the shapes stay; a count out of range is refused.
+func TestLayers(t *testing.T) {
+	m, err := plan(Options{Preset: "qwen3-30b-a3b", Layers: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := map[string]bool{}
+	for _, s := range m.infos {
+		if rest, ok := strings.CutPrefix(s.name, "blk."); ok {
+			blocks[rest[:strings.IndexByte(rest, '.')]] = true
+		}
+	}
+	if len(blocks) != 2 || !blocks["0"] || !blocks["1"] {
+		t.Errorf("blocks %v, want 0 and 1", blocks)
+	}
+	for _, e := range m.kvs {
+		if e.Key == "qwen3moe.block_count" && e.Value.String() != "2" {
+			t.Errorf("block_count %s, want 2", e.Value)
+		}
+	}
+	for _, n := range []int{-1, 49} {
+		if _, err := plan(Options{Preset: "qwen3-30b-a3b", Layers: n}); err == nil || !strings.Contains(err.Error(), "--layers") {
+			t.Errorf("--layers %d: %v", n, err)
+		}
+	}
+}
