@@ -163,6 +163,12 @@ func (p *pullProgress) Add(n int64) {
 	}
 }
 
+// Waiting: another pull of the same model holds its folder; this one
+// continues when that one ends.
+func (p *pullProgress) Waiting(name string) {
+	fmt.Fprintf(p.w, "ats: pull: another pull of %s is running; waiting for it to finish\n", name)
+}
+
 func (p *pullProgress) Retry(err error, wait time.Duration) {
 	if p.bar != nil {
 		p.bar.Clear()

@@ -61,6 +61,11 @@ func (s *Store) Pull(ctx context.Context, c *Client, ref Ref, opt PullOptions) (
 	if err := os.MkdirAll(m.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("models directory: %w", err)
 	}
+	unlock, err := s.lockPull(ctx, m.dir, m.Name, opt.Progress)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	old, _ := readManifest(filepath.Join(m.dir, ManifestName))
 	if old != nil && !strings.EqualFold(old.Name, m.Name) {
 		return nil, fmt.Errorf("%s holds %s already; pull with another --name or ats rm %s", m.dir, old.Name, old.Name)

@@ -523,3 +523,77 @@ func TestDefaultDir(t *testing.T) {
 		t.Logf("default models directory here: %s", d)
 	}
 }
+
+// waitRecorder is a recorder that also hears when a pull waits.
+type waitRecorder struct {
+	recorder
+	waited chan string
+}
+
+func (w *waitRecorder) Waiting(name string) { w.waited <- name }
+
+// A pull of a model another pull holds waits for it, then finds the model
+// there; a cancel while waiting ends it.
+func TestPullWaitsForAnotherPull(t *testing.T) {
+	repo := testRepo()
+	st, c, _ := newTest(t, repo)
+	ref := mustRef(t, "hf.co/Org/Tiny-GGUF:Q4_K_M")
+	first, err := st.Pull(context.Background(), c, ref, PullOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Hold the model's lock as a running pull would.
+	unlock, err := st.lockPull(context.Background(), first.Manifest.dir, first.Manifest.Name, noProgress{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &waitRecorder{waited: make(chan string, 1)}
+	done := make(chan error, 1)
+	var res *PullResult
+	go func() {
+		var err error
+		res, err = st.Pull(context.Background(), c, ref, PullOptions{Progress: rec})
+		done <- err
+	}()
+	select {
+	case name := <-rec.waited:
+		if name != first.Manifest.Name {
+			t.Errorf("waiting for %q, want %q", name, first.Manifest.Name)
+		}
+	case err := <-done:
+		t.Fatalf("the pull did not wait for the lock (err %v)", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the pull neither waited nor finished")
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the pull finished while the lock was held (err %v)", err)
+	case <-time.After(3 * lockPoll):
+	}
+	unlock()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Fetched) != 0 {
+		t.Errorf("fetched %d files again after waiting", len(res.Fetched))
+	}
+
+	// Cancelled while waiting; and no rm under a running pull.
+	unlock, err = st.lockPull(context.Background(), first.Manifest.dir, first.Manifest.Name, noProgress{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unlock()
+	if _, err := st.Remove(first.Manifest.Name); err == nil || !strings.Contains(err.Error(), "being pulled") {
+		t.Errorf("rm during a pull: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*lockPoll)
+	defer cancel()
+	if _, err := st.Pull(ctx, c, ref, PullOptions{}); !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "waiting for another pull") {
+		t.Fatalf("err %v", err)
+	}
+	// The lock file, under .locks, is not taken for a model.
+	if ms, errs := st.List(); len(errs) != 0 || len(ms) != 1 {
+		t.Errorf("list: %d models, errors %v", len(ms), errs)
+	}
+}

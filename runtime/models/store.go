@@ -294,6 +294,11 @@ func (s *Store) Remove(name string) (*Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
+	done, err := s.lockForRemove(m.dir, m.Name)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	for _, f := range m.Files {
 		p := filepath.Join(m.dir, f.Name)
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
