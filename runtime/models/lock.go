@@ -16,7 +16,10 @@ import (
 // exclusive lock for the model's folder while it runs, taken on a file
 // under the store's .locks folder (not in the model's folder, which
 // ats rm removes when it is empty); a second pull waits for the first and
-// then finds the model there.
+// then finds the model there. The holder removes the lock file when it is
+// done, so nothing is left behind: a waiter that then gets the lock of the
+// removed file sees that the path no longer names it, and takes the lock
+// again on the file there now.
 
 // Waiter is implemented by a Progress that wants to know when a pull
 // waits for another pull of the same model.
@@ -30,28 +33,50 @@ var errLocked = errors.New("locked")
 // lockPoll is how often a waiting pull tries the lock again.
 const lockPoll = 200 * time.Millisecond
 
-// lockPull takes the pull lock of the model folder dir, waiting while
-// another pull holds it (progress hears of it once, if it is a Waiter)
-// until ctx ends. unlock releases it.
-func (s *Store) lockPull(ctx context.Context, dir, name string, progress Progress) (unlock func(), err error) {
-	locks := filepath.Join(s.Dir, ".locks")
-	if err := os.MkdirAll(locks, 0o755); err != nil {
-		return nil, fmt.Errorf("models directory: %w", err)
-	}
+// lockPath is the lock file of the model folder dir.
+func (s *Store) lockPath(dir string) string {
+	sum := sha256.Sum256([]byte(filepath.Clean(dir)))
+	return filepath.Join(s.Dir, ".locks", hex.EncodeToString(sum[:8])+".lock")
+}
+
+// lockModel takes the lock of the model folder dir. When another holder
+// has it, it fails at once unless wait is set; then it waits (progress
+// hears of it once, if it is a Waiter) until ctx ends. unlock releases the
+// lock and removes the file (and the .locks folder when it is empty).
+func (s *Store) lockModel(ctx context.Context, dir, name string, wait bool, progress Progress) (unlock func(), err error) {
 	p := s.lockPath(dir)
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return nil, fmt.Errorf("pull lock: %w", err)
-	}
 	told := false
-	for {
-		err := tryLock(f)
-		if err == nil {
-			return func() { unlockFile(f); f.Close() }, nil
+	for tries := 0; ; tries++ {
+		// The folder again each time: the last holder removes it when it
+		// is left empty.
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			return nil, fmt.Errorf("models directory: %w", err)
 		}
-		if !errors.Is(err, errLocked) {
+		f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
+		if errors.Is(err, os.ErrNotExist) && tries < 100 {
+			continue // removed between the two
+		}
+		if err != nil {
+			return nil, fmt.Errorf("model lock: %w", err)
+		}
+		err = tryLock(f)
+		if err == nil {
+			if held, _ := f.Stat(); held != nil {
+				if now, err := os.Stat(p); err == nil && os.SameFile(held, now) {
+					return func() { release(f, p) }, nil
+				}
+			}
+			// The holder before removed this file: lock the one there now.
+			unlockFile(f)
 			f.Close()
-			return nil, fmt.Errorf("pull lock %s: %w", p, err)
+			continue
+		}
+		f.Close()
+		switch {
+		case !errors.Is(err, errLocked):
+			return nil, fmt.Errorf("model lock %s: %w", p, err)
+		case !wait:
+			return nil, fmt.Errorf("%s is being pulled; try again when the pull ends", name)
 		}
 		if w, ok := progress.(Waiter); ok && !told {
 			w.Waiting(name)
@@ -59,44 +84,20 @@ func (s *Store) lockPull(ctx context.Context, dir, name string, progress Progres
 		}
 		select {
 		case <-ctx.Done():
-			f.Close()
 			return nil, fmt.Errorf("waiting for another pull of %s: %w", name, ctx.Err())
 		case <-time.After(lockPoll):
 		}
 	}
 }
 
-// lockPath is the lock file of the model folder dir.
-func (s *Store) lockPath(dir string) string {
-	sum := sha256.Sum256([]byte(filepath.Clean(dir)))
-	return filepath.Join(s.Dir, ".locks", hex.EncodeToString(sum[:8])+".lock")
-}
-
-// lockForRemove takes the pull lock of dir without waiting: a model being
-// pulled is not removed under the pull. done releases it and removes the
-// lock file (and the .locks folder when it is empty). A pull that opened
-// the file just before may still take the removed file's lock: a pull
-// racing an rm of the same model is not kept apart from a third.
-func (s *Store) lockForRemove(dir, name string) (done func(), err error) {
-	p := s.lockPath(dir)
-	f, err := os.OpenFile(p, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) { // no .locks folder: no pull ever ran
-			return func() {}, nil
-		}
-		return nil, fmt.Errorf("pull lock: %w", err)
-	}
-	if err := tryLock(f); err != nil {
-		f.Close()
-		if errors.Is(err, errLocked) {
-			return nil, fmt.Errorf("%s is being pulled; remove it when the pull ends", name)
-		}
-		return nil, fmt.Errorf("pull lock %s: %w", p, err)
-	}
-	return func() {
-		unlockFile(f)
-		f.Close() // first: Windows removes no open file
+// release removes the lock file p while f holds its lock (where the
+// system allows: elsewhere just after), then releases it.
+func release(f *os.File, p string) {
+	removed := os.Remove(p) == nil
+	unlockFile(f)
+	f.Close()
+	if !removed {
 		os.Remove(p)
-		os.Remove(filepath.Dir(p)) // only when empty
-	}, nil
+	}
+	os.Remove(filepath.Dir(p)) // only when empty
 }

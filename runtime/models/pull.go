@@ -61,7 +61,7 @@ func (s *Store) Pull(ctx context.Context, c *Client, ref Ref, opt PullOptions) (
 	if err := os.MkdirAll(m.dir, 0o755); err != nil {
 		return nil, fmt.Errorf("models directory: %w", err)
 	}
-	unlock, err := s.lockPull(ctx, m.dir, m.Name, opt.Progress)
+	unlock, err := s.lockModel(ctx, m.dir, m.Name, true, opt.Progress)
 	if err != nil {
 		return nil, err
 	}

@@ -543,7 +543,7 @@ func TestPullWaitsForAnotherPull(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Hold the model's lock as a running pull would.
-	unlock, err := st.lockPull(context.Background(), first.Manifest.dir, first.Manifest.Name, noProgress{})
+	unlock, err := st.lockModel(context.Background(), first.Manifest.dir, first.Manifest.Name, true, noProgress{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -579,7 +579,7 @@ func TestPullWaitsForAnotherPull(t *testing.T) {
 	}
 
 	// Cancelled while waiting; and no rm under a running pull.
-	unlock, err = st.lockPull(context.Background(), first.Manifest.dir, first.Manifest.Name, noProgress{})
+	unlock, err = st.lockModel(context.Background(), first.Manifest.dir, first.Manifest.Name, true, noProgress{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,7 @@
 package models
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -294,11 +295,11 @@ func (s *Store) Remove(name string) (*Manifest, error) {
 	if err != nil {
 		return nil, err
 	}
-	done, err := s.lockForRemove(m.dir, m.Name)
+	unlock, err := s.lockModel(context.Background(), m.dir, m.Name, false, nil)
 	if err != nil {
 		return nil, err
 	}
-	defer done()
+	defer unlock()
 	for _, f := range m.Files {
 		p := filepath.Join(m.dir, f.Name)
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
