@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"testing"
@@ -108,6 +109,13 @@ func TestEmbeddedImagesLoad(t *testing.T) {
 				continue
 			}
 			src, err := os.ReadFile(fmt.Sprintf("kernels/ptx/%s.compute_%d.ptx", name, img.Arch))
+			if errors.Is(err, fs.ErrNotExist) {
+				// The PTX files are read from the source tree, relative
+				// to the package directory: a test binary run elsewhere
+				// checks the embedded images only.
+				t.Logf("kernels/ptx not found from %s: the PTX JIT of each architecture is not checked", cwd())
+				break
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -457,4 +465,12 @@ func BenchmarkAddF32Launch(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*100), "ns/launch")
+}
+
+func cwd() string {
+	d, err := os.Getwd()
+	if err != nil {
+		return "?"
+	}
+	return d
 }
