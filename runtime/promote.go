@@ -146,7 +146,7 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 			return base, nil
 		}
 		p.sinceProbe = 0
-		if t, tb := p.stepTime[p.cur], p.stepTime[base]; p.cur != base && t > 0 && tb > 0 && t > 1.03*tb {
+		if p.slowerThanNone(p.cur, base) {
 			p.cur, p.curPlan, p.promoted, p.kept = base, plan.Promotion{Promote: make([]bool, len(c.units))}, 0, false
 			p.live.promoted.Store(0)
 		}
@@ -213,7 +213,7 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		}
 		p.byKey[key.String()] = s
 	}
-	if t, tb := p.stepTime[s], p.stepTime[base]; s != base && t > 0 && tb > 0 && t > 1.03*tb {
+	if p.slowerThanNone(s, base) {
 		// Measured slower than no promotion: the model misjudges this
 		// machine (say, the copies slow the CPU's own memory reads).
 		s, sol, bytes = base, plan.Promotion{Promote: make([]bool, len(c.units))}, 0
@@ -231,6 +231,13 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 	p.planCost = time.Since(start)
 	p.planTotal += p.planCost
 	return s, nil
+}
+
+// slowerThanNone: promotion schedule s was measured more than 3% slower a
+// step than no promotion (base), both having been timed.
+func (p *promoter) slowerThanNone(s, base *schedule) bool {
+	t, tb := p.stepTime[s], p.stepTime[base]
+	return s != base && t > 0 && tb > 0 && t > 1.03*tb
 }
 
 // maxPlans bounds the compiled promotion schedules a context keeps (each

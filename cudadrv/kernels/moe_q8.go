@@ -13,26 +13,10 @@ import (
 // gate and up products share one, so a decode step of an MoE layer
 // quantizes nothing on its own.
 //
-// It is the same launch as MoEMatMul's (mvArgs, mvLaunch) without the
-// quantization before it, and belongs beside it in weightops.go; it lives
-// in this file only until the weight kernels' owner folds it in.
+// It is MoEMatVecQ8_1Group of one stack: the launch of MoEMatMul's
+// matrix-vector path (mvArgs, mvLaunch) without the quantization before it.
 func (w *WeightOps) MoEMatVecQ8_1(s *cudadrv.Stream, e MoE, ids, xq cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr, ldOut int) error {
-	k, err := w.kernels(e.Matrix)
-	if err != nil {
-		return err
-	}
-	if isFloat(e.Type) || nTok < 1 || nTok > MoEMatVecMaxTokens || e.K < 1 || e.NExpert < 1 || e.NExpert > maxMoEExperts {
-		return fmt.Errorf("kernels: Q8_1 MoE matvec of %s, %d experts, %d per token, %d tokens", e.Type, e.NExpert, e.K, nTok)
-	}
-	actDiv := e.K
-	if e.PerSlot {
-		actDiv = 1
-	}
-	rows := e.inputRows(nTok)
-	p := mvArgs{w: e.Data, rowBytes: int64(e.RowBytes()), rows: int32(e.Rows), cols: int32(e.Cols),
-		ntok: 1, out: out, ldOut: int64(ldOut), ids: ids, expertBytes: int64(e.Bytes()), actDiv: int32(actDiv),
-		xq: xq, xds: xq.Add(align16(rows * e.Cols))}
-	return w.mvLaunch(s, k, e.Matrix, &p, 1, nTok*e.K)
+	return w.MoEMatVecQ8_1Group(s, []MoE{e}, ids, xq, nTok, []cudadrv.DevicePtr{out}, []int{ldOut})
 }
 
 // MoEMatVecQ8_1Group is MoEMatVecQ8_1 for up to MaxMatVecGroup expert

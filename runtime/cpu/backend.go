@@ -7,7 +7,6 @@ package cpu
 
 import (
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/atsinfer/ats/ops"
@@ -116,9 +115,7 @@ func (b *Backend) KVBytes() int64 {
 // produced.
 func (b *Backend) Run(lo, hi int, tokens []int, n, pos0 int, mode ir.OutputMode) int {
 	prog := b.prog.Ops
-	if b.prof != nil {
-		return b.runProfiled(lo, hi, tokens, n, pos0, mode)
-	}
+	n0 := n // the batch, for the op profile
 	for i := lo; i < hi; i++ {
 		op := &prog[i]
 		if op.Output && mode == ir.OutputNone {
@@ -130,43 +127,18 @@ func (b *Backend) Run(lo, hi int, tokens []int, n, pos0 int, mode ir.OutputMode)
 			copy(b.bufs[op.In][:w], b.bufs[op.In][(n-1)*w:n*w])
 			n = 1
 		}
-		if j := min(matMulGroup(prog, i), hi); j > i+1 {
+		start := b.lapStart()
+		j := min(matMulGroup(prog, i), hi)
+		if j > i+1 {
 			b.execMatMuls(prog[i:j], n)
-			i = j - 1
-			continue
-		}
-		b.exec(op, tokens, n, pos0)
-	}
-	return n
-}
-
-// runProfiled is Run with every op (or group of products) timed.
-func (b *Backend) runProfiled(lo, hi int, tokens []int, n, pos0 int, mode ir.OutputMode) int {
-	prog := b.prog.Ops
-	n0 := n
-	for i := lo; i < hi; i++ {
-		op := &prog[i]
-		if op.Output && mode == ir.OutputNone {
-			n = 0
-			break
-		}
-		if op.Output && mode == ir.OutputLast && n > 1 {
-			w := b.prog.Bufs[op.In].Width
-			copy(b.bufs[op.In][:w], b.bufs[op.In][(n-1)*w:n*w])
-			n = 1
-		}
-		start := time.Now()
-		name := opName(op)
-		if j := min(matMulGroup(prog, i), hi); j > i+1 {
-			b.execMatMuls(prog[i:j], n)
-			for k := i + 1; k < j; k++ {
-				name += "+" + strings.TrimPrefix(opName(&prog[k]), "matmul ")
-			}
-			i = j - 1
 		} else {
+			j = i + 1
 			b.exec(op, tokens, n, pos0)
 		}
-		b.prof.add(n0, name, time.Since(start))
+		if b.prof != nil {
+			b.prof.add(n0, groupName(prog[i:j]), time.Since(start))
+		}
+		i = j - 1
 	}
 	return n
 }

@@ -51,6 +51,16 @@ func opName(op *ir.Op) string {
 	return name
 }
 
+// groupName names ops run together (products of one input): the first's
+// name and the others' roles.
+func groupName(ops []ir.Op) string {
+	name := opName(&ops[0])
+	for k := 1; k < len(ops); k++ {
+		name += "+" + strings.TrimPrefix(opName(&ops[k]), "matmul ")
+	}
+	return name
+}
+
 func (p *opProfile) add(n int, name string, d time.Duration) {
 	r := p.byTok[n]
 	if r == nil {
