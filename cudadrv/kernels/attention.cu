@@ -311,6 +311,359 @@ extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d3(const Attn
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d4(const AttnParams p) { attn_f16<4>(p); }
 extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d8(const AttnParams p) { attn_f16<8>(p); }
 
+// ---------------------------------------------------------------- tensor cores
+//
+// attn_mma_d64, attn_mma_d128: flash attention for prefill on the tensor
+// cores (mma.sync m16n8k16, f16 in, f32 accumulate; two m16n8k8 on CC 7.5),
+// head sizes 64 and 128, one split (p.nsplit == 1), the same AttnParams and
+// the same outputs as attn_f16 (out, and the optional Q8_1 copy).
+//
+// A block of 4 warps owns AM_ROWS = 64 query rows, row r being token
+// t0 + r/hb, head h0 + r%hb (hb divides 64 and the group: the launcher's
+// planAttentionMMA), warp w rows 16w..16w+15. It walks the cache positions
+// 0..(its last row's position) in tiles of AM_BN = 64:
+//   - K and V of the next tile load with cp.async (16 bytes a copy, zero
+//     past the block's last position) while the current tile is used: two
+//     buffers [64][D+8] f16 each for K and V (the 8 halves of padding make
+//     ldmatrix conflict-free); Q, converted to f16 once, is staged in the
+//     second buffer and kept in registers as A fragments;
+//   - S = Q·Kᵀ: a warp's 16x64 scores in 8 n8 accumulator fragments (B
+//     fragments of K by ldmatrix from rows [position][d]);
+//   - online softmax in registers: a thread holds 2 columns of 8 n8 blocks
+//     for rows g and g+8 (g = lane/4); the 4 threads of a quad own a row and
+//     reduce its max with two shuffles; P = exp2(S·scale·log2e − m);
+//   - O += P·V: the S accumulators are, pairwise, the A fragments of P
+//     (rounded to f16), V's B fragments come by ldmatrix.trans from rows
+//     [position][d]; O is 16 x D f32 per warp in registers, rescaled by
+//     exp2(m_old − m_new) per tile.
+// The row sums stay per thread until the end (a quad's partial sums share
+// their rescale factors), then a quad reduces them.
+//
+// Numerics against ops.Attention.Run: Q is rounded to f16 as there; the
+// scores accumulate in f32; the probabilities are rounded to f16 before
+// P·V as there, but unnormalised (relative to the running max) where the
+// CPU rounds the normalised weights: each weight carries an independent
+// rounding of relative size <= 2^-11 on each side.
+
+#define AM_ROWS 64     // query rows per block: 4 warps of 16
+#define AM_BN 64       // cache positions per tile
+#define AM_THREADS 128
+
+typedef unsigned int am_u32;
+
+__device__ __forceinline__ am_u32 am_smem_addr(const void *p) { return (am_u32)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void am_ldmatrix_x4(am_u32 *r, const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(am_smem_addr(p)));
+}
+
+__device__ __forceinline__ void am_ldmatrix_x4_trans(am_u32 *r, const void *p)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(am_smem_addr(p)));
+}
+
+// c += a (16x16, row) * b (16x8, col), f16 inputs, f32 accumulators.
+__device__ __forceinline__ void am_mma16816(float *c, const am_u32 *a, const am_u32 *b)
+{
+#if __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(b[0]));
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[2]), "r"(a[3]), "r"(b[1]));
+#endif
+}
+
+// Two floats to a packed f16x2 (lo in the low half), rounded to nearest.
+__device__ __forceinline__ am_u32 am_pack_h2(float lo, float hi)
+{
+#if __CUDA_ARCH__ >= 800
+    am_u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return (am_u32)f2h(lo) | ((am_u32)f2h(hi) << 16);
+#endif
+}
+
+// 16 bytes global -> shared; zero-filled when !valid (src is then not read).
+__device__ __forceinline__ void am_cp16(void *dst, const void *src, bool valid)
+{
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(am_smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+#else
+    uint4 v = valid ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+    *(uint4 *)dst = v;
+#endif
+}
+
+__device__ __forceinline__ void am_cp_commit()
+{
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;");
+#endif
+}
+
+// All but the most recent group complete.
+__device__ __forceinline__ void am_cp_wait_prev()
+{
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group 1;");
+#endif
+}
+
+// Dynamic shared memory: K0, V0, K1, V1, each [AM_BN][D+8] f16; Q [AM_ROWS][D+8]
+// is staged in K1 before the loop (AM_ROWS == AM_BN). attnMMAShared in
+// attention.go computes the size.
+template <int D>
+__device__ __forceinline__ void attn_mma(const AttnParams p)
+{
+    constexpr int LD = D + 8;        // halves per shared row
+    constexpr int TILE = AM_BN * LD; // halves of one K or V tile
+    constexpr int NB = D / 8;        // n8 blocks of O
+    constexpr int CH = D / 8;        // 16-byte pieces of a row of the head
+    extern __shared__ __align__(16) unsigned short am_smem[];
+
+    const int tid = threadIdx.x;
+    const int warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int hb = p.hb;
+    const int tb = AM_ROWS / hb;                      // tokens per block
+    const int t0 = (gridDim.x - 1 - blockIdx.x) * tb; // the longest walks start first
+    const int h0 = blockIdx.y * hb;
+    const int kvh = h0 / (p.nHeads / p.nKV);
+    const int qw = p.nHeads * D;
+    const int kvw = p.nKV * D;
+    const int pos0 = p.pos0[0];
+    const int nRows = min(tb, p.nTok - t0) * hb;
+    const int end = pos0 + t0 + min(tb, p.nTok - t0); // one past the last row's position
+
+    // Stage Q (f16, rounded as the CPU rounds it) in the K1 buffer.
+    unsigned short *Qs = am_smem + 2 * TILE;
+    for (int i = tid; i < AM_ROWS * (D / 4); i += AM_THREADS) {
+        const int r = i / (D / 4), d = (i % (D / 4)) * 4;
+        uint2 v = make_uint2(0, 0);
+        if (r < nRows) {
+            const int t = t0 + r / hb, h = h0 + r % hb;
+            const float4 f = *(const float4 *)(p.q + (long long)t * qw + h * D + d);
+            v = make_uint2(am_pack_h2(f.x, f.y), am_pack_h2(f.z, f.w));
+        }
+        *(uint2 *)(Qs + r * LD + d) = v;
+    }
+
+    // Cache tile kv0 into buffer buf (K at buf*2*TILE, V after it).
+    auto load_tile = [&](int kv0, int buf) {
+        unsigned short *Kd = am_smem + buf * 2 * TILE;
+        unsigned short *Vd = Kd + TILE;
+        for (int i = tid; i < AM_BN * CH; i += AM_THREADS) {
+            const int col = i / CH, ch = i % CH;
+            const int pos = kv0 + col;
+            const bool valid = pos < end;
+            const long long off = (long long)(valid ? pos : 0) * kvw + kvh * D + ch * 8;
+            am_cp16(Kd + col * LD + ch * 8, p.kc + off, valid);
+            am_cp16(Vd + col * LD + ch * 8, p.vc + off, valid);
+        }
+    };
+    load_tile(0, 0);
+    am_cp_commit();
+    __syncthreads(); // Q staged
+
+    am_u32 qf[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        am_ldmatrix_x4(qf[kk], Qs + (16 * warp + (lane & 15)) * LD + 16 * kk + (lane >> 4) * 8);
+
+    // This thread's rows (r0 = 16*warp + g and r0 + 8) and their positions;
+    // the warp's first and last positions decide masking and skipping.
+    const int r0 = 16 * warp + g;
+    const int rowPos0 = pos0 + t0 + r0 / hb, rowPos1 = pos0 + t0 + (r0 + 8) / hb;
+    const int warpFirst = pos0 + t0 + (16 * warp) / hb;
+    const int warpLast = min(pos0 + t0 + (16 * warp + 15) / hb, end - 1);
+    const float sl2 = p.scale * 1.4426950408889634f; // exp(x) = exp2(x*log2e)
+
+    float o[NB][4];
+#pragma unroll
+    for (int n = 0; n < NB; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+    __syncthreads(); // Q is in registers: the K1 buffer is free
+    for (int kv0 = 0, it = 0; kv0 < end; kv0 += AM_BN, it++) {
+        if (kv0 + AM_BN < end)
+            load_tile(kv0 + AM_BN, (it + 1) & 1);
+        am_cp_commit(); // possibly empty: the wait below always leaves one group
+        am_cp_wait_prev();
+        __syncthreads(); // tile it is in shared memory for every thread
+
+        // Warps whose rows all precede the tile skip it (warp-uniform).
+        if (kv0 <= warpLast) {
+            const unsigned short *Ks = am_smem + (it & 1) * 2 * TILE;
+            const unsigned short *Vs = Ks + TILE;
+            float s[8][4];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+                for (int jj = 0; jj < 4; jj++) {
+                    am_u32 b[4];
+                    am_ldmatrix_x4(b, Ks + (16 * jj + (lane & 7) + ((lane >> 4) << 3)) * LD + 16 * kk + ((lane >> 3) & 1) * 8);
+                    am_mma16816(s[2 * jj], qf[kk], b);
+                    am_mma16816(s[2 * jj + 1], qf[kk], b + 2);
+                }
+            }
+            // Scale; mask positions after a row's own (and past the block's
+            // last: their K was zero-filled) when the tile reaches them.
+            const bool mask = kv0 + AM_BN - 1 > warpFirst;
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int col = kv0 + 8 * j + 2 * c;
+                s[j][0] = mask && col > rowPos0 ? -INFINITY : s[j][0] * sl2;
+                s[j][1] = mask && col + 1 > rowPos0 ? -INFINITY : s[j][1] * sl2;
+                s[j][2] = mask && col > rowPos1 ? -INFINITY : s[j][2] * sl2;
+                s[j][3] = mask && col + 1 > rowPos1 ? -INFINITY : s[j][3] * sl2;
+                mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+            }
+#pragma unroll
+            for (int off = 1; off <= 2; off <<= 1) {
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+            }
+            const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+            // A row with nothing seen yet keeps m = -inf: subtract 0 then
+            // (every exp2 is of -inf, 0), never -inf - -inf.
+            const float base0 = mn0 == -INFINITY ? 0.0f : mn0;
+            const float base1 = mn1 == -INFINITY ? 0.0f : mn1;
+            const float a0 = exp2f(m0 - base0), a1 = exp2f(m1 - base1);
+            m0 = mn0;
+            m1 = mn1;
+            float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                s[j][0] = exp2f(s[j][0] - base0);
+                s[j][1] = exp2f(s[j][1] - base0);
+                s[j][2] = exp2f(s[j][2] - base1);
+                s[j][3] = exp2f(s[j][3] - base1);
+                sum0 += s[j][0] + s[j][1];
+                sum1 += s[j][2] + s[j][3];
+            }
+            l0 = l0 * a0 + sum0;
+            l1 = l1 * a1 + sum1;
+#pragma unroll
+            for (int n = 0; n < NB; n++) {
+                o[n][0] *= a0;
+                o[n][1] *= a0;
+                o[n][2] *= a1;
+                o[n][3] *= a1;
+            }
+            // O += P·V, 16 positions a step.
+#pragma unroll
+            for (int kk = 0; kk < AM_BN / 16; kk++) {
+                const am_u32 a[4] = {am_pack_h2(s[2 * kk][0], s[2 * kk][1]), am_pack_h2(s[2 * kk][2], s[2 * kk][3]),
+                                     am_pack_h2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                     am_pack_h2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+                for (int jd = 0; jd < D / 16; jd++) {
+                    am_u32 b[4];
+                    am_ldmatrix_x4_trans(b, Vs + (16 * kk + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD + 16 * jd + (lane >> 4) * 8);
+                    am_mma16816(o[2 * jd], a, b);
+                    am_mma16816(o[2 * jd + 1], a, b + 2);
+                }
+            }
+        }
+        __syncthreads(); // the tile is consumed before the next iteration refills its buffer
+    }
+
+    // Row sums: a quad's partial sums.
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+    const bool ok0 = r0 < nRows, ok1 = r0 + 8 < nRows;
+    const long long row0 = ok0 ? (long long)(t0 + r0 / hb) * p.nHeads + h0 + r0 % hb : 0;
+    const long long row1 = ok1 ? (long long)(t0 + (r0 + 8) / hb) * p.nHeads + h0 + (r0 + 8) % hb : 0;
+#pragma unroll
+    for (int n = 0; n < NB; n++) {
+        const int d = 8 * n + 2 * c;
+        o[n][0] *= inv0;
+        o[n][1] *= inv0;
+        o[n][2] *= inv1;
+        o[n][3] *= inv1;
+        if (ok0)
+            *(float2 *)(p.out + row0 * D + d) = make_float2(o[n][0], o[n][1]);
+        if (ok1)
+            *(float2 *)(p.out + row1 * D + d) = make_float2(o[n][2], o[n][3]);
+    }
+    if (p.q8) {
+        // A Q8_1 block is 32 values of a row: n8 blocks 4b..4b+3, held by
+        // the row's quad (8 values a thread). The expressions are
+        // q8_1_block's, so the blocks equal attn_f16's. Every lane
+        // shuffles; only the stores are guarded.
+#pragma unroll
+        for (int blk = 0; blk < D / 32; blk++) {
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                float amax = 0.0f;
+#pragma unroll
+                for (int n = 4 * blk; n < 4 * blk + 4; n++)
+                    amax = fmaxf(amax, fmaxf(fabsf(o[n][2 * half]), fabsf(o[n][2 * half + 1])));
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+                const float dq = amax / 127.0f;
+                const float id = dq != 0.f ? 1.0f / dq : 0.f;
+                const bool ok = half ? ok1 : ok0;
+                const long long base = (half ? row1 : row0) * D;
+                int sum = 0;
+#pragma unroll
+                for (int n = 4 * blk; n < 4 * blk + 4; n++) {
+                    int qa = max(-128, min(127, (int)roundf(o[n][2 * half] * id)));
+                    int qb = max(-128, min(127, (int)roundf(o[n][2 * half + 1] * id)));
+                    sum += qa + qb;
+                    if (ok) {
+                        const int d = 8 * n + 2 * c;
+                        p.q8[base + d] = (signed char)qa;
+                        p.q8[base + d + 1] = (signed char)qb;
+                    }
+                }
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+                if (ok && c == 0)
+                    p.q8ds[(base + 32 * blk) / 32] = make_float2(dq, (float)sum * dq);
+            }
+        }
+    }
+}
+
+// Head size 128 on CC 9.0: 168 registers (its natural count is 170) let 3
+// blocks share a multiprocessor, which 69632 bytes of shared memory each
+// allow there; on CC 8.x the same cap spills, and the shared memory of
+// sm_86/89 holds one block anyway.
+#if __CUDA_ARCH__ >= 900
+#define AM_MIN_BLOCKS_128 3
+#else
+#define AM_MIN_BLOCKS_128 1
+#endif
+
+extern "C" __global__ void __launch_bounds__(AM_THREADS) attn_mma_d64(const AttnParams p) { attn_mma<64>(p); }
+extern "C" __global__ void __launch_bounds__(AM_THREADS, AM_MIN_BLOCKS_128) attn_mma_d128(const AttnParams p) { attn_mma<128>(p); }
+
 // attn_combine merges the nsplit partial results of each (token, head) row:
 // out = Σ_s O_s·exp(m_s − M) / Σ_s l_s·exp(m_s − M), M = max_s m_s. Splits
 // that saw no position carry m = -inf, l = 0 and drop out. One block per

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
 
 	"github.com/atsinfer/ats/cudadrv"
 )
@@ -15,11 +16,19 @@ type Attention struct {
 	store   *cudadrv.Function
 	combine *cudadrv.Function
 	attn    map[int]*cudadrv.Function // by values per lane: ceil(headSize/32)
+	mma     map[int]*cudadrv.Function // tensor-core prefill kernels by head size
 	// optin is the shared memory a block of the attention kernels may use
 	// (the device's opt-in limit, granted at load): decode takes larger
 	// tiles with it.
 	optin int
+	// simt forces the CUDA-core kernel for every launch (EnvAttention).
+	simt bool
 }
+
+// EnvAttention set to "simt" makes every attention launch use the CUDA-core
+// kernel (attn_f16), also where the tensor-core one would run: for A/B
+// measurements of the two.
+const EnvAttention = "ATS_GPU_ATTN"
 
 // NewAttention prepares attention.cu's kernels for the context's device;
 // the module loads at the first launch.
@@ -28,7 +37,8 @@ func NewAttention(ctx *cudadrv.Context) (*Attention, error) {
 	if err != nil {
 		return nil, err
 	}
-	k := &Attention{attn: map[int]*cudadrv.Function{}, optin: max(attnShared, optin)}
+	k := &Attention{attn: map[int]*cudadrv.Function{}, mma: map[int]*cudadrv.Function{},
+		optin: max(attnShared, optin), simt: os.Getenv(EnvAttention) == "simt"}
 	if err := k.prepare(ctx, "attention", k.bind); err != nil {
 		return nil, err
 	}
@@ -54,6 +64,16 @@ func (k *Attention) bind(m *cudadrv.Module) error {
 			return err
 		}
 		k.attn[d] = f
+	}
+	for _, hs := range attnMMAHeadSizes {
+		f, err := m.Function(fmt.Sprintf("attn_mma_d%d", hs))
+		if err == nil && k.optin > attnShared {
+			err = f.SetAttribute(cudadrv.FuncMaxDynamicSharedSizeBytes, k.optin)
+		}
+		if err != nil {
+			return err
+		}
+		k.mma[hs] = f
 	}
 	return nil
 }
@@ -102,6 +122,10 @@ type AttnArgs struct {
 	// cache size: a graph captured with them replays at any position.
 	Splits, Chunk int
 	Part, ML      cudadrv.DevicePtr
+
+	// SIMT makes this launch use the CUDA-core kernel where the
+	// tensor-core one would apply (tests and benchmarks compare the two).
+	SIMT bool
 
 	// Q8, when set, also receives Out in the Q8_1 layout of QuantizeQ8_1
 	// (Q8_1Bytes(NTok, NHeads*HeadSize); HeadSize % 32 == 0): the input of
@@ -180,11 +204,81 @@ func planAttention(nHeads, nKV, hs, nTok, limit int) (attnPlan, error) {
 	return p, nil
 }
 
-// Run queues the attention of a.NTok query rows. With a.Splits > 1 it
-// queues the split kernel and the combine.
+// The tensor-core kernels (attn_mma_d64, attn_mma_d128 of attention.cu):
+// head sizes, query rows and threads per block, cache positions per tile.
+var attnMMAHeadSizes = []int{64, 128}
+
+const (
+	attnMMARows    = 64
+	attnMMAThreads = 128
+	attnMMATile    = 64
+)
+
+// attnMMAShared is the tensor-core kernel's shared memory for head size hs:
+// two buffers of K and V tiles of attnMMATile rows of hs+8 halves.
+func attnMMAShared(hs int) int { return 4 * attnMMATile * (hs + 8) * 2 }
+
+// attnMMAPlan is the tensor-core kernel's launch shape.
+type attnMMAPlan struct {
+	hb, shared int
+}
+
+// planAttentionMMA says whether the tensor-core kernel takes the launch a
+// on a device granting optin bytes of shared memory a block, and with
+// which heads per block, or why not. It takes prefill: one split, head
+// size 64 or 128, at least half of a block's 64 query rows used (decode
+// and short batches stay on the CUDA-core kernel, tuned for them), its
+// shared memory within optin (head size 128 needs 68 KiB: not on CC 7.5,
+// whose limit is 64 KiB) and 16-byte aligned Q and caches (vector loads).
+func planAttentionMMA(a *AttnArgs, optin int) (attnMMAPlan, string) {
+	var p attnMMAPlan
+	switch {
+	case a.SIMT:
+		return p, "the CUDA-core kernel was asked for"
+	case a.Splits > 1:
+		return p, "split-K"
+	case a.HeadSize != 64 && a.HeadSize != 128:
+		return p, fmt.Sprintf("head size %d", a.HeadSize)
+	case a.NKV <= 0 || a.NHeads%a.NKV != 0:
+		return p, fmt.Sprintf("%d heads over %d KV heads", a.NHeads, a.NKV)
+	case attnMMAShared(a.HeadSize) > optin:
+		return p, fmt.Sprintf("%d bytes of shared memory a block, %d allowed", attnMMAShared(a.HeadSize), optin)
+	case a.Q%16 != 0 || a.K%16 != 0 || a.V%16 != 0 || a.Out%8 != 0:
+		return p, "unaligned buffers"
+	}
+	// Heads per block: the largest power of two dividing the group (so
+	// that it divides the 64 rows): a block's rows are tokens of hb heads
+	// that share the K/V tiles, filled best when prompts are short.
+	group := a.NHeads / a.NKV
+	p.hb = min(group&-group, attnMMARows)
+	if rows := min(a.NTok, attnMMARows/p.hb) * p.hb; 2*rows < attnMMARows {
+		return p, fmt.Sprintf("%d query rows a block", rows)
+	}
+	p.shared = attnMMAShared(a.HeadSize)
+	return p, ""
+}
+
+// TensorCores says whether Run takes the tensor-core kernel for a, and if
+// not, why.
+func (k *Attention) TensorCores(a *AttnArgs) (bool, string) {
+	if k.simt {
+		return false, EnvAttention + "=simt"
+	}
+	_, why := planAttentionMMA(a, k.optin)
+	return why == "", why
+}
+
+// Run queues the attention of a.NTok query rows: on the tensor cores for
+// prefill where planAttentionMMA allows it, else on the CUDA cores. With
+// a.Splits > 1 it queues the split kernel and the combine.
 func (k *Attention) Run(s *cudadrv.Stream, a *AttnArgs) error {
 	if a.NTok == 0 {
 		return nil
+	}
+	if !k.simt {
+		if mp, why := planAttentionMMA(a, k.optin); why == "" {
+			return k.runMMA(s, a, mp)
+		}
 	}
 	p, err := planAttention(a.NHeads, a.NKV, a.HeadSize, a.NTok, k.optin)
 	if err != nil {
@@ -198,26 +292,11 @@ func (k *Attention) Run(s *cudadrv.Stream, a *AttnArgs) error {
 	}
 	tb := attnRows / p.hb
 	grid := cudadrv.Dim3{X: uint32(cudadrv.Blocks(a.NTok, tb)), Y: uint32(a.NHeads / p.hb), Z: uint32(splits)}
-	var q8, q8ds cudadrv.DevicePtr
-	if a.Q8 != 0 {
-		if a.HeadSize%32 != 0 {
-			return fmt.Errorf("kernels: Q8_1 output of attention with heads of %d", a.HeadSize)
-		}
-		q8, q8ds = a.Q8, a.Q8.Add(align16(a.NTok*a.NHeads*a.HeadSize))
+	q8, q8ds, err := attnQ8(a)
+	if err != nil {
+		return err
 	}
-	// struct AttnParams of attention.cu: 7 pointers, a float, 9 ints and 2
-	// more pointers (the 9th int ends where the 8-byte aligned pointers
-	// begin, at 96).
-	var b [112]byte
-	for i, ptr := range []cudadrv.DevicePtr{a.Out, a.Part, a.ML, a.Q, a.K, a.V, a.Pos0} {
-		binary.LittleEndian.PutUint64(b[8*i:], uint64(ptr))
-	}
-	binary.LittleEndian.PutUint32(b[56:], math.Float32bits(a.Scale))
-	for i, v := range []int{a.NTok, a.NHeads, a.NKV, a.HeadSize, p.hb, p.bk, p.tpr, chunk, splits} {
-		binary.LittleEndian.PutUint32(b[60+4*i:], uint32(int32(v)))
-	}
-	binary.LittleEndian.PutUint64(b[96:], uint64(q8))
-	binary.LittleEndian.PutUint64(b[104:], uint64(q8ds))
+	b := attnParams(a, p.hb, p.bk, p.tpr, chunk, splits, q8, q8ds)
 	if err := k.ready(); err != nil {
 		return err
 	}
@@ -233,4 +312,50 @@ func (k *Attention) Run(s *cudadrv.Stream, a *AttnArgs) error {
 	return launch(k.combine, s, cudadrv.D1(rows), cudadrv.D1(min(1024, (a.HeadSize+31)&^31)), 0, func(args *cudadrv.Args) {
 		args.Ptr(a.Out).Ptr(a.Part).Ptr(a.ML).I32(int32(splits)).I32(int32(rows)).I32(int32(a.HeadSize)).Ptr(q8).Ptr(q8ds)
 	})
+}
+
+// runMMA queues the tensor-core kernel: grid (token tiles of 64/hb tokens,
+// head groups of hb), the same parameters as attn_f16 with one split.
+func (k *Attention) runMMA(s *cudadrv.Stream, a *AttnArgs, p attnMMAPlan) error {
+	q8, q8ds, err := attnQ8(a)
+	if err != nil {
+		return err
+	}
+	b := attnParams(a, p.hb, 0, 0, math.MaxInt32, 1, q8, q8ds)
+	if err := k.ready(); err != nil {
+		return err
+	}
+	tb := attnMMARows / p.hb
+	grid := cudadrv.Dim3{X: uint32(cudadrv.Blocks(a.NTok, tb)), Y: uint32(a.NHeads / p.hb), Z: 1}
+	return launch(k.mma[a.HeadSize], s, grid, cudadrv.D1(attnMMAThreads), p.shared, func(args *cudadrv.Args) {
+		args.Bytes(b[:])
+	})
+}
+
+// attnQ8 returns the Q8_1 output's values and block scales, if asked for.
+func attnQ8(a *AttnArgs) (q8, q8ds cudadrv.DevicePtr, err error) {
+	if a.Q8 == 0 {
+		return 0, 0, nil
+	}
+	if a.HeadSize%32 != 0 {
+		return 0, 0, fmt.Errorf("kernels: Q8_1 output of attention with heads of %d", a.HeadSize)
+	}
+	return a.Q8, a.Q8.Add(align16(a.NTok * a.NHeads * a.HeadSize)), nil
+}
+
+// attnParams lays out struct AttnParams of attention.cu: 7 pointers, a
+// float, 9 ints and 2 more pointers (the 9th int ends where the 8-byte
+// aligned pointers begin, at 96).
+func attnParams(a *AttnArgs, hb, bk, tpr, chunk, splits int, q8, q8ds cudadrv.DevicePtr) [112]byte {
+	var b [112]byte
+	for i, ptr := range []cudadrv.DevicePtr{a.Out, a.Part, a.ML, a.Q, a.K, a.V, a.Pos0} {
+		binary.LittleEndian.PutUint64(b[8*i:], uint64(ptr))
+	}
+	binary.LittleEndian.PutUint32(b[56:], math.Float32bits(a.Scale))
+	for i, v := range []int{a.NTok, a.NHeads, a.NKV, a.HeadSize, hb, bk, tpr, chunk, splits} {
+		binary.LittleEndian.PutUint32(b[60+4*i:], uint32(int32(v)))
+	}
+	binary.LittleEndian.PutUint64(b[96:], uint64(q8))
+	binary.LittleEndian.PutUint64(b[104:], uint64(q8ds))
+	return b
 }
