@@ -235,6 +235,8 @@ func planAttentionMMA(a *AttnArgs, optin int) (attnMMAPlan, string) {
 	switch {
 	case a.SIMT:
 		return p, "the CUDA-core kernel was asked for"
+	case a.NTok < 2:
+		return p, "decode"
 	case a.Splits > 1:
 		return p, "split-K"
 	case a.HeadSize != 64 && a.HeadSize != 128:
@@ -266,6 +268,13 @@ func (k *Attention) TensorCores(a *AttnArgs) (bool, string) {
 	}
 	_, why := planAttentionMMA(a, k.optin)
 	return why == "", why
+}
+
+// TensorCoreHeadSize says whether this context runs the tensor-core kernel
+// for prefill with heads of hs (the head size is one it has, its shared
+// memory fits, EnvAttention does not forbid it).
+func (k *Attention) TensorCoreHeadSize(hs int) bool {
+	return !k.simt && (hs == 64 || hs == 128) && attnMMAShared(hs) <= k.optin
 }
 
 // Run queues the attention of a.NTok query rows: on the tensor cores for

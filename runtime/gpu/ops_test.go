@@ -403,23 +403,52 @@ func TestGPUOps(t *testing.T) {
 
 	// attention: prefill and decode, GQA groups, head sizes 32..256, a
 	// split-K decode over a long cache, a chunk of a prompt after a cache.
+	// The cases marked mma take the tensor-core prefill kernel (head sizes
+	// 64 and 128, at least 32 query rows a block): odd token counts, first
+	// positions off the kernel's 64-position tiles, GQA groups 1, 3, 4, 5
+	// and 8, prompts continued from a cache (pos0 > 0). Wherever the
+	// tensor-core kernel runs, the CUDA-core kernel runs the case too
+	// (AttnArgs.SIMT), both against the CPU op.
+	//
+	// Bound, NMSE 1e-6 for both kernels: Q is rounded to f16 on both sides
+	// alike and K, V are the same f16 cache, so none of those differ; scores
+	// and sums are f32 against the CPU's f32/f64 (relative ~1e-7, through
+	// exp about the same in the weights). What differs is the f16 rounding
+	// of the probabilities: the CPU rounds the normalised weights, the
+	// tensor-core kernel the unnormalised ones (relative to its running
+	// max), the CUDA-core kernel none. A rounding is a relative error of at
+	// most 2^-11, of mean square about 2^-20/24 ≈ 4e-8 over mantissas,
+	// independent from weight to weight and side to side; with random V the
+	// NMSE of Σ w·v is then about 2 × 4e-8 ≈ 1e-7: 1e-6 leaves ten times.
 	type attnCase struct {
 		nTok, pos0, heads, kv, hs, splitCtx int
+		mma                                 bool // meant for the tensor-core kernel
 	}
 	for _, c := range []attnCase{
-		{1, 0, 8, 2, 64, 0},
-		{9, 0, 8, 2, 64, 0},
-		{7, 0, 8, 4, 32, 0},
-		{5, 37, 40, 8, 128, 0},
-		{1, 1000, 40, 8, 128, 4096}, // split-K decode
-		{1, 70, 32, 4, 128, 4096},   // split-K, most splits empty
-		{33, 100, 12, 12, 80, 0},    // MHA, head size 80
-		{3, 5, 16, 1, 256, 0},       // MQA, head size 256
-		{130, 0, 6, 2, 64, 0},       // many tiles
-		{1, 513, 6, 3, 96, 1024},    // split-K, head size 96
-		{2, 10, 8, 2, 64, 0},        // 8 rows a block: 16 threads a row
-		{1, 300, 16, 1, 256, 0},     // decode, 16 heads a block, big tile
-		{1, 63, 40, 8, 128, 0},      // decode without splits (tg64's cache)
+		{1, 0, 8, 2, 64, 0, false},
+		{9, 0, 8, 2, 64, 0, true}, // group 4: 9 tokens x 4 heads fill 36 rows
+		{7, 0, 8, 4, 32, 0, false},
+		{5, 37, 40, 8, 128, 0, false},
+		{1, 1000, 40, 8, 128, 4096, false}, // split-K decode
+		{1, 70, 32, 4, 128, 4096, false},   // split-K, most splits empty
+		{33, 100, 12, 12, 80, 0, false},    // MHA, head size 80
+		{3, 5, 16, 1, 256, 0, false},       // MQA, head size 256
+		{130, 0, 6, 2, 64, 0, true},        // many tiles; group 3: 1 head a block
+		{1, 513, 6, 3, 96, 1024, false},    // split-K, head size 96
+		{2, 10, 8, 2, 64, 0, false},        // 8 rows a block: 16 threads a row
+		{1, 300, 16, 1, 256, 0, false},     // decode, 16 heads a block, big tile
+		{1, 63, 40, 8, 128, 0, false},      // decode without splits (tg64's cache)
+		// Tensor-core prefill.
+		{5, 37, 32, 4, 128, 0, true},    // group 8: 5 tokens x 8 heads fill 40 rows
+		{33, 0, 8, 8, 64, 0, true},      // MHA, odd count, a second tile of 1 row
+		{100, 37, 32, 4, 128, 0, true},  // Qwen3-30B-A3B's heads, pos0 off the tile
+		{77, 0, 40, 8, 128, 0, true},    // Qwen3-14B's heads (group 5: 1 head a block)
+		{130, 200, 16, 4, 64, 0, true},  // group 4, continued from a cache
+		{200, 0, 8, 1, 64, 0, true},     // MQA-like group 8
+		{64, 64, 4, 4, 128, 0, true},    // exactly one tile, pos0 on a tile edge
+		{16, 1000, 32, 4, 128, 0, true}, // a short chunk after a long cache
+		{300, 509, 4, 1, 64, 0, true},   // group 4, tiles straddled by the chunk
+		{513, 0, 8, 2, 128, 0, true},    // one past a multiple of the tile
 	} {
 		run(fmt.Sprintf("attention/tok=%d,pos=%d,heads=%d/%d,hs=%d,split_ctx=%d", c.nTok, c.pos0, c.heads, c.kv, c.hs, c.splitCtx), func(g *gpuT) {
 			a := &ops.Attention{NHeads: c.heads, NKVHeads: c.kv, HeadSize: c.hs, Scale: ops.DefaultScale(c.hs)}
@@ -439,7 +468,8 @@ func TestGPUOps(t *testing.T) {
 			ctx := max(total, c.splitCtx)
 			kc, vc := g.alloc(2*ctx*width), g.alloc(2*ctx*width)
 			g.check(dev.attn.Store(g.s, kc, vc, up(g, k), up(g, v), width, up(g, []int32{0}), total))
-			args := kernels.AttnArgs{Out: g.poison(len(q)), Q: up(g, q), K: kc, V: vc, Pos0: up(g, []int32{int32(c.pos0)}),
+			dq, dpos := up(g, q), up(g, []int32{int32(c.pos0)})
+			args := kernels.AttnArgs{Q: dq, K: kc, V: vc, Pos0: dpos,
 				NTok: c.nTok, NHeads: c.heads, NKV: c.kv, HeadSize: c.hs, Scale: a.Scale}
 			if c.splitCtx > 0 {
 				args.Splits, args.Chunk = kernels.DecodeSplits(c.splitCtx, c.kv, dev.info.Multiprocessors)
@@ -447,14 +477,35 @@ func TestGPUOps(t *testing.T) {
 				args.Part, args.ML = g.poison(pb/4), g.poison(mb/4)
 				g.t.Logf("%d splits of %d positions", args.Splits, args.Chunk)
 			}
-			if c.hs%32 == 0 {
-				args.Q8 = g.alloc(kernels.Q8_1Bytes(c.nTok, c.heads*c.hs))
+			mma, why := dev.attn.TensorCores(&args)
+			if c.mma != mma && dev.attn.TensorCoreHeadSize(c.hs) {
+				g.t.Fatalf("tensor-core kernel taken: %v, want %v (%s)", mma, c.mma, why)
 			}
-			g.check(dev.attn.Run(g.s, &args))
-			got := down[float32](g, args.Out, len(q))
-			expectClose(g.t, "attention", got, want, 1e-6)
-			if args.Q8 != 0 {
-				checkQ8(g, args.Q8, got, c.nTok, c.heads*c.hs)
+			kinds := []bool{false} // SIMT
+			if mma {
+				kinds = []bool{false, true}
+			} else if why != "" {
+				g.t.Logf("CUDA-core kernel: %s", why)
+			}
+			for _, simt := range kinds {
+				name := "attention (tensor cores)"
+				if simt {
+					name = "attention (forced CUDA cores)"
+				} else if !mma {
+					name = "attention (CUDA cores)"
+				}
+				args := args
+				args.SIMT = simt
+				args.Out = g.poison(len(q))
+				if c.hs%32 == 0 {
+					args.Q8 = g.alloc(kernels.Q8_1Bytes(c.nTok, c.heads*c.hs))
+				}
+				g.check(dev.attn.Run(g.s, &args))
+				got := down[float32](g, args.Out, len(q))
+				expectClose(g.t, name, got, want, 1e-6)
+				if args.Q8 != 0 {
+					checkQ8(g, args.Q8, got, c.nTok, c.heads*c.hs)
+				}
 			}
 		})
 	}
@@ -693,40 +744,121 @@ func BenchmarkMoERouter(b *testing.B) {
 		{"tensor_cores_f16", func() error { return q.k.MatMul(s, m, x, cols, nTok, out, ne, scratch) }},
 	} {
 		b.Run(v.name, func(b *testing.B) {
-			start, err := dev.ctx.NewEvent(cudadrv.EventDefault)
-			if err != nil {
-				b.Fatal(err)
-			}
-			end, err := dev.ctx.NewEvent(cudadrv.EventDefault)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer start.Destroy()
-			defer end.Destroy()
-			for i := 0; i < 10; i++ {
-				if err := v.f(); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := start.Record(s); err != nil {
-				b.Fatal(err)
-			}
-			for i := 0; i < b.N; i++ {
-				if err := v.f(); err != nil {
-					b.Fatal(err)
-				}
-			}
-			if err := end.Record(s); err != nil {
-				b.Fatal(err)
-			}
-			if err := s.Synchronize(); err != nil {
-				b.Fatal(err)
-			}
-			d, err := cudadrv.Elapsed(start, end)
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(d.Seconds()*1e6/float64(b.N), "us/op")
+			b.ReportMetric(benchDeviceTime(b, dev, s, v.f)*1e6, "us/op")
 		})
+	}
+}
+
+// benchDeviceTime runs f b.N times on s after 10 warm-up runs and returns
+// the device time of one, in seconds, from events around the b.N runs.
+func benchDeviceTime(b *testing.B, dev *Device, s *cudadrv.Stream, f func() error) float64 {
+	start, err := dev.ctx.NewEvent(cudadrv.EventDefault)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer start.Destroy()
+	end, err := dev.ctx.NewEvent(cudadrv.EventDefault)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer end.Destroy()
+	for i := 0; i < 10; i++ {
+		if err := f(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := start.Record(s); err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; i < b.N; i++ {
+		if err := f(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := end.Record(s); err != nil {
+		b.Fatal(err)
+	}
+	if err := s.Synchronize(); err != nil {
+		b.Fatal(err)
+	}
+	d, err := cudadrv.Elapsed(start, end)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return d.Seconds() / float64(b.N)
+}
+
+// BenchmarkAttentionPrefill times the prefill attention of one layer at
+// Qwen3-30B-A3B's heads (32 over 4 KV heads of 128) and Qwen3-14B's (40
+// over 8 of 128): batches of 512 and 2048 tokens from position 0, and the
+// last 512-token batch of a 2048-token prompt (pos0 1536, how pp2048 at
+// -b 512 ends), on the tensor cores (kernel=mma) and on the CUDA cores
+// (kernel=simt). Device time from events around b.N launches; us/op a
+// launch, TFLOP/s of the causal products (4·hs·heads per attended
+// position), with the Q8_1 output the executor asks for.
+func BenchmarkAttentionPrefill(b *testing.B) {
+	dev := needGPUDevice(b)
+	const hs, ctxLen = 128, 2048
+	rng := rand.New(rand.NewPCG(11, 11))
+	upload := func(raw []byte) cudadrv.DevicePtr {
+		p, err := dev.ctx.Alloc(len(raw))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { dev.ctx.Free(p) })
+		if err := dev.ctx.CopyHtoD(p, raw); err != nil {
+			b.Fatal(err)
+		}
+		return p
+	}
+	randF32 := func(n int) []float32 {
+		v := make([]float32, n)
+		for i := range v {
+			v[i] = float32(rng.NormFloat64())
+		}
+		return v
+	}
+	randF16 := func(n int) []uint16 {
+		v := make([]uint16, n)
+		for i := range v {
+			v[i] = ops.F32ToF16(float32(rng.NormFloat64()))
+		}
+		return v
+	}
+	s, err := dev.ctx.NewStream(cudadrv.StreamNonBlocking, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Destroy()
+	for _, m := range []struct {
+		name      string
+		heads, kv int
+	}{{"qwen3-30b-a3b", 32, 4}, {"qwen3-14b", 40, 8}} {
+		width := m.kv * hs
+		kc, vc := upload(bytesOf(randF16(ctxLen*width))), upload(bytesOf(randF16(ctxLen*width)))
+		for _, sh := range []struct{ tok, pos0 int }{{512, 0}, {2048, 0}, {512, 1536}} {
+			q := upload(bytesOf(randF32(sh.tok * m.heads * hs)))
+			out := upload(make([]byte, 4*sh.tok*m.heads*hs))
+			q8 := upload(make([]byte, kernels.Q8_1Bytes(sh.tok, m.heads*hs)))
+			pos0 := upload(bytesOf([]int32{int32(sh.pos0)}))
+			attended := 0 // positions attended, summed over the tokens
+			for t := 0; t < sh.tok; t++ {
+				attended += sh.pos0 + t + 1
+			}
+			flops := 4 * float64(hs) * float64(m.heads) * float64(attended)
+			for _, kernel := range []string{"mma", "simt"} {
+				b.Run(fmt.Sprintf("%s/tok=%d,pos=%d/kernel=%s", m.name, sh.tok, sh.pos0, kernel), func(b *testing.B) {
+					args := kernels.AttnArgs{Out: out, Q: q, K: kc, V: vc, Pos0: pos0, Q8: q8,
+						NTok: sh.tok, NHeads: m.heads, NKV: m.kv, HeadSize: hs, Scale: ops.DefaultScale(hs),
+						SIMT: kernel == "simt"}
+					if ok, why := dev.attn.TensorCores(&args); kernel == "mma" && !ok {
+						b.Skip("the tensor-core kernel does not run here: " + why)
+					}
+					sec := benchDeviceTime(b, dev, s, func() error { return dev.attn.Run(s, &args) })
+					b.ReportMetric(sec*1e6, "us/op")
+					b.ReportMetric(flops/sec/1e12, "TFLOP/s")
+				})
+			}
+		}
 	}
 }
