@@ -230,6 +230,8 @@ type attnMMAPlan struct {
 // and short batches stay on the CUDA-core kernel, tuned for them), its
 // shared memory within optin (head size 128 needs 68 KiB: not on CC 7.5,
 // whose limit is 64 KiB) and 16-byte aligned Q and caches (vector loads).
+// The reasons are constants: Run asks at every launch, which must not
+// allocate.
 func planAttentionMMA(a *AttnArgs, optin int) (attnMMAPlan, string) {
 	var p attnMMAPlan
 	switch {
@@ -240,11 +242,11 @@ func planAttentionMMA(a *AttnArgs, optin int) (attnMMAPlan, string) {
 	case a.Splits > 1:
 		return p, "split-K"
 	case a.HeadSize != 64 && a.HeadSize != 128:
-		return p, fmt.Sprintf("head size %d", a.HeadSize)
+		return p, "head size not 64 or 128"
 	case a.NKV <= 0 || a.NHeads%a.NKV != 0:
-		return p, fmt.Sprintf("%d heads over %d KV heads", a.NHeads, a.NKV)
+		return p, "heads not a multiple of the KV heads"
 	case attnMMAShared(a.HeadSize) > optin:
-		return p, fmt.Sprintf("%d bytes of shared memory a block, %d allowed", attnMMAShared(a.HeadSize), optin)
+		return p, "its shared memory is over the device's limit"
 	case a.Q%16 != 0 || a.K%16 != 0 || a.V%16 != 0 || a.Out%8 != 0:
 		return p, "unaligned buffers"
 	}
@@ -254,7 +256,7 @@ func planAttentionMMA(a *AttnArgs, optin int) (attnMMAPlan, string) {
 	group := a.NHeads / a.NKV
 	p.hb = min(group&-group, attnMMARows)
 	if rows := min(a.NTok, attnMMARows/p.hb) * p.hb; 2*rows < attnMMARows {
-		return p, fmt.Sprintf("%d query rows a block", rows)
+		return p, "fewer than 32 query rows a block"
 	}
 	p.shared = attnMMAShared(a.HeadSize)
 	return p, ""
