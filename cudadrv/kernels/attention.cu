@@ -8,8 +8,11 @@
 // memory so that a captured CUDA graph replays at every position, and
 // attends to positions 0..pos0+t.
 //
-// attn_f16_*: flash attention (online softmax), one kernel for prefill and
-// decode. A block owns ATT_ROWS query rows, each a (token, head) pair: hb
+// attn_mma_*: flash attention on the tensor cores, for prefill with head
+// sizes 64 and 128 (below, after attn_f16). attn_f16_*: flash attention
+// (online softmax) on the CUDA cores, for decode, split-K and every shape
+// the tensor-core kernel does not take (attention.go's planAttentionMMA;
+// ATS_GPU_ATTN=simt makes it take everything). A block owns ATT_ROWS query rows, each a (token, head) pair: hb
 // heads of one KV group times ATT_ROWS/hb tokens, so the K/V tile it loads
 // into shared memory serves every head of the group (GQA) and several
 // tokens. It walks its range of cache positions in tiles of bk:
