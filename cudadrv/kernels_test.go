@@ -109,6 +109,12 @@ func TestEmbeddedImagesLoad(t *testing.T) {
 				continue
 			}
 			src, err := os.ReadFile(fmt.Sprintf("kernels/ptx/%s.compute_%d.ptx", name, img.Arch))
+			if _, dirErr := os.Stat("kernels/ptx"); errors.Is(err, fs.ErrNotExist) && dirErr == nil {
+				// Only compute_75's and compute_90's PTX are committed
+				// (tools/ptx/build.sh, PTX_KEEP); the others are in the
+				// fatbin alone.
+				continue
+			}
 			if errors.Is(err, fs.ErrNotExist) {
 				// The PTX files are read from the source tree, relative
 				// to the package directory: a test binary run elsewhere

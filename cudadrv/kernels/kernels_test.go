@@ -44,6 +44,15 @@ func sources(t *testing.T) []string {
 	return names
 }
 
+// builtArchs are the architectures every fatbin holds SASS and PTX for
+// (tools/ptx/build.sh's ARCHS); committedPTX those whose PTX is also
+// committed in ptx/ to be read (its PTX_KEEP: compute_80, 86 and 89 differ
+// from compute_90 only in their .target line and a launch bound).
+var (
+	builtArchs   = []int{75, 80, 86, 89, 90}
+	committedPTX = []int{75, 90}
+)
+
 // ptxArchs returns the architectures of the committed PTX files of name.
 func ptxArchs(t *testing.T, name string) []int {
 	t.Helper()
@@ -130,14 +139,17 @@ func TestFatbinsMatchSources(t *testing.T) {
 		if !bytes.HasPrefix(fb, fatbinMagic) {
 			t.Errorf("fatbin/%s.fatbin does not start with the fatbin magic", name)
 		}
-		// Every architecture has both its SASS and its PTX, and the PTX is
-		// the committed one's (TestFatbinContents compares the bytes).
-		want := ptxArchs(t, name)
-		if diff := cmp.Diff(want, man.sass); diff != "" {
-			t.Errorf("%s: SASS architectures differ from the PTX files' (-ptx files +sass):\n%s", name, diff)
+		// Every architecture has both its SASS and its PTX; the PTX of
+		// committedPTX is also in ptx/ (TestFatbinContents compares the
+		// bytes).
+		if diff := cmp.Diff(builtArchs, man.sass); diff != "" {
+			t.Errorf("%s: SASS architectures differ from tools/ptx/build.sh's (-build.sh +fatbin):\n%s", name, diff)
 		}
-		if diff := cmp.Diff(want, man.ptx); diff != "" {
-			t.Errorf("%s: fatbin PTX architectures differ from the PTX files' (-ptx files +fatbin):\n%s", name, diff)
+		if diff := cmp.Diff(builtArchs, man.ptx); diff != "" {
+			t.Errorf("%s: fatbin PTX architectures differ from tools/ptx/build.sh's (-build.sh +fatbin):\n%s", name, diff)
+		}
+		if diff := cmp.Diff(committedPTX, ptxArchs(t, name)); diff != "" {
+			t.Errorf("%s: committed PTX files differ from build.sh's PTX_KEEP (-PTX_KEEP +ptx/):\n%s", name, diff)
 		}
 	}
 	if diff := cmp.Diff(names, Modules()); diff != "" {
@@ -216,6 +228,14 @@ func TestFatbinContents(t *testing.T) {
 			inside, err := os.ReadFile(got[0])
 			if err != nil {
 				t.Fatal(err)
+			}
+			if !slices.Contains(committedPTX, a) {
+				// Not committed: check it is the right target of ISA 7.8.
+				n := "\n" + normalizePTX(inside) + "\n"
+				if !strings.Contains(n, fmt.Sprintf("\n.target sm_%d\n", a)) || !strings.Contains(n, "\n.version 7.8\n") {
+					t.Errorf("%s: the compute_%d PTX in the fatbin is not ISA 7.8 for sm_%d", name, a, a)
+				}
+				continue
 			}
 			committed, err := os.ReadFile(fmt.Sprintf("ptx/%s.compute_%d.ptx", name, a))
 			if err != nil {

@@ -2,7 +2,8 @@
 # Compiles every CUDA C file in cudadrv/kernels/ for the target architectures
 # (ARCHS, default 75 80 86 89 90):
 #
-#   cudadrv/kernels/ptx/<name>.compute_<arch>.ptx  PTX, one file per arch
+#   cudadrv/kernels/ptx/<name>.compute_<arch>.ptx  PTX of the archs in PTX_KEEP
+#                                                  (default 75 90), to be read
 #   cudadrv/kernels/fatbin/<name>.fatbin           SASS for sm_<arch> of every
 #                                                  arch (ptxas on that PTX),
 #                                                  plus every PTX, compressed
@@ -15,8 +16,12 @@
 # 8.7 device) and JIT-compiles the PTX of the highest compute_XX not above
 # the device only when no SASS fits: GPUs newer than the newest arch (sm_100,
 # sm_120) run the compute_90 PTX. cudadrv/kernels.Select states that rule.
-# The PTX files stay beside the fatbins to be read and reviewed; the fatbins
-# carry the same bytes.
+# The PTX files of PTX_KEEP stay beside the fatbins to be read and reviewed;
+# the fatbins carry the same bytes, and the PTX of every arch. Only compute_75
+# (two m16n8k8 for each m16n8k16) and compute_90 are committed: the PTX of
+# compute_80, 86 and 89 is compute_90's but for its .target line (and, in
+# attention, a launch bound), and three more copies (19 MB) made the tree
+# too large to carry to the GPU machine.
 #
 # Why CUDA 11.8's nvcc: a driver JIT-compiles PTX only up to the PTX ISA
 # version of its own CUDA release, and nvcc writes the ISA version of its
@@ -39,6 +44,7 @@
 set -euo pipefail
 
 ARCHS=${ARCHS:-"75 80 86 89 90"}
+PTX_KEEP=${PTX_KEEP:-"75 90"}
 NVCC=${NVCC:-nvcc}
 PTXAS=${PTXAS:-ptxas}
 FATBINARY=${FATBINARY:-fatbinary}
@@ -77,7 +83,7 @@ trap 'rm -rf "$tmp"' EXIT
 # build_arch NAME ARCH SUM: the PTX file and the cubin of one arch.
 build_arch() {
 	local name=$1 a=$2 sum=$3
-	local dst="$out/$name.compute_$a.ptx" v=""
+	local dst="$tmp/$name.compute_$a.ptx" v=""
 	# shellcheck disable=SC2086
 	"$NVCC" -ptx -arch="compute_$a" $NVCCFLAGS -o "$tmp/$name.$a.ptx" "$src/$name.cu"
 	{
@@ -90,6 +96,9 @@ build_arch() {
 	# shellcheck disable=SC2086
 	"$PTXAS" -arch="sm_$a" $PTXASFLAGS $v -o "$tmp/$name.sm_$a.cubin" "$dst" >"$tmp/$name.$a.log" 2>&1 ||
 		{ cat "$tmp/$name.$a.log" >&2; return 1; }
+	if [[ " $PTX_KEEP " == *" $a "* ]]; then
+		cp "$dst" "$out/$name.compute_$a.ptx"
+	fi
 }
 
 for cu in "${cus[@]}"; do
@@ -107,11 +116,11 @@ for cu in "${cus[@]}"; do
 	done
 	images=()
 	for a in $ARCHS; do
-		echo "wrote cudadrv/kernels/ptx/$name.compute_$a.ptx"
+		[[ " $PTX_KEEP " == *" $a "* ]] && echo "wrote cudadrv/kernels/ptx/$name.compute_$a.ptx"
 		if [[ "${CHECK:-}" == 1 ]]; then
 			sed 's/^/    /' "$tmp/$name.$a.log"
 		fi
-		images+=("--image3=kind=elf,sm=$a,file=$tmp/$name.sm_$a.cubin" "--image3=kind=ptx,sm=$a,file=$out/$name.compute_$a.ptx")
+		images+=("--image3=kind=elf,sm=$a,file=$tmp/$name.sm_$a.cubin" "--image3=kind=ptx,sm=$a,file=$tmp/$name.compute_$a.ptx")
 	done
 	"$FATBINARY" -64 --compress-all --create="$fatout/$name.fatbin" "${images[@]}"
 	{
