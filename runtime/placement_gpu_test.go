@@ -48,12 +48,53 @@ func forcedPlacement(t *testing.T, m *Model, ctxSize int, gpuAt func(i int, u Un
 	return pl
 }
 
+// oracleVariant is one way to run an oracle model: context options, and
+// whether the streamed weights must sit in pinned copies.
+type oracleVariant struct {
+	name   string
+	opt    ContextOptions
+	copies bool // the driver may not register the file: pinned copies
+	// promoteAll has decode promote every CPU unit it may, whatever the
+	// promoter's estimates say (TestOraclesPlacements sets it for all).
+	promoteAll bool
+	// hybridPlan has the planner place by its profile even where the
+	// whole model fits the budget (planHybridAlways).
+	hybridPlan bool
+}
+
 func TestOraclesPlacements(t *testing.T) {
 	dev := needGPUDevice(t)
-	promoteEverything = true
-	defer func() { promoteEverything = false }()
-	files := oracleFiles(t)
 	const ctx = 128
+	checkOracleVariants(t, dev, ctx, func(m *Model, name string) []oracleVariant {
+		rng := rand.New(rand.NewPCG(7, uint64(len(name))))
+		variants := []oracleVariant{
+			{name: "all-cpu", opt: ContextOptions{Backend: BackendCPU}, promoteAll: true},
+			{name: "all-gpu", opt: ContextOptions{Backend: BackendGPU}, promoteAll: true},
+			{name: "alternating", opt: ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i%2 == 1 })}, promoteAll: true},
+			{name: "alternating-odd", opt: ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i%2 == 0 })}, promoteAll: true},
+			{name: "random", opt: ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(int, Unit) bool { return rng.IntN(2) == 0 })}, promoteAll: true},
+			{name: "attention-cpu", opt: ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(_ int, u Unit) bool { return u.Role != "attention" })}, promoteAll: true},
+			{name: "alternating-pinned-copies", opt: ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i%2 == 1 })}, copies: true, promoteAll: true},
+		}
+		need := m.WeightBytes()
+		// The planner's own, at budgets from just above its fixed
+		// buffers to everything; below 75% by its profile even though
+		// the tiny models would fit (planHybridAlways).
+		for _, frac := range []float64{0.25, 0.5, 0.75} {
+			variants = append(variants, oracleVariant{name: fmt.Sprintf("planned-%.0f%%", 100*frac),
+				opt:        ContextOptions{Backend: BackendAuto, VRAMBudget: int64(frac*float64(need)) + m.fixedBytesFor(t, dev, ctx)},
+				promoteAll: true, hybridPlan: frac < 0.7})
+		}
+		return variants
+	})
+}
+
+// checkOracleVariants runs every oracle model under each of its variants:
+// a prompt in the oracle's batches, its decode steps, and the prompt again
+// in one batch; the logits must match llama.cpp's within the oracle bound
+// and the device memory a context allocates must stay within its budget.
+func checkOracleVariants(t *testing.T, dev *gpu.Device, ctx int, variantsOf func(m *Model, name string) []oracleVariant) {
+	files := oracleFiles(t)
 	base, baseHow, haveNVML := dev.ProcessMemory()
 	t.Logf("device memory in use before the tests (%s): %s", baseHow, FormatBytes(base))
 	for _, path := range files {
@@ -66,33 +107,19 @@ func TestOraclesPlacements(t *testing.T) {
 			}
 			defer m.Close()
 			ref := flatOracle(want)
-			rng := rand.New(rand.NewPCG(7, uint64(len(name))))
-			type variant struct {
-				name   string
-				opt    ContextOptions
-				copies bool // the driver may not register the file: pinned copies
-			}
-			variants := []variant{
-				{"all-cpu", ContextOptions{Backend: BackendCPU}, false},
-				{"all-gpu", ContextOptions{Backend: BackendGPU}, false},
-				{"alternating", ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i%2 == 1 })}, false},
-				{"alternating-odd", ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i%2 == 0 })}, false},
-				{"random", ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(int, Unit) bool { return rng.IntN(2) == 0 })}, false},
-				{"attention-cpu", ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(_ int, u Unit) bool { return u.Role != "attention" })}, false},
-				{"alternating-pinned-copies", ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i%2 == 1 })}, true},
-			}
-			// The planner's own, at budgets from just above its fixed
-			// buffers to everything.
-			need := m.WeightBytes()
-			for _, frac := range []float64{0.25, 0.5, 0.75} {
-				variants = append(variants, variant{fmt.Sprintf("planned-%.0f%%", 100*frac),
-					ContextOptions{Backend: BackendAuto, VRAMBudget: int64(frac*float64(need)) + m.fixedBytesFor(t, dev, ctx)}, false})
-			}
-			for _, v := range variants {
+			for _, v := range variantsOf(m, name) {
 				t.Run(v.name, func(t *testing.T) {
 					v.opt.CtxSize, v.opt.Threads = ctx, 2
 					if v.copies {
 						t.Setenv(gpu.EnvGPURegister, "0")
+					}
+					if v.promoteAll && !promoteEverything {
+						promoteEverything = true
+						defer func() { promoteEverything = false }()
+					}
+					if v.hybridPlan {
+						planHybridAlways = true
+						defer func() { planHybridAlways = false }()
 					}
 					// What the context allocates, against what was in use
 					// before it: the CUDA context and the kernel modules
@@ -122,6 +149,7 @@ func TestOraclesPlacements(t *testing.T) {
 						}
 						decode = append(decode, l)
 					}
+					prom := c.Promotion()
 					// A prompt in one batch of the streaming schedule too.
 					if err := c.Truncate(0); err != nil {
 						t.Fatal(err)
@@ -142,8 +170,12 @@ func TestOraclesPlacements(t *testing.T) {
 							t.Errorf("device memory %s over the budget %s", FormatBytes(now-base), FormatBytes(pl.Budget))
 						}
 					}
-					t.Logf("%s %s: NMSE %.3g (bound %.0e), last row of one batch %.3g; %s; %s; VRAM %s",
-						name, v.name, e, tol, eLast, c.Backend(), pl.Describe(), used)
+					promoted := "no promotion"
+					if prom.On {
+						promoted = fmt.Sprintf("promotion: %d units, %d re-plans", prom.PromotedUnits, prom.Replans)
+					}
+					t.Logf("%s %s: NMSE %.3g (bound %.0e), last row of one batch %.3g; %s; %s; %s; VRAM %s",
+						name, v.name, e, tol, eLast, c.Backend(), pl.Describe(), promoted, used)
 					if e > tol || eLast > tol {
 						t.Errorf("NMSE %.3g / %.3g over the bound %.0e", e, eLast, tol)
 					}

@@ -20,7 +20,7 @@ func (m *Model) planWith(dev *gpu.Device, units []Unit, opt ContextOptions, budg
 	all := newPlacement(m, units, BackendGPU)
 	all.Budget = budget
 	arena, weights := m.needBytes(dev, all, opt)
-	if arena+weights <= budget {
+	if arena+weights <= budget && !planHybridAlways {
 		all.Note = "the model fits the budget: every unit on the GPU"
 		all.FixedBytes = max(arena+weights-all.GPUBytes, 0)
 		return all, nil
@@ -37,6 +37,12 @@ func (m *Model) planWith(dev *gpu.Device, units []Unit, opt ContextOptions, budg
 	}
 	return m.placeWithRing(dev, prof, units, opt, budget, ring)
 }
+
+// planHybridAlways, set by tests, has the planner place by its profile
+// even when the whole model fits the budget: the tiny oracle models fit
+// any budget above the hybrid buffers, and would never reach the DP and
+// the promoter otherwise.
+var planHybridAlways bool
 
 // placeWithRing places with a staging ring of ring bytes for dynamic
 // promotion; when the placement leaves less on the CPU that promotion

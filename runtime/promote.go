@@ -176,7 +176,9 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 	if p.prof == nil { // promoteEverything
 		sol.Promote = make([]bool, len(c.units))
 		for i, u := range c.units {
-			sol.Promote[i] = u.Streamable && !c.place.resident(i)
+			if sol.Promote[i] = u.Streamable && !c.place.resident(i); sol.Promote[i] {
+				sol.Count++
+			}
 		}
 	} else {
 		var err error

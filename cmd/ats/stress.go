@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	goruntime "runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -15,9 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/runtime"
-	"github.com/atsinfer/ats/runtime/gpu"
 )
 
 // The load experiments of `ats bench --stress`: a competing program that
@@ -35,39 +32,12 @@ func init() {
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 				defer stop()
-				if cpuPct > 0 {
-					n := max(1, (goruntime.NumCPU()*cpuPct+50)/100)
-					for i := 0; i < n; i++ {
-						go func() {
-							goruntime.LockOSThread()
-							x := uint64(i)
-							for ctx.Err() == nil {
-								for k := 0; k < 1<<16; k++ {
-									x = x*6364136223846793005 + 1442695040888963407
-								}
-							}
-							_ = x
-						}()
-					}
+				res, err := runtime.Stress(ctx, cpuPct, gpuPct)
+				if res.LinkBytes > 0 {
+					fmt.Fprintf(cmd.ErrOrStderr(), "stress: %s host to device in %.1f s: %.1f GB/s on average\n",
+						runtime.FormatBytes(res.LinkBytes), res.Elapsed.Seconds(), res.LinkGBps())
 				}
-				if gpuPct > 0 {
-					// A load of the GPU and the link, not of the CPU: the
-					// driver's default for one context spins the host
-					// thread that waits for the device, which would take a
-					// core from the measured program's threads.
-					if err := cudadrv.Init(); err == nil {
-						if d, err := cudadrv.GetDevice(0); err == nil {
-							_ = d.SetPrimaryContextFlags(cudadrv.CtxSchedBlockingSync)
-						}
-					}
-					dev, err := gpu.Open()
-					if err != nil {
-						return fmt.Errorf("stress: %w", err)
-					}
-					return dev.Stress(ctx, float64(gpuPct)/100)
-				}
-				<-ctx.Done()
-				return nil
+				return err
 			},
 		}
 		cmd.Flags().IntVar(&cpuPct, "cpu", 0, "percent of the CPU's threads to keep busy")

@@ -136,42 +136,46 @@ func (d *Device) MeasureUpload(src []byte, files [][]byte, reps int) (bytesPerSe
 // each 20 ms: copy kernels over 1 GiB of device memory (the memory
 // bandwidth a decode step lives on) and, on a stream of their own, 256 MiB
 // copies from pinned host memory over the link. It is the competing load
-// of `ats bench --stress gpu=N`.
-func (d *Device) Stress(ctx context.Context, duty float64) error {
+// of `ats bench --stress gpu=N`. It reports what went over the link, so
+// that an experiment can add that to what other readers of host memory got.
+func (d *Device) Stress(ctx context.Context, duty float64) (StressResult, error) {
 	const devBytes, hostBytes = 1 << 30, 256 << 20
 	a, err := d.ctx.Alloc(devBytes)
 	if err != nil {
-		return fmt.Errorf("gpu stress: %w", err)
+		return StressResult{}, fmt.Errorf("gpu stress: %w", err)
 	}
 	defer d.ctx.Free(a)
 	b, err := d.ctx.Alloc(devBytes)
 	if err != nil {
-		return fmt.Errorf("gpu stress: %w", err)
+		return StressResult{}, fmt.Errorf("gpu stress: %w", err)
 	}
 	defer d.ctx.Free(b)
 	host, err := d.ctx.HostAlloc(hostBytes, cudadrv.HostAllocPortable)
 	if err != nil {
-		return fmt.Errorf("gpu stress: %w", err)
+		return StressResult{}, fmt.Errorf("gpu stress: %w", err)
 	}
 	defer host.Free()
 	ks, err := d.ctx.NewStream(cudadrv.StreamNonBlocking, 0)
 	if err != nil {
-		return fmt.Errorf("gpu stress: %w", err)
+		return StressResult{}, fmt.Errorf("gpu stress: %w", err)
 	}
 	defer ks.Destroy()
 	cs, err := d.ctx.NewStream(cudadrv.StreamNonBlocking, 0)
 	if err != nil {
-		return fmt.Errorf("gpu stress: %w", err)
+		return StressResult{}, fmt.Errorf("gpu stress: %w", err)
 	}
 	defer cs.Destroy()
+	var res StressResult
+	t0 := time.Now()
 	period := 20 * time.Millisecond
 	busy := time.Duration(float64(period) * min(max(duty, 0), 1))
 	for ctx.Err() == nil {
 		start := time.Now()
 		for time.Since(start) < busy {
 			if err := errors.Join(d.elem.CopyF32(ks, b, a, devBytes/4), cs.CopyHtoD(a, host.Bytes()), ks.Synchronize(), cs.Synchronize()); err != nil {
-				return fmt.Errorf("gpu stress: %w", err)
+				return StressResult{}, fmt.Errorf("gpu stress: %w", err)
 			}
+			res.LinkBytes += hostBytes
 		}
 		if rest := period - time.Since(start); rest > 0 {
 			select {
@@ -180,5 +184,20 @@ func (d *Device) Stress(ctx context.Context, duty float64) error {
 			}
 		}
 	}
-	return nil
+	res.Elapsed = time.Since(t0)
+	return res, nil
+}
+
+// StressResult is what a Stress run moved over the link.
+type StressResult struct {
+	LinkBytes int64         // host to device, from pinned memory
+	Elapsed   time.Duration // the whole run, idle parts included
+}
+
+// LinkGBps is the link's average rate over the run.
+func (r StressResult) LinkGBps() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.LinkBytes) / r.Elapsed.Seconds() / 1e9
 }

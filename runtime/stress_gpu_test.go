@@ -1,0 +1,130 @@
+package runtime
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// The oracles under a competing load: the promoter re-estimates CPU, GPU
+// and link speed each step and may re-plan mid-run, the streamed prefill
+// shares the link with another program; none of it may change a logit.
+
+// envStressChild makes the test binary the competing load (cpu=PCT or
+// gpu=PCT) instead of running tests: the load is another process, as in
+// `ats bench --stress`.
+const envStressChild = "ATS_TEST_STRESS_CHILD"
+
+func TestMain(m *testing.M) {
+	if load := os.Getenv(envStressChild); load != "" {
+		os.Exit(stressChild(load))
+	}
+	os.Exit(m.Run())
+}
+
+// stressChild runs the load until SIGTERM or until its parent goes away
+// (stdin closes).
+func stressChild(load string) int {
+	kind, v, _ := strings.Cut(load, "=")
+	pct, err := strconv.Atoi(v)
+	if err != nil || (kind != "cpu" && kind != "gpu") {
+		fmt.Fprintf(os.Stderr, "%s=%q: want cpu=PCT or gpu=PCT\n", envStressChild, load)
+		return 2
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	ctx, cancel := context.WithCancel(ctx)
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); cancel() }()
+	cpu, gpu := 0, 0
+	if kind == "cpu" {
+		cpu = pct
+	} else {
+		gpu = pct
+	}
+	if _, err := Stress(ctx, cpu, gpu); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+// startStressChild starts this test binary as the load; the test's
+// cleanup ends it.
+func startStressChild(t *testing.T, load string) *exec.Cmd {
+	t.Helper()
+	c := exec.Command(os.Args[0], "-test.run=^$")
+	c.Env = append(os.Environ(), envStressChild+"="+load)
+	c.Stderr = os.Stderr
+	stdin, err := c.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(); err != nil {
+		t.Fatalf("starting the %s load: %v", load, err)
+	}
+	t.Cleanup(func() {
+		_ = stdin.Close()
+		_ = c.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- c.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil && c.ProcessState.ExitCode() > 0 {
+				t.Errorf("the %s load failed: %v", load, err)
+			}
+		case <-time.After(10 * time.Second):
+			_ = c.Process.Kill()
+			<-done
+		}
+	})
+	time.Sleep(500 * time.Millisecond) // let it take hold, as ats bench does
+	return c
+}
+
+func TestOraclesUnderStress(t *testing.T) {
+	dev := needGPUDevice(t)
+	const ctx = 128
+	for _, load := range []string{"cpu=60", "gpu=60"} {
+		t.Run(load, func(t *testing.T) {
+			startStressChild(t, load)
+			checkOracleVariants(t, dev, ctx, func(m *Model, name string) []oracleVariant {
+				every := func(i int, _ Unit) bool { return i%2 == 1 }
+				return []oracleVariant{
+					// Every CPU unit promoted each step, prefill streamed.
+					{name: "alternating-promote-all", opt: ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, every)}, promoteAll: true},
+					// The planner's placement by its profile with the
+					// promoter's own choices, re-planned as the load moves
+					// its estimates.
+					{name: "planned-25%", opt: ContextOptions{Backend: BackendAuto, VRAMBudget: m.WeightBytes()/4 + m.fixedBytesFor(t, dev, ctx)}, hybridPlan: true},
+					{name: "planned-50%", opt: ContextOptions{Backend: BackendAuto, VRAMBudget: m.WeightBytes()/2 + m.fixedBytesFor(t, dev, ctx)}, hybridPlan: true},
+				}
+			})
+		})
+	}
+}
+
+// TestStressChildStops checks the load's process itself (CPU only): it
+// runs while the test does, and ends cleanly with it.
+func TestStressChildStops(t *testing.T) {
+	var c *exec.Cmd
+	t.Run("load", func(t *testing.T) {
+		c = startStressChild(t, "cpu=50")
+		if err := c.Process.Signal(syscall.Signal(0)); err != nil {
+			t.Fatalf("the load is not running: %v", err)
+		}
+	})
+	if c == nil || c.ProcessState == nil {
+		t.Fatal("the load was not waited for")
+	}
+	if code := c.ProcessState.ExitCode(); code != 0 {
+		t.Fatalf("the load exited with %d", code)
+	}
+}
