@@ -60,9 +60,10 @@ type promoter struct {
 	replans   int
 	planCost  time.Duration // the last re-planning (the DP and, when new, the compile)
 	planTotal time.Duration
-	promoted  int64 // weight bytes the current plan promotes a step
-	steps     int   // decode steps observed
-	copied    int64 // weight bytes they uploaded (a kept plan: only its first step)
+	dpCost    time.Duration // the last re-planning's DPs alone (what recurs; a compiled plan is kept)
+	promoted  int64         // weight bytes the current plan promotes a step
+	steps     int           // decode steps observed
+	copied    int64         // weight bytes they uploaded (a kept plan: only its first step)
 }
 
 // newPromoter starts the promotion of a context whose decode schedule is
@@ -198,6 +199,7 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 			sol = plan.Promotion{Promote: none, Time: tNone}
 		}
 	}
+	p.dpCost = time.Since(start)
 	var key strings.Builder
 	var bytes int64
 	for i, on := range sol.Promote {
@@ -378,6 +380,7 @@ type PromotionStats struct {
 	On            bool
 	Replans       int
 	LastPlanCost  time.Duration // the last re-planning, compile included
+	LastDPCost    time.Duration // the last re-planning's DPs alone
 	PlanCost      time.Duration // all re-planning
 	PromotedBytes int64         // weight bytes the current plan promotes each step
 	PromotedUnits int
@@ -393,7 +396,7 @@ func (c *Context) Promotion() PromotionStats {
 	if p == nil {
 		return PromotionStats{}
 	}
-	return PromotionStats{On: true, Replans: p.replans, LastPlanCost: p.planCost, PlanCost: p.planTotal,
+	return PromotionStats{On: true, Replans: p.replans, LastPlanCost: p.planCost, LastDPCost: p.dpCost, PlanCost: p.planTotal,
 		PromotedBytes: p.promoted, PromotedUnits: p.curPlan.Count, Kept: p.kept, CopiedPerStep: p.copied / int64(max(p.steps, 1)),
 		Predicted: p.curPlan.Time, Estimates: p.est.Current()}
 }
