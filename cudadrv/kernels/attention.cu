@@ -31,6 +31,19 @@
 // before the products; scores and softmax are float (the CPU sums in
 // double, and rounds the weights to f16 before P·V, which this does not).
 
+// PDL_ENTRY starts every kernel: under programmatic dependent launch
+// (cudadrv Stream.SetProgrammatic, CC 9.0 and later) a kernel's blocks may
+// be scheduled while the kernel before it still runs; griddepcontrol.wait
+// returns once the kernels before have completed and their writes are
+// visible, and launch_dependents then lets the next kernel's blocks be
+// scheduled. Launched without it, wait returns at once. Older
+// architectures have neither instruction.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_ENTRY() do { } while (0)
+#endif
+
 #define ATT_ROWS 16    // query rows per block
 #define ATT_THREADS 128 // 4 warps; ATT_ROWS * 8 threads in the score phase (8 rows * 16 in decode)
 
@@ -54,6 +67,7 @@ extern "C" __global__ void kv_store_f16(unsigned short *kc, unsigned short *vc,
                                         const float *k, const float *v,
                                         int width, const int *pos0, int nTok)
 {
+    PDL_ENTRY();
     const long long n = (long long)nTok * width;
     const long long base = (long long)pos0[0] * width;
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -308,11 +322,11 @@ __device__ void attn_f16(const AttnParams p)
 }
 
 // One entry point per register budget; the launcher picks ceil(hs/32).
-extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d1(const AttnParams p) { attn_f16<1>(p); }
-extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d2(const AttnParams p) { attn_f16<2>(p); }
-extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d3(const AttnParams p) { attn_f16<3>(p); }
-extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d4(const AttnParams p) { attn_f16<4>(p); }
-extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d8(const AttnParams p) { attn_f16<8>(p); }
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d1(const AttnParams p) { PDL_ENTRY(); attn_f16<1>(p); }
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d2(const AttnParams p) { PDL_ENTRY(); attn_f16<2>(p); }
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d3(const AttnParams p) { PDL_ENTRY(); attn_f16<3>(p); }
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d4(const AttnParams p) { PDL_ENTRY(); attn_f16<4>(p); }
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d8(const AttnParams p) { PDL_ENTRY(); attn_f16<8>(p); }
 
 // ---------------------------------------------------------------- tensor cores
 //
@@ -664,8 +678,8 @@ __device__ __forceinline__ void attn_mma(const AttnParams p)
 #define AM_MIN_BLOCKS_128 1
 #endif
 
-extern "C" __global__ void __launch_bounds__(AM_THREADS) attn_mma_d64(const AttnParams p) { attn_mma<64>(p); }
-extern "C" __global__ void __launch_bounds__(AM_THREADS, AM_MIN_BLOCKS_128) attn_mma_d128(const AttnParams p) { attn_mma<128>(p); }
+extern "C" __global__ void __launch_bounds__(AM_THREADS) attn_mma_d64(const AttnParams p) { PDL_ENTRY(); attn_mma<64>(p); }
+extern "C" __global__ void __launch_bounds__(AM_THREADS, AM_MIN_BLOCKS_128) attn_mma_d128(const AttnParams p) { PDL_ENTRY(); attn_mma<128>(p); }
 
 // attn_combine merges the nsplit partial results of each (token, head) row:
 // out = Σ_s O_s·exp(m_s − M) / Σ_s l_s·exp(m_s − M), M = max_s m_s. Splits
@@ -678,6 +692,7 @@ extern "C" __global__ void attn_combine(float *out, const float *part, const flo
                                         int nsplit, int nRows, int hs,
                                         signed char *q8, float2 *q8ds)
 {
+    PDL_ENTRY();
     const int row = blockIdx.x;
     if (row >= nRows)
         return;
