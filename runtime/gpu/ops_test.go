@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"testing"
 	"unsafe"
@@ -408,7 +409,11 @@ func TestGPUOps(t *testing.T) {
 	// positions off the kernel's 64-position tiles, GQA groups 1, 3, 4, 5
 	// and 8, prompts continued from a cache (pos0 > 0). Wherever the
 	// tensor-core kernel runs, the CUDA-core kernel runs the case too
-	// (AttnArgs.SIMT), both against the CPU op.
+	// (AttnArgs.SIMT), both against the CPU op. Likewise decode: where the
+	// decode kernel (attn_dec, head sizes 32, 64, 128, 256) runs, the tiled
+	// kernel (AttnArgs.Tiled) runs the case too. Decode cases: first
+	// position, a warp's run of 8 cut short, more positions than one pass
+	// of the block's 64, splits with empty ones, each head size.
 	//
 	// Bound, NMSE 1e-6 for both kernels: Q is rounded to f16 on both sides
 	// alike and K, V are the same f16 cache, so none of those differ; scores
@@ -438,6 +443,16 @@ func TestGPUOps(t *testing.T) {
 		{2, 10, 8, 2, 64, 0, false},        // 8 rows a block: 16 threads a row
 		{1, 300, 16, 1, 256, 0, false},     // decode, 16 heads a block, big tile
 		{1, 63, 40, 8, 128, 0, false},      // decode without splits (tg64's cache)
+		{1, 0, 32, 4, 128, 0, false},       // decode: Qwen3-30B-A3B's heads, first position
+		{1, 12, 32, 4, 128, 0, false},      // 13 positions: warp 1's run cut short
+		{1, 64, 32, 4, 128, 0, false},      // 65 positions: a second pass of the block
+		{1, 100, 32, 4, 128, 128, false},   // two splits of 64 and the combine
+		{1, 5000, 32, 4, 128, 8192, false}, // many splits, the last ones empty
+		{1, 333, 40, 8, 128, 0, false},     // Qwen3-14B's heads, one long pass
+		{1, 90, 8, 8, 32, 0, false},        // head size 32 (MHA)
+		{1, 517, 12, 3, 64, 2048, false},   // head size 64, split
+		{1, 70, 8, 2, 256, 0, false},       // head size 256
+		{1, 41, 6, 6, 96, 0, false},        // head size 96: the tiled kernel
 		// Tensor-core prefill.
 		{5, 37, 32, 4, 128, 0, true},    // group 8: 5 tokens x 8 heads fill 40 rows
 		{33, 0, 8, 8, 64, 0, true},      // MHA, odd count, a second tile of 1 row
@@ -481,21 +496,34 @@ func TestGPUOps(t *testing.T) {
 			if c.mma != mma && dev.attn.TensorCoreHeadSize(c.hs) {
 				g.t.Fatalf("tensor-core kernel taken: %v, want %v (%s)", mma, c.mma, why)
 			}
-			kinds := []bool{false} // SIMT
+			dec, whyDec := dev.attn.Decode(&args)
+			if wantDec := c.nTok == 1 && c.hs%32 == 0 && c.hs != 96 && c.hs <= 256; dec != wantDec && os.Getenv(kernels.EnvAttention) != "tile" {
+				g.t.Fatalf("decode kernel taken: %v, want %v (%s)", dec, wantDec, whyDec)
+			}
+			type kind struct{ simt, tiled bool }
+			kinds := []kind{{}}
 			if mma {
-				kinds = []bool{false, true}
+				kinds = append(kinds, kind{simt: true})
 			} else if why != "" {
 				g.t.Logf("CUDA-core kernel: %s", why)
 			}
-			for _, simt := range kinds {
+			if dec {
+				kinds = append(kinds, kind{tiled: true})
+			}
+			for _, kd := range kinds {
 				name := "attention (tensor cores)"
-				if simt {
+				switch {
+				case kd.simt:
 					name = "attention (forced CUDA cores)"
-				} else if !mma {
+				case kd.tiled:
+					name = "attention (tiled, forced)"
+				case dec:
+					name = "attention (decode kernel)"
+				case !mma:
 					name = "attention (CUDA cores)"
 				}
 				args := args
-				args.SIMT = simt
+				args.SIMT, args.Tiled = kd.simt, kd.tiled
 				args.Out = g.poison(len(q))
 				if c.hs%32 == 0 {
 					args.Q8 = g.alloc(kernels.Q8_1Bytes(c.nTok, c.heads*c.hs))
