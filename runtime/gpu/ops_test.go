@@ -154,6 +154,50 @@ func TestGPUOps(t *testing.T) {
 		t.Run(name, func(t *testing.T) { f(newGPUT(t, dev, s)) })
 	}
 
+	// Programmatic dependent launch (cudadrv Stream.SetProgrammatic, the
+	// compute stream's mode on CC 9.0+): a chain of 128 kernels, each
+	// reading what the one before wrote, launched eagerly and replayed from
+	// a graph. A kernel whose griddepcontrol.wait came too late would read
+	// x before the previous kernel's write and lose a term: exact sums.
+	run("programmatic/chain", func(g *gpuT) {
+		if !g.s.SetProgrammatic(true) {
+			g.t.Skip("no programmatic dependent launch on this device or driver")
+		}
+		const n, steps = 300007, 64
+		x, y := g.randn(n, 1), g.randn(n, 1)
+		dx, dy := up(g, x), up(g, y)
+		chain := func() error {
+			for range steps {
+				if err := errors.Join(dev.elem.AddF32(g.s, dx, dx, dy, n), dev.elem.ScaleF32(g.s, dx, dx, 1, n)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		want := append([]float32(nil), x...)
+		sums := func() {
+			for range steps {
+				for i := range want {
+					want[i] += y[i]
+				}
+			}
+		}
+		g.check(chain())
+		sums()
+		expectClose(g.t, "eager chain", down[float32](g, dx, n), want, 0)
+		graph, err := g.s.Capture(cudadrv.CaptureRelaxed, chain)
+		g.check(err)
+		defer graph.Destroy()
+		ge, err := graph.Instantiate(0)
+		g.check(err)
+		defer ge.Destroy()
+		for range 3 {
+			g.check(ge.Launch(g.s))
+			sums()
+		}
+		expectClose(g.t, "replayed chain", down[float32](g, dx, n), want, 0)
+	})
+
 	// rms_norm: rows × cols, with and without a weight, in place.
 	for _, c := range []struct {
 		rows, cols      int
