@@ -83,20 +83,25 @@ func bytesOf[T any](v []T) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), len(v)*int(unsafe.Sizeof(v[0])))
 }
 
-// up copies v to a new device buffer.
+// up copies v to a new device buffer, in the order of the case's stream:
+// a synchronous copy from pageable memory may return before its DMA lands,
+// and the legacy stream it runs on does not order the case's non-blocking
+// stream (the copy stages v before it returns).
 func up[T any](g *gpuT, v []T) cudadrv.DevicePtr {
 	b := bytesOf(v)
 	p := g.alloc(len(b))
-	if err := g.dev.ctx.CopyHtoD(p, b); err != nil {
+	if err := g.s.CopyHtoD(p, b); err != nil {
 		g.t.Fatal(err)
 	}
 	return p
 }
 
-// poison allocates n float32 (or int32) slots filled with a NaN pattern.
+// poison allocates n float32 (or int32) slots filled with a NaN pattern,
+// in the case's stream's order (a memset on the legacy stream could land
+// after a kernel of the case's stream wrote the buffer).
 func (g *gpuT) poison(n int) cudadrv.DevicePtr {
 	p := g.alloc(4 * n)
-	if err := g.dev.ctx.MemsetD32(p, 0x7fc00bad, n); err != nil {
+	if err := g.s.MemsetD32(p, 0x7fc00bad, n); err != nil {
 		g.t.Fatal(err)
 	}
 	return p
