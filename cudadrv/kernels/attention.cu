@@ -13,8 +13,8 @@
 // row) with head sizes 32, 64, 128 and 256, a block per head and split
 // (after attn_f16; attention.go's planAttentionDec). attn_f16_*: flash
 // attention (online softmax) on the CUDA cores, for every shape the other
-// two do not take (planAttentionMMA; ATS_GPU_ATTN=simt makes it take
-// everything but decode, ATS_GPU_ATTN=tile everything). A block owns ATT_ROWS query rows, each a (token, head) pair: hb
+// two do not take (planAttentionMMA; ATS_GPU_ATTN=simt makes it take all
+// prefill, ATS_GPU_ATTN=tile all decode). A block owns ATT_ROWS query rows, each a (token, head) pair: hb
 // heads of one KV group times ATT_ROWS/hb tokens, so the K/V tile it loads
 // into shared memory serves every head of the group (GQA) and several
 // tokens. It walks its range of cache positions in tiles of bk:

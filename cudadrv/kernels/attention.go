@@ -22,15 +22,14 @@ type Attention struct {
 	// (the device's opt-in limit, granted at load): decode takes larger
 	// tiles with it.
 	optin int
-	// simt forces the CUDA-core kernels for every launch, tiled attn_f16
-	// also for decode (EnvAttention).
+	// simt forces the CUDA-core kernel for every prefill launch, tiled
+	// attn_f16 for decode (EnvAttention).
 	simt, tiled bool
 }
 
-// EnvAttention set to "simt" makes every attention launch use the CUDA-core
-// kernels (attn_f16; attn_dec for decode), also where the tensor-core one
-// would run; "tile" makes every launch use attn_f16, decode too: for A/B
-// measurements.
+// EnvAttention set to "simt" makes every prefill launch use the CUDA-core
+// kernel (attn_f16), also where the tensor-core one would run; "tile" makes
+// decode use attn_f16 instead of attn_dec: for A/B measurements of each.
 const EnvAttention = "ATS_GPU_ATTN"
 
 // NewAttention prepares attention.cu's kernels for the context's device;
@@ -42,7 +41,7 @@ func NewAttention(ctx *cudadrv.Context) (*Attention, error) {
 	}
 	env := os.Getenv(EnvAttention)
 	k := &Attention{attn: map[int]*cudadrv.Function{}, mma: map[int]*cudadrv.Function{}, dec: map[int]*cudadrv.Function{},
-		optin: max(attnShared, optin), simt: env == "simt" || env == "tile", tiled: env == "tile"}
+		optin: max(attnShared, optin), simt: env == "simt", tiled: env == "tile"}
 	if err := k.prepare(ctx, "attention", k.bind); err != nil {
 		return nil, err
 	}
