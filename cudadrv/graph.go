@@ -68,6 +68,7 @@ func (s *Stream) BeginCapture(mode CaptureMode) error {
 		return err
 	}
 	defer s.ctx.exit()
+	s.queued(false) // the capture's first kernel has no kernel before it
 	return cuStreamBeginCapture.call(s.h, uintptr(mode))
 }
 
@@ -78,6 +79,7 @@ func (s *Stream) EndCapture() (*Graph, error) {
 	}
 	defer s.ctx.exit()
 	var g uintptr
+	s.queued(false)
 	if err := cuStreamEndCapture.call(s.h, uintptr(unsafe.Pointer(&g))); err != nil {
 		return nil, err
 	}
@@ -180,6 +182,7 @@ func (e *GraphExec) Upload(s *Stream) error {
 		return err
 	}
 	defer e.ctx.exit()
+	s.queued(false)
 	return cuGraphUpload.call(e.h, s.handle())
 }
 
@@ -190,6 +193,7 @@ func (e *GraphExec) Launch(s *Stream) error {
 		return err
 	}
 	defer e.ctx.exit()
+	s.queued(false)
 	return cuGraphLaunch.call(e.h, s.handle())
 }
 

@@ -375,8 +375,18 @@ func TestCopyF32(t *testing.T) {
 }
 
 // TestGraphCaptureReplay captures N launches, checks capture ran nothing,
-// then replays the graph R times against the same sums in Go.
+// then replays the graph R times against the same sums in Go; then runs
+// the same chain eagerly. With programmatic dependent launch (on devices
+// of CC 9.0 and later) each kernel overlaps the one before and its
+// griddepcontrol.wait alone keeps the chain's order: a kernel that read
+// x before the previous one wrote it would lose a term.
 func TestGraphCaptureReplay(t *testing.T) {
+	for _, pdl := range []bool{false, true} {
+		t.Run(fmt.Sprintf("programmatic=%v", pdl), func(t *testing.T) { testGraphCaptureReplay(t, pdl) })
+	}
+}
+
+func testGraphCaptureReplay(t *testing.T, pdl bool) {
 	ctx, _ := cudadrv.NeedGPU(t)
 	k, err := kernels.LoadElementwise(ctx)
 	if err != nil {
@@ -388,6 +398,9 @@ func TestGraphCaptureReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Destroy()
+	if pdl && !s.SetProgrammatic(true) {
+		t.Skip("no programmatic dependent launch on this device or driver")
+	}
 	const n, launches, replays = 100003, 64, 3
 	x0, y := randF32(5, n), randF32(6, n)
 	dx, dy := upload(t, ctx, x0), upload(t, ctx, y)
@@ -437,6 +450,22 @@ func TestGraphCaptureReplay(t *testing.T) {
 		}
 	}
 	equalF32(t, "x after replays", download(t, ctx, dx, n), want)
+
+	// The same chain, launched eagerly.
+	for range launches {
+		if err := errors.Join(k.AddF32(s, dx, dx, dy, n), k.ScaleF32(s, dx, dx, 1, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	for range launches {
+		for i := range want {
+			want[i] += y[i]
+		}
+	}
+	equalF32(t, "x after eager launches", download(t, ctx, dx, n), want)
 }
 
 // BenchmarkAddF32Launch is a real kernel launched through its Go launcher

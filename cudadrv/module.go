@@ -29,7 +29,36 @@ var (
 	//     unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
 	//     unsigned int sharedMemBytes, CUstream hStream, void **kernelParams, void **extra);
 	cuLaunchKernel = cuSym("cuLaunchKernel")
+	// CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra);
+	// (CUDA 12.0 and later drivers)
+	cuLaunchKernelEx = cuSym("cuLaunchKernelEx")
 )
+
+// launchConfig is a CUlaunchConfig: grid and block, shared memory, stream,
+// and its attributes (a pointer and a count).
+type launchConfig struct {
+	gridX, gridY, gridZ    uint32
+	blockX, blockY, blockZ uint32
+	sharedMem              uint32
+	_                      uint32
+	stream                 uintptr
+	attrs                  uintptr // *launchAttr
+	numAttrs               uint32
+	_                      uint32
+}
+
+// launchAttr is a CUlaunchAttribute: an id padded to 8 bytes, then the
+// 64-byte union CUlaunchAttributeValue.
+type launchAttr struct {
+	id    uint32
+	_     uint32
+	value [64]byte
+}
+
+// attrProgrammaticStreamSerialization is
+// CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION; its value is the
+// int programmaticStreamSerializationAllowed.
+const attrProgrammaticStreamSerialization = 6
 
 // CUjit_option values used by LoadModule.
 const (
@@ -263,9 +292,11 @@ const maxArgSlots = 32
 type Args struct {
 	slots [maxArgSlots]uint64
 	ptrs  [maxArgSlots]unsafe.Pointer // filled at launch, when a is pinned
-	start [maxArgSlots]uint8          // first slot of each parameter
-	n     int                         // parameters
-	used  int                         // slots
+	cfg   launchConfig                // a programmatic launch's (Stream.SetProgrammatic)
+	attr  launchAttr
+	start [maxArgSlots]uint8 // first slot of each parameter
+	n     int                // parameters
+	used  int                // slots
 	err   error
 	pin   runtime.Pinner
 }
@@ -346,7 +377,11 @@ func (f *Function) Launch(s *Stream, grid, block Dim3, sharedMem int, a *Args) e
 			return err
 		}
 		defer f.ctx.exit()
-		return f.launchErr(cuLaunchKernel.call(f.h, gx, gy, gz, bx, by, bz, uintptr(sharedMem), s.handle(), 0, 0))
+		// Launched as usual, also on a programmatic stream: the next
+		// kernel may still overlap it.
+		err := cuLaunchKernel.call(f.h, gx, gy, gz, bx, by, bz, uintptr(sharedMem), s.handle(), 0, 0)
+		s.queued(err == nil)
+		return f.launchErr(err)
 	}
 	if a.err != nil {
 		return fmt.Errorf("kernel %s: %w", f.name, a.err)
@@ -363,8 +398,22 @@ func (f *Function) Launch(s *Stream, grid, block Dim3, sharedMem int, a *Args) e
 		return err
 	}
 	defer f.ctx.exit()
-	return f.launchErr(cuLaunchKernel.call(f.h, gx, gy, gz, bx, by, bz, uintptr(sharedMem), s.handle(),
-		uintptr(unsafe.Pointer(&a.ptrs[0])), 0))
+	if s != nil && s.pdl.Load() && s.afterKernel.Load() {
+		// Programmatic dependent launch (Stream.SetProgrammatic): the
+		// config and its attribute live in a, pinned like the parameters.
+		a.attr = launchAttr{id: attrProgrammaticStreamSerialization}
+		a.attr.value[0] = 1 // programmaticStreamSerializationAllowed
+		a.cfg = launchConfig{gridX: uint32(gx), gridY: uint32(gy), gridZ: uint32(gz),
+			blockX: uint32(bx), blockY: uint32(by), blockZ: uint32(bz), sharedMem: uint32(sharedMem),
+			stream: s.h, attrs: uintptr(unsafe.Pointer(&a.attr)), numAttrs: 1}
+		err := cuLaunchKernelEx.call(uintptr(unsafe.Pointer(&a.cfg)), f.h, uintptr(unsafe.Pointer(&a.ptrs[0])), 0)
+		s.queued(err == nil)
+		return f.launchErr(err)
+	}
+	err := cuLaunchKernel.call(f.h, gx, gy, gz, bx, by, bz, uintptr(sharedMem), s.handle(),
+		uintptr(unsafe.Pointer(&a.ptrs[0])), 0)
+	s.queued(err == nil)
+	return f.launchErr(err)
 }
 
 func (f *Function) launchErr(err error) error {

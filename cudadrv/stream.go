@@ -50,6 +50,48 @@ type Stream struct {
 	h         uintptr
 	ctx       *Context
 	destroyed atomic.Bool
+	// pdl: SetProgrammatic; afterKernel: the last work queued on the
+	// stream was a kernel launch (Function.Launch), which a programmatic
+	// launch may overlap.
+	pdl, afterKernel atomic.Bool
+}
+
+// SetProgrammatic turns programmatic dependent launch on or off for the
+// kernels queued on s (devices of compute capability 9.0 and later; the
+// driver's cuLaunchKernelEx). A kernel launched right after another kernel
+// on s is then launched with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION:
+// its blocks may be scheduled once every block of the kernel before has
+// executed griddepcontrol.launch_dependents (or exited), while that kernel
+// still runs, and the stream's order holds only through the kernel's own
+// griddepcontrol.wait, which returns when the kernels before it have
+// completed and their writes are visible. So every kernel launched on such
+// a stream must execute griddepcontrol.wait before it reads or writes
+// memory that earlier work touches (ats's kernels do so first thing:
+// PDL_ENTRY in cudadrv/kernels). A kernel after a copy, memset, event or
+// graph launch is launched as usual. Inside a stream capture the overlap
+// becomes a programmatic edge of the graph. On a device before 9.0, or
+// without cuLaunchKernelEx (a driver before CUDA 12), it does nothing. It
+// returns whether it is in effect.
+func (s *Stream) SetProgrammatic(on bool) bool {
+	if s == nil {
+		return false
+	}
+	if on {
+		major, _, err := s.ctx.Device().ComputeCapability()
+		on = err == nil && major >= 9 && cuLaunchKernelEx.addr != 0
+	}
+	s.pdl.Store(on)
+	return on
+}
+
+// Programmatic reports whether SetProgrammatic is in effect on s.
+func (s *Stream) Programmatic() bool { return s != nil && s.pdl.Load() }
+
+// queued notes what was last queued on s: a kernel launch or other work.
+func (s *Stream) queued(kernel bool) {
+	if s != nil {
+		s.afterKernel.Store(kernel)
+	}
 }
 
 // NewStream creates a stream. priority follows StreamPriorityRange: 0 is the
@@ -129,6 +171,7 @@ func (s *Stream) WaitEvent(e *Event) error {
 		return err
 	}
 	defer ctx.exit()
+	s.queued(false)
 	return cuStreamWaitEvent.call(s.handle(), e.h, 0)
 }
 
@@ -141,6 +184,7 @@ func (s *Stream) MemsetD8(p DevicePtr, v byte, n int) error {
 		return err
 	}
 	defer s.ctx.exit()
+	s.queued(false)
 	return cuMemsetD8Async.call(uintptr(p), uintptr(v), uintptr(n), s.h)
 }
 
@@ -150,6 +194,7 @@ func (s *Stream) MemsetD32(p DevicePtr, v uint32, n int) error {
 		return err
 	}
 	defer s.ctx.exit()
+	s.queued(false)
 	return cuMemsetD32Async.call(uintptr(p), uintptr(v), uintptr(n), s.h)
 }
 
@@ -165,6 +210,7 @@ func (s *Stream) CopyHtoD(dst DevicePtr, src []byte) error {
 		return err
 	}
 	defer s.ctx.exit()
+	s.queued(false)
 	return cuMemcpyHtoDAsync.call(uintptr(dst), uintptr(unsafe.Pointer(&src[0])), uintptr(len(src)), s.h)
 }
 
@@ -178,6 +224,7 @@ func (s *Stream) CopyDtoH(dst []byte, src DevicePtr) error {
 		return err
 	}
 	defer s.ctx.exit()
+	s.queued(false)
 	return cuMemcpyDtoHAsync.call(uintptr(unsafe.Pointer(&dst[0])), uintptr(src), uintptr(len(dst)), s.h)
 }
 
@@ -187,6 +234,7 @@ func (s *Stream) CopyDtoD(dst, src DevicePtr, n int) error {
 		return err
 	}
 	defer s.ctx.exit()
+	s.queued(false)
 	return cuMemcpyDtoDAsync.call(uintptr(dst), uintptr(src), uintptr(n), s.h)
 }
 
@@ -231,6 +279,7 @@ func (e *Event) Record(s *Stream) error {
 		return err
 	}
 	defer e.ctx.exit()
+	s.queued(false)
 	return cuEventRecord.call(e.h, s.handle())
 }
 

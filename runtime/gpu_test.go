@@ -325,8 +325,9 @@ func maxMargin(flips []routeFlip, cpuSide bool) float64 {
 
 // TestGPUGraphMatchesEager checks that the captured decode step gives the
 // logits of launching its kernels one by one, bit for bit, over several
-// positions (the graph reads the position from device memory), and that
-// a prompt in batches of 5 matches one batch.
+// positions (the graph reads the position from device memory), that
+// programmatic dependent launch changes no bit either, and that a prompt
+// in batches of 5 matches one batch.
 func TestGPUGraphMatchesEager(t *testing.T) {
 	needGPUDevice(t)
 	dir := filepath.Join(testenv.SharedDir(t), "testdata", "oracle")
@@ -339,6 +340,19 @@ func TestGPUGraphMatchesEager(t *testing.T) {
 			want := loadOracle(t, filepath.Join(dir, name+".logits.json"))
 			want.Generated = want.Generated[:6]
 			pre, dec := runOracle(t, path, want, ContextOptions{Backend: BackendGPU})
+			// Programmatic dependent launch (on by default where the device
+			// has it) changes when kernels start, never what they compute.
+			t.Setenv(gpu.EnvGPUPDL, "0")
+			preS, decS := runOracle(t, path, want, ContextOptions{Backend: BackendGPU})
+			if !slices.Equal(pre, preS) {
+				t.Fatalf("prefill logits differ with programmatic dependent launch off (NMSE %.3g)", nmse(pre, preS))
+			}
+			for s := range dec {
+				if !slices.Equal(dec[s], decS[s]) {
+					t.Fatalf("decode step %d: logits differ with programmatic dependent launch off (NMSE %.3g)", s, nmse(dec[s], decS[s]))
+				}
+			}
+			t.Setenv(gpu.EnvGPUPDL, "")
 			t.Setenv(gpu.EnvGPUGraphs, "0")
 			// The eager runs also read the MoE routing back (inspection must
 			// not change the logits: the comparisons below check it too).

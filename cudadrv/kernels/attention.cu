@@ -9,10 +9,12 @@
 // attends to positions 0..pos0+t.
 //
 // attn_mma_*: flash attention on the tensor cores, for prefill with head
-// sizes 64 and 128 (below, after attn_f16). attn_f16_*: flash attention
-// (online softmax) on the CUDA cores, for decode, split-K and every shape
-// the tensor-core kernel does not take (attention.go's planAttentionMMA;
-// ATS_GPU_ATTN=simt makes it take everything). A block owns ATT_ROWS query rows, each a (token, head) pair: hb
+// sizes 64 and 128 (below, after attn_f16). attn_dec_*: decode (one query
+// row) with head sizes 32, 64, 128 and 256, a block per head and split
+// (after attn_f16; attention.go's planAttentionDec). attn_f16_*: flash
+// attention (online softmax) on the CUDA cores, for every shape the other
+// two do not take (planAttentionMMA; ATS_GPU_ATTN=simt makes it take all
+// prefill, ATS_GPU_ATTN=tile all decode). A block owns ATT_ROWS query rows, each a (token, head) pair: hb
 // heads of one KV group times ATT_ROWS/hb tokens, so the K/V tile it loads
 // into shared memory serves every head of the group (GQA) and several
 // tokens. It walks its range of cache positions in tiles of bk:
@@ -30,6 +32,19 @@
 // Numerics: as ops.Attention.Run with an f16 cache, q is rounded to f16
 // before the products; scores and softmax are float (the CPU sums in
 // double, and rounds the weights to f16 before P·V, which this does not).
+
+// PDL_ENTRY starts every kernel: under programmatic dependent launch
+// (cudadrv Stream.SetProgrammatic, CC 9.0 and later) a kernel's blocks may
+// be scheduled while the kernel before it still runs; griddepcontrol.wait
+// returns once the kernels before have completed and their writes are
+// visible, and launch_dependents then lets the next kernel's blocks be
+// scheduled. Launched without it, wait returns at once. Older
+// architectures have neither instruction.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_ENTRY() do { } while (0)
+#endif
 
 #define ATT_ROWS 16    // query rows per block
 #define ATT_THREADS 128 // 4 warps; ATT_ROWS * 8 threads in the score phase (8 rows * 16 in decode)
@@ -54,6 +69,7 @@ extern "C" __global__ void kv_store_f16(unsigned short *kc, unsigned short *vc,
                                         const float *k, const float *v,
                                         int width, const int *pos0, int nTok)
 {
+    PDL_ENTRY();
     const long long n = (long long)nTok * width;
     const long long base = (long long)pos0[0] * width;
     const long long stride = (long long)gridDim.x * blockDim.x;
@@ -308,11 +324,191 @@ __device__ void attn_f16(const AttnParams p)
 }
 
 // One entry point per register budget; the launcher picks ceil(hs/32).
-extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d1(const AttnParams p) { attn_f16<1>(p); }
-extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d2(const AttnParams p) { attn_f16<2>(p); }
-extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d3(const AttnParams p) { attn_f16<3>(p); }
-extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d4(const AttnParams p) { attn_f16<4>(p); }
-extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d8(const AttnParams p) { attn_f16<8>(p); }
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d1(const AttnParams p) { PDL_ENTRY(); attn_f16<1>(p); }
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d2(const AttnParams p) { PDL_ENTRY(); attn_f16<2>(p); }
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d3(const AttnParams p) { PDL_ENTRY(); attn_f16<3>(p); }
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d4(const AttnParams p) { PDL_ENTRY(); attn_f16<4>(p); }
+extern "C" __global__ void __launch_bounds__(ATT_THREADS) attn_f16_d8(const AttnParams p) { PDL_ENTRY(); attn_f16<8>(p); }
+
+// ---------------------------------------------------------------- decode
+//
+// attn_dec_e1/e2/e4/e8: decode (p.nTok == 1) with head sizes 32*E, on the
+// CUDA cores. attn_f16 gives a block the heads of a KV group and walks the
+// positions in tiles behind four barriers each, so a decode step had one
+// block per KV head and split: a few blocks, each a long serial chain. Here
+// a block owns one query head and split, DEC_WARPS warps, and lane l holds
+// dims l*E .. l*E+E-1 of q (rounded to f16 as attn_f16 does, in registers),
+// of every key and value row it reads and of its output. Warp w walks the
+// split's positions in runs of DEC_B (base = begin + DEC_B*w, stepping by
+// DEC_WARPS*DEC_B): it loads the run's keys and values at once (E halves a
+// lane, coalesced rows; positions past the end reload the last row and are
+// masked), reduces the DEC_B scores with butterflies (every lane ends with
+// the same sums) and keeps its own running max, sum and output (online
+// softmax), without barriers. At the end the warps' states merge through
+// shared memory: one barrier. One split writes out (and its Q8_1 form), as
+// attn_f16 does; several write their unnormalised output and (max, sum)
+// for attn_combine. Heads of one KV group read the same rows, from L2.
+#define DEC_WARPS 8
+#define DEC_B 8
+
+// DecKV holds the E halves of one row a lane reads, as loaded.
+template <int E> struct DecKV {
+    unsigned int w[(E + 1) / 2];
+};
+
+template <int E> __device__ __forceinline__ DecKV<E> dec_load(const unsigned short *p);
+template <> __device__ __forceinline__ DecKV<1> dec_load<1>(const unsigned short *p)
+{
+    DecKV<1> r;
+    r.w[0] = p[0];
+    return r;
+}
+template <> __device__ __forceinline__ DecKV<2> dec_load<2>(const unsigned short *p)
+{
+    DecKV<2> r;
+    r.w[0] = *(const unsigned int *)p;
+    return r;
+}
+template <> __device__ __forceinline__ DecKV<4> dec_load<4>(const unsigned short *p)
+{
+    const uint2 t = *(const uint2 *)p;
+    DecKV<4> r;
+    r.w[0] = t.x, r.w[1] = t.y;
+    return r;
+}
+template <> __device__ __forceinline__ DecKV<8> dec_load<8>(const unsigned short *p)
+{
+    const uint4 t = *(const uint4 *)p;
+    DecKV<8> r;
+    r.w[0] = t.x, r.w[1] = t.y, r.w[2] = t.z, r.w[3] = t.w;
+    return r;
+}
+
+// dec_f is half e of r as a float.
+template <int E> __device__ __forceinline__ float dec_f(const DecKV<E> &r, int e)
+{
+    const unsigned int w = r.w[e >> 1];
+    return h2f((unsigned short)((e & 1) ? (w >> 16) : (w & 0xffffu)));
+}
+
+template <int E>
+__device__ void attn_dec(const AttnParams p)
+{
+    __shared__ float So[DEC_WARPS][32 * E];
+    __shared__ float Sm[DEC_WARPS], Sl[DEC_WARPS];
+    const int hs = 32 * E;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int h = blockIdx.y, split = blockIdx.z;
+    const int kvh = h / (p.nHeads / p.nKV);
+    const long long kvw = (long long)p.nKV * hs;
+    const int begin = split * p.chunk;
+    const int end = (int)min((long long)begin + p.chunk, (long long)p.pos0[0] + 1);
+
+    float q[E], o[E];
+    const float *qp = p.q + (long long)h * hs + lane * E;
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        q[e] = h2f(f2h(qp[e]));
+        o[e] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    const unsigned short *kb = p.kc + kvh * hs + lane * E;
+    const unsigned short *vb = p.vc + kvh * hs + lane * E;
+    for (int base = begin + DEC_B * warp; base < end; base += DEC_WARPS * DEC_B) {
+        DecKV<E> kr[DEC_B], vr[DEC_B];
+#pragma unroll
+        for (int j = 0; j < DEC_B; j++) {
+            const long long pos = min(base + j, end - 1);
+            kr[j] = dec_load<E>(kb + pos * kvw);
+            vr[j] = dec_load<E>(vb + pos * kvw);
+        }
+        float s[DEC_B];
+#pragma unroll
+        for (int j = 0; j < DEC_B; j++) {
+            float a = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                a += q[e] * dec_f<E>(kr[j], e);
+            s[j] = a;
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+            for (int j = 0; j < DEC_B; j++)
+                s[j] += __shfl_xor_sync(0xffffffffu, s[j], off);
+        float mx = m;
+#pragma unroll
+        for (int j = 0; j < DEC_B; j++) {
+            s[j] = base + j < end ? s[j] * p.scale : -INFINITY;
+            mx = fmaxf(mx, s[j]);
+        }
+        // base < end: mx is finite.
+        const float alpha = m == -INFINITY ? 0.0f : expf(m - mx);
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DEC_B; j++) {
+            s[j] = s[j] == -INFINITY ? 0.0f : expf(s[j] - mx);
+            sum += s[j];
+        }
+        l = l * alpha + sum;
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            float a = o[e] * alpha;
+#pragma unroll
+            for (int j = 0; j < DEC_B; j++)
+                a += s[j] * dec_f<E>(vr[j], e);
+            o[e] = a;
+        }
+        m = mx;
+    }
+
+    // Merge the warps: O = Σ_w o_w·exp(m_w − M), L = Σ_w l_w·exp(m_w − M).
+#pragma unroll
+    for (int e = 0; e < E; e++)
+        So[warp][lane * E + e] = o[e];
+    if (lane == 0) {
+        Sm[warp] = m;
+        Sl[warp] = l;
+    }
+    __syncthreads();
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < DEC_WARPS; w++)
+        M = fmaxf(M, Sm[w]);
+    float wt[DEC_WARPS], L = 0.0f;
+#pragma unroll
+    for (int w = 0; w < DEC_WARPS; w++) {
+        wt[w] = Sm[w] == -INFINITY ? 0.0f : expf(Sm[w] - M);
+        L += Sl[w] * wt[w];
+    }
+    // Thread d writes dim d: a warp's lanes are 32 consecutive dims, one
+    // Q8_1 block (hs % 32 == 0, so whole warps take part or none).
+    for (int d = threadIdx.x; d < hs; d += DEC_WARPS * 32) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++)
+            acc += So[w][d] * wt[w];
+        if (p.nsplit == 1) {
+            const float v = acc * (1.0f / L);
+            const long long e = (long long)h * hs + d;
+            p.out[e] = v;
+            if (p.q8)
+                q8_1_block(v, p.q8 + e, p.q8ds + e / 32);
+        } else {
+            p.part[((long long)split * p.nHeads + h) * hs + d] = acc;
+        }
+    }
+    if (p.nsplit > 1 && threadIdx.x == 0) {
+        const long long prow = (long long)split * p.nHeads + h;
+        p.ml[2 * prow] = M;
+        p.ml[2 * prow + 1] = L;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attn_dec_e1(const AttnParams p) { PDL_ENTRY(); attn_dec<1>(p); }
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attn_dec_e2(const AttnParams p) { PDL_ENTRY(); attn_dec<2>(p); }
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attn_dec_e4(const AttnParams p) { PDL_ENTRY(); attn_dec<4>(p); }
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attn_dec_e8(const AttnParams p) { PDL_ENTRY(); attn_dec<8>(p); }
 
 // ---------------------------------------------------------------- tensor cores
 //
@@ -664,8 +860,8 @@ __device__ __forceinline__ void attn_mma(const AttnParams p)
 #define AM_MIN_BLOCKS_128 1
 #endif
 
-extern "C" __global__ void __launch_bounds__(AM_THREADS) attn_mma_d64(const AttnParams p) { attn_mma<64>(p); }
-extern "C" __global__ void __launch_bounds__(AM_THREADS, AM_MIN_BLOCKS_128) attn_mma_d128(const AttnParams p) { attn_mma<128>(p); }
+extern "C" __global__ void __launch_bounds__(AM_THREADS) attn_mma_d64(const AttnParams p) { PDL_ENTRY(); attn_mma<64>(p); }
+extern "C" __global__ void __launch_bounds__(AM_THREADS, AM_MIN_BLOCKS_128) attn_mma_d128(const AttnParams p) { PDL_ENTRY(); attn_mma<128>(p); }
 
 // attn_combine merges the nsplit partial results of each (token, head) row:
 // out = Σ_s O_s·exp(m_s − M) / Σ_s l_s·exp(m_s − M), M = max_s m_s. Splits
@@ -678,6 +874,7 @@ extern "C" __global__ void attn_combine(float *out, const float *part, const flo
                                         int nsplit, int nRows, int hs,
                                         signed char *q8, float2 *q8ds)
 {
+    PDL_ENTRY();
     const int row = blockIdx.x;
     if (row >= nRows)
         return;

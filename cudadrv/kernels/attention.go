@@ -17,17 +17,19 @@ type Attention struct {
 	combine *cudadrv.Function
 	attn    map[int]*cudadrv.Function // by values per lane: ceil(headSize/32)
 	mma     map[int]*cudadrv.Function // tensor-core prefill kernels by head size
+	dec     map[int]*cudadrv.Function // decode kernels by head size
 	// optin is the shared memory a block of the attention kernels may use
 	// (the device's opt-in limit, granted at load): decode takes larger
 	// tiles with it.
 	optin int
-	// simt forces the CUDA-core kernel for every launch (EnvAttention).
-	simt bool
+	// simt forces the CUDA-core kernel for every prefill launch, tiled
+	// attn_f16 for decode (EnvAttention).
+	simt, tiled bool
 }
 
-// EnvAttention set to "simt" makes every attention launch use the CUDA-core
-// kernel (attn_f16), also where the tensor-core one would run: for A/B
-// measurements of the two.
+// EnvAttention set to "simt" makes every prefill launch use the CUDA-core
+// kernel (attn_f16), also where the tensor-core one would run; "tile" makes
+// decode use attn_f16 instead of attn_dec: for A/B measurements of each.
 const EnvAttention = "ATS_GPU_ATTN"
 
 // NewAttention prepares attention.cu's kernels for the context's device;
@@ -37,8 +39,9 @@ func NewAttention(ctx *cudadrv.Context) (*Attention, error) {
 	if err != nil {
 		return nil, err
 	}
-	k := &Attention{attn: map[int]*cudadrv.Function{}, mma: map[int]*cudadrv.Function{},
-		optin: max(attnShared, optin), simt: os.Getenv(EnvAttention) == "simt"}
+	env := os.Getenv(EnvAttention)
+	k := &Attention{attn: map[int]*cudadrv.Function{}, mma: map[int]*cudadrv.Function{}, dec: map[int]*cudadrv.Function{},
+		optin: max(attnShared, optin), simt: env == "simt", tiled: env == "tile"}
 	if err := k.prepare(ctx, "attention", k.bind); err != nil {
 		return nil, err
 	}
@@ -74,6 +77,13 @@ func (k *Attention) bind(m *cudadrv.Module) error {
 			return err
 		}
 		k.mma[hs] = f
+	}
+	for _, hs := range attnDecHeadSizes {
+		f, err := m.Function(fmt.Sprintf("attn_dec_e%d", hs/32))
+		if err != nil {
+			return err
+		}
+		k.dec[hs] = f
 	}
 	return nil
 }
@@ -126,6 +136,9 @@ type AttnArgs struct {
 	// SIMT makes this launch use the CUDA-core kernel where the
 	// tensor-core one would apply (tests and benchmarks compare the two).
 	SIMT bool
+	// Tiled makes a decode launch use attn_f16 where attn_dec would
+	// apply (likewise).
+	Tiled bool
 
 	// Q8, when set, also receives Out in the Q8_1 layout of QuantizeQ8_1
 	// (Q8_1Bytes(NTok, NHeads*HeadSize); HeadSize % 32 == 0): the input of
@@ -262,6 +275,42 @@ func planAttentionMMA(a *AttnArgs, optin int) (attnMMAPlan, string) {
 	return p, ""
 }
 
+// The decode kernels (attn_dec_e* of attention.cu): head sizes 32*E, warps
+// a block.
+var attnDecHeadSizes = []int{32, 64, 128, 256}
+
+const attnDecThreads = 8 * 32
+
+// planAttentionDec says whether the decode kernel takes the launch a, or
+// why not: one query row, a head size it has, Tiled not asked for, caches
+// 16-byte aligned (vector loads). The reasons are constants, as
+// planAttentionMMA's.
+func planAttentionDec(a *AttnArgs) string {
+	switch {
+	case a.Tiled:
+		return "the tiled kernel was asked for"
+	case a.NTok != 1:
+		return "not decode"
+	case a.HeadSize != 32 && a.HeadSize != 64 && a.HeadSize != 128 && a.HeadSize != 256:
+		return "head size not 32, 64, 128 or 256"
+	case a.NKV <= 0 || a.NHeads%a.NKV != 0:
+		return "heads not a multiple of the KV heads"
+	case a.K%16 != 0 || a.V%16 != 0:
+		return "unaligned caches"
+	}
+	return ""
+}
+
+// Decode says whether Run takes the decode kernel attn_dec for a, and if
+// not, why.
+func (k *Attention) Decode(a *AttnArgs) (bool, string) {
+	if k.tiled {
+		return false, EnvAttention + "=tile"
+	}
+	why := planAttentionDec(a)
+	return why == "", why
+}
+
 // TensorCores says whether Run takes the tensor-core kernel for a, and if
 // not, why.
 func (k *Attention) TensorCores(a *AttnArgs) (bool, string) {
@@ -280,8 +329,9 @@ func (k *Attention) TensorCoreHeadSize(hs int) bool {
 }
 
 // Run queues the attention of a.NTok query rows: on the tensor cores for
-// prefill where planAttentionMMA allows it, else on the CUDA cores. With
-// a.Splits > 1 it queues the split kernel and the combine.
+// prefill where planAttentionMMA allows it, with attn_dec for decode where
+// planAttentionDec allows it, else with attn_f16. With a.Splits > 1 it
+// queues the split kernel and the combine.
 func (k *Attention) Run(s *cudadrv.Stream, a *AttnArgs) error {
 	if a.NTok == 0 {
 		return nil
@@ -291,30 +341,44 @@ func (k *Attention) Run(s *cudadrv.Stream, a *AttnArgs) error {
 			return k.runMMA(s, a, mp)
 		}
 	}
-	p, err := planAttention(a.NHeads, a.NKV, a.HeadSize, a.NTok, k.optin)
-	if err != nil {
-		return err
-	}
 	splits, chunk := a.Splits, a.Chunk
 	if splits <= 1 {
 		splits, chunk = 1, math.MaxInt32
 	} else if chunk <= 0 || a.Part == 0 || a.ML == 0 {
 		return fmt.Errorf("kernels: split attention needs a chunk size and scratch")
 	}
-	tb := attnRows / p.hb
-	grid := cudadrv.Dim3{X: uint32(cudadrv.Blocks(a.NTok, tb)), Y: uint32(a.NHeads / p.hb), Z: uint32(splits)}
 	q8, q8ds, err := attnQ8(a)
 	if err != nil {
 		return err
 	}
-	b := attnParams(a, p.hb, p.bk, p.tpr, chunk, splits, q8, q8ds)
-	if err := k.ready(); err != nil {
-		return err
-	}
-	if err := launch(k.attn[p.dpl], s, grid, cudadrv.D1(attnThreads), p.shared, func(args *cudadrv.Args) {
-		args.Bytes(b[:])
-	}); err != nil {
-		return err
+	if !k.tiled && planAttentionDec(a) == "" {
+		// Decode: a block per head and split.
+		b := attnParams(a, 1, 0, 0, chunk, splits, q8, q8ds)
+		if err := k.ready(); err != nil {
+			return err
+		}
+		grid := cudadrv.Dim3{X: 1, Y: uint32(a.NHeads), Z: uint32(splits)}
+		if err := launch(k.dec[a.HeadSize], s, grid, cudadrv.D1(attnDecThreads), 0, func(args *cudadrv.Args) {
+			args.Bytes(b[:])
+		}); err != nil {
+			return err
+		}
+	} else {
+		p, err := planAttention(a.NHeads, a.NKV, a.HeadSize, a.NTok, k.optin)
+		if err != nil {
+			return err
+		}
+		tb := attnRows / p.hb
+		grid := cudadrv.Dim3{X: uint32(cudadrv.Blocks(a.NTok, tb)), Y: uint32(a.NHeads / p.hb), Z: uint32(splits)}
+		b := attnParams(a, p.hb, p.bk, p.tpr, chunk, splits, q8, q8ds)
+		if err := k.ready(); err != nil {
+			return err
+		}
+		if err := launch(k.attn[p.dpl], s, grid, cudadrv.D1(attnThreads), p.shared, func(args *cudadrv.Args) {
+			args.Bytes(b[:])
+		}); err != nil {
+			return err
+		}
 	}
 	if splits == 1 {
 		return nil

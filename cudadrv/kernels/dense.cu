@@ -10,6 +10,19 @@
 // with shuffles, once per token; the weight row stays in L1/L2 across the
 // tokens. Blocks of 4 warps, grid-stride over rows.
 
+// PDL_ENTRY starts every kernel: under programmatic dependent launch
+// (cudadrv Stream.SetProgrammatic, CC 9.0 and later) a kernel's blocks may
+// be scheduled while the kernel before it still runs; griddepcontrol.wait
+// returns once the kernels before have completed and their writes are
+// visible, and launch_dependents then lets the next kernel's blocks be
+// scheduled. Launched without it, wait returns at once. Older
+// architectures have neither instruction.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_ENTRY() do { } while (0)
+#endif
+
 __device__ __forceinline__ float warp_sum(float v)
 {
     for (int o = 16; o > 0; o >>= 1)
@@ -22,6 +35,7 @@ __device__ __forceinline__ float warp_sum(float v)
 extern "C" __global__ void dense_matmul_f32(float *out, const float *W, const float *x,
                                             int rows, int cols, int nTok, int ldOut)
 {
+    PDL_ENTRY();
     const int lane = threadIdx.x & 31;
     const long long nw = (long long)gridDim.x * (blockDim.x >> 5);
     for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; r < rows; r += nw) {
@@ -50,6 +64,7 @@ extern "C" __global__ void dense_matmul_f32(float *out, const float *W, const fl
 extern "C" __global__ void dense_matmul_f32_t8(float *out, const float *W, const float *x,
                                                int rows, int cols, int nTok, int ldOut)
 {
+    PDL_ENTRY();
     const int lane = threadIdx.x & 31;
     const long long r = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     const int t0 = blockIdx.y * DENSE_TT;
@@ -97,6 +112,7 @@ extern "C" __global__ void dense_matmul_f32_t8(float *out, const float *W, const
 extern "C" __global__ void dense_get_rows_f32(float *out, const float *W, const int *ids,
                                               int cols, int nTok)
 {
+    PDL_ENTRY();
     const long long n = (long long)nTok * cols;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -113,6 +129,7 @@ extern "C" __global__ void dense_moe_matmul_f32(float *out, const float *W, cons
                                                 int perSlot, const int *ids,
                                                 int rows, int cols, int nTok, int k)
 {
+    PDL_ENTRY();
     const int lane = threadIdx.x & 31;
     const long long nw = (long long)gridDim.x * (blockDim.x >> 5);
     const long long total = (long long)nTok * k * rows;

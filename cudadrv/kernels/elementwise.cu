@@ -8,8 +8,22 @@
 //   - grid-stride loops, so any grid size is correct and the launcher can
 //     cap the grid.
 
+// PDL_ENTRY starts every kernel: under programmatic dependent launch
+// (cudadrv Stream.SetProgrammatic, CC 9.0 and later) a kernel's blocks may
+// be scheduled while the kernel before it still runs; griddepcontrol.wait
+// returns once the kernels before have completed and their writes are
+// visible, and launch_dependents then lets the next kernel's blocks be
+// scheduled. Launched without it, wait returns at once. Older
+// architectures have neither instruction.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_ENTRY() do { } while (0)
+#endif
+
 extern "C" __global__ void add_f32(float *dst, const float *a, const float *b, long long n)
 {
+    PDL_ENTRY();
     // No __restrict__: dst may alias a or b (in-place accumulation).
     long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
@@ -18,6 +32,7 @@ extern "C" __global__ void add_f32(float *dst, const float *a, const float *b, l
 
 extern "C" __global__ void scale_f32(float *dst, const float *src, float s, long long n)
 {
+    PDL_ENTRY();
     long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         dst[i] = src[i] * s;
@@ -30,6 +45,7 @@ extern "C" __global__ void scale_f32(float *dst, const float *src, float s, long
 // 16-byte aligned: float4 loads and stores, the scalar tail after.
 extern "C" __global__ void copy_f32(float *__restrict__ dst, const float *__restrict__ src, long long n)
 {
+    PDL_ENTRY();
     long long stride = (long long)gridDim.x * blockDim.x;
     long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long head = 0;

@@ -6,6 +6,19 @@
 // Thread mapping: grid-stride over rows*width output elements; consecutive
 // threads take consecutive columns of a row (coalesced).
 
+// PDL_ENTRY starts every kernel: under programmatic dependent launch
+// (cudadrv Stream.SetProgrammatic, CC 9.0 and later) a kernel's blocks may
+// be scheduled while the kernel before it still runs; griddepcontrol.wait
+// returns once the kernels before have completed and their writes are
+// visible, and launch_dependents then lets the next kernel's blocks be
+// scheduled. Launched without it, wait returns at once. Older
+// architectures have neither instruction.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_ENTRY() do { } while (0)
+#endif
+
 // silu is x * sigmoid(x) as ops.SiLU computes it: x / (1 + exp(-x)). expf
 // (not the fast __expf) keeps it within an ulp or two of the CPU's double
 // exponential.
@@ -21,6 +34,7 @@ __device__ __forceinline__ float silu(float x)
 extern "C" __global__ void swiglu_f32(float *out, const float *gate, const float *up,
                                       int width, int ld, long long rows)
 {
+    PDL_ENTRY();
     const long long n = rows * width;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
@@ -33,6 +47,7 @@ extern "C" __global__ void swiglu_f32(float *out, const float *gate, const float
 // add_bias_f32: x[r][c] += b[c] for c < width, r < rows.
 extern "C" __global__ void add_bias_f32(float *x, const float *b, int width, long long rows)
 {
+    PDL_ENTRY();
     const long long n = rows * width;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
@@ -49,6 +64,7 @@ extern "C" __global__ void swiglu_q8_1(float *out, const float *gate, const floa
                                        int width, int ld, long long rows,
                                        signed char *q, float2 *ds)
 {
+    PDL_ENTRY();
     const long long n = rows * width;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i0 = (long long)blockIdx.x * blockDim.x; i0 < n; i0 += stride) {

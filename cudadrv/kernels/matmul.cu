@@ -42,6 +42,19 @@
 // is {expert, start, count}: rows start..start+count-1 of the gathered
 // activations, results scattered to out rows perm[start+i].
 
+// PDL_ENTRY starts every kernel: under programmatic dependent launch
+// (cudadrv Stream.SetProgrammatic, CC 9.0 and later) a kernel's blocks may
+// be scheduled while the kernel before it still runs; griddepcontrol.wait
+// returns once the kernels before have completed and their writes are
+// visible, and launch_dependents then lets the next kernel's blocks be
+// scheduled. Launched without it, wait returns at once. Older
+// architectures have neither instruction.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_ENTRY() do { } while (0)
+#endif
+
 typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -560,6 +573,7 @@ __device__ __forceinline__ void get_rows_body(const u8 *__restrict__ W, long lon
     extern "C" __global__ void get_rows_##NAME(const u8 *W, long long rowBytes, int cols, const int *ids, int n, \
                                                float *out, long long ldOut)                                    \
     {                                                                                                          \
+        PDL_ENTRY();                                                                                           \
         get_rows_body<T>(W, rowBytes, cols, ids, n, out, ldOut);                                               \
     }
 
@@ -573,6 +587,7 @@ extern "C" __global__ void convert_f16(const float *__restrict__ x, long long ld
                                        const int *__restrict__ perm, int actDiv, int nrows, u32 *__restrict__ xh,
                                        int ldh)
 {
+    PDL_ENTRY();
     const int pairs = ldh >> 1;
     const long long total = (long long)nrows * pairs;
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total;
@@ -600,6 +615,7 @@ extern "C" __global__ void convert_f16(const float *__restrict__ x, long long ld
 extern "C" __global__ void moe_group(const int *__restrict__ ids, int nslots, int nexpert, int bn,
                                      int *__restrict__ perm, int4 *__restrict__ tiles, int *__restrict__ ntiles)
 {
+    PDL_ENTRY();
     extern __shared__ int sh[];
     int *cnt = sh, *off = sh + nexpert, *toff = sh + 2 * nexpert;
     for (int e = threadIdx.x; e < nexpert; e += blockDim.x)
@@ -909,6 +925,7 @@ __device__ __forceinline__ void mm_body(const u8 *__restrict__ W, long long rowB
                      long long ldOut, const u8 *W1, float *out1, long long ldOut1, int rows1, int tile1,          \
                      const u8 *W2, float *out2, long long ldOut2, int rows2, int tile2)                            \
     {                                                                                                             \
+        PDL_ENTRY();                                                                                              \
         int rt = blockIdx.x, seg = 0;                                                                             \
         if (rt >= tile2) {                                                                                        \
             W = W2, rows = rows2, rt -= tile2, seg = 2;                                                           \

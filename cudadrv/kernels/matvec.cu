@@ -56,6 +56,19 @@
 // share that token's input, 1 when each slot has its own), its output row p.
 // Dense launches have ids == NULL and grid.y == 1.
 
+// PDL_ENTRY starts every kernel: under programmatic dependent launch
+// (cudadrv Stream.SetProgrammatic, CC 9.0 and later) a kernel's blocks may
+// be scheduled while the kernel before it still runs; griddepcontrol.wait
+// returns once the kernels before have completed and their writes are
+// visible, and launch_dependents then lets the next kernel's blocks be
+// scheduled. Launched without it, wait returns at once. Older
+// architectures have neither instruction.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_ENTRY() do { } while (0)
+#endif
+
 typedef unsigned char u8;
 typedef unsigned short u16;
 typedef unsigned int u32;
@@ -857,6 +870,7 @@ template <int T> struct FloatOp {
 #define MV_KERNEL(NAME, OP, NTOK, R, MINB)                                                        \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, MINB) NAME(const MvArgs a) \
     {                                                                                         \
+        PDL_ENTRY();                                                                          \
         mv_drive<OP, NTOK, R>(a);                                                             \
     }
 
@@ -878,6 +892,7 @@ template <int T> struct FloatOp {
 #define MVK_KERNEL(NAME, T, NTOK, R, MINB)                                                        \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, MINB) NAME(const MvArgs a) \
     {                                                                                         \
+        PDL_ENTRY();                                                                          \
         mv_direct_k4<T, NTOK, R>(a);                                                          \
     }
 #define MVK_ALL(NAME, T, MINB1, MINB2)                             \
@@ -910,6 +925,7 @@ MVQ_BENCH(q8_0, T_Q8_0)
 extern "C" __global__ void quantize_q8_1(const float *__restrict__ x, long long ldx, int ntok, int cols,
                                          i8 *__restrict__ q, float2 *__restrict__ ds)
 {
+    PDL_ENTRY();
     const int lane = threadIdx.x & 31;
     const int nb = cols >> 5;
     const long long total = (long long)ntok * nb;

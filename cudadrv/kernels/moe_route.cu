@@ -14,12 +14,26 @@
 // The ids and weights go to device memory, where the expert-product
 // kernels read them; nothing returns to the host.
 
+// PDL_ENTRY starts every kernel: under programmatic dependent launch
+// (cudadrv Stream.SetProgrammatic, CC 9.0 and later) a kernel's blocks may
+// be scheduled while the kernel before it still runs; griddepcontrol.wait
+// returns once the kernels before have completed and their writes are
+// visible, and launch_dependents then lets the next kernel's blocks be
+// scheduled. Launched without it, wait returns at once. Older
+// architectures have neither instruction.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_ENTRY() do { } while (0)
+#endif
+
 #define MOE_MAX_EXPERTS 256
 #define MOE_PER_LANE (MOE_MAX_EXPERTS / 32)
 
 extern "C" __global__ void moe_route(const float *logits, int ne, int k, int norm,
                                      int *ids, float *weights, int nTok)
 {
+    PDL_ENTRY();
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     const int lane = threadIdx.x & 31;
     if (warp >= nTok)
@@ -98,6 +112,7 @@ extern "C" __global__ void moe_route(const float *logits, int ne, int k, int nor
 extern "C" __global__ void moe_weighted_sum(float *out, const float *y, const float *w,
                                             int width, int k, int nTok)
 {
+    PDL_ENTRY();
     const long long n = (long long)nTok * width;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {

@@ -14,6 +14,19 @@
 // keeps it in float64); the difference is a few units in the last place of
 // the scale.
 
+// PDL_ENTRY starts every kernel: under programmatic dependent launch
+// (cudadrv Stream.SetProgrammatic, CC 9.0 and later) a kernel's blocks may
+// be scheduled while the kernel before it still runs; griddepcontrol.wait
+// returns once the kernels before have completed and their writes are
+// visible, and launch_dependents then lets the next kernel's blocks be
+// scheduled. Launched without it, wait returns at once. Older
+// architectures have neither instruction.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_ENTRY() do { } while (0)
+#endif
+
 // warp_sum returns the sum of v over the 32 lanes of the warp, in every lane.
 __device__ __forceinline__ float warp_sum(float v)
 {
@@ -49,6 +62,7 @@ __device__ __forceinline__ float rms_scale(float sumsq, int ncols, float eps)
 extern "C" __global__ void rms_norm_f32(float *dst, const float *src, const float *w,
                                         int ncols, float eps, long long nrows)
 {
+    PDL_ENTRY();
     __shared__ float red[32];
     for (long long r = blockIdx.x; r < nrows; r += gridDim.x) {
         const float *x = src + r * ncols;
@@ -74,6 +88,7 @@ extern "C" __global__ void add_rms_norm_f32(float *sum, const float *a, const fl
                                             float *dst, const float *w,
                                             int ncols, float eps, long long nrows)
 {
+    PDL_ENTRY();
     __shared__ float red[32];
     for (long long r = blockIdx.x; r < nrows; r += gridDim.x) {
         const long long o = r * ncols;
@@ -344,6 +359,7 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_ex(float *sum, const
                                                                signed char *q, float2 *ds,
                                                                int cols, float eps, long long rows)
 {
+    PDL_ENTRY();
     rms_norm_ex_body<false>(sum, a, b, y, yw, k, bout, dst, w, q, ds, cols, eps, rows);
 }
 
@@ -353,5 +369,6 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_ex_moe(float *sum, c
                                                                    signed char *q, float2 *ds,
                                                                    int cols, float eps, long long rows)
 {
+    PDL_ENTRY();
     rms_norm_ex_body<true>(sum, a, b, y, yw, k, bout, dst, w, q, ds, cols, eps, rows);
 }

@@ -21,6 +21,19 @@
 // pair's frequency factor (when given) and multiplied by freq_scale, and
 // cos/sin are taken in double and rounded to float.
 
+// PDL_ENTRY starts every kernel: under programmatic dependent launch
+// (cudadrv Stream.SetProgrammatic, CC 9.0 and later) a kernel's blocks may
+// be scheduled while the kernel before it still runs; griddepcontrol.wait
+// returns once the kernels before have completed and their writes are
+// visible, and launch_dependents then lets the next kernel's blocks be
+// scheduled. Launched without it, wait returns at once. Older
+// architectures have neither instruction.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define PDL_ENTRY() asm volatile("griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;" ::: "memory")
+#else
+#define PDL_ENTRY() do { } while (0)
+#endif
+
 __device__ __forceinline__ float warp_sum(float v)
 {
     for (int o = 16; o > 0; o >>= 1)
@@ -59,6 +72,7 @@ extern "C" __global__ void rope_norm_f32(float *x0, int heads0, const float *w0,
                                          int store, unsigned short *kc, unsigned short *vc,
                                          const float *vv)
 {
+    PDL_ENTRY();
     __shared__ float cs[ROPE_MAX_PAIRS], sn[ROPE_MAX_PAIRS];
     const int t = blockIdx.x;
     if (t >= nTok)

@@ -103,6 +103,14 @@ type Config struct {
 // launch is then queued one by one), for profiling and debugging.
 const EnvGPUGraphs = "ATS_GPU_GRAPHS"
 
+// EnvGPUPDL set to "0" turns off programmatic dependent launch on the
+// compute stream (cudadrv Stream.SetProgrammatic; devices of compute
+// capability 9.0 and later), for A/B measurements: with it, each kernel's
+// blocks are scheduled while the kernel before finishes, and wait for it
+// on the device (every kernel of cudadrv/kernels starts with that wait),
+// which takes part of each launch's fixed latency off a decode step.
+const EnvGPUPDL = "ATS_GPU_PDL"
+
 // bufSpec is one carve of the arena.
 type bufSpec struct {
 	name  string
@@ -315,6 +323,7 @@ func New(dev *Device, w WeightOps, p *ir.Program, cfg Config) (g *Exec, err erro
 	if g.s, err = dev.ctx.NewStream(cudadrv.StreamNonBlocking, 0); err != nil {
 		return nil, fmt.Errorf("gpu: %w", err)
 	}
+	g.s.SetProgrammatic(os.Getenv(EnvGPUPDL) != "0")
 	if g.st.bytes > 0 {
 		if g.cs, err = dev.ctx.NewStream(cudadrv.StreamNonBlocking, 0); err != nil {
 			return nil, fmt.Errorf("gpu: %w", err)

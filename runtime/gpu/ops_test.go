@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"testing"
 	"unsafe"
@@ -82,20 +83,25 @@ func bytesOf[T any](v []T) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), len(v)*int(unsafe.Sizeof(v[0])))
 }
 
-// up copies v to a new device buffer.
+// up copies v to a new device buffer, in the order of the case's stream:
+// a synchronous copy from pageable memory may return before its DMA lands,
+// and the legacy stream it runs on does not order the case's non-blocking
+// stream (the copy stages v before it returns).
 func up[T any](g *gpuT, v []T) cudadrv.DevicePtr {
 	b := bytesOf(v)
 	p := g.alloc(len(b))
-	if err := g.dev.ctx.CopyHtoD(p, b); err != nil {
+	if err := g.s.CopyHtoD(p, b); err != nil {
 		g.t.Fatal(err)
 	}
 	return p
 }
 
-// poison allocates n float32 (or int32) slots filled with a NaN pattern.
+// poison allocates n float32 (or int32) slots filled with a NaN pattern,
+// in the case's stream's order (a memset on the legacy stream could land
+// after a kernel of the case's stream wrote the buffer).
 func (g *gpuT) poison(n int) cudadrv.DevicePtr {
 	p := g.alloc(4 * n)
-	if err := g.dev.ctx.MemsetD32(p, 0x7fc00bad, n); err != nil {
+	if err := g.s.MemsetD32(p, 0x7fc00bad, n); err != nil {
 		g.t.Fatal(err)
 	}
 	return p
@@ -152,6 +158,50 @@ func TestGPUOps(t *testing.T) {
 		s := seed
 		t.Run(name, func(t *testing.T) { f(newGPUT(t, dev, s)) })
 	}
+
+	// Programmatic dependent launch (cudadrv Stream.SetProgrammatic, the
+	// compute stream's mode on CC 9.0+): a chain of 128 kernels, each
+	// reading what the one before wrote, launched eagerly and replayed from
+	// a graph. A kernel whose griddepcontrol.wait came too late would read
+	// x before the previous kernel's write and lose a term: exact sums.
+	run("programmatic/chain", func(g *gpuT) {
+		if !g.s.SetProgrammatic(true) {
+			g.t.Skip("no programmatic dependent launch on this device or driver")
+		}
+		const n, steps = 300007, 64
+		x, y := g.randn(n, 1), g.randn(n, 1)
+		dx, dy := up(g, x), up(g, y)
+		chain := func() error {
+			for range steps {
+				if err := errors.Join(dev.elem.AddF32(g.s, dx, dx, dy, n), dev.elem.ScaleF32(g.s, dx, dx, 1, n)); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		want := append([]float32(nil), x...)
+		sums := func() {
+			for range steps {
+				for i := range want {
+					want[i] += y[i]
+				}
+			}
+		}
+		g.check(chain())
+		sums()
+		expectClose(g.t, "eager chain", down[float32](g, dx, n), want, 0)
+		graph, err := g.s.Capture(cudadrv.CaptureRelaxed, chain)
+		g.check(err)
+		defer graph.Destroy()
+		ge, err := graph.Instantiate(0)
+		g.check(err)
+		defer ge.Destroy()
+		for range 3 {
+			g.check(ge.Launch(g.s))
+			sums()
+		}
+		expectClose(g.t, "replayed chain", down[float32](g, dx, n), want, 0)
+	})
 
 	// rms_norm: rows × cols, with and without a weight, in place.
 	for _, c := range []struct {
@@ -408,7 +458,11 @@ func TestGPUOps(t *testing.T) {
 	// positions off the kernel's 64-position tiles, GQA groups 1, 3, 4, 5
 	// and 8, prompts continued from a cache (pos0 > 0). Wherever the
 	// tensor-core kernel runs, the CUDA-core kernel runs the case too
-	// (AttnArgs.SIMT), both against the CPU op.
+	// (AttnArgs.SIMT), both against the CPU op. Likewise decode: where the
+	// decode kernel (attn_dec, head sizes 32, 64, 128, 256) runs, the tiled
+	// kernel (AttnArgs.Tiled) runs the case too. Decode cases: first
+	// position, a warp's run of 8 cut short, more positions than one pass
+	// of the block's 64, splits with empty ones, each head size.
 	//
 	// Bound, NMSE 1e-6 for both kernels: Q is rounded to f16 on both sides
 	// alike and K, V are the same f16 cache, so none of those differ; scores
@@ -438,6 +492,16 @@ func TestGPUOps(t *testing.T) {
 		{2, 10, 8, 2, 64, 0, false},        // 8 rows a block: 16 threads a row
 		{1, 300, 16, 1, 256, 0, false},     // decode, 16 heads a block, big tile
 		{1, 63, 40, 8, 128, 0, false},      // decode without splits (tg64's cache)
+		{1, 0, 32, 4, 128, 0, false},       // decode: Qwen3-30B-A3B's heads, first position
+		{1, 12, 32, 4, 128, 0, false},      // 13 positions: warp 1's run cut short
+		{1, 64, 32, 4, 128, 0, false},      // 65 positions: a second pass of the block
+		{1, 100, 32, 4, 128, 128, false},   // two splits of 64 and the combine
+		{1, 5000, 32, 4, 128, 8192, false}, // many splits, the last ones empty
+		{1, 333, 40, 8, 128, 0, false},     // Qwen3-14B's heads, one long pass
+		{1, 90, 8, 8, 32, 0, false},        // head size 32 (MHA)
+		{1, 517, 12, 3, 64, 2048, false},   // head size 64, split
+		{1, 70, 8, 2, 256, 0, false},       // head size 256
+		{1, 41, 6, 6, 96, 0, false},        // head size 96: the tiled kernel
 		// Tensor-core prefill.
 		{5, 37, 32, 4, 128, 0, true},    // group 8: 5 tokens x 8 heads fill 40 rows
 		{33, 0, 8, 8, 64, 0, true},      // MHA, odd count, a second tile of 1 row
@@ -481,21 +545,34 @@ func TestGPUOps(t *testing.T) {
 			if c.mma != mma && dev.attn.TensorCoreHeadSize(c.hs) {
 				g.t.Fatalf("tensor-core kernel taken: %v, want %v (%s)", mma, c.mma, why)
 			}
-			kinds := []bool{false} // SIMT
+			dec, whyDec := dev.attn.Decode(&args)
+			if wantDec := c.nTok == 1 && c.hs%32 == 0 && c.hs != 96 && c.hs <= 256; dec != wantDec && os.Getenv(kernels.EnvAttention) != "tile" {
+				g.t.Fatalf("decode kernel taken: %v, want %v (%s)", dec, wantDec, whyDec)
+			}
+			type kind struct{ simt, tiled bool }
+			kinds := []kind{{}}
 			if mma {
-				kinds = []bool{false, true}
+				kinds = append(kinds, kind{simt: true})
 			} else if why != "" {
 				g.t.Logf("CUDA-core kernel: %s", why)
 			}
-			for _, simt := range kinds {
+			if dec {
+				kinds = append(kinds, kind{tiled: true})
+			}
+			for _, kd := range kinds {
 				name := "attention (tensor cores)"
-				if simt {
+				switch {
+				case kd.simt:
 					name = "attention (forced CUDA cores)"
-				} else if !mma {
+				case kd.tiled:
+					name = "attention (tiled, forced)"
+				case dec:
+					name = "attention (decode kernel)"
+				case !mma:
 					name = "attention (CUDA cores)"
 				}
 				args := args
-				args.SIMT = simt
+				args.SIMT, args.Tiled = kd.simt, kd.tiled
 				args.Out = g.poison(len(q))
 				if c.hs%32 == 0 {
 					args.Q8 = g.alloc(kernels.Q8_1Bytes(c.nTok, c.heads*c.hs))
