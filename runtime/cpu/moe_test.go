@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -110,6 +111,44 @@ func TestRouteMatchesStableSort(t *testing.T) {
 				if choice[j] != idx[j] || weight[j] != w {
 					t.Fatalf("trial %d (%d experts, top %d, norm %v): slot %d chose %d (%g), the sort %d (%g)", trial, ne, k, norm, j, choice[j], weight[j], idx[j], w)
 				}
+			}
+		}
+	}
+}
+
+// topK's one pass chooses what the selection does, on any values but NaN
+// (infinities, signed zeros, many ties), and declines when there is a NaN.
+func TestTopKMatchesSelection(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	specials := []float32{float32(math.Inf(1)), float32(math.Inf(-1)), 0, float32(math.Copysign(0, -1)), float32(math.NaN())}
+	for trial := range 2000 {
+		ne := 1 + rng.IntN(160)
+		k := 1 + rng.IntN(ne)
+		p := make([]float32, ne)
+		nan := false
+		for i := range p {
+			p[i] = float32(rng.IntN(5))
+			if trial%2 == 1 {
+				p[i] = float32(rng.NormFloat64())
+			}
+			if rng.IntN(20) == 0 {
+				p[i] = specials[rng.IntN(len(specials))]
+			}
+			nan = nan || p[i] != p[i]
+		}
+		choice, weight := make([]int, k), make([]float32, k)
+		ok := topK(p, k, choice, weight)
+		if ok == nan {
+			t.Fatalf("trial %d: topK says %v with NaN %v", trial, ok, nan)
+		}
+		if !ok {
+			continue
+		}
+		wantC, wantW := make([]int, k), make([]float32, k)
+		selectTopK(p, k, wantC, wantW, make([]int, ne))
+		for j := range k {
+			if choice[j] != wantC[j] || math.Float32bits(weight[j]) != math.Float32bits(wantW[j]) {
+				t.Fatalf("trial %d (%d values, top %d): slot %d is %d (%g), the selection's %d (%g)", trial, ne, k, j, choice[j], weight[j], wantC[j], wantW[j])
 			}
 		}
 	}

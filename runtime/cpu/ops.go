@@ -169,6 +169,7 @@ type moeScratch struct {
 	probs   []float32 // [n][nExpert] router output
 	choice  []int     // [n][topK] chosen experts
 	weight  []float32 // [n][topK] their weights
+	idx     []int     // [nExpert] Route's scratch
 	in      []float32 // [cnt][nEmbd] gathered rows for one expert
 	gate    []float32 // [cnt][nFF]
 	up      []float32 // [cnt][nFF]
@@ -256,6 +257,9 @@ func (s *moeScratch) grow(batch int, op *ir.Op) {
 	}
 	s.probs = fit(s.probs, batch*ne)
 	s.weight = fit(s.weight, batch*k)
+	if len(s.idx) < ne {
+		s.idx = make([]int, ne)
+	}
 	if len(s.choice) < batch*k {
 		s.choice = make([]int, batch*k)
 	}
@@ -276,14 +280,55 @@ func (s *moeScratch) grow(batch int, op *ir.Op) {
 // norm is set. idx is scratch of len(p).
 func Route(p []float32, k int, norm bool, choice []int, weight []float32, idx []int) {
 	ops.Softmax(p)
-	// The k largest by selection (k is a few of many experts): each pass
-	// takes the largest not yet taken, the lowest id among equals, which
-	// is the order a stable sort by decreasing probability gives. idx
-	// marks the taken ones.
+	if !topK(p, k, choice, weight) {
+		selectTopK(p, k, choice, weight, idx)
+	}
+	var sum float32
+	for j := 0; j < k; j++ {
+		sum += weight[j]
+	}
+	if norm {
+		for j := 0; j < k; j++ {
+			weight[j] /= sum
+		}
+	}
+}
+
+// topK puts the k largest of p into weight, and their ids into choice,
+// in the order a stable sort by decreasing value gives (ties: the lower id
+// first). One pass keeps the best so far sorted: most values are below the
+// k-th and cost one comparison, where a selection pass per expert costs
+// k·len(p) unpredictable branches (microseconds at decode, per layer). Each
+// new value goes after the equal ones, whose ids are lower, as a stable
+// sort puts them. It returns false when p holds a NaN, which has no place
+// in that order (choice and weight are then undefined).
+func topK(p []float32, k int, choice []int, weight []float32) bool {
+	n := 0 // the best so far: weight[:n]
+	for i, v := range p {
+		if v != v {
+			return false
+		}
+		if n == k && !(v > weight[k-1]) {
+			continue
+		}
+		j := min(n, k-1) // when full, the last one drops out
+		for j > 0 && weight[j-1] < v {
+			weight[j], choice[j] = weight[j-1], choice[j-1]
+			j--
+		}
+		weight[j], choice[j] = v, i
+		n = min(n+1, k)
+	}
+	return true
+}
+
+// selectTopK is topK by selection, for any values: each pass takes the
+// largest not yet taken, the lowest id among equals (NaN never compares
+// larger). idx marks the taken ones.
+func selectTopK(p []float32, k int, choice []int, weight []float32, idx []int) {
 	for i := range idx {
 		idx[i] = 0
 	}
-	var sum float32
 	for j := 0; j < k; j++ {
 		best := -1
 		for i, v := range p {
@@ -294,12 +339,6 @@ func Route(p []float32, k int, norm bool, choice []int, weight []float32, idx []
 		idx[best] = 1
 		choice[j] = best
 		weight[j] = p[best]
-		sum += p[best]
-	}
-	if norm {
-		for j := 0; j < k; j++ {
-			weight[j] /= sum
-		}
 	}
 }
 
@@ -312,9 +351,8 @@ func (b *Backend) moeFFN(op *ir.Op, n int) {
 	t0 := b.lapStart()
 	op.W.Mat.Mul(b.pool, b.bufs[op.In][:n*emb], n, s.probs, ne, b.scratch)
 	t0 = b.lap(n, "moe > router", t0)
-	idx := make([]int, ne)
 	for t := 0; t < n; t++ {
-		Route(s.probs[t*ne:(t+1)*ne], k, op.NormTopK, s.choice[t*k:(t+1)*k], s.weight[t*k:(t+1)*k], idx)
+		Route(s.probs[t*ne:(t+1)*ne], k, op.NormTopK, s.choice[t*k:(t+1)*k], s.weight[t*k:(t+1)*k], s.idx[:ne])
 	}
 	b.lap(n, "moe > top-k", t0)
 	if gate0 := op.Gate.Stack[0]; n*k <= maxMoESlots && op.Up.Stack[0].Kernel.ActType == gate0.Kernel.ActType {
