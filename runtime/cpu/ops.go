@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/atsinfer/ats/ops"
 	"github.com/atsinfer/ats/runtime/ir"
@@ -176,22 +177,36 @@ type moeScratch struct {
 	down    []float32 // [cnt][nEmbd]
 	results []float32 // [n][topK][nEmbd] weighted expert outputs
 	downAct []byte    // moeSlots: the slots' down inputs, quantized
-	// moeSlots' argument lists, kept to spare allocations.
-	mats []ops.Matrix
-	xqs  [][]byte
-	outs [][]float32
-	lds  []int
+	// left counts, per slot, the row groups of its gate and up products
+	// not yet computed in moeSlots' first phase.
+	left [maxMoESlots]atomic.Int32
 }
 
 // maxMoESlots is the most (token, expert) pairs moeSlots takes: decode
 // and small batches, where each expert has one or two tokens.
 const maxMoESlots = 32
 
+// moeChunkBytes is about the weight bytes of one chunk of moeSlots' work
+// handed to a thread (ops' chunkBytes): some microseconds of work against
+// a hand-off of about one.
+const moeChunkBytes = 64 << 10
+
 // moeSlots is the MoE FFN of a few tokens: every chosen (token, expert)
-// pair is a slot, and the pairs' gate and up products run in one
-// dispatch over the pool, their down products in another, instead of
-// several dispatches per expert. Each slot's arithmetic is that of the
-// expert loop (the same quantized rows through the same kernels), so the
+// pair is a slot. At decode a layer's experts are only a few hundred
+// microseconds of work, so what costs is each dispatch and barrier over the
+// pool (microseconds at 16 threads) and every serial stretch between them,
+// the more so as the slots' rows were written by other cores and must be
+// fetched from their caches. So the work runs in two dispatches:
+//
+//   - the slots' gate and up products, split in groups of rows; the thread
+//     that computes a slot's last group applies SwiGLU to the slot and
+//     quantizes it for the down product, while the others go on;
+//   - the down products and the weighted sum, split by output row: a thread
+//     owns rows [r0, r1) of every slot's down product and adds them into
+//     the output there, from its own cache.
+//
+// Each slot's arithmetic is that of the expert loop (the same quantized
+// rows through the same kernels, the weighted sum in slot order), so the
 // results are identical.
 func (b *Backend) moeSlots(op *ir.Op, n int) {
 	s := &b.moe
@@ -199,51 +214,68 @@ func (b *Backend) moeSlots(op *ir.Op, n int) {
 	gate0, down0 := op.Gate.Stack[0], op.Down.Stack[0]
 	emb, ff := gate0.Cols, gate0.Rows
 	slots := n * k
+	const rg = ops.RowGroup
 	t0 := b.lapStart()
 	xq := gate0.QuantizeActs(b.pool, b.bufs[op.In][:n*emb], n, b.scratch)
 	ab := gate0.Kernel.ActRowBytes(emb)
-	s.mats, s.xqs, s.outs, s.lds = s.mats[:0], s.xqs[:0], s.outs[:0], s.lds[:0]
-	for i := 0; i < slots; i++ {
-		e, x := s.choice[i], xq[i/k*ab:(i/k+1)*ab]
-		s.mats = append(s.mats, op.Gate.Stack[e], op.Up.Stack[e])
-		s.xqs = append(s.xqs, x, x)
-		s.outs = append(s.outs, s.gate[i*ff:(i+1)*ff], s.up[i*ff:(i+1)*ff])
-		s.lds = append(s.lds, ff, ff)
-	}
-	ops.MulQEach(b.pool, s.mats, s.xqs, 1, s.outs, s.lds)
-	t0 = b.lap(n, "moe > gate+up", t0)
-	ops.SwiGLU(s.gate[:slots*ff], s.gate[:slots*ff], s.up[:slots*ff])
-	xd := down0.QuantizeActs(b.pool, s.gate[:slots*ff], slots, s.downAct)
-	t0 = b.lap(n, "moe > swiglu, quantize", t0)
 	db := down0.Kernel.ActRowBytes(ff)
-	s.mats, s.xqs, s.outs, s.lds = s.mats[:0], s.xqs[:0], s.outs[:0], s.lds[:0]
-	for i := 0; i < slots; i++ {
-		s.mats = append(s.mats, op.Down.Stack[s.choice[i]])
-		s.xqs = append(s.xqs, xd[i*db:(i+1)*db])
-		s.outs = append(s.outs, s.down[i*emb:(i+1)*emb])
-		s.lds = append(s.lds, emb)
+	xd := s.downAct[:slots*db]
+
+	// Gate and up: slot i's units are its gate's row groups [0, g), then
+	// its up's [g, 2g).
+	g := (ff + rg - 1) / rg
+	for i := range slots {
+		s.left[i].Store(int32(2 * g))
 	}
-	ops.MulQEach(b.pool, s.mats, s.xqs, 1, s.outs, s.lds)
-	t0 = b.lap(n, "moe > down", t0)
-	// Each token's output is its slots' products times their weights,
-	// added in slot order (moeSum's arithmetic, in one pass: the
-	// conversions keep every product rounded before its add, as there).
-	for t := 0; t < n; t++ {
-		out := b.row(op.Out, t)
-		d0, w0 := s.down[t*k*emb:(t*k+1)*emb], s.weight[t*k]
-		d0 = d0[:len(out)]
-		for d := range out {
-			out[d] = float32(d0[d] * w0)
-		}
-		for j := 1; j < k; j++ {
-			dj, wj := s.down[(t*k+j)*emb:(t*k+j+1)*emb], s.weight[t*k+j]
-			dj = dj[:len(out)]
-			for d := range out {
-				out[d] += float32(dj[d] * wj)
+	minUnits := max(1, moeChunkBytes/(rg*gate0.Kernel.RowBytes(emb)))
+	b.pool.RunChunks(slots*2*g, minUnits, func(lo, hi int) {
+		for i := lo / (2 * g); i*2*g < hi; i++ {
+			a, z := max(lo-i*2*g, 0), min(hi-i*2*g, 2*g)
+			e, x := s.choice[i], xq[i/k*ab:(i/k+1)*ab]
+			gate, up := s.gate[i*ff:(i+1)*ff], s.up[i*ff:(i+1)*ff]
+			if a < g {
+				op.Gate.Stack[e].MulRows(a*rg, min(min(z, g)*rg, ff), x, 1, gate, ff)
+			}
+			if z > g {
+				op.Up.Stack[e].MulRows((max(a, g)-g)*rg, min((z-g)*rg, ff), x, 1, up, ff)
+			}
+			// The atomic orders the other threads' rows of this slot
+			// before the last one's reading them.
+			if s.left[i].Add(-int32(z-a)) == 0 {
+				ops.SwiGLU(gate, gate, up)
+				down0.Kernel.QuantizeAct(xd[i*db:(i+1)*db], gate)
 			}
 		}
-	}
-	b.lap(n, "moe > weighted sum", t0)
+	})
+	t0 = b.lap(n, "moe > gate+up, swiglu", t0)
+
+	// Down and the weighted sum, by groups of output rows. Each token's
+	// output is its slots' products times their weights, added in slot
+	// order (moeSum's arithmetic: the conversions keep every product
+	// rounded before its add, as there).
+	minUnits = max(1, moeChunkBytes/(rg*down0.Kernel.RowBytes(ff)*slots))
+	b.pool.RunChunks((emb+rg-1)/rg, minUnits, func(lo, hi int) {
+		r0, r1 := lo*rg, min(hi*rg, emb)
+		for t := 0; t < n; t++ {
+			out := b.row(op.Out, t)[r0:r1]
+			for j := 0; j < k; j++ {
+				i := t*k + j
+				d := s.down[i*emb : (i+1)*emb]
+				op.Down.Stack[s.choice[i]].MulRows(r0, r1, xd[i*db:(i+1)*db], 1, d, emb)
+				d, w := d[r0:r1], s.weight[i]
+				if j == 0 {
+					for x := range out {
+						out[x] = float32(d[x] * w)
+					}
+					continue
+				}
+				for x := range out {
+					out[x] += float32(d[x] * w)
+				}
+			}
+		}
+	})
+	b.lap(n, "moe > down, sum", t0)
 }
 
 func (s *moeScratch) grow(batch int, op *ir.Op) {
