@@ -296,6 +296,7 @@ func (b *Backend) sumSlotRows(op *ir.Op, n, r0, r1 int) {
 		for j := 0; j < k; j++ {
 			i := t*k + j
 			d, w := s.down[i*emb+r0:i*emb+r1], s.weight[i]
+			d = d[:len(out)] // no bounds checks in the loops
 			if j == 0 {
 				for x := range out {
 					out[x] = float32(d[x] * w)
