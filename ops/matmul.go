@@ -59,12 +59,39 @@ func (m Matrix) MulQ(p *Pool, xq []byte, nTok int, out []float32, ldOut int) {
 		mulPackedGroup(p, []Matrix{m}, [][]byte{xq}, nTok, [][]float32{out}, []int{ldOut})
 		return
 	}
-	ab := m.Kernel.ActRowBytes(m.Cols)
-	rb := m.Kernel.RowBytes(m.Cols)
-	mul := m.Kernel.mul
-	p.RunChunks(m.Rows, chunkRows(rb, nTok), func(lo, hi int) {
-		mul(m.Cols, m.Data[lo*rb:hi*rb], rb, hi-lo, xq, ab, nTok, out[lo:], ldOut)
+	p.RunChunks(m.Rows, chunkRows(m.Kernel.RowBytes(m.Cols), nTok), func(lo, hi int) {
+		m.MulRows(lo, hi, xq, nTok, out, ldOut)
 	})
+}
+
+// RowGroup is the row alignment of MulRows: a repacked matrix computes
+// its rows sixteen at a time.
+const RowGroup = packRows
+
+// MulRows computes rows [lo, hi) of MulQ's product on the calling
+// goroutine, without the pool: out[t*ldOut + r] for lo <= r < hi and every
+// token t < nTok. It is for callers that split the work of several
+// products over the pool themselves (a thread owning some output rows of
+// each). When m is repacked, lo must be a multiple of RowGroup, and hi too
+// unless it is Rows. Each row gets what MulQ gives it: the same kernel over
+// the same bytes.
+func (m Matrix) MulRows(lo, hi int, xq []byte, nTok int, out []float32, ldOut int) {
+	ab := m.Kernel.ActRowBytes(m.Cols)
+	if m.usePacked() {
+		if lo%RowGroup != 0 || hi%RowGroup != 0 && hi != m.Rows {
+			panic(fmt.Sprintf("ops: MulRows [%d, %d) of %d repacked rows: not whole groups of %d", lo, hi, m.Rows, RowGroup))
+		}
+		pg := m.packed.groups
+		if ga, gb := lo/packRows, min(hi/packRows, pg); ga < gb {
+			gbytes := len(m.packed.data) / pg
+			packedMul[m.Kernel.Type](m.Cols/m.Kernel.BlockSize, m.packed.data[ga*gbytes:gb*gbytes], gb-ga, xq, ab, nTok, out[ga*packRows:], ldOut)
+		}
+		lo = max(lo, pg*packRows) // the rows after the groups: row kernel
+	}
+	if lo < hi {
+		rb := m.Kernel.RowBytes(m.Cols)
+		m.Kernel.mul(m.Cols, m.Data[lo*rb:hi*rb], rb, hi-lo, xq, ab, nTok, out[lo:], ldOut)
+	}
 }
 
 // Mul computes out = W·x for nTok rows of x ([nTok][Cols]) into out
@@ -96,7 +123,6 @@ func MulQEach(p *Pool, ms []Matrix, xqs [][]byte, nTok int, outs [][]float32, ld
 	if len(ms) == 0 {
 		return
 	}
-	ab := ms[0].Kernel.ActRowBytes(ms[0].Cols)
 	total := 0
 	packed := false
 	for _, m := range ms {
@@ -115,10 +141,8 @@ func MulQEach(p *Pool, ms []Matrix, xqs [][]byte, nTok int, outs [][]float32, ld
 	p.RunChunks(total, chunkRows(ms[0].Kernel.RowBytes(ms[0].Cols), nTok), func(lo, hi int) {
 		base := 0
 		for i, m := range ms {
-			a, b := max(lo-base, 0), min(hi-base, m.Rows)
-			if a < b {
-				rb := m.Kernel.RowBytes(m.Cols)
-				m.Kernel.mul(m.Cols, m.Data[a*rb:b*rb], rb, b-a, xqs[i], ab, nTok, outs[i][a:], ldOuts[i])
+			if a, b := max(lo-base, 0), min(hi-base, m.Rows); a < b {
+				m.MulRows(a, b, xqs[i], nTok, outs[i], ldOuts[i])
 			}
 			base += m.Rows
 		}

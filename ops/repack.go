@@ -179,7 +179,6 @@ func (m Matrix) slicePacked(lo, hi int) *packedCopy {
 // repacked group computed by the level's packed kernel, other rows by the
 // row kernel.
 func mulPackedGroup(p *Pool, ms []Matrix, xqs [][]byte, nTok int, outs [][]float32, ldOuts []int) {
-	ab := ms[0].Kernel.ActRowBytes(ms[0].Cols)
 	units := 0
 	for _, m := range ms {
 		units += (m.Rows + packRows - 1) / packRows
@@ -196,20 +195,7 @@ func mulPackedGroup(p *Pool, ms []Matrix, xqs [][]byte, nTok int, outs [][]float
 			if a >= b {
 				continue
 			}
-			out, ld := outs[i], ldOuts[i]
-			if m.usePacked() {
-				pg := m.packed.groups
-				if ga, gb := a, min(b, pg); ga < gb {
-					w := m.packed.data[ga*(len(m.packed.data)/pg) : gb*(len(m.packed.data)/pg)]
-					packedMul[m.Kernel.Type](m.Cols/m.Kernel.BlockSize, w, gb-ga, xqs[i], ab, nTok, out[ga*packRows:], ld)
-				}
-				a = max(a, pg) // the rows after the groups: row kernel
-			}
-			if a < b {
-				r0, r1 := a*packRows, min(b*packRows, m.Rows)
-				rb := m.Kernel.RowBytes(m.Cols)
-				m.Kernel.mul(m.Cols, m.Data[r0*rb:r1*rb], rb, r1-r0, xqs[i], ab, nTok, out[r0:], ld)
-			}
+			m.MulRows(a*packRows, min(b*packRows, m.Rows), xqs[i], nTok, outs[i], ldOuts[i])
 		}
 	})
 }

@@ -237,6 +237,49 @@ func TestRepackedMatrix(t *testing.T) {
 	})
 }
 
+// TestMulRowsMatchesMulQ: rows computed by MulRows over any split into
+// whole groups (the last one ragged) are MulQ's, bit for bit, for repacked
+// matrices (whole groups and tail rows) and plain ones of other types.
+func TestMulRowsMatchesMulQ(t *testing.T) {
+	withPackedKernels(t, packedKernelsOrTwins(), func() {
+		rng := rand.New(rand.NewPCG(7, 84))
+		for _, typ := range []gguf.Type{gguf.TypeQ4_K, gguf.TypeQ6_K, gguf.TypeQ8_0, gguf.TypeF16} {
+			k, _ := KernelFor(typ)
+			n, rows := 2*qkK, 5*RowGroup+7
+			data := make([]byte, 0, rows*k.RowBytes(n))
+			for range rows {
+				data = append(data, randomRow(typ, n, rng)...)
+			}
+			m, err := NewMatrix(k, rows, n, data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ms := []Matrix{m}
+			if r, ok := m.Repack(); ok {
+				ms = append(ms, r)
+			}
+			for _, m := range ms {
+				for _, nTok := range []int{1, 3} {
+					xq := m.QuantizeActs(nil, gaussRow(nTok*n, rng), nTok, make([]byte, m.ActBytes(nTok)))
+					ld := rows + 2
+					want, got := make([]float32, nTok*ld), make([]float32, nTok*ld)
+					m.MulQ(nil, xq, nTok, want, ld)
+					for lo := 0; lo < rows; {
+						hi := min(rows, lo+RowGroup*(1+rng.IntN(3)))
+						m.MulRows(lo, hi, xq, nTok, got, ld)
+						lo = hi
+					}
+					for i := range want {
+						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+							t.Fatalf("%s (repacked %v) nTok=%d: output %d = %g by rows, %g by MulQ", typ, m.RepackedBytes() > 0, nTok, i, got[i], want[i])
+						}
+					}
+				}
+			}
+		}
+	})
+}
+
 // comparePacked checks got against the original kernels' want, within a
 // relative 1e-5 of the larger outputs (the rounding of two summation
 // orders).

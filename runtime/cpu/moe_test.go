@@ -1,6 +1,7 @@
 package cpu
 
 import (
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -110,6 +111,125 @@ func TestRouteMatchesStableSort(t *testing.T) {
 				if choice[j] != idx[j] || weight[j] != w {
 					t.Fatalf("trial %d (%d experts, top %d, norm %v): slot %d chose %d (%g), the sort %d (%g)", trial, ne, k, norm, j, choice[j], weight[j], idx[j], w)
 				}
+			}
+		}
+	}
+}
+
+// TestMoESlotsOddShapes checks the few-token MoE path against the expert
+// loop on made-up weights: repacked and plain K-quants, legacy and float
+// types, gate and up of different types, and row counts that are not whole
+// groups of ops.RowGroup (so that chunk edges fall everywhere).
+func TestMoESlotsOddShapes(t *testing.T) {
+	type shape struct {
+		gate, up, down gguf.Type
+		emb, ff        int
+		experts, topK  int
+		repack         bool
+	}
+	shapes := []shape{
+		{gguf.TypeQ4_K, gguf.TypeQ4_K, gguf.TypeQ6_K, 512, 256, 16, 8, true},
+		{gguf.TypeQ4_K, gguf.TypeQ4_K, gguf.TypeQ6_K, 512, 256, 16, 8, false},
+		{gguf.TypeQ4_K, gguf.TypeQ5_K, gguf.TypeQ4_K, 256, 512, 6, 4, true},
+		{gguf.TypeQ8_0, gguf.TypeQ4_0, gguf.TypeQ8_0, 96, 160, 7, 2, false},
+		{gguf.TypeF16, gguf.TypeF16, gguf.TypeF16, 40, 24, 5, 3, false},
+		{gguf.TypeF32, gguf.TypeF32, gguf.TypeF32, 20, 36, 9, 9, false},
+	}
+	rng := rand.New(rand.NewPCG(7, 8))
+	// matrix makes rows×cols random weights of type typ, each of the
+	// experts' rows a matrix of its own.
+	matrix := func(typ gguf.Type, rows, cols, experts int, repack bool) *ir.Weight {
+		k, err := ops.KernelFor(typ)
+		if err != nil {
+			t.Fatal(err)
+		}
+		x := make([]float32, experts*rows*cols)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		data := make([]byte, experts*rows*k.RowBytes(cols))
+		if err := ops.Quantize(typ, data, x); err != nil {
+			t.Fatal(err)
+		}
+		m, err := ops.NewMatrix(k, experts*rows, cols, data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if repack {
+			m, _ = m.Repack()
+		}
+		w := &ir.Weight{Type: typ, Mat: m}
+		for e := range experts {
+			w.Stack = append(w.Stack, m.Slice(e*rows, (e+1)*rows))
+		}
+		return w
+	}
+	for _, sh := range shapes {
+		p := &ir.Program{Bufs: []ir.Buf{{Name: "in", Width: sh.emb}, {Name: "out", Width: sh.emb}}}
+		p.Ops = []ir.Op{{
+			Kind: ir.OpMoE, In: 0, Out: 1, TopK: sh.topK, NormTopK: true,
+			W:    matrix(gguf.TypeF32, sh.experts, sh.emb, 1, false),
+			Gate: matrix(sh.gate, sh.ff, sh.emb, sh.experts, sh.repack),
+			Up:   matrix(sh.up, sh.ff, sh.emb, sh.experts, sh.repack),
+			Down: matrix(sh.down, sh.emb, sh.ff, sh.experts, sh.repack),
+		}}
+		for _, threads := range []int{1, 3} {
+			pool := ops.NewPool(threads)
+			be, err := New(p, pool, Options{Batch: 4, CtxSize: 4})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for n := 1; n <= 4 && n*sh.topK <= maxMoESlots; n++ {
+				x := be.Buf(0)
+				for i := range x {
+					x[i] = float32(rng.NormFloat64())
+				}
+				be.Run(0, 1, nil, n, 0, ir.OutputAll)
+				slots := slices.Clone(be.Buf(1)[:n*sh.emb])
+				be.moeLoop(&p.Ops[0], n)
+				if loop := be.Buf(1)[:n*sh.emb]; !slices.Equal(slots, loop) {
+					t.Errorf("%v/%v/%v experts %d×%d (repacked %v), top %d of %d, %d threads, %d tokens: the slot path differs from the expert loop",
+						sh.gate, sh.up, sh.down, sh.ff, sh.emb, sh.repack, sh.topK, sh.experts, threads, n)
+				}
+			}
+			pool.Close()
+		}
+	}
+}
+
+// topK's one pass chooses what the selection does, on any values but NaN
+// (infinities, signed zeros, many ties), and declines when there is a NaN.
+func TestTopKMatchesSelection(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	specials := []float32{float32(math.Inf(1)), float32(math.Inf(-1)), 0, float32(math.Copysign(0, -1)), float32(math.NaN())}
+	for trial := range 2000 {
+		ne := 1 + rng.IntN(160)
+		k := 1 + rng.IntN(ne)
+		p := make([]float32, ne)
+		nan := false
+		for i := range p {
+			p[i] = float32(rng.IntN(5))
+			if trial%2 == 1 {
+				p[i] = float32(rng.NormFloat64())
+			}
+			if rng.IntN(20) == 0 {
+				p[i] = specials[rng.IntN(len(specials))]
+			}
+			nan = nan || p[i] != p[i]
+		}
+		choice, weight := make([]int, k), make([]float32, k)
+		ok := topK(p, k, choice, weight)
+		if ok == nan {
+			t.Fatalf("trial %d: topK says %v with NaN %v", trial, ok, nan)
+		}
+		if !ok {
+			continue
+		}
+		wantC, wantW := make([]int, k), make([]float32, k)
+		selectTopK(p, k, wantC, wantW, make([]int, ne))
+		for j := range k {
+			if choice[j] != wantC[j] || math.Float32bits(weight[j]) != math.Float32bits(wantW[j]) {
+				t.Fatalf("trial %d (%d values, top %d): slot %d is %d (%g), the selection's %d (%g)", trial, ne, k, j, choice[j], weight[j], wantC[j], wantW[j])
 			}
 		}
 	}

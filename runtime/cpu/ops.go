@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"sync/atomic"
 
 	"github.com/atsinfer/ats/ops"
 	"github.com/atsinfer/ats/runtime/ir"
@@ -169,80 +170,144 @@ type moeScratch struct {
 	probs   []float32 // [n][nExpert] router output
 	choice  []int     // [n][topK] chosen experts
 	weight  []float32 // [n][topK] their weights
+	idx     []int     // [nExpert] Route's scratch
 	in      []float32 // [cnt][nEmbd] gathered rows for one expert
 	gate    []float32 // [cnt][nFF]
 	up      []float32 // [cnt][nFF]
 	down    []float32 // [cnt][nEmbd]
 	results []float32 // [n][topK][nEmbd] weighted expert outputs
 	downAct []byte    // moeSlots: the slots' down inputs, quantized
-	// moeSlots' argument lists, kept to spare allocations.
-	mats []ops.Matrix
-	xqs  [][]byte
-	outs [][]float32
-	lds  []int
+	// moeSlots' countdowns: per slot, the row groups of its gate and up
+	// products not yet computed; per moeSumRows rows of the output, the
+	// row groups of the slots' down products not yet computed there.
+	gateLeft [maxMoESlots]atomic.Int32
+	downLeft []atomic.Int32
 }
 
 // maxMoESlots is the most (token, expert) pairs moeSlots takes: decode
 // and small batches, where each expert has one or two tokens.
 const maxMoESlots = 32
 
+// moeSumRows is how many output rows moeSlots adds up at a time, by the
+// thread that completes the last slot's down product there.
+const moeSumRows = 8 * ops.RowGroup
+
+// moeChunkBytes is about the weight bytes of one chunk of moeSlots' work
+// handed to a thread (ops' chunkBytes): some microseconds of work against
+// a hand-off of about one.
+const moeChunkBytes = 64 << 10
+
 // moeSlots is the MoE FFN of a few tokens: every chosen (token, expert)
-// pair is a slot, and the pairs' gate and up products run in one
-// dispatch over the pool, their down products in another, instead of
-// several dispatches per expert. Each slot's arithmetic is that of the
-// expert loop (the same quantized rows through the same kernels), so the
-// results are identical.
+// pair is a slot. At decode a layer's experts are a few hundred
+// microseconds of work, so what also counts is each dispatch and barrier
+// over the pool (microseconds at 16 threads) and every serial stretch
+// between them, the more so as those read rows that other cores wrote and
+// must fetch from their caches. So the work runs in two dispatches, and
+// the small steps between the products are done inside them, spread over
+// the threads, as soon as their inputs are complete:
+//
+//   - the slots' gate and up products, in row groups, slot after slot; the
+//     thread that computes a slot's last group applies SwiGLU to the slot
+//     and quantizes it for the down product;
+//   - the down products, in row groups, slot after slot; the thread that
+//     computes a row group's last slot adds the slots' rows there into the
+//     output, weighted.
+//
+// Each dispatch walks every expert's rows in the order they lie in memory,
+// in long runs: a split that reads all slots' rows of one output range
+// together (so that one thread could own the sum) reads eight short runs
+// instead, which DRAM streams 5-15% slower. Each slot's arithmetic is that
+// of the expert loop (the same quantized rows through the same kernels,
+// the weighted sum in slot order), so the results are identical.
 func (b *Backend) moeSlots(op *ir.Op, n int) {
 	s := &b.moe
 	k := op.TopK
 	gate0, down0 := op.Gate.Stack[0], op.Down.Stack[0]
 	emb, ff := gate0.Cols, gate0.Rows
 	slots := n * k
+	const rg = ops.RowGroup
 	t0 := b.lapStart()
 	xq := gate0.QuantizeActs(b.pool, b.bufs[op.In][:n*emb], n, b.scratch)
 	ab := gate0.Kernel.ActRowBytes(emb)
-	s.mats, s.xqs, s.outs, s.lds = s.mats[:0], s.xqs[:0], s.outs[:0], s.lds[:0]
-	for i := 0; i < slots; i++ {
-		e, x := s.choice[i], xq[i/k*ab:(i/k+1)*ab]
-		s.mats = append(s.mats, op.Gate.Stack[e], op.Up.Stack[e])
-		s.xqs = append(s.xqs, x, x)
-		s.outs = append(s.outs, s.gate[i*ff:(i+1)*ff], s.up[i*ff:(i+1)*ff])
-		s.lds = append(s.lds, ff, ff)
-	}
-	ops.MulQEach(b.pool, s.mats, s.xqs, 1, s.outs, s.lds)
-	t0 = b.lap(n, "moe > gate+up", t0)
-	ops.SwiGLU(s.gate[:slots*ff], s.gate[:slots*ff], s.up[:slots*ff])
-	xd := down0.QuantizeActs(b.pool, s.gate[:slots*ff], slots, s.downAct)
-	t0 = b.lap(n, "moe > swiglu, quantize", t0)
 	db := down0.Kernel.ActRowBytes(ff)
-	s.mats, s.xqs, s.outs, s.lds = s.mats[:0], s.xqs[:0], s.outs[:0], s.lds[:0]
-	for i := 0; i < slots; i++ {
-		s.mats = append(s.mats, op.Down.Stack[s.choice[i]])
-		s.xqs = append(s.xqs, xd[i*db:(i+1)*db])
-		s.outs = append(s.outs, s.down[i*emb:(i+1)*emb])
-		s.lds = append(s.lds, emb)
+	xd := s.downAct[:slots*db]
+
+	// Gate and up: slot i's units are its gate's row groups [0, g), then
+	// its up's [g, 2g).
+	g := (ff + rg - 1) / rg
+	for i := range slots {
+		s.gateLeft[i].Store(int32(2 * g))
 	}
-	ops.MulQEach(b.pool, s.mats, s.xqs, 1, s.outs, s.lds)
-	t0 = b.lap(n, "moe > down", t0)
-	// Each token's output is its slots' products times their weights,
-	// added in slot order (moeSum's arithmetic, in one pass: the
-	// conversions keep every product rounded before its add, as there).
-	for t := 0; t < n; t++ {
-		out := b.row(op.Out, t)
-		d0, w0 := s.down[t*k*emb:(t*k+1)*emb], s.weight[t*k]
-		d0 = d0[:len(out)]
-		for d := range out {
-			out[d] = float32(d0[d] * w0)
+	minUnits := max(1, moeChunkBytes/(rg*gate0.Kernel.RowBytes(emb)))
+	b.pool.RunChunks(slots*2*g, minUnits, func(lo, hi int) {
+		for i := lo / (2 * g); i*2*g < hi; i++ {
+			a, z := max(lo-i*2*g, 0), min(hi-i*2*g, 2*g)
+			e, x := s.choice[i], xq[i/k*ab:(i/k+1)*ab]
+			gate, up := s.gate[i*ff:(i+1)*ff], s.up[i*ff:(i+1)*ff]
+			if a < g {
+				op.Gate.Stack[e].MulRows(a*rg, min(min(z, g)*rg, ff), x, 1, gate, ff)
+			}
+			if z > g {
+				op.Up.Stack[e].MulRows((max(a, g)-g)*rg, min((z-g)*rg, ff), x, 1, up, ff)
+			}
+			// The atomic orders the other threads' rows of this slot
+			// before the last one's reading them.
+			if s.gateLeft[i].Add(-int32(z-a)) == 0 {
+				ops.SwiGLU(gate, gate, up)
+				down0.Kernel.QuantizeAct(xd[i*db:(i+1)*db], gate)
+			}
 		}
-		for j := 1; j < k; j++ {
-			dj, wj := s.down[(t*k+j)*emb:(t*k+j+1)*emb], s.weight[t*k+j]
-			dj = dj[:len(out)]
-			for d := range out {
-				out[d] += float32(dj[d] * wj)
+	})
+	t0 = b.lap(n, "moe > gate+up, swiglu", t0)
+
+	// Down: slot i's units are its down product's row groups [0, gd). The
+	// countdowns are per moeSumRows rows (an atomic add per group would
+	// cost as much as the sum).
+	gd := (emb + rg - 1) / rg
+	const bg = moeSumRows / rg // groups per countdown
+	for c := range (gd + bg - 1) / bg {
+		s.downLeft[c].Store(int32(slots * min(bg, gd-c*bg)))
+	}
+	minUnits = max(1, moeChunkBytes/(rg*down0.Kernel.RowBytes(ff)))
+	b.pool.RunChunks(slots*gd, minUnits, func(lo, hi int) {
+		for i := lo / gd; i*gd < hi; i++ {
+			a, z := max(lo-i*gd, 0), min(hi-i*gd, gd)
+			op.Down.Stack[s.choice[i]].MulRows(a*rg, min(z*rg, emb), xd[i*db:(i+1)*db], 1, s.down[i*emb:(i+1)*emb], emb)
+			for c := a / bg; c*bg < z; c++ {
+				done := min(z, (c+1)*bg) - max(a, c*bg)
+				if s.downLeft[c].Add(-int32(done)) == 0 {
+					b.sumSlotRows(op, n, c*moeSumRows, min((c+1)*moeSumRows, emb))
+				}
+			}
+		}
+	})
+	b.lap(n, "moe > down, sum", t0)
+}
+
+// sumSlotRows writes output rows [r0, r1) of each of n tokens: its slots'
+// down products (in s.down) times their weights, added in slot order. The
+// conversions keep every product rounded before its add, as the expert
+// loop's separate passes do (moeLoop, moeSum).
+func (b *Backend) sumSlotRows(op *ir.Op, n, r0, r1 int) {
+	s := &b.moe
+	k, emb := op.TopK, op.Gate.Stack[0].Cols
+	for t := 0; t < n; t++ {
+		out := b.row(op.Out, t)[r0:r1]
+		for j := 0; j < k; j++ {
+			i := t*k + j
+			d, w := s.down[i*emb+r0:i*emb+r1], s.weight[i]
+			d = d[:len(out)] // no bounds checks in the loops
+			if j == 0 {
+				for x := range out {
+					out[x] = float32(d[x] * w)
+				}
+				continue
+			}
+			for x := range out {
+				out[x] += float32(d[x] * w)
 			}
 		}
 	}
-	b.lap(n, "moe > weighted sum", t0)
 }
 
 func (s *moeScratch) grow(batch int, op *ir.Op) {
@@ -256,6 +321,9 @@ func (s *moeScratch) grow(batch int, op *ir.Op) {
 	}
 	s.probs = fit(s.probs, batch*ne)
 	s.weight = fit(s.weight, batch*k)
+	if len(s.idx) < ne {
+		s.idx = make([]int, ne)
+	}
 	if len(s.choice) < batch*k {
 		s.choice = make([]int, batch*k)
 	}
@@ -268,6 +336,9 @@ func (s *moeScratch) grow(batch int, op *ir.Op) {
 		s.downAct = make([]byte, n)
 	}
 	s.results = fit(s.results, batch*k*emb)
+	if c := (emb + moeSumRows - 1) / moeSumRows; len(s.downLeft) < c {
+		s.downLeft = make([]atomic.Int32, c)
+	}
 }
 
 // Route routes one token: softmax over the router's logits p (in
@@ -276,14 +347,55 @@ func (s *moeScratch) grow(batch int, op *ir.Op) {
 // norm is set. idx is scratch of len(p).
 func Route(p []float32, k int, norm bool, choice []int, weight []float32, idx []int) {
 	ops.Softmax(p)
-	// The k largest by selection (k is a few of many experts): each pass
-	// takes the largest not yet taken, the lowest id among equals, which
-	// is the order a stable sort by decreasing probability gives. idx
-	// marks the taken ones.
+	if !topK(p, k, choice, weight) {
+		selectTopK(p, k, choice, weight, idx)
+	}
+	var sum float32
+	for j := 0; j < k; j++ {
+		sum += weight[j]
+	}
+	if norm {
+		for j := 0; j < k; j++ {
+			weight[j] /= sum
+		}
+	}
+}
+
+// topK puts the k largest of p into weight, and their ids into choice,
+// in the order a stable sort by decreasing value gives (ties: the lower id
+// first). One pass keeps the best so far sorted: most values are below the
+// k-th and cost one comparison, where a selection pass per expert costs
+// k·len(p) unpredictable branches (microseconds at decode, per layer). Each
+// new value goes after the equal ones, whose ids are lower, as a stable
+// sort puts them. It returns false when p holds a NaN, which has no place
+// in that order (choice and weight are then undefined).
+func topK(p []float32, k int, choice []int, weight []float32) bool {
+	n := 0 // the best so far: weight[:n]
+	for i, v := range p {
+		if v != v {
+			return false
+		}
+		if n == k && !(v > weight[k-1]) {
+			continue
+		}
+		j := min(n, k-1) // when full, the last one drops out
+		for j > 0 && weight[j-1] < v {
+			weight[j], choice[j] = weight[j-1], choice[j-1]
+			j--
+		}
+		weight[j], choice[j] = v, i
+		n = min(n+1, k)
+	}
+	return true
+}
+
+// selectTopK is topK by selection, for any values: each pass takes the
+// largest not yet taken, the lowest id among equals (NaN never compares
+// larger). idx marks the taken ones.
+func selectTopK(p []float32, k int, choice []int, weight []float32, idx []int) {
 	for i := range idx {
 		idx[i] = 0
 	}
-	var sum float32
 	for j := 0; j < k; j++ {
 		best := -1
 		for i, v := range p {
@@ -294,12 +406,6 @@ func Route(p []float32, k int, norm bool, choice []int, weight []float32, idx []
 		idx[best] = 1
 		choice[j] = best
 		weight[j] = p[best]
-		sum += p[best]
-	}
-	if norm {
-		for j := 0; j < k; j++ {
-			weight[j] /= sum
-		}
 	}
 }
 
@@ -312,9 +418,8 @@ func (b *Backend) moeFFN(op *ir.Op, n int) {
 	t0 := b.lapStart()
 	op.W.Mat.Mul(b.pool, b.bufs[op.In][:n*emb], n, s.probs, ne, b.scratch)
 	t0 = b.lap(n, "moe > router", t0)
-	idx := make([]int, ne)
 	for t := 0; t < n; t++ {
-		Route(s.probs[t*ne:(t+1)*ne], k, op.NormTopK, s.choice[t*k:(t+1)*k], s.weight[t*k:(t+1)*k], idx)
+		Route(s.probs[t*ne:(t+1)*ne], k, op.NormTopK, s.choice[t*k:(t+1)*k], s.weight[t*k:(t+1)*k], s.idx[:ne])
 	}
 	b.lap(n, "moe > top-k", t0)
 	if gate0 := op.Gate.Stack[0]; n*k <= maxMoESlots && op.Up.Stack[0].Kernel.ActType == gate0.Kernel.ActType {

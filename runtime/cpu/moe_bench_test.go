@@ -1,0 +1,142 @@
+package cpu
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+
+	"github.com/atsinfer/ats/gguf"
+	"github.com/atsinfer/ats/ops"
+	"github.com/atsinfer/ats/runtime/ir"
+)
+
+// BenchmarkMoEDecode times one MoE op of Qwen3-30B-A3B's shape (128
+// experts of 768×2048, top 8, gate and up Q4_K, down Q6_K, repacked as
+// the model loader does) at decode, one token, for 1, 2 and all threads:
+// the CPU part of a hybrid decode step, 48 of them per token. The inputs
+// cycle through 64 random rows, so that the routing changes from call to
+// call; the experts' weights (about 350 MB) are a few distinct rows
+// repeated, which speed does not depend on. The router's logits are about
+// N(0, 1): larger ones make the weights of the last experts subnormal, whose
+// products a CPU computes many times slower. ATS_CPU_OPS_PROFILE=1 logs
+// the time of each part.
+func BenchmarkMoEDecode(b *testing.B) {
+	const experts, topK, emb = 128, 8, 2048
+	program, inputs := moeBench(b)
+	threads := []int{1}
+	for _, t := range []int{2, ops.DefaultThreads()} {
+		if t > threads[len(threads)-1] {
+			threads = append(threads, t)
+		}
+	}
+	// "hot" has only the 8 experts it uses (about 30 MB), which the caches
+	// may hold: what is left is the op's fixed cost (dispatches, barriers,
+	// serial parts) over cache bandwidth.
+	for _, c := range []struct {
+		name    string
+		experts int
+	}{{"cold", experts}, {"hot", topK}} {
+		p := program(c.experts)
+		for _, threads := range threads {
+			b.Run(fmt.Sprintf("%s/t%d", c.name, threads), func(b *testing.B) {
+				pool := ops.NewPool(threads)
+				defer pool.Close()
+				be, err := New(p, pool, Options{Batch: 1, CtxSize: 1})
+				if err != nil {
+					b.Fatal(err)
+				}
+				for i := 0; b.Loop(); i++ {
+					copy(be.Buf(0), inputs[i%64*emb:][:emb])
+					be.Run(0, 1, nil, 1, 0, ir.OutputAll)
+					be.CountBatch(1)
+				}
+				var parts strings.Builder
+				be.Report(&parts) // with ATS_CPU_OPS_PROFILE=1
+				if parts.Len() > 0 {
+					b.Log("\n" + parts.String())
+				}
+			})
+		}
+	}
+}
+
+// moeBench makes BenchmarkMoEDecode's weights: program(ne) is the op over
+// the first ne experts; inputs are 64 rows.
+func moeBench(b *testing.B) (program func(ne int) *ir.Program, inputs []float32) {
+	const experts, topK, emb, ff = 128, 8, 2048, 768
+	rng := rand.New(rand.NewPCG(1, 2))
+	stack := func(typ gguf.Type, rows, cols, n int) *ir.Weight {
+		k, err := ops.KernelFor(typ)
+		if err != nil {
+			b.Fatal(err)
+		}
+		const distinct = 61 // a prime: the experts differ
+		x := make([]float32, distinct*cols)
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		rb := k.RowBytes(cols)
+		some := make([]byte, distinct*rb)
+		if err := ops.Quantize(typ, some, x); err != nil {
+			b.Fatal(err)
+		}
+		data := make([]byte, n*rows*rb)
+		for r := 0; r < n*rows; r++ {
+			copy(data[r*rb:(r+1)*rb], some[r%distinct*rb:])
+		}
+		m, err := ops.NewMatrix(k, n*rows, cols, data)
+		if err != nil {
+			b.Fatal(err)
+		}
+		m, _ = m.Repack()
+		w := &ir.Weight{Type: typ, Mat: m}
+		for e := range n {
+			w.Stack = append(w.Stack, m.Slice(e*rows, (e+1)*rows))
+		}
+		return w
+	}
+	router := make([]float32, experts*emb)
+	for i := range router {
+		router[i] = float32(rng.NormFloat64() / math.Sqrt(emb)) // logits about N(0, 1), as trained routers give
+	}
+	rm, err := ops.NewMatrix(mustKernel(b, gguf.TypeF32), experts, emb, f32Bytes(router))
+	if err != nil {
+		b.Fatal(err)
+	}
+	gate, up := stack(gguf.TypeQ4_K, ff, emb, experts), stack(gguf.TypeQ4_K, ff, emb, experts)
+	down := stack(gguf.TypeQ6_K, emb, ff, experts)
+	// program is the op over the first ne experts.
+	program = func(ne int) *ir.Program {
+		sub := func(w *ir.Weight) *ir.Weight { return &ir.Weight{Type: w.Type, Mat: w.Mat, Stack: w.Stack[:ne]} }
+		p := &ir.Program{Bufs: []ir.Buf{{Name: "in", Width: emb}, {Name: "out", Width: emb}}}
+		p.Ops = []ir.Op{{
+			Kind: ir.OpMoE, In: 0, Out: 1, TopK: topK, NormTopK: true,
+			W:    &ir.Weight{Type: gguf.TypeF32, Mat: rm.Slice(0, ne)},
+			Gate: sub(gate), Up: sub(up), Down: sub(down),
+		}}
+		return p
+	}
+	inputs = make([]float32, 64*emb)
+	for i := range inputs {
+		inputs[i] = float32(rng.NormFloat64())
+	}
+	return program, inputs
+}
+
+func mustKernel(b *testing.B, t gguf.Type) *ops.Kernel {
+	k, err := ops.KernelFor(t)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return k
+}
+
+func f32Bytes(x []float32) []byte {
+	out := make([]byte, 4*len(x))
+	if err := ops.Quantize(gguf.TypeF32, out, x); err != nil {
+		panic(err)
+	}
+	return out
+}
