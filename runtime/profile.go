@@ -109,6 +109,12 @@ func (m *Model) Profile(opt ContextOptions, fresh bool) (*plan.Profile, error) {
 	if opt.CtxSize <= 0 {
 		opt.CtxSize = min(m.Prog.Hyper.NCtxTrain, 4096)
 	}
+	if opt.Backend == BackendCPU {
+		// The CPU side alone, measured now and not cached: no placement
+		// is planned from it (it needs the GPU's side), but it shows
+		// what the CPU does on a machine without one.
+		return m.MeasureProfile(nil, programUnits(m.Prog, opt.CtxSize, nil), opt, ProfileBatches)
+	}
 	dev, err := gpu.Open()
 	if err != nil {
 		return nil, fmt.Errorf("profile: %w", err)
@@ -130,7 +136,8 @@ type profileRun struct {
 }
 
 // MeasureProfile measures units on the CPU and the GPU at the batch
-// sizes.
+// sizes; without a device (dev nil), on the CPU only: the GPU's times,
+// the switches and the streaming are then left at zero.
 func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions, batches []int) (*plan.Profile, error) {
 	start := time.Now()
 	p := m.Prog
@@ -278,12 +285,15 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 	for _, part := range m.File.Parts {
 		files = append(files, part.Data)
 	}
-	ge, err := gpu.New(dev, dev.Weights(), p, gpu.Config{Model: profileKey{m}, Batch: maxB, CtxSize: ctxSize, LogitRows: 1,
-		Runs: func(i int) bool { return gpuRuns[i] }, Resident: func(w *ir.Weight) bool { return resident[w] }, Files: files})
-	if err != nil {
-		return nil, fmt.Errorf("profile: %w", err)
+	var ge *gpu.Exec
+	if dev != nil {
+		ge, err = gpu.New(dev, dev.Weights(), p, gpu.Config{Model: profileKey{m}, Batch: maxB, CtxSize: ctxSize, LogitRows: 1,
+			Runs: func(i int) bool { return gpuRuns[i] }, Resident: func(w *ir.Weight) bool { return resident[w] }, Files: files})
+		if err != nil {
+			return nil, fmt.Errorf("profile: %w", err)
+		}
+		defer ge.Close()
 	}
-	defer ge.Close()
 	// Activations: random rows of a realistic scale on both sides.
 	rng := rand.New(rand.NewPCG(1, 2))
 	for id, b := range p.Bufs {
@@ -298,6 +308,9 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 		if host := cb.Buf(ir.BufID(id)); host != nil {
 			copy(host, v)
 		}
+		if ge == nil {
+			continue
+		}
 		if err := ge.WriteBuffer(ir.BufID(id), v); err != nil {
 			return nil, fmt.Errorf("profile: %w", err)
 		}
@@ -307,7 +320,7 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 	for i := range r.tokens {
 		r.tokens[i] = rng.IntN(p.Hyper.NVocab)
 	}
-	r.total = len(batches) * 2 * (len(reps) + len(layerKinds))
+	r.total = len(batches) * (len(reps) + len(layerKinds))
 	prof := &plan.Profile{Version: plan.ProfileVersion, Model: filepath.Base(m.File.Path), Hardware: hardware(dev, pool.Threads()),
 		Created: time.Now().UTC(), Batches: batches, DecodePos: profileDecodePos, Measured: len(reps)}
 	prof.Units = make([]plan.UnitTimes, len(units))
@@ -389,7 +402,7 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 				sc += prof.Units[i].CPUAlone[bi]
 				sg += prof.Units[i].GPUAlone[bi]
 			}
-			rc, rg = append(rc, min(tc/sc, 1)), append(rg, min(tg/sg, 1))
+			rc, rg = append(rc, fusedRatio(tc, sc)), append(rg, fusedRatio(tg, sg))
 			r.step(fmt.Sprintf("layer %d", units[ly.first].Layer))
 		}
 		release(schs)
@@ -405,6 +418,10 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 			prof.Units[i].CPU[bi] = prof.Units[i].CPUAlone[bi] * rt[0][bi]
 			prof.Units[i].GPU[bi] = prof.Units[i].GPUAlone[bi] * rt[1][bi]
 		}
+	}
+	if dev == nil {
+		prof.Took = time.Since(start).Seconds()
+		return prof, nil
 	}
 	// Switches: activations of one hidden row per token, there and back,
 	// at two sizes for a latency and a rate.
@@ -467,8 +484,21 @@ func pos0(n int) int {
 	return 0
 }
 
-// compile makes a one-segment GPU schedule of each op range.
+// fusedRatio is a layer's time whole over the sum of its units' alone,
+// at most 1 (1 when nothing was timed: no GPU).
+func fusedRatio(whole, sum float64) float64 {
+	if sum <= 0 {
+		return 1
+	}
+	return min(whole/sum, 1)
+}
+
+// compile makes a one-segment GPU schedule of each op range (none
+// without a GPU).
 func (r *profileRun) compile(ranges [][2]int) ([]*gpu.Schedule, error) {
+	if r.ge == nil {
+		return nil, nil
+	}
 	var out []*gpu.Schedule
 	nOps := len(r.m.Prog.Ops)
 	for _, rg := range ranges {
@@ -505,8 +535,11 @@ func (r *profileRun) timeCPU(ranges [][2]int, n int) (float64, error) {
 }
 
 // timeGPU is the median device seconds of one of the schedules (the next
-// in turn each run).
+// in turn each run); 0 without a GPU.
 func (r *profileRun) timeGPU(schs []*gpu.Schedule, n int) (float64, error) {
+	if r.ge == nil {
+		return 0, nil
+	}
 	for _, sch := range schs[1:] { // graph captures (medianOf warms the first)
 		if err := r.ge.Begin(sch, r.tokens[:n], pos0(n)); err != nil {
 			return 0, err
@@ -534,6 +567,9 @@ func coldBytes(dev *gpu.Device) (cpu, gpu int64) {
 	cpu, gpu = 256<<20, 128<<20
 	if l3 := int64(cpuid.CPU.Cache.L3); l3 > 0 {
 		cpu = max(cpu, 4*l3)
+	}
+	if dev == nil {
+		return cpu, gpu
 	}
 	if l2 := int64(dev.Info().L2CacheBytes); l2 > 0 {
 		gpu = max(gpu, 2*l2)
