@@ -7,8 +7,11 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
+	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/klauspost/cpuid/v2"
@@ -64,7 +67,7 @@ func modelIdentity(m *Model) string {
 
 // hardware is the fingerprint a profile is keyed by.
 func hardware(dev *gpu.Device, threads int) plan.Hardware {
-	hw := plan.Hardware{CPU: strings.TrimSpace(cpuid.CPU.BrandName), Cores: cpuid.CPU.PhysicalCores, Threads: threads}
+	hw := plan.Hardware{CPU: strings.TrimSpace(cpuid.CPU.BrandName), Cores: cpuid.CPU.PhysicalCores, Threads: threads, CPULevel: ops.CPULevel().String()}
 	if dev != nil {
 		info := dev.Info()
 		hw.GPU, hw.VRAM = info.Name, int64(info.TotalMem)
@@ -128,6 +131,7 @@ type profileRun struct {
 	units   []Unit
 	batches []int
 	cb      *cpu.Backend
+	cprog   *ir.Program // the CPU's program: m.Prog's ops with weights of the layout timed
 	ge      *gpu.Exec
 	tokens  []int
 	done    int
@@ -277,7 +281,11 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 	ctxSize := profileDecodePos + maxB + 1
 	pool := ops.NewPool(opt.Threads)
 	defer pool.Close()
-	cb, err := cpu.New(p, pool, cpu.Options{Batch: maxB, CtxSize: ctxSize, LogitRows: 1, Runs: func(i int) bool { return cpuRuns[i] }})
+	// The CPU runs its own copy of the ops, whose weights each timing
+	// points at the layout it times (profileRun.layout).
+	cprog := *p
+	cprog.Ops = slices.Clone(p.Ops)
+	cb, err := cpu.New(&cprog, pool, cpu.Options{Batch: maxB, CtxSize: ctxSize, LogitRows: 1, Runs: func(i int) bool { return cpuRuns[i] }})
 	if err != nil {
 		return nil, fmt.Errorf("profile: %w", err)
 	}
@@ -315,12 +323,30 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 			return nil, fmt.Errorf("profile: %w", err)
 		}
 	}
-	r := &profileRun{m: m, units: units, batches: batches, cb: cb, ge: ge, note: opt.Progress}
+	r := &profileRun{m: m, units: units, batches: batches, cb: cb, ge: ge, cprog: &cprog, note: opt.Progress}
 	r.tokens = make([]int, maxB)
 	for i := range r.tokens {
 		r.tokens[i] = rng.IntN(p.Hyper.NVocab)
 	}
-	r.total = len(batches) * (len(reps) + len(layerKinds))
+	// Units a hybrid context may repack are timed in both layouts, the
+	// layers they are in whole in both.
+	packable := make([]bool, len(units))
+	for i, u := range units {
+		packable[i] = repackable(u)
+	}
+	layerPackable := func(ly *layer) bool { return slices.Contains(packable[ly.first:ly.last+1], true) }
+	steps := len(reps) + len(layerKinds)
+	for _, i := range reps {
+		if packable[i] {
+			steps++
+		}
+	}
+	for _, ly := range layerKinds {
+		if layerPackable(ly) {
+			steps++
+		}
+	}
+	r.total = len(batches) * steps
 	prof := &plan.Profile{Version: plan.ProfileVersion, Model: filepath.Base(m.File.Path), Hardware: hardware(dev, pool.Threads()),
 		Created: time.Now().UTC(), Batches: batches, DecodePos: profileDecodePos, Measured: len(reps)}
 	prof.Units = make([]plan.UnitTimes, len(units))
@@ -329,9 +355,14 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 		t.Name, t.Sig = u.Name, u.Sig
 		t.CPU, t.GPU = make([]float64, len(batches)), make([]float64, len(batches))
 		t.CPUAlone, t.GPUAlone = make([]float64, len(batches)), make([]float64, len(batches))
+		if packable[i] {
+			t.CPUPacked, t.CPUPackedAlone = make([]float64, len(batches)), make([]float64, len(batches))
+		}
 	}
-	// Each representative unit alone, on each backend.
-	alone := map[int][2][]float64{}
+	// Each representative unit alone, on each backend, and on the CPU
+	// from repacked copies too.
+	type times struct{ cpu, gpu, packed []float64 }
+	alone := map[int]times{}
 	for _, i := range reps {
 		u := units[i]
 		var cr [][2]int
@@ -346,7 +377,8 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 		if err != nil {
 			return nil, fmt.Errorf("profile: %s: %w", u.Name, err)
 		}
-		var c, g []float64
+		var a times
+		r.layout(cr, false)
 		for _, n := range batches {
 			tc, err := r.timeCPU(cr, n)
 			if err != nil {
@@ -358,21 +390,37 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 				release(schs)
 				return nil, fmt.Errorf("profile: %s on the GPU: %w", u.Name, err)
 			}
-			c, g = append(c, tc), append(g, tg)
+			a.cpu, a.gpu = append(a.cpu, tc), append(a.gpu, tg)
 			r.step(u.Name)
 		}
 		release(schs)
-		alone[i] = [2][]float64{c, g}
+		if packable[i] {
+			r.layout(cr, true)
+			for _, n := range batches {
+				tc, err := r.timeCPU(cr, n)
+				if err != nil {
+					return nil, err
+				}
+				a.packed = append(a.packed, tc)
+				r.step(u.Name + " repacked")
+			}
+		}
+		r.restore()
+		alone[i] = a
 	}
 	for i := range units {
 		a := alone[rep[units[i].Sig]]
-		copy(prof.Units[i].CPUAlone, a[0])
-		copy(prof.Units[i].GPUAlone, a[1])
-		copy(prof.Units[i].CPU, a[0])
-		copy(prof.Units[i].GPU, a[1])
+		t := &prof.Units[i]
+		copy(t.CPUAlone, a.cpu)
+		copy(t.GPUAlone, a.gpu)
+		copy(t.CPU, a.cpu)
+		copy(t.GPU, a.gpu)
+		copy(t.CPUPackedAlone, a.packed)
+		copy(t.CPUPacked, a.packed)
 	}
-	// Each kind of layer whole: its fusion ratio scales its units.
-	ratio := map[*layer][2][]float64{}
+	// Each kind of layer whole: its fusion ratio scales its units, in
+	// each layout.
+	ratio := map[*layer]times{}
 	for _, ly := range layerKinds {
 		span := func(ls []*layer) [][2]int {
 			var out [][2]int
@@ -385,7 +433,8 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 		if err != nil {
 			return nil, fmt.Errorf("profile: layer %d: %w", units[ly.first].Layer, err)
 		}
-		var rc, rg []float64
+		var rt times
+		r.layout(span(cpuLayers[ly]), false)
 		for bi, n := range batches {
 			tc, err := r.timeCPU(span(cpuLayers[ly]), n)
 			if err != nil {
@@ -402,11 +451,32 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 				sc += prof.Units[i].CPUAlone[bi]
 				sg += prof.Units[i].GPUAlone[bi]
 			}
-			rc, rg = append(rc, fusedRatio(tc, sc)), append(rg, fusedRatio(tg, sg))
+			rt.cpu, rt.gpu = append(rt.cpu, fusedRatio(tc, sc)), append(rt.gpu, fusedRatio(tg, sg))
 			r.step(fmt.Sprintf("layer %d", units[ly.first].Layer))
 		}
 		release(schs)
-		ratio[ly] = [2][]float64{rc, rg}
+		if layerPackable(ly) {
+			r.layout(span(cpuLayers[ly]), true)
+			for bi, n := range batches {
+				tc, err := r.timeCPU(span(cpuLayers[ly]), n)
+				if err != nil {
+					return nil, err
+				}
+				var sc float64
+				for i := ly.first; i <= ly.last; i++ {
+					t := prof.Units[i]
+					if packable[i] {
+						sc += t.CPUPackedAlone[bi]
+					} else {
+						sc += t.CPUAlone[bi]
+					}
+				}
+				rt.packed = append(rt.packed, fusedRatio(tc, sc))
+				r.step(fmt.Sprintf("layer %d repacked", units[ly.first].Layer))
+			}
+		}
+		r.restore()
+		ratio[ly] = rt
 	}
 	for i := range units {
 		ly := layerOf[i]
@@ -414,9 +484,13 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 			continue
 		}
 		rt := ratio[ly]
+		t := &prof.Units[i]
 		for bi := range batches {
-			prof.Units[i].CPU[bi] = prof.Units[i].CPUAlone[bi] * rt[0][bi]
-			prof.Units[i].GPU[bi] = prof.Units[i].GPUAlone[bi] * rt[1][bi]
+			t.CPU[bi] = t.CPUAlone[bi] * rt.cpu[bi]
+			t.GPU[bi] = t.GPUAlone[bi] * rt.gpu[bi]
+			if packable[i] {
+				t.CPUPacked[bi] = t.CPUPackedAlone[bi] * rt.packed[bi]
+			}
 		}
 	}
 	if dev == nil {
@@ -463,6 +537,114 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 	}
 	prof.Took = time.Since(start).Seconds()
 	return prof, nil
+}
+
+// repackable says whether a hybrid context may give unit u's matrices
+// repacked copies (Model.repackHybrid: every CPU unit's but the
+// embedding's, as memory allows): whether the CPU's level has a repacked
+// layout for any of them.
+func repackable(u Unit) bool {
+	if u.Op == ir.OpEmbed {
+		return false
+	}
+	for _, w := range u.Mats {
+		if w.Mat.Kernel != nil && w.Mat.RepackSize() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// layout points the CPU program's ops in ranges at their matrices in the
+// file's blocks (packed false) or in repacked copies, made now (several
+// at once) and dropped by the next restore. The embedding is never
+// repacked (a context never reads it from a copy), and matrices without
+// a repacked layout stay as they are.
+func (r *profileRun) layout(ranges [][2]int, packed bool) {
+	r.restore()
+	made := map[*ir.Weight]*ir.Weight{}
+	var todo []*ir.Weight
+	for _, rg := range ranges {
+		for i := rg[0]; i < rg[1]; i++ {
+			op := &r.cprog.Ops[i]
+			if op.Kind == ir.OpEmbed {
+				continue
+			}
+			for _, w := range []*ir.Weight{op.W, op.Gate, op.Up, op.Down} {
+				if w == nil || len(w.Dims) < 2 || w.Mat.Kernel == nil {
+					continue
+				}
+				if _, ok := made[w]; ok {
+					continue
+				}
+				switch {
+				case !packed && w.Mat.RepackedBytes() > 0: // repacked by a context
+					made[w] = withMat(w, w.Mat.Unpacked())
+				case packed && w.Mat.RepackedBytes() == 0 && w.Mat.RepackSize() > 0:
+					made[w] = nil
+					todo = append(todo, w)
+				default:
+					made[w] = w
+				}
+			}
+		}
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, goruntime.GOMAXPROCS(0))
+	for _, w := range todo {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			c := w
+			if pm, ok := w.Mat.Repack(); ok {
+				c = withMat(w, pm)
+			}
+			mu.Lock()
+			made[w] = c
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	for _, rg := range ranges {
+		for i := rg[0]; i < rg[1]; i++ {
+			op := &r.cprog.Ops[i]
+			if op.Kind == ir.OpEmbed {
+				continue
+			}
+			for _, w := range []**ir.Weight{&op.W, &op.Gate, &op.Up, &op.Down} {
+				if c := made[*w]; c != nil {
+					*w = c
+				}
+			}
+		}
+	}
+}
+
+// restore points the CPU program's ops at the model's own weights again.
+func (r *profileRun) restore() { copy(r.cprog.Ops, r.m.Prog.Ops) }
+
+// withMat is a copy of w whose products use mat (w's matrix in another
+// layout), its expert stack sliced from mat.
+func withMat(w *ir.Weight, mat ops.Matrix) *ir.Weight {
+	c := *w
+	c.Mat = mat
+	c.Stack = stackOf(mat, len(w.Stack))
+	return &c
+}
+
+// stackOf slices a stacked tensor's matrix into its n experts (nil for
+// n 0).
+func stackOf(mat ops.Matrix, n int) []ops.Matrix {
+	if n == 0 {
+		return nil
+	}
+	out := make([]ops.Matrix, n)
+	per := mat.Rows / n
+	for e := range out {
+		out[e] = mat.Slice(e*per, (e+1)*per)
+	}
+	return out
 }
 
 // profileKey keeps the profile's weight set apart from a context's.

@@ -160,6 +160,9 @@ func printPlacement(w io.Writer, pl *runtime.Placement, prof *plan.Profile, m *r
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "placement: %s\n", pl.Describe())
+	if pl.RepackedBytes > 0 {
+		fmt.Fprintf(w, "repacked for the CPU: %s of its weights (timed so; the rest runs from the file's blocks)\n", runtime.FormatBytes(pl.RepackedBytes))
+	}
 	if pl.Note != "" {
 		fmt.Fprintf(w, "note: %s\n", pl.Note)
 	}
