@@ -378,9 +378,9 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 			return nil, fmt.Errorf("profile: %s: %w", u.Name, err)
 		}
 		var a times
-		r.layout(cr, false)
+		rot := r.layout(cr, false)
 		for _, n := range batches {
-			tc, err := r.timeCPU(cr, n)
+			tc, err := r.timeCPU(rot, n)
 			if err != nil {
 				release(schs)
 				return nil, err
@@ -395,9 +395,9 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 		}
 		release(schs)
 		if packable[i] {
-			r.layout(cr, true)
+			rot := r.layout(cr, true)
 			for _, n := range batches {
-				tc, err := r.timeCPU(cr, n)
+				tc, err := r.timeCPU(rot, n)
 				if err != nil {
 					return nil, err
 				}
@@ -434,9 +434,9 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 			return nil, fmt.Errorf("profile: layer %d: %w", units[ly.first].Layer, err)
 		}
 		var rt times
-		r.layout(span(cpuLayers[ly]), false)
+		rot := r.layout(span(cpuLayers[ly]), false)
 		for bi, n := range batches {
-			tc, err := r.timeCPU(span(cpuLayers[ly]), n)
+			tc, err := r.timeCPU(rot, n)
 			if err != nil {
 				release(schs)
 				return nil, err
@@ -456,9 +456,9 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 		}
 		release(schs)
 		if layerPackable(ly) {
-			r.layout(span(cpuLayers[ly]), true)
+			rot := r.layout(span(cpuLayers[ly]), true)
 			for bi, n := range batches {
-				tc, err := r.timeCPU(span(cpuLayers[ly]), n)
+				tc, err := r.timeCPU(rot, n)
 				if err != nil {
 					return nil, err
 				}
@@ -557,10 +557,11 @@ func repackable(u Unit) bool {
 
 // layout points the CPU program's ops in ranges at their matrices in the
 // file's blocks (packed false) or in repacked copies, made now (several
-// at once) and dropped by the next restore. The embedding is never
-// repacked (a context never reads it from a copy), and matrices without
-// a repacked layout stay as they are.
-func (r *profileRun) layout(ranges [][2]int, packed bool) {
+// at once) and dropped by the next restore, and returns the rotation of
+// the ranges in that layout. The embedding is never repacked (a context
+// never reads it from a copy), and matrices without a repacked layout
+// stay as they are.
+func (r *profileRun) layout(ranges [][2]int, packed bool) *cpuRotation {
 	r.restore()
 	made := map[*ir.Weight]*ir.Weight{}
 	var todo []*ir.Weight
@@ -619,6 +620,7 @@ func (r *profileRun) layout(ranges [][2]int, packed bool) {
 			}
 		}
 	}
+	return &cpuRotation{ranges: ranges}
 }
 
 // restore points the CPU program's ops at the model's own weights again.
@@ -700,16 +702,31 @@ func release(schs []*gpu.Schedule) {
 	}
 }
 
-// timeCPU is the median seconds of one of the op ranges (the next in turn
-// each run) on the CPU over n rows.
-func (r *profileRun) timeCPU(ranges [][2]int, n int) (float64, error) {
-	for _, rg := range ranges[1:] { // first touches (medianOf warms the first)
-		r.cb.Run(rg[0], rg[1], r.tokens[:n], n, pos0(n), ir.OutputLast)
+// cpuRotation is a rotation of op ranges of one shape, in one layout,
+// timed on the CPU at each batch size in turn: every run takes the next
+// range, carrying on from one batch size to the next, so the range timed
+// was last run a whole rotation (several times the last-level cache) of
+// weights ago.
+type cpuRotation struct {
+	ranges  [][2]int
+	next    int
+	touched bool // every range run once
+}
+
+// timeCPU is the median seconds of the rotation's next ranges on the CPU
+// over n rows. The first timing of a rotation runs every range once
+// before (page faults, fresh copies out of the caches; medianOf warms the
+// first); the next ones need not, their ranges were all run since.
+func (r *profileRun) timeCPU(rot *cpuRotation, n int) (float64, error) {
+	if !rot.touched {
+		for _, rg := range rot.ranges[1:] {
+			r.cb.Run(rg[0], rg[1], r.tokens[:n], n, pos0(n), ir.OutputLast)
+		}
+		rot.touched = true
 	}
-	k := 0
 	return medianOf(func() (float64, error) {
-		rg := ranges[k%len(ranges)]
-		k++
+		rg := rot.ranges[rot.next%len(rot.ranges)]
+		rot.next++
 		start := time.Now()
 		r.cb.Run(rg[0], rg[1], r.tokens[:n], n, pos0(n), ir.OutputLast)
 		return time.Since(start).Seconds(), nil
