@@ -43,6 +43,18 @@ import (
 // costs beyond that, the launch and the wait, is measured apart by moving
 // activations through mapped memory and back. Streaming is timed by
 // copying a weight from the mapped file to the device.
+//
+// The CPU is timed in the layouts it will read: a hybrid context repacks
+// its CPU units' Q4_K and Q6_K matrices as far as host memory allows
+// (Model.repackHybrid), and the repacked kernels are faster, at decode
+// as well as prefill. So every unit that may be repacked (any but the
+// embedding, of a type with a repacked layout at the CPU's level) and
+// every layer holding one are timed twice: from the file's blocks and from
+// repacked copies that the profile makes for the rotation it times and
+// drops after (the model's own weights are not touched). Which units a
+// placement will find repacked depends on what it keeps on the GPU; the
+// planner works that out (Model.packedFractions) and takes each unit's
+// times in its layout (plan.Profile.Packed).
 
 // ProfileBatches are the batch sizes a profile measures: decode, and
 // prefill batches.
@@ -112,17 +124,22 @@ func (m *Model) Profile(opt ContextOptions, fresh bool) (*plan.Profile, error) {
 	if opt.CtxSize <= 0 {
 		opt.CtxSize = min(m.Prog.Hyper.NCtxTrain, 4096)
 	}
-	if opt.Backend == BackendCPU {
-		// The CPU side alone, measured now and not cached: no placement
-		// is planned from it (it needs the GPU's side), but it shows
-		// what the CPU does on a machine without one.
-		return m.MeasureProfile(nil, programUnits(m.Prog, opt.CtxSize, nil), opt, ProfileBatches)
-	}
 	dev, err := gpu.Open()
 	if err != nil {
 		return nil, fmt.Errorf("profile: %w", err)
 	}
 	return m.profile(dev, programUnits(m.Prog, opt.CtxSize, dev.Weights().DeviceBytes), opt, fresh)
+}
+
+// ProfileCPU measures the CPU's side of the profile alone (the GPU's
+// figures left at zero), now: it needs no GPU, and is not cached, since
+// no placement can be planned from it; it shows what the CPU does on a
+// machine without one.
+func (m *Model) ProfileCPU(opt ContextOptions) (*plan.Profile, error) {
+	if opt.CtxSize <= 0 {
+		opt.CtxSize = min(m.Prog.Hyper.NCtxTrain, 4096)
+	}
+	return m.MeasureProfile(nil, programUnits(m.Prog, opt.CtxSize, nil), opt, ProfileBatches)
 }
 
 // profileRun is the state of one measurement.

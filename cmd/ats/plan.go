@@ -118,11 +118,13 @@ from it).`,
 				}
 				defer m.Close()
 				opt := runtime.ContextOptions{Threads: thrds, Progress: profileProgress(cmd.ErrOrStderr())}
+				var prof *plan.Profile
 				if cpuOnly {
-					opt.Backend = runtime.BackendCPU
 					opt.Progress = progressSaying(cmd.ErrOrStderr(), "ats: measuring this model's units on the CPU (not cached)")
+					prof, err = m.ProfileCPU(opt)
+				} else {
+					prof, err = m.Profile(opt, fresh)
 				}
-				prof, err := m.Profile(opt, fresh)
 				if err != nil {
 					return fmt.Errorf("profile: %w", err)
 				}
