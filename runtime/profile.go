@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	goruntime "runtime"
+	"runtime/debug"
 	"slices"
 	"sort"
 	"strings"
@@ -149,6 +150,7 @@ type profileRun struct {
 	batches []int
 	cb      *cpu.Backend
 	cprog   *ir.Program // the CPU's program: m.Prog's ops with weights of the layout timed
+	copies  bool        // cprog reads repacked copies made for it
 	ge      *gpu.Exec
 	tokens  []int
 	done    int
@@ -624,6 +626,7 @@ func (r *profileRun) layout(ranges [][2]int, packed bool) *cpuRotation {
 		})
 	}
 	wg.Wait()
+	r.copies = len(todo) > 0
 	for _, rg := range ranges {
 		for i := rg[0]; i < rg[1]; i++ {
 			op := &r.cprog.Ops[i]
@@ -640,8 +643,17 @@ func (r *profileRun) layout(ranges [][2]int, packed bool) *cpuRotation {
 	return &cpuRotation{ranges: ranges}
 }
 
-// restore points the CPU program's ops at the model's own weights again.
-func (r *profileRun) restore() { copy(r.cprog.Ops, r.m.Prog.Ops) }
+// restore points the CPU program's ops at the model's own weights again,
+// and gives the memory of the copies layout made back to the system at
+// once: the process should stay near the size of the weights (a context
+// repacks its own next), not hold a rotation or two of garbage.
+func (r *profileRun) restore() {
+	copy(r.cprog.Ops, r.m.Prog.Ops)
+	if r.copies {
+		r.copies = false
+		debug.FreeOSMemory()
+	}
+}
 
 // withMat is a copy of w whose products use mat (w's matrix in another
 // layout), its expert stack sliced from mat.
