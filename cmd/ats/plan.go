@@ -243,10 +243,10 @@ func printProfile(w io.Writer, p *plan.Profile) {
 	}
 	fmt.Fprintf(w, "profile of %s on %s (%d cores, %d threads) and %s, measured %s in %.1fs\n",
 		p.Model, p.Hardware.CPU, p.Hardware.Cores, p.Hardware.Threads, gpuName, p.Created.Format("2006-01-02 15:04"), p.Took)
-	fmt.Fprintf(w, "%d units, %d distinct shapes measured; decode attention at position %d\n\n", len(p.Units), p.Measured, p.DecodePos)
+	fmt.Fprintf(w, "%d units, %d distinct shapes measured; decode attention at position %d; cpu: from the file's blocks (from repacked copies)\n\n", len(p.Units), p.Measured, p.DecodePos)
 	fmt.Fprintf(w, "%-34s", "unit (first of its shape)")
 	for _, b := range p.Batches {
-		fmt.Fprintf(w, " %22s", fmt.Sprintf("batch %d cpu/gpu µs", b))
+		fmt.Fprintf(w, " %30s", fmt.Sprintf("batch %d cpu (repacked)/gpu µs", b))
 	}
 	fmt.Fprintf(w, "  %s\n", "same shape")
 	count := map[string]int{}
@@ -261,7 +261,11 @@ func printProfile(w io.Writer, p *plan.Profile) {
 		shown[u.Sig] = true
 		fmt.Fprintf(w, "%-34s", u.Name)
 		for i := range p.Batches {
-			fmt.Fprintf(w, " %22s", fmt.Sprintf("%.1f / %.1f", 1e6*u.CPU[i], 1e6*u.GPU[i]))
+			cpu := fmt.Sprintf("%.1f", 1e6*u.CPU[i])
+			if i < len(u.CPUPacked) {
+				cpu += fmt.Sprintf(" (%.1f)", 1e6*u.CPUPacked[i])
+			}
+			fmt.Fprintf(w, " %30s", fmt.Sprintf("%s / %.1f", cpu, 1e6*u.GPU[i]))
 		}
 		fmt.Fprintf(w, "  ×%d\n", count[u.Sig])
 	}
