@@ -153,6 +153,28 @@ func (m Matrix) RepackedBytes() int {
 	return len(m.packed.data)
 }
 
+// RepackSize is the size of the copy Repack would make of m now: 0 when it
+// would refuse (no repacked layout or kernels for m's type at the active
+// level, fewer than 16 rows); for a matrix already repacked, its copy's
+// size (RepackedBytes).
+func (m Matrix) RepackSize() int {
+	if m.packed != nil {
+		return len(m.packed.data)
+	}
+	f := packFormats[m.Kernel.Type]
+	if f == nil || packedMul[m.Kernel.Type] == nil || m.Rows < packRows {
+		return 0
+	}
+	return m.Rows / packRows * (m.Cols / m.Kernel.BlockSize) * f.blockBytes
+}
+
+// Unpacked is m without its repacked copy: its products read the
+// original blocks (m itself when it has no copy).
+func (m Matrix) Unpacked() Matrix {
+	m.packed = nil
+	return m
+}
+
 // usePacked reports whether m's products read its repacked copy: it has
 // one and the active level has kernels for it.
 func (m Matrix) usePacked() bool {

@@ -179,9 +179,16 @@ func TestRepackedMatrix(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
+				size := m.RepackSize()
 				r, ok := m.Repack()
 				if !ok {
 					t.Fatalf("%s: Repack refused with packed kernels set", typ)
+				}
+				if r.RepackedBytes() != size || r.RepackSize() != size {
+					t.Fatalf("%s %d rows: RepackSize %d before, %d after, the copy %d", typ, rows, size, r.RepackSize(), r.RepackedBytes())
+				}
+				if u := r.Unpacked(); u.RepackedBytes() != 0 || u.RepackSize() != size || len(u.Data) != len(m.Data) {
+					t.Fatalf("%s %d rows: Unpacked kept a copy or changed the blocks", typ, rows)
 				}
 				if want := rows / packRows * (n / qkK) * packFormats[typ].blockBytes; r.RepackedBytes() != want {
 					t.Fatalf("%s %d rows: RepackedBytes %d, want %d", typ, rows, r.RepackedBytes(), want)
@@ -306,19 +313,19 @@ func TestRepackRefused(t *testing.T) {
 		data = append(data, randomRow(gguf.TypeQ8_0, 256, rng)...)
 	}
 	m, _ := NewMatrix(k, 16, 256, data)
-	if _, ok := m.Repack(); ok {
+	if _, ok := m.Repack(); ok || m.RepackSize() != 0 {
 		t.Error("Q8_0 repacked")
 	}
 	k4, _ := KernelFor(gguf.TypeQ4_K)
 	withPackedKernels(t, packedKernelsOrTwins(), func() {
 		m4, _ := NewMatrix(k4, 15, 256, make([]byte, 15*k4.RowBytes(256)))
-		if _, ok := m4.Repack(); ok {
+		if _, ok := m4.Repack(); ok || m4.RepackSize() != 0 {
 			t.Error("15 rows repacked")
 		}
 	})
 	withPackedKernels(t, nil, func() {
 		m4, _ := NewMatrix(k4, 16, 256, make([]byte, 16*k4.RowBytes(256)))
-		if r, ok := m4.Repack(); ok || r.RepackedBytes() != 0 {
+		if r, ok := m4.Repack(); ok || r.RepackedBytes() != 0 || m4.RepackSize() != 0 {
 			t.Error("repacked without packed kernels")
 		}
 	})

@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 )
 
@@ -35,8 +36,9 @@ type Profile struct {
 }
 
 // ProfileVersion changes whenever what a profile means changes; older
-// cached profiles are measured again.
-const ProfileVersion = 2
+// cached profiles are measured again. 3: the CPU's times from repacked
+// copies (UnitTimes.CPUPacked), the CPU's kernel level in the hardware.
+const ProfileVersion = 3
 
 // UnitTimes are one unit's figures, by batch index (Profile.Batches).
 type UnitTimes struct {
@@ -49,6 +51,14 @@ type UnitTimes struct {
 	GPU      []float64 `json:"gpu_s"`
 	CPUAlone []float64 `json:"cpu_alone_s"`
 	GPUAlone []float64 `json:"gpu_alone_s"`
+	// CPUPacked and CPUPackedAlone are the CPU's times when the unit's
+	// matrices are read from repacked copies (interleaved rows, faster
+	// kernels), which a hybrid context makes for its CPU units' matrices
+	// as far as host memory allows; empty for a unit that has none to
+	// repack (the embedding, attention, types without such a layout at
+	// the CPU's kernel level). CPU and CPUAlone are the file's layout.
+	CPUPacked      []float64 `json:"cpu_packed_s,omitempty"`
+	CPUPackedAlone []float64 `json:"cpu_packed_alone_s,omitempty"`
 }
 
 // Link is a measured transfer path: a fixed cost per transfer and a rate.
@@ -70,9 +80,12 @@ type Hardware struct {
 	CPU     string `json:"cpu"`
 	Cores   int    `json:"cores"`
 	Threads int    `json:"threads"`
-	GPU     string `json:"gpu"`
-	Driver  string `json:"driver"`
-	VRAM    int64  `json:"vram_bytes"`
+	// CPULevel is the CPU kernels' instruction level (ATS_CPU may lower
+	// it; a build without assembly has only the generic one).
+	CPULevel string `json:"cpu_level,omitempty"`
+	GPU      string `json:"gpu"`
+	Driver   string `json:"driver"`
+	VRAM     int64  `json:"vram_bytes"`
 }
 
 // ProfileKey names the profile of a model on a machine: a hash of the
@@ -83,6 +96,32 @@ func ProfileKey(modelID string, hw Hardware, batches []int) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "v%d\n%s\n%+v\n%v\n", ProfileVersion, modelID, hw, batches)
 	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// Packed is the profile as it applies when the CPU reads the fraction
+// frac[i] (by bytes) of unit i's matrices from repacked copies: each
+// unit's CPU times between those of the file's layout and the repacked
+// ones (a unit without repacked times, or beyond frac, keeps its own). p
+// is not changed.
+func (p *Profile) Packed(frac []float64) *Profile {
+	q := *p
+	q.Units = slices.Clone(p.Units)
+	for i := range q.Units {
+		u := &q.Units[i]
+		if i >= len(frac) || frac[i] <= 0 || len(u.CPUPacked) != len(u.CPU) || len(u.CPUPackedAlone) != len(u.CPUAlone) {
+			continue
+		}
+		f := min(frac[i], 1)
+		mix := func(plain, packed []float64) []float64 {
+			out := make([]float64, len(plain))
+			for b := range out {
+				out[b] = (1-f)*plain[b] + f*packed[b]
+			}
+			return out
+		}
+		u.CPU, u.CPUAlone = mix(u.CPU, u.CPUPacked), mix(u.CPUAlone, u.CPUPackedAlone)
+	}
+	return &q
 }
 
 // BatchIndex is the index of the profiled batch size closest to n (on a

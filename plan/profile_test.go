@@ -11,17 +11,22 @@ import (
 
 func TestProfileCache(t *testing.T) {
 	dir := t.TempDir()
-	hw := Hardware{CPU: "test cpu", Cores: 8, Threads: 16, GPU: "test gpu", Driver: "13.0", VRAM: 24 << 30}
+	hw := Hardware{CPU: "test cpu", Cores: 8, Threads: 16, CPULevel: "avx512vnni", GPU: "test gpu", Driver: "13.0", VRAM: 24 << 30}
 	key := ProfileKey("model-a", hw, []int{1, 32})
 	if key == ProfileKey("model-b", hw, []int{1, 32}) || key == ProfileKey("model-a", Hardware{CPU: "other"}, []int{1, 32}) {
 		t.Fatal("profile keys do not tell models or machines apart")
+	}
+	generic := hw
+	generic.CPULevel = "generic"
+	if key == ProfileKey("model-a", generic, []int{1, 32}) {
+		t.Fatal("profile keys do not tell the CPU's kernel levels apart")
 	}
 	if p, err := LoadProfile(dir, key); p != nil || err != nil {
 		t.Fatalf("empty cache: %v, %v", p, err)
 	}
 	p := &Profile{Version: ProfileVersion, Key: key, Model: "a.gguf", Hardware: hw, Created: time.Unix(1700000000, 0).UTC(),
 		Batches: []int{1, 32}, Units: []UnitTimes{{Name: "u", Sig: "matmul", CPU: []float64{1e-3, 2e-2}, GPU: []float64{1e-5, 1e-4},
-			CPUAlone: []float64{1e-3, 2e-2}, GPUAlone: []float64{2e-5, 1e-4}}},
+			CPUAlone: []float64{1e-3, 2e-2}, GPUAlone: []float64{2e-5, 1e-4}, CPUPacked: []float64{7e-4, 1e-2}, CPUPackedAlone: []float64{8e-4, 1.1e-2}}},
 		Switch: []Link{{Latency: 1e-5, BytesPerSec: 1e10}, {Latency: 1e-5, BytesPerSec: 2e10}}, Stream: Link{BytesPerSec: 5e10}}
 	if err := SaveProfile(dir, p); err != nil {
 		t.Fatal(err)
@@ -59,5 +64,48 @@ func TestBatchIndexAndLink(t *testing.T) {
 	l := Link{Latency: 1e-5, BytesPerSec: 1e9}
 	if got := l.Time(1e6); got < 1.0099e-3 || got > 1.0101e-3 {
 		t.Errorf("1 MB at 1 GB/s plus 10 µs: %g s", got)
+	}
+}
+
+// Packed takes each unit's CPU times between the file's layout and the
+// repacked one by the fraction repacked, leaves units without repacked
+// times and the GPU's times alone, and does not change the profile.
+func TestProfilePacked(t *testing.T) {
+	p := &Profile{Batches: []int{1, 32}, Units: []UnitTimes{
+		{Name: "a", CPU: []float64{4, 40}, CPUAlone: []float64{5, 50}, GPU: []float64{1, 2}, GPUAlone: []float64{1, 3},
+			CPUPacked: []float64{2, 10}, CPUPackedAlone: []float64{3, 20}},
+		{Name: "b", CPU: []float64{4, 40}, CPUAlone: []float64{5, 50}, GPU: []float64{1, 2}, GPUAlone: []float64{1, 3},
+			CPUPacked: []float64{2, 10}, CPUPackedAlone: []float64{3, 20}},
+		{Name: "attention", CPU: []float64{7, 70}, CPUAlone: []float64{8, 80}, GPU: []float64{1, 2}, GPUAlone: []float64{1, 3}},
+		{Name: "c", CPU: []float64{4, 40}, CPUAlone: []float64{5, 50}, GPU: []float64{1, 2}, GPUAlone: []float64{1, 3},
+			CPUPacked: []float64{2, 10}, CPUPackedAlone: []float64{3, 20}},
+	}}
+	before := *p
+	before.Units = append([]UnitTimes(nil), p.Units...)
+	for i := range before.Units {
+		u := &before.Units[i]
+		u.CPU, u.CPUAlone = append([]float64(nil), u.CPU...), append([]float64(nil), u.CPUAlone...)
+	}
+	q := p.Packed([]float64{1, 0.5, 1, 0})
+	want := [][2][]float64{
+		{{2, 10}, {3, 20}},
+		{{3, 25}, {4, 35}},
+		{{7, 70}, {8, 80}},
+		{{4, 40}, {5, 50}},
+	}
+	for i, w := range want {
+		u := q.Units[i]
+		if diff := cmp.Diff(w, [2][]float64{u.CPU, u.CPUAlone}); diff != "" {
+			t.Errorf("%s: CPU, CPUAlone (-want +got):\n%s", u.Name, diff)
+		}
+		if diff := cmp.Diff(p.Units[i].GPU, u.GPU); diff != "" {
+			t.Errorf("%s: GPU changed: %s", u.Name, diff)
+		}
+	}
+	if diff := cmp.Diff(&before, p); diff != "" {
+		t.Errorf("Packed changed its receiver (-before +after):\n%s", diff)
+	}
+	if short := p.Packed([]float64{1}); short.Units[1].CPU[0] != 4 {
+		t.Errorf("a unit beyond frac took %g, want its own 4", short.Units[1].CPU[0])
 	}
 }

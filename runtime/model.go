@@ -100,29 +100,49 @@ func (m *Model) repackForCPU() int64 {
 func (m *Model) repackWeights(ws []*ir.Weight, limit int64) int64 {
 	m.repackMu.Lock()
 	defer m.repackMu.Unlock()
+	m.repackLocked(m.repackChoice(ws, limit))
+	return m.repacked
+}
+
+// repackChoice is what repackWeights(ws, limit) would repack now: in
+// order, each of ws that has a repacked layout at the CPU's level and no
+// copy yet, while the copies stay within limit (a matrix larger than
+// what is left is passed over, a smaller one after it may still fit);
+// nothing with ATS_REPACK=0. The caller holds repackMu.
+func (m *Model) repackChoice(ws []*ir.Weight, limit int64) []*ir.Weight {
 	if os.Getenv(EnvRepack) == "0" {
-		return m.repacked
+		return nil
 	}
+	var out []*ir.Weight
+	seen := map[*ir.Weight]bool{}
 	for _, w := range ws {
-		if w == nil || w.Mat.RepackedBytes() > 0 || (limit >= 0 && w.Bytes() > limit) {
+		if w == nil || seen[w] || w.Mat.RepackedBytes() > 0 || (limit >= 0 && w.Bytes() > limit) {
 			continue
 		}
+		size := int64(w.Mat.RepackSize())
+		if size == 0 {
+			continue
+		}
+		seen[w] = true
+		out = append(out, w)
+		limit -= size
+	}
+	return out
+}
+
+// repackLocked repacks ws (repackChoice's); the caller holds repackMu.
+func (m *Model) repackLocked(ws []*ir.Weight) {
+	for _, w := range ws {
 		r, ok := w.Mat.Repack()
 		if !ok {
 			continue
 		}
 		w.Mat = r
-		b := int64(r.RepackedBytes())
-		m.repacked += b
-		limit -= b
+		m.repacked += int64(r.RepackedBytes())
 		if n := len(w.Stack); n > 0 {
-			per := r.Rows / n
-			for e := range w.Stack {
-				w.Stack[e] = r.Slice(e*per, (e+1)*per)
-			}
+			copy(w.Stack, stackOf(r, n))
 		}
 	}
-	return m.repacked
 }
 
 // repackHybrid repacks the matrices of a hybrid placement's CPU units, in
@@ -135,13 +155,23 @@ func (m *Model) repackWeights(ws []*ir.Weight, limit int64) int64 {
 // driver's take about as much again). The CPU units' own pages stay, pinned
 // for the copies that promote or stream them.
 func (m *Model) repackHybrid(pl *Placement) int64 {
+	m.repackMu.Lock()
+	defer m.repackMu.Unlock()
+	m.repackLocked(m.hybridChoice(pl.units, pl.resident))
+	return m.repacked
+}
+
+// hybridChoice is what repackHybrid would repack now for a placement of
+// units where resident(i) says whether unit i lives on the GPU. The
+// caller holds repackMu.
+func (m *Model) hybridChoice(units []Unit, resident func(i int) bool) []*ir.Weight {
 	var released, total int64
 	var dense, moe []*ir.Weight
-	for i, u := range pl.units {
+	for i, u := range units {
 		for _, w := range u.Mats {
 			total += w.Bytes()
 			switch {
-			case pl.resident(i):
+			case resident(i):
 				released += w.Bytes()
 			case u.Op == ir.OpEmbed:
 				// Looked up a row at a time from its own blocks: a copy
@@ -156,13 +186,52 @@ func (m *Model) repackHybrid(pl *Placement) int64 {
 	if !m.File.Mapped {
 		released = 0 // heap copies are not given back
 	}
-	m.repackMu.Lock()
 	limit := released + total/32 - m.repacked
-	m.repackMu.Unlock()
 	if limit <= 0 {
-		return m.RepackedBytes()
+		return nil
 	}
-	return m.repackWeights(append(dense, moe...), limit)
+	return m.repackChoice(append(dense, moe...), limit)
+}
+
+// packedFractions is, for each unit, the fraction (by bytes) of its
+// repackable matrices (repackable) that the CPU would read from repacked
+// copies in a hybrid context where resident(i) says whether unit i lives
+// on the GPU: those repackHybrid would repack now and those already
+// repacked. A resident unit counts as repacked when repacking is on (its
+// CPU times only describe it). bytes is what the CPU units read from
+// copies.
+func (m *Model) packedFractions(units []Unit, resident func(i int) bool) (frac []float64, bytes int64) {
+	m.repackMu.Lock()
+	chosen := m.hybridChoice(units, resident)
+	m.repackMu.Unlock()
+	packed := map[*ir.Weight]bool{}
+	for _, w := range chosen {
+		packed[w] = true
+	}
+	on := os.Getenv(EnvRepack) != "0"
+	frac = make([]float64, len(units))
+	for i, u := range units {
+		if !repackable(u) {
+			continue
+		}
+		var all, got int64
+		for _, w := range u.Mats {
+			if w.Mat.Kernel == nil || w.Mat.RepackSize() == 0 {
+				continue
+			}
+			all += w.Bytes()
+			if packed[w] || w.Mat.RepackedBytes() > 0 || (on && resident(i)) {
+				got += w.Bytes()
+			}
+		}
+		if all > 0 {
+			frac[i] = float64(got) / float64(all)
+		}
+		if !resident(i) {
+			bytes += got
+		}
+	}
+	return frac, bytes
 }
 
 // RepackedBytes is the heap the model's repacked CPU copies take (0 when

@@ -44,6 +44,10 @@ type Placement struct {
 	// RingBytes is the staging ring through which CPU units stream to the
 	// GPU (prefill batches, and promoted units of decode steps).
 	RingBytes int64 `json:"ring_bytes,omitempty"`
+	// RepackedBytes is what of the CPU units' matrices the planner
+	// expects the CPU to read from repacked copies (Model.repackHybrid),
+	// timed so in the profile; the rest runs from the file's blocks.
+	RepackedBytes int64 `json:"repacked_bytes,omitempty"`
 	// Dynamic says whether decode steps promote CPU units to the GPU
 	// (planned from the profile, re-planned as the machine's load
 	// changes); false with --dynamic=false or without a profile.

@@ -215,26 +215,38 @@ func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOpti
 		n = opt.Batch
 	}
 	bi := prof.BatchIndex(n)
-	pr := problem(prof, units, bi, prof.Batches[bi], budget-fixed, m.Prog.Hyper)
+	// The CPU's times depend on the layout its matrices run in: a hybrid
+	// context repacks its CPU units' matrices as far as host memory
+	// allows, and the allowance grows with what lives on the GPU
+	// (Model.repackHybrid). The residency is solved as if every CPU unit
+	// were repacked (whichever units stay on the CPU, the allowance cuts
+	// the same bytes); everything after it, the prefill streams, the
+	// prediction and the promotion's figures, takes each unit's layout
+	// under that residency.
+	assumed, _ := m.packedFractions(units, func(int) bool { return true })
+	solveWith := prof.Packed(assumed)
+	pr := problem(solveWith, units, bi, solveWith.Batches[bi], budget-fixed, m.Prog.Hyper)
 	var sol plan.Placement
 	var err error
 	if forPrefill {
-		sol, err = m.solvePrefillResidency(prof, units, pr, bi)
+		sol, err = m.solvePrefillResidency(solveWith, units, pr, bi)
 	} else {
-		if pb := prof.BatchIndex(opt.Batch); prof.Batches[pb] > 1 {
-			blendPrefill(&pr, prof, units, pb, prof.Batches[pb], promptTokensPerReply, m.Prog.Hyper)
+		if pb := solveWith.BatchIndex(opt.Batch); solveWith.Batches[pb] > 1 {
+			blendPrefill(&pr, solveWith, units, pb, solveWith.Batches[pb], promptTokensPerReply, m.Prog.Hyper)
 		}
 		sol, err = plan.Static(pr)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("plan: %w", err)
 	}
+	frac, repacked := m.packedFractions(units, func(i int) bool { return sol.On[i] == plan.GPU })
+	prof = prof.Packed(frac)
 	pl := newPlacement(m, units, BackendCPU)
 	pl.OptimizedFor = "decode"
 	if forPrefill {
 		pl.OptimizedFor = "prefill"
 	}
-	pl.FixedBytes = fixed
+	pl.FixedBytes, pl.RepackedBytes = fixed, repacked
 	pl.prof, pl.Dynamic = prof, !opt.StaticOnly
 	streamable := map[*ir.Weight]bool{}
 	for _, u := range units {

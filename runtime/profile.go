@@ -7,8 +7,12 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	goruntime "runtime"
+	"runtime/debug"
+	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/klauspost/cpuid/v2"
@@ -40,6 +44,18 @@ import (
 // costs beyond that, the launch and the wait, is measured apart by moving
 // activations through mapped memory and back. Streaming is timed by
 // copying a weight from the mapped file to the device.
+//
+// The CPU is timed in the layouts it will read: a hybrid context repacks
+// its CPU units' Q4_K and Q6_K matrices as far as host memory allows
+// (Model.repackHybrid), and the repacked kernels are faster, at decode
+// as well as prefill. So every unit that may be repacked (any but the
+// embedding, of a type with a repacked layout at the CPU's level) and
+// every layer holding one are timed twice: from the file's blocks and from
+// repacked copies that the profile makes for the rotation it times and
+// drops after (the model's own weights are not touched). Which units a
+// placement will find repacked depends on what it keeps on the GPU; the
+// planner works that out (Model.packedFractions) and takes each unit's
+// times in its layout (plan.Profile.Packed).
 
 // ProfileBatches are the batch sizes a profile measures: decode, and
 // prefill batches.
@@ -64,7 +80,7 @@ func modelIdentity(m *Model) string {
 
 // hardware is the fingerprint a profile is keyed by.
 func hardware(dev *gpu.Device, threads int) plan.Hardware {
-	hw := plan.Hardware{CPU: strings.TrimSpace(cpuid.CPU.BrandName), Cores: cpuid.CPU.PhysicalCores, Threads: threads}
+	hw := plan.Hardware{CPU: strings.TrimSpace(cpuid.CPU.BrandName), Cores: cpuid.CPU.PhysicalCores, Threads: threads, CPULevel: ops.CPULevel().String()}
 	if dev != nil {
 		info := dev.Info()
 		hw.GPU, hw.VRAM = info.Name, int64(info.TotalMem)
@@ -116,12 +132,25 @@ func (m *Model) Profile(opt ContextOptions, fresh bool) (*plan.Profile, error) {
 	return m.profile(dev, programUnits(m.Prog, opt.CtxSize, dev.Weights().DeviceBytes), opt, fresh)
 }
 
+// ProfileCPU measures the CPU's side of the profile alone (the GPU's
+// figures left at zero), now: it needs no GPU, and is not cached, since
+// no placement can be planned from it; it shows what the CPU does on a
+// machine without one.
+func (m *Model) ProfileCPU(opt ContextOptions) (*plan.Profile, error) {
+	if opt.CtxSize <= 0 {
+		opt.CtxSize = min(m.Prog.Hyper.NCtxTrain, 4096)
+	}
+	return m.MeasureProfile(nil, programUnits(m.Prog, opt.CtxSize, nil), opt, ProfileBatches)
+}
+
 // profileRun is the state of one measurement.
 type profileRun struct {
 	m       *Model
 	units   []Unit
 	batches []int
 	cb      *cpu.Backend
+	cprog   *ir.Program // the CPU's program: m.Prog's ops with weights of the layout timed
+	copies  bool        // cprog reads repacked copies made for it
 	ge      *gpu.Exec
 	tokens  []int
 	done    int
@@ -130,7 +159,8 @@ type profileRun struct {
 }
 
 // MeasureProfile measures units on the CPU and the GPU at the batch
-// sizes.
+// sizes; without a device (dev nil), on the CPU only: the GPU's times,
+// the switches and the streaming are then left at zero.
 func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions, batches []int) (*plan.Profile, error) {
 	start := time.Now()
 	p := m.Prog
@@ -270,7 +300,11 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 	ctxSize := profileDecodePos + maxB + 1
 	pool := ops.NewPool(opt.Threads)
 	defer pool.Close()
-	cb, err := cpu.New(p, pool, cpu.Options{Batch: maxB, CtxSize: ctxSize, LogitRows: 1, Runs: func(i int) bool { return cpuRuns[i] }})
+	// The CPU runs its own copy of the ops, whose weights each timing
+	// points at the layout it times (profileRun.layout).
+	cprog := *p
+	cprog.Ops = slices.Clone(p.Ops)
+	cb, err := cpu.New(&cprog, pool, cpu.Options{Batch: maxB, CtxSize: ctxSize, LogitRows: 1, Runs: func(i int) bool { return cpuRuns[i] }})
 	if err != nil {
 		return nil, fmt.Errorf("profile: %w", err)
 	}
@@ -278,12 +312,15 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 	for _, part := range m.File.Parts {
 		files = append(files, part.Data)
 	}
-	ge, err := gpu.New(dev, dev.Weights(), p, gpu.Config{Model: profileKey{m}, Batch: maxB, CtxSize: ctxSize, LogitRows: 1,
-		Runs: func(i int) bool { return gpuRuns[i] }, Resident: func(w *ir.Weight) bool { return resident[w] }, Files: files})
-	if err != nil {
-		return nil, fmt.Errorf("profile: %w", err)
+	var ge *gpu.Exec
+	if dev != nil {
+		ge, err = gpu.New(dev, dev.Weights(), p, gpu.Config{Model: profileKey{m}, Batch: maxB, CtxSize: ctxSize, LogitRows: 1,
+			Runs: func(i int) bool { return gpuRuns[i] }, Resident: func(w *ir.Weight) bool { return resident[w] }, Files: files})
+		if err != nil {
+			return nil, fmt.Errorf("profile: %w", err)
+		}
+		defer ge.Close()
 	}
-	defer ge.Close()
 	// Activations: random rows of a realistic scale on both sides.
 	rng := rand.New(rand.NewPCG(1, 2))
 	for id, b := range p.Bufs {
@@ -298,16 +335,37 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 		if host := cb.Buf(ir.BufID(id)); host != nil {
 			copy(host, v)
 		}
+		if ge == nil {
+			continue
+		}
 		if err := ge.WriteBuffer(ir.BufID(id), v); err != nil {
 			return nil, fmt.Errorf("profile: %w", err)
 		}
 	}
-	r := &profileRun{m: m, units: units, batches: batches, cb: cb, ge: ge, note: opt.Progress}
+	r := &profileRun{m: m, units: units, batches: batches, cb: cb, ge: ge, cprog: &cprog, note: opt.Progress}
 	r.tokens = make([]int, maxB)
 	for i := range r.tokens {
 		r.tokens[i] = rng.IntN(p.Hyper.NVocab)
 	}
-	r.total = len(batches) * 2 * (len(reps) + len(layerKinds))
+	// Units a hybrid context may repack are timed in both layouts, the
+	// layers they are in whole in both.
+	packable := make([]bool, len(units))
+	for i, u := range units {
+		packable[i] = repackable(u)
+	}
+	layerPackable := func(ly *layer) bool { return slices.Contains(packable[ly.first:ly.last+1], true) }
+	steps := len(reps) + len(layerKinds)
+	for _, i := range reps {
+		if packable[i] {
+			steps++
+		}
+	}
+	for _, ly := range layerKinds {
+		if layerPackable(ly) {
+			steps++
+		}
+	}
+	r.total = len(batches) * steps
 	prof := &plan.Profile{Version: plan.ProfileVersion, Model: filepath.Base(m.File.Path), Hardware: hardware(dev, pool.Threads()),
 		Created: time.Now().UTC(), Batches: batches, DecodePos: profileDecodePos, Measured: len(reps)}
 	prof.Units = make([]plan.UnitTimes, len(units))
@@ -316,9 +374,14 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 		t.Name, t.Sig = u.Name, u.Sig
 		t.CPU, t.GPU = make([]float64, len(batches)), make([]float64, len(batches))
 		t.CPUAlone, t.GPUAlone = make([]float64, len(batches)), make([]float64, len(batches))
+		if packable[i] {
+			t.CPUPacked, t.CPUPackedAlone = make([]float64, len(batches)), make([]float64, len(batches))
+		}
 	}
-	// Each representative unit alone, on each backend.
-	alone := map[int][2][]float64{}
+	// Each representative unit alone, on each backend, and on the CPU
+	// from repacked copies too.
+	type times struct{ cpu, gpu, packed []float64 }
+	alone := map[int]times{}
 	for _, i := range reps {
 		u := units[i]
 		var cr [][2]int
@@ -333,9 +396,10 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 		if err != nil {
 			return nil, fmt.Errorf("profile: %s: %w", u.Name, err)
 		}
-		var c, g []float64
+		var a times
+		rot := r.layout(cr, false)
 		for _, n := range batches {
-			tc, err := r.timeCPU(cr, n)
+			tc, err := r.timeCPU(rot, n)
 			if err != nil {
 				release(schs)
 				return nil, err
@@ -345,21 +409,37 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 				release(schs)
 				return nil, fmt.Errorf("profile: %s on the GPU: %w", u.Name, err)
 			}
-			c, g = append(c, tc), append(g, tg)
+			a.cpu, a.gpu = append(a.cpu, tc), append(a.gpu, tg)
 			r.step(u.Name)
 		}
 		release(schs)
-		alone[i] = [2][]float64{c, g}
+		if packable[i] {
+			rot := r.layout(cr, true)
+			for _, n := range batches {
+				tc, err := r.timeCPU(rot, n)
+				if err != nil {
+					return nil, err
+				}
+				a.packed = append(a.packed, tc)
+				r.step(u.Name + " repacked")
+			}
+		}
+		r.restore()
+		alone[i] = a
 	}
 	for i := range units {
 		a := alone[rep[units[i].Sig]]
-		copy(prof.Units[i].CPUAlone, a[0])
-		copy(prof.Units[i].GPUAlone, a[1])
-		copy(prof.Units[i].CPU, a[0])
-		copy(prof.Units[i].GPU, a[1])
+		t := &prof.Units[i]
+		copy(t.CPUAlone, a.cpu)
+		copy(t.GPUAlone, a.gpu)
+		copy(t.CPU, a.cpu)
+		copy(t.GPU, a.gpu)
+		copy(t.CPUPackedAlone, a.packed)
+		copy(t.CPUPacked, a.packed)
 	}
-	// Each kind of layer whole: its fusion ratio scales its units.
-	ratio := map[*layer][2][]float64{}
+	// Each kind of layer whole: its fusion ratio scales its units, in
+	// each layout.
+	ratio := map[*layer]times{}
 	for _, ly := range layerKinds {
 		span := func(ls []*layer) [][2]int {
 			var out [][2]int
@@ -372,9 +452,10 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 		if err != nil {
 			return nil, fmt.Errorf("profile: layer %d: %w", units[ly.first].Layer, err)
 		}
-		var rc, rg []float64
+		var rt times
+		rot := r.layout(span(cpuLayers[ly]), false)
 		for bi, n := range batches {
-			tc, err := r.timeCPU(span(cpuLayers[ly]), n)
+			tc, err := r.timeCPU(rot, n)
 			if err != nil {
 				release(schs)
 				return nil, err
@@ -389,11 +470,32 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 				sc += prof.Units[i].CPUAlone[bi]
 				sg += prof.Units[i].GPUAlone[bi]
 			}
-			rc, rg = append(rc, min(tc/sc, 1)), append(rg, min(tg/sg, 1))
+			rt.cpu, rt.gpu = append(rt.cpu, fusedRatio(tc, sc)), append(rt.gpu, fusedRatio(tg, sg))
 			r.step(fmt.Sprintf("layer %d", units[ly.first].Layer))
 		}
 		release(schs)
-		ratio[ly] = [2][]float64{rc, rg}
+		if layerPackable(ly) {
+			rot := r.layout(span(cpuLayers[ly]), true)
+			for bi, n := range batches {
+				tc, err := r.timeCPU(rot, n)
+				if err != nil {
+					return nil, err
+				}
+				var sc float64
+				for i := ly.first; i <= ly.last; i++ {
+					t := prof.Units[i]
+					if packable[i] {
+						sc += t.CPUPackedAlone[bi]
+					} else {
+						sc += t.CPUAlone[bi]
+					}
+				}
+				rt.packed = append(rt.packed, fusedRatio(tc, sc))
+				r.step(fmt.Sprintf("layer %d repacked", units[ly.first].Layer))
+			}
+		}
+		r.restore()
+		ratio[ly] = rt
 	}
 	for i := range units {
 		ly := layerOf[i]
@@ -401,10 +503,18 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 			continue
 		}
 		rt := ratio[ly]
+		t := &prof.Units[i]
 		for bi := range batches {
-			prof.Units[i].CPU[bi] = prof.Units[i].CPUAlone[bi] * rt[0][bi]
-			prof.Units[i].GPU[bi] = prof.Units[i].GPUAlone[bi] * rt[1][bi]
+			t.CPU[bi] = t.CPUAlone[bi] * rt.cpu[bi]
+			t.GPU[bi] = t.GPUAlone[bi] * rt.gpu[bi]
+			if packable[i] {
+				t.CPUPacked[bi] = t.CPUPackedAlone[bi] * rt.packed[bi]
+			}
 		}
+	}
+	if dev == nil {
+		prof.Took = time.Since(start).Seconds()
+		return prof, nil
 	}
 	// Switches: activations of one hidden row per token, there and back,
 	// at two sizes for a latency and a rate.
@@ -448,6 +558,126 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 	return prof, nil
 }
 
+// repackable says whether a hybrid context may give unit u's matrices
+// repacked copies (Model.repackHybrid: every CPU unit's but the
+// embedding's, as memory allows): whether the CPU's level has a repacked
+// layout for any of them.
+func repackable(u Unit) bool {
+	if u.Op == ir.OpEmbed {
+		return false
+	}
+	for _, w := range u.Mats {
+		if w.Mat.Kernel != nil && w.Mat.RepackSize() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// layout points the CPU program's ops in ranges at their matrices in the
+// file's blocks (packed false) or in repacked copies, made now (several
+// at once) and dropped by the next restore, and returns the rotation of
+// the ranges in that layout. The embedding is never repacked (a context
+// never reads it from a copy), and matrices without a repacked layout
+// stay as they are.
+func (r *profileRun) layout(ranges [][2]int, packed bool) *cpuRotation {
+	r.restore()
+	made := map[*ir.Weight]*ir.Weight{}
+	var todo []*ir.Weight
+	for _, rg := range ranges {
+		for i := rg[0]; i < rg[1]; i++ {
+			op := &r.cprog.Ops[i]
+			if op.Kind == ir.OpEmbed {
+				continue
+			}
+			for _, w := range []*ir.Weight{op.W, op.Gate, op.Up, op.Down} {
+				if w == nil || len(w.Dims) < 2 || w.Mat.Kernel == nil {
+					continue
+				}
+				if _, ok := made[w]; ok {
+					continue
+				}
+				switch {
+				case !packed && w.Mat.RepackedBytes() > 0: // repacked by a context
+					made[w] = withMat(w, w.Mat.Unpacked())
+				case packed && w.Mat.RepackedBytes() == 0 && w.Mat.RepackSize() > 0:
+					made[w] = nil
+					todo = append(todo, w)
+				default:
+					made[w] = w
+				}
+			}
+		}
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, goruntime.GOMAXPROCS(0))
+	for _, w := range todo {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			c := w
+			if pm, ok := w.Mat.Repack(); ok {
+				c = withMat(w, pm)
+			}
+			mu.Lock()
+			made[w] = c
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	r.copies = len(todo) > 0
+	for _, rg := range ranges {
+		for i := rg[0]; i < rg[1]; i++ {
+			op := &r.cprog.Ops[i]
+			if op.Kind == ir.OpEmbed {
+				continue
+			}
+			for _, w := range []**ir.Weight{&op.W, &op.Gate, &op.Up, &op.Down} {
+				if c := made[*w]; c != nil {
+					*w = c
+				}
+			}
+		}
+	}
+	return &cpuRotation{ranges: ranges}
+}
+
+// restore points the CPU program's ops at the model's own weights again,
+// and gives the memory of the copies layout made back to the system at
+// once: the process should stay near the size of the weights (a context
+// repacks its own next), not hold a rotation or two of garbage.
+func (r *profileRun) restore() {
+	copy(r.cprog.Ops, r.m.Prog.Ops)
+	if r.copies {
+		r.copies = false
+		debug.FreeOSMemory()
+	}
+}
+
+// withMat is a copy of w whose products use mat (w's matrix in another
+// layout), its expert stack sliced from mat.
+func withMat(w *ir.Weight, mat ops.Matrix) *ir.Weight {
+	c := *w
+	c.Mat = mat
+	c.Stack = stackOf(mat, len(w.Stack))
+	return &c
+}
+
+// stackOf slices a stacked tensor's matrix into its n experts (nil for
+// n 0).
+func stackOf(mat ops.Matrix, n int) []ops.Matrix {
+	if n == 0 {
+		return nil
+	}
+	out := make([]ops.Matrix, n)
+	per := mat.Rows / n
+	for e := range out {
+		out[e] = mat.Slice(e*per, (e+1)*per)
+	}
+	return out
+}
+
 // profileKey keeps the profile's weight set apart from a context's.
 type profileKey struct{ m *Model }
 
@@ -467,8 +697,21 @@ func pos0(n int) int {
 	return 0
 }
 
-// compile makes a one-segment GPU schedule of each op range.
+// fusedRatio is a layer's time whole over the sum of its units' alone,
+// at most 1 (1 when nothing was timed: no GPU).
+func fusedRatio(whole, sum float64) float64 {
+	if sum <= 0 {
+		return 1
+	}
+	return min(whole/sum, 1)
+}
+
+// compile makes a one-segment GPU schedule of each op range (none
+// without a GPU).
 func (r *profileRun) compile(ranges [][2]int) ([]*gpu.Schedule, error) {
+	if r.ge == nil {
+		return nil, nil
+	}
 	var out []*gpu.Schedule
 	nOps := len(r.m.Prog.Ops)
 	for _, rg := range ranges {
@@ -488,16 +731,31 @@ func release(schs []*gpu.Schedule) {
 	}
 }
 
-// timeCPU is the median seconds of one of the op ranges (the next in turn
-// each run) on the CPU over n rows.
-func (r *profileRun) timeCPU(ranges [][2]int, n int) (float64, error) {
-	for _, rg := range ranges[1:] { // first touches (medianOf warms the first)
-		r.cb.Run(rg[0], rg[1], r.tokens[:n], n, pos0(n), ir.OutputLast)
+// cpuRotation is a rotation of op ranges of one shape, in one layout,
+// timed on the CPU at each batch size in turn: every run takes the next
+// range, carrying on from one batch size to the next, so the range timed
+// was last run a whole rotation (several times the last-level cache) of
+// weights ago.
+type cpuRotation struct {
+	ranges  [][2]int
+	next    int
+	touched bool // every range run once
+}
+
+// timeCPU is the median seconds of the rotation's next ranges on the CPU
+// over n rows. The first timing of a rotation runs every range once
+// before (page faults, fresh copies out of the caches; medianOf warms the
+// first); the next ones need not, their ranges were all run since.
+func (r *profileRun) timeCPU(rot *cpuRotation, n int) (float64, error) {
+	if !rot.touched {
+		for _, rg := range rot.ranges[1:] {
+			r.cb.Run(rg[0], rg[1], r.tokens[:n], n, pos0(n), ir.OutputLast)
+		}
+		rot.touched = true
 	}
-	k := 0
 	return medianOf(func() (float64, error) {
-		rg := ranges[k%len(ranges)]
-		k++
+		rg := rot.ranges[rot.next%len(rot.ranges)]
+		rot.next++
 		start := time.Now()
 		r.cb.Run(rg[0], rg[1], r.tokens[:n], n, pos0(n), ir.OutputLast)
 		return time.Since(start).Seconds(), nil
@@ -505,8 +763,11 @@ func (r *profileRun) timeCPU(ranges [][2]int, n int) (float64, error) {
 }
 
 // timeGPU is the median device seconds of one of the schedules (the next
-// in turn each run).
+// in turn each run); 0 without a GPU.
 func (r *profileRun) timeGPU(schs []*gpu.Schedule, n int) (float64, error) {
+	if r.ge == nil {
+		return 0, nil
+	}
 	for _, sch := range schs[1:] { // graph captures (medianOf warms the first)
 		if err := r.ge.Begin(sch, r.tokens[:n], pos0(n)); err != nil {
 			return 0, err
@@ -534,6 +795,9 @@ func coldBytes(dev *gpu.Device) (cpu, gpu int64) {
 	cpu, gpu = 256<<20, 128<<20
 	if l3 := int64(cpuid.CPU.Cache.L3); l3 > 0 {
 		cpu = max(cpu, 4*l3)
+	}
+	if dev == nil {
+		return cpu, gpu
 	}
 	if l2 := int64(dev.Info().L2CacheBytes); l2 > 0 {
 		gpu = max(gpu, 2*l2)

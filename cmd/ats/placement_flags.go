@@ -123,13 +123,18 @@ func parseSize(s string) (int64, error) {
 // profileProgress shows a profiling run: a bar on a terminal, a line at
 // the start and the end otherwise.
 func profileProgress(w io.Writer) func(done, total int, what string) {
+	return progressSaying(w, "ats: measuring this model's units on the CPU and the GPU for the placement (once; the profile is cached)")
+}
+
+// progressSaying is profileProgress with another first line.
+func progressSaying(w io.Writer, first string) func(done, total int, what string) {
 	var once sync.Once
 	var bar *progressbar.ProgressBar
 	var start time.Time
 	return func(done, total int, what string) {
 		once.Do(func() {
 			start = time.Now()
-			fmt.Fprintln(w, "ats: measuring this model's units on the CPU and the GPU for the placement (once; the profile is cached)")
+			fmt.Fprintln(w, first)
 			if isTerminal(w) {
 				bar = progressbar.NewOptions(total, progressbar.OptionSetWriter(w), progressbar.OptionSetDescription("profiling"),
 					progressbar.OptionSetWidth(30), progressbar.OptionThrottle(50*time.Millisecond), progressbar.OptionClearOnFinish(),

@@ -91,9 +91,9 @@ ranking with the budget line.`,
 	})
 	register(func() *cobra.Command {
 		var (
-			modelPath     string
-			fresh, asJSON bool
-			thrds         int
+			modelPath              string
+			fresh, asJSON, cpuOnly bool
+			thrds                  int
 		)
 		cmd := &cobra.Command{
 			Use:   "profile -m MODEL [--fresh] [--json]",
@@ -104,7 +104,9 @@ measurement) on the CPU and on the GPU, at decode (1 token) and at prefill
 batches of 32, 128 and 512 tokens, the cost of switching between the two,
 and the speed of streaming weights to the GPU. The profile is cached under
 the user's cache directory, keyed by the model file and this machine, and
-reused by planning; --fresh measures again.`,
+reused by planning; --fresh measures again. --cpu-only measures the CPU's
+side alone (no GPU needed; not cached, since no placement can be planned
+from it).`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				if modelPath == "" {
@@ -116,7 +118,13 @@ reused by planning; --fresh measures again.`,
 				}
 				defer m.Close()
 				opt := runtime.ContextOptions{Threads: thrds, Progress: profileProgress(cmd.ErrOrStderr())}
-				prof, err := m.Profile(opt, fresh)
+				var prof *plan.Profile
+				if cpuOnly {
+					opt.Progress = progressSaying(cmd.ErrOrStderr(), "ats: measuring this model's units on the CPU (not cached)")
+					prof, err = m.ProfileCPU(opt)
+				} else {
+					prof, err = m.Profile(opt, fresh)
+				}
 				if err != nil {
 					return fmt.Errorf("profile: %w", err)
 				}
@@ -133,6 +141,7 @@ reused by planning; --fresh measures again.`,
 		f.StringVarP(&modelPath, "model", "m", "", "GGUF model file")
 		f.BoolVar(&fresh, "fresh", false, "measure again even when a profile is cached")
 		f.BoolVar(&asJSON, "json", false, "print the profile as JSON")
+		f.BoolVar(&cpuOnly, "cpu-only", false, "measure the CPU's side only (no GPU needed; not cached)")
 		f.IntVarP(&thrds, "threads", "t", 0, "CPU threads (0: all cores)")
 		var budget string
 		f.StringVar(&budget, "vram-budget", "", "accepted for symmetry with the run commands (a profile does not depend on it)")
@@ -153,6 +162,9 @@ func printPlacement(w io.Writer, pl *runtime.Placement, prof *plan.Profile, m *r
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "placement: %s\n", pl.Describe())
+	if pl.RepackedBytes > 0 {
+		fmt.Fprintf(w, "repacked for the CPU: %s of its weights (timed so; the rest runs from the file's blocks)\n", runtime.FormatBytes(pl.RepackedBytes))
+	}
 	if pl.Note != "" {
 		fmt.Fprintf(w, "note: %s\n", pl.Note)
 	}
@@ -225,12 +237,16 @@ func placementGrid(pl *runtime.Placement) (roles []string, byLayer []map[string]
 
 // printProfile writes a profile: one line per measured unit shape.
 func printProfile(w io.Writer, p *plan.Profile) {
-	fmt.Fprintf(w, "profile of %s on %s (%d cores, %d threads) and %s (driver %s), measured %s in %.1fs\n",
-		p.Model, p.Hardware.CPU, p.Hardware.Cores, p.Hardware.Threads, p.Hardware.GPU, p.Hardware.Driver, p.Created.Format("2006-01-02 15:04"), p.Took)
-	fmt.Fprintf(w, "%d units, %d distinct shapes measured; decode attention at position %d\n\n", len(p.Units), p.Measured, p.DecodePos)
+	gpuName := fmt.Sprintf("%s (driver %s)", p.Hardware.GPU, p.Hardware.Driver)
+	if p.Hardware.GPU == "" {
+		gpuName = "no GPU (the CPU's side only)"
+	}
+	fmt.Fprintf(w, "profile of %s on %s (%d cores, %d threads) and %s, measured %s in %.1fs\n",
+		p.Model, p.Hardware.CPU, p.Hardware.Cores, p.Hardware.Threads, gpuName, p.Created.Format("2006-01-02 15:04"), p.Took)
+	fmt.Fprintf(w, "%d units, %d distinct shapes measured; decode attention at position %d; cpu: from the file's blocks (from repacked copies)\n\n", len(p.Units), p.Measured, p.DecodePos)
 	fmt.Fprintf(w, "%-34s", "unit (first of its shape)")
 	for _, b := range p.Batches {
-		fmt.Fprintf(w, " %22s", fmt.Sprintf("batch %d cpu/gpu µs", b))
+		fmt.Fprintf(w, " %30s", fmt.Sprintf("batch %d cpu (repacked)/gpu µs", b))
 	}
 	fmt.Fprintf(w, "  %s\n", "same shape")
 	count := map[string]int{}
@@ -245,9 +261,16 @@ func printProfile(w io.Writer, p *plan.Profile) {
 		shown[u.Sig] = true
 		fmt.Fprintf(w, "%-34s", u.Name)
 		for i := range p.Batches {
-			fmt.Fprintf(w, " %22s", fmt.Sprintf("%.1f / %.1f", 1e6*u.CPU[i], 1e6*u.GPU[i]))
+			cpu := fmt.Sprintf("%.1f", 1e6*u.CPU[i])
+			if i < len(u.CPUPacked) {
+				cpu += fmt.Sprintf(" (%.1f)", 1e6*u.CPUPacked[i])
+			}
+			fmt.Fprintf(w, " %30s", fmt.Sprintf("%s / %.1f", cpu, 1e6*u.GPU[i]))
 		}
 		fmt.Fprintf(w, "  ×%d\n", count[u.Sig])
+	}
+	if len(p.Switch) == 0 {
+		return // no GPU
 	}
 	fmt.Fprintf(w, "\nswitch (activations of one hidden row per token, one way):\n")
 	for i, b := range p.Batches {

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"encoding/json"
 	"encoding/xml"
 	"io"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/atsinfer/ats/plan"
 	"github.com/atsinfer/ats/runtime"
 )
 
@@ -76,5 +81,43 @@ func TestPlacementSVG(t *testing.T) {
 	roles, byLayer, other := placementGrid(pl)
 	if len(roles) != 3 || len(byLayer) != 2 || len(other) != 1 {
 		t.Errorf("grid: %v roles, %d layers, %d others", roles, len(byLayer), len(other))
+	}
+}
+
+// profile --cpu-only measures the CPU's side without a GPU, in both
+// layouts where the CPU has repacked kernels, and caches nothing.
+func TestProfileCPUOnly(t *testing.T) {
+	t.Setenv("ATS_CACHE_DIR", t.TempDir())
+	out, stderr, err := runATS(t, "profile", "-m", oracleModel(t, "tiny-qwen3-q4_k_m"), "-t", "2", "--cpu-only")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	for _, want := range []string{"no GPU (the CPU's side only)", "blk.0.attn_q.weight", "output.weight"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "switch") || strings.Contains(out, "streaming") {
+		t.Errorf("a CPU-only profile shows the GPU's link:\n%s", out)
+	}
+	if !strings.Contains(stderr, "not cached") {
+		t.Errorf("stderr does not say the profile is not cached:\n%s", stderr)
+	}
+	js, _, err := runATS(t, "profile", "-m", oracleModel(t, "tiny-qwen3-q4_k_m"), "-t", "2", "--cpu-only", "--json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p plan.Profile
+	if err := json.Unmarshal([]byte(js), &p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Version != plan.ProfileVersion || len(p.Units) == 0 || p.Hardware.CPULevel == "" {
+		t.Errorf("version %d, %d units, CPU level %q", p.Version, len(p.Units), p.Hardware.CPULevel)
+	}
+	if slices.ContainsFunc(p.Units, func(u plan.UnitTimes) bool { return len(u.CPUPacked) > 0 }) && !strings.Contains(out, ") / 0.0") {
+		t.Errorf("the table does not show the repacked times:\n%s", out)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(os.Getenv("ATS_CACHE_DIR"), "profiles")); len(entries) > 0 {
+		t.Errorf("a CPU-only profile was cached: %v", entries)
 	}
 }

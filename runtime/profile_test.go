@@ -1,0 +1,330 @@
+package runtime
+
+import (
+	"math"
+	"slices"
+	"testing"
+
+	"github.com/atsinfer/ats/plan"
+	"github.com/atsinfer/ats/runtime/ir"
+)
+
+// canRepack reports whether this CPU level has kernels for repacked
+// weights (not with -tags noasm, nor off amd64).
+func canRepack(m *Model) bool {
+	for i := range m.Prog.Ops {
+		if op := &m.Prog.Ops[i]; op.Kind == ir.OpMatMul && op.W.Mat.RepackSize() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// assertUnrepacked fails when a context's repacking touched the model.
+func assertUnrepacked(t *testing.T, m *Model) {
+	t.Helper()
+	if n := m.RepackedBytes(); n != 0 {
+		t.Errorf("the model holds %d bytes of repacked copies", n)
+	}
+	for i := range m.Prog.Ops {
+		for _, w := range m.Prog.Ops[i].Weights() {
+			if w.Mat.RepackedBytes() > 0 {
+				t.Errorf("the model's %s was repacked", w.Name)
+			}
+		}
+	}
+}
+
+// The profile's CPU program reads the matrices in the layout being timed:
+// repacked copies of every matrix a hybrid context may repack (never the
+// embedding), or the file's blocks even where a context has repacked the
+// model's; the model's own weights are never changed, and restore goes
+// back to them.
+func TestProfileLayouts(t *testing.T) {
+	for _, name := range []string{"tiny-qwen3-q4_k_m", "tiny-qwen3moe-q4_k_m"} {
+		t.Run(name, func(t *testing.T) {
+			m := openOracle(t, name)
+			if !canRepack(m) {
+				t.Skip("this CPU level has no kernels for repacked weights (noasm, or not amd64)")
+			}
+			p := m.Prog
+			cprog := *p
+			cprog.Ops = slices.Clone(p.Ops)
+			r := &profileRun{m: m, cprog: &cprog}
+			all := [][2]int{{0, len(p.Ops)}}
+			mats := func(op *ir.Op) []*ir.Weight {
+				var out []*ir.Weight
+				for _, w := range []*ir.Weight{op.W, op.Gate, op.Up, op.Down} {
+					if w != nil && len(w.Dims) > 1 {
+						out = append(out, w)
+					}
+				}
+				return out
+			}
+			r.layout(all, true)
+			packed := 0
+			for i := range cprog.Ops {
+				op, orig := &cprog.Ops[i], &p.Ops[i]
+				for k, w := range mats(op) {
+					o := mats(orig)[k]
+					switch {
+					case op.Kind == ir.OpEmbed:
+						if w != o {
+							t.Errorf("op %d: the embedding %s was given a copy", i, o.Name)
+						}
+					case o.Mat.RepackSize() == 0:
+						if w != o {
+							t.Errorf("op %d: %s has no repacked layout but was replaced", i, o.Name)
+						}
+					default:
+						if w == o || w.Mat.RepackedBytes() == 0 || w.Name != o.Name {
+							t.Errorf("op %d: %s is not read from a repacked copy", i, o.Name)
+						}
+						for e, s := range w.Stack {
+							if s.RepackedBytes() == 0 {
+								t.Errorf("op %d: expert %d of %s is not read from the copy", i, e, o.Name)
+							}
+						}
+						packed++
+					}
+				}
+			}
+			if packed == 0 {
+				t.Fatal("no matrix timed repacked")
+			}
+			assertUnrepacked(t, m)
+			r.restore()
+			for i := range cprog.Ops {
+				if !slices.Equal(mats(&cprog.Ops[i]), mats(&p.Ops[i])) {
+					t.Fatalf("op %d: restore left another weight", i)
+				}
+			}
+			// A model a context repacked: the file's layout is still timed
+			// from the original blocks, the repacked one from its copies.
+			m.repackForCPU()
+			r.layout(all, false)
+			for i := range cprog.Ops {
+				for _, w := range mats(&cprog.Ops[i]) {
+					if w.Mat.RepackedBytes() > 0 {
+						t.Errorf("op %d: %s timed in the file's layout reads a copy", i, w.Name)
+					}
+					for _, s := range w.Stack {
+						if s.RepackedBytes() > 0 {
+							t.Errorf("op %d: an expert of %s timed in the file's layout reads a copy", i, w.Name)
+						}
+					}
+				}
+			}
+			r.layout(all, true)
+			for i := range cprog.Ops {
+				for k, w := range mats(&cprog.Ops[i]) {
+					if o := mats(&p.Ops[i])[k]; o.Mat.RepackedBytes() > 0 && w != o {
+						t.Errorf("op %d: %s was repacked again", i, o.Name)
+					}
+				}
+			}
+			r.restore()
+		})
+	}
+}
+
+// Without a GPU the profile measures the CPU's side: every unit a hybrid
+// context may repack in both layouts, the others (embedding, attention)
+// in the file's; the model's weights stay as they were.
+func TestMeasureProfileCPUOnly(t *testing.T) {
+	for _, name := range []string{"tiny-qwen3-q4_k_m", "tiny-qwen3moe-q4_k_m", "tiny-llama-q8_0"} {
+		t.Run(name, func(t *testing.T) {
+			m := openOracle(t, name)
+			units := programUnits(m.Prog, 64, nil)
+			batches := []int{1, 4}
+			prof, err := m.MeasureProfile(nil, units, ContextOptions{Threads: 2}, batches)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(prof.Units) != len(units) || len(prof.Switch) != 0 || prof.Hardware.GPU != "" || prof.Hardware.CPULevel == "" {
+				t.Fatalf("%d units of %d, %d switches, GPU %q, CPU level %q", len(prof.Units), len(units), len(prof.Switch), prof.Hardware.GPU, prof.Hardware.CPULevel)
+			}
+			finite := func(v []float64) bool {
+				for _, x := range v {
+					if !(x > 0) || math.IsInf(x, 0) {
+						return false
+					}
+				}
+				return len(v) == len(batches)
+			}
+			packedUnits := 0
+			for i, u := range units {
+				ut := prof.Units[i]
+				if !finite(ut.CPU) || !finite(ut.CPUAlone) {
+					t.Errorf("%s: CPU %v, alone %v", u.Name, ut.CPU, ut.CPUAlone)
+				}
+				if slices.ContainsFunc(ut.GPU, func(x float64) bool { return x != 0 }) {
+					t.Errorf("%s: GPU times %v without a GPU", u.Name, ut.GPU)
+				}
+				switch {
+				case repackable(u):
+					packedUnits++
+					if !finite(ut.CPUPacked) || !finite(ut.CPUPackedAlone) {
+						t.Errorf("%s may be repacked, but its repacked times are %v, alone %v", u.Name, ut.CPUPacked, ut.CPUPackedAlone)
+					}
+				case len(ut.CPUPacked) > 0 || len(ut.CPUPackedAlone) > 0:
+					t.Errorf("%s (%s) is never repacked, but has repacked times", u.Name, u.Op)
+				}
+			}
+			switch {
+			case name == "tiny-llama-q8_0" && packedUnits > 0:
+				t.Errorf("%d Q8_0 units timed repacked", packedUnits)
+			case name != "tiny-llama-q8_0" && packedUnits == 0 && canRepack(m):
+				t.Error("no unit timed repacked")
+			case packedUnits == 0:
+				t.Logf("no unit timed repacked: no repacked layout for these types at level %s", prof.Hardware.CPULevel)
+			}
+			assertUnrepacked(t, m)
+		})
+	}
+}
+
+// packedFractions says beforehand what repackHybrid then repacks: the
+// same matrices, the same bytes, for a placement whose allowance covers
+// part of the CPU units and one that covers more; nothing with
+// ATS_REPACK=0.
+func TestPackedFractions(t *testing.T) {
+	cases := []struct {
+		name     string
+		resident func(u Unit) bool
+		off      bool
+	}{
+		{"all on the CPU", func(Unit) bool { return false }, false},
+		{"odd layers resident", func(u Unit) bool { return u.Layer%2 == 1 }, false},
+		{"attention resident", func(u Unit) bool { return u.Op == ir.OpAttention }, false},
+		{"repacking off", func(u Unit) bool { return u.Layer%2 == 1 }, true},
+	}
+	partial, ran := false, false
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if c.off {
+				t.Setenv(EnvRepack, "0")
+			}
+			m := openOracle(t, "tiny-qwen3-q4_k_m")
+			if !canRepack(m) {
+				t.Skip("this CPU level has no kernels for repacked weights (noasm, or not amd64)")
+			}
+			ran = true
+			units := programUnits(m.Prog, 64, nil)
+			pl := newPlacement(m, units, BackendCPU)
+			for i, u := range units {
+				if c.resident(u) {
+					pl.Units[i].Backend = BackendGPU
+				}
+			}
+			frac, bytes := m.packedFractions(units, pl.resident)
+			got := m.repackHybrid(pl)
+			if got != bytes {
+				t.Errorf("predicted %d bytes repacked, repackHybrid made %d", bytes, got)
+			}
+			cut := false
+			for i, u := range units {
+				if pl.resident(i) || !repackable(u) {
+					continue
+				}
+				var all, packed int64
+				for _, w := range u.Mats {
+					if w.Mat.RepackSize() > 0 {
+						all += w.Bytes()
+						if w.Mat.RepackedBytes() > 0 {
+							packed += w.Bytes()
+						}
+					}
+				}
+				if want := float64(packed) / float64(all); frac[i] != want {
+					t.Errorf("%s: predicted %.2f repacked, repackHybrid made %.2f", u.Name, frac[i], want)
+				}
+				cut = cut || frac[i] < 1
+			}
+			if c.off && got != 0 {
+				t.Errorf("repacked %d bytes with %s=0", got, EnvRepack)
+			}
+			partial = partial || (cut && got > 0)
+		})
+	}
+	if ran && !partial {
+		t.Error("no case had the allowance cut the CPU units")
+	}
+}
+
+// The planner solves with the repacked times and then describes the
+// placement with each CPU unit's times in the layout repackHybrid will
+// give it: repacked where the allowance reaches, the file's beyond (all
+// of them at a CPU level without repacked kernels).
+func TestPlacementUsesRepackedTimes(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	units := programUnits(m.Prog, 64, nil)
+	prof := &plan.Profile{Batches: []int{1}, Switch: []plan.Link{{Latency: 1e-6, BytesPerSec: 1e10}}, Stream: plan.Link{BytesPerSec: 1e10}}
+	var total int64
+	for _, u := range units {
+		total += u.Bytes
+		cpuT, gpuT := 1e-9*float64(u.Bytes)+1e-6, 1e-10*float64(u.Bytes)+1e-6
+		ut := plan.UnitTimes{Name: u.Name, Sig: u.Sig, CPU: []float64{cpuT}, CPUAlone: []float64{cpuT}, GPU: []float64{gpuT}, GPUAlone: []float64{gpuT}}
+		if repackable(u) {
+			ut.CPUPacked, ut.CPUPackedAlone = []float64{cpuT / 2}, []float64{cpuT / 2}
+		}
+		prof.Units = append(prof.Units, ut)
+	}
+	opt := ContextOptions{Batch: 1, CtxSize: 64, StaticOnly: true}
+	pl, err := m.placeByProfile(prof, units, opt, total/8, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	frac, bytes := m.packedFractions(units, pl.resident)
+	if !canRepack(m) {
+		for i := range units {
+			if got, want := pl.prof.Units[i].CPU[0], prof.Units[i].CPU[0]; !pl.resident(i) && got != want {
+				t.Errorf("%s: %.3g s on the CPU without repacked kernels, want the file's layout's %.3g", units[i].Name, got, want)
+			}
+		}
+		if pl.RepackedBytes != 0 {
+			t.Errorf("%d bytes counted repacked without repacked kernels", pl.RepackedBytes)
+		}
+		return
+	}
+	if pl.RepackedBytes != bytes || bytes == 0 {
+		t.Errorf("the placement counts %d bytes repacked, repackHybrid would make %d", pl.RepackedBytes, bytes)
+	}
+	var packed, plain int
+	for i, u := range units {
+		if pl.resident(i) || !repackable(u) {
+			continue
+		}
+		want := prof.Units[i].CPU[0] * (1 - frac[i]/2)
+		if got := pl.prof.Units[i].CPU[0]; math.Abs(got-want) > 1e-12 {
+			t.Errorf("%s: %.3g s on the CPU, want %.3g (%.2f repacked)", u.Name, got, want, frac[i])
+		}
+		if got := pl.Units[i].CPU; math.Abs(got-want) > 1e-12 {
+			t.Errorf("%s: the placement shows %.3g s on the CPU, want %.3g", u.Name, got, want)
+		}
+		if frac[i] == 1 {
+			packed++
+		} else {
+			plain++
+		}
+	}
+	if packed == 0 || plain == 0 {
+		t.Fatalf("%d CPU units repacked, %d not: the test wants both", packed, plain)
+	}
+	// The prediction is that of the layouts the units will run in.
+	on := make([]plan.Backend, len(units))
+	for i := range units {
+		if pl.resident(i) {
+			on[i] = plan.GPU
+		}
+	}
+	dec := problem(pl.prof, units, 0, 1, 0, m.Prog.Hyper)
+	if want, _, _ := dec.Cost(on); math.Abs(pl.Predicted.DecodeStepSeconds-want) > 1e-12 {
+		t.Errorf("predicted %.4g s a token, the placement's layouts cost %.4g", pl.Predicted.DecodeStepSeconds, want)
+	}
+	plainDec := problem(prof, units, 0, 1, 0, m.Prog.Hyper)
+	if slow, _, _ := plainDec.Cost(on); !(pl.Predicted.DecodeStepSeconds < slow) {
+		t.Errorf("predicted %.4g s a token, no faster than the file's layout (%.4g)", pl.Predicted.DecodeStepSeconds, slow)
+	}
+	assertUnrepacked(t, m)
+}
