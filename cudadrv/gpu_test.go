@@ -5,8 +5,10 @@ import (
 	"errors"
 	"math"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // GPU tests: they skip where Available() is false.
@@ -239,6 +241,59 @@ func TestMappedHostMemory(t *testing.T) {
 	}
 	if i := firstDiff(src, out); i >= 0 {
 		t.Fatalf("device read of mapped memory differs at %d", i)
+	}
+}
+
+// TestStreamWriteValue: a word the stream writes into mapped host memory
+// after a copy appears only once the copy's bytes are there (the write's
+// fence), so polling it can stand in for Synchronize.
+func TestStreamWriteValue(t *testing.T) {
+	ctx, info := needGPU(t)
+	if !info.CanMapHostMemory {
+		t.Skip("device cannot map host memory")
+	}
+	s, err := ctx.NewStream(StreamNonBlocking, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Destroy()
+	const n = 64 << 20 // long enough that the host polls while it runs
+	h, err := ctx.HostAlloc(n+64, HostAllocPortable|HostAllocDeviceMap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Free()
+	d, err := ctx.Alloc(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ctx.Free(d)
+	word := (*uint32)(unsafe.Add(h.Pointer(), n))
+	for seq := uint32(1); seq <= 3; seq++ {
+		if err := s.MemsetD32(d, 0x01010101*seq, n/4); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CopyDtoD(h.DevicePtr(), d, n); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.WriteValue32(h.DevicePtr().Add(n), seq); err != nil {
+			t.Fatalf("cuStreamWriteValue32_v2: %v", err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for atomic.LoadUint32(word) != seq {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: the word never came (it reads %d)", seq, atomic.LoadUint32(word))
+			}
+		}
+		b := h.Bytes()
+		for _, i := range []int{0, n / 2, n - 1} {
+			if b[i] != byte(seq) {
+				t.Fatalf("round %d: byte %d is %d when the word is seen", seq, i, b[i])
+			}
+		}
+	}
+	if err := s.Synchronize(); err != nil {
+		t.Fatal(err)
 	}
 }
 

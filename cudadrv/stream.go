@@ -30,6 +30,8 @@ var (
 	cuEventQuery = cuSym("cuEventQuery")
 	// CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd);
 	cuEventElapsedTime = cuSym("cuEventElapsedTime")
+	// CUresult cuStreamWriteValue32_v2(CUstream stream, CUdeviceptr addr, cuuint32_t value, unsigned int flags);
+	cuStreamWriteValue32 = cuSym("cuStreamWriteValue32_v2")
 )
 
 // StreamFlags are the CU_STREAM_* creation flags.
@@ -173,6 +175,21 @@ func (s *Stream) WaitEvent(e *Event) error {
 	defer ctx.exit()
 	s.queued(false)
 	return cuStreamWaitEvent.call(s.handle(), e.h, 0)
+}
+
+// WriteValue32 queues a write of v to the 32-bit word at addr (device
+// memory, or pinned host memory mapped into the device) once the work
+// queued before it has finished; the driver fences first, so that work's
+// writes are visible before the word is (CU_STREAM_WRITE_VALUE_DEFAULT).
+// The host can then poll the word instead of calling Synchronize. A driver
+// without it (before CUDA 11.7) returns an error.
+func (s *Stream) WriteValue32(addr DevicePtr, v uint32) error {
+	if err := s.ctx.enter(); err != nil {
+		return err
+	}
+	defer s.ctx.exit()
+	s.queued(false)
+	return cuStreamWriteValue32.call(s.handle(), uintptr(addr), uintptr(v), 0)
 }
 
 // Record is shorthand for e.Record(s).

@@ -47,8 +47,10 @@ type Exec struct {
 	dIn      cudadrv.DevicePtr   // the same on the device
 	nTok     int                 // tokens of the current batch (Begin)
 	logits   *cudadrv.HostMem    // pinned: one row of logits
-	scratch  cudadrv.DevicePtr   // the weight ops' (quantized activations)
-	act      cudadrv.DevicePtr   // a group's input in the weight kernels' format
+	done     *cudadrv.HostMem    // mapped: the compute stream writes doneSeq there when Sync's work is done (nil: Sync waits in the driver)
+	doneSeq  uint32
+	scratch  cudadrv.DevicePtr // the weight ops' (quantized activations)
+	act      cudadrv.DevicePtr // a group's input in the weight kernels' format
 
 	moe struct { // MoE intermediates, sized for the largest MoE op
 		probs, ids, weights, gate, up, down cudadrv.DevicePtr
@@ -110,6 +112,11 @@ const EnvGPUGraphs = "ATS_GPU_GRAPHS"
 // on the device (every kernel of cudadrv/kernels starts with that wait),
 // which takes part of each launch's fixed latency off a decode step.
 const EnvGPUPDL = "ATS_GPU_PDL"
+
+// EnvGPUSpinSync set to "0" has Sync wait in cuStreamSynchronize instead
+// of polling the word the compute stream writes (for A/B measurements of
+// the CPU-GPU hand-over).
+const EnvGPUSpinSync = "ATS_GPU_SPIN_SYNC"
 
 // bufSpec is one carve of the arena.
 type bufSpec struct {
@@ -324,6 +331,9 @@ func New(dev *Device, w WeightOps, p *ir.Program, cfg Config) (g *Exec, err erro
 		return nil, fmt.Errorf("gpu: %w", err)
 	}
 	g.s.SetProgrammatic(os.Getenv(EnvGPUPDL) != "0")
+	if os.Getenv(EnvGPUSpinSync) != "0" {
+		g.done = g.spinWord()
+	}
 	if g.st.bytes > 0 {
 		if g.cs, err = dev.ctx.NewStream(cudadrv.StreamNonBlocking, 0); err != nil {
 			return nil, fmt.Errorf("gpu: %w", err)
@@ -382,6 +392,9 @@ func (g *Exec) Close() error {
 	}
 	if g.logits != nil {
 		errs = append(errs, g.logits.Free())
+	}
+	if g.done != nil {
+		errs = append(errs, g.done.Free())
 	}
 	if g.ws != nil {
 		errs = append(errs, releaseWeights(g.dev, g.ws))
@@ -545,12 +558,47 @@ func (g *Exec) Run(seg *Segment, rows int, mode ir.OutputMode) (int, error) {
 }
 
 // Sync waits for everything queued: the CPU may then read what the
-// segments sent back.
+// segments sent back. A hybrid decode step hands over between the CPU and
+// the GPU dozens of times, so the hand-over's latency counts: the stream
+// writes a sequence number into mapped host memory after its work, and the
+// host polls that word rather than waiting in the driver. The poll asks the
+// driver now and then, so that a failed stream is reported, not waited for.
 func (g *Exec) Sync() error {
-	if err := g.s.Synchronize(); err != nil {
+	if g.done == nil || g.prof != nil {
+		if err := g.s.Synchronize(); err != nil {
+			return fmt.Errorf("gpu: %w", err)
+		}
+		return nil
+	}
+	g.doneSeq++
+	if err := g.s.WriteValue32(g.done.DevicePtr(), g.doneSeq); err != nil {
 		return fmt.Errorf("gpu: %w", err)
 	}
+	word := (*uint32)(g.done.Pointer())
+	for i := 1; int32(atomic.LoadUint32(word)-g.doneSeq) < 0; i++ {
+		if i%4096 == 0 {
+			if finished, err := g.s.Done(); err != nil {
+				return fmt.Errorf("gpu: %w", err)
+			} else if finished {
+				break
+			}
+		}
+	}
 	return nil
+}
+
+// spinWord is the word Sync polls, or nil where the driver cannot write
+// one (it then waits in cuStreamSynchronize).
+func (g *Exec) spinWord() *cudadrv.HostMem {
+	h, err := g.dev.ctx.HostAlloc(64, cudadrv.HostAllocPortable|cudadrv.HostAllocDeviceMap)
+	if err != nil {
+		return nil
+	}
+	if err := errors.Join(g.s.WriteValue32(h.DevicePtr(), 0), g.s.Synchronize()); err != nil {
+		_ = h.Free()
+		return nil
+	}
+	return h
 }
 
 // LogitsRow is the pinned row of logits a segment with Logits copied out
