@@ -33,12 +33,17 @@ type Profile struct {
 	Stream    Link        `json:"stream"`   // weight copies from the model file to the staging ring
 	Pinned    bool        `json:"pinned"`   // whether the model file was page-locked for those copies
 	Measured  int         `json:"measured"` // distinct unit shapes measured
+	// HostRead is the rate at which all the CPU's threads together read
+	// host memory (bytes/s); no unit's decode time on the CPU is taken
+	// below its weights at that rate (0: not measured, no floor).
+	HostRead float64 `json:"host_read_bytes_per_s,omitempty"`
 }
 
 // ProfileVersion changes whenever what a profile means changes; older
 // cached profiles are measured again. 3: the CPU's times from repacked
 // copies (UnitTimes.CPUPacked), the CPU's kernel level in the hardware.
-const ProfileVersion = 3
+// 4: decode times on the CPU floored by the host memory's rate (HostRead).
+const ProfileVersion = 4
 
 // UnitTimes are one unit's figures, by batch index (Profile.Batches).
 type UnitTimes struct {

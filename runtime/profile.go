@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/klauspost/cpuid/v2"
@@ -512,6 +513,7 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 			}
 		}
 	}
+	floorDecodeByHostRead(prof, units, hostReadRate(pool))
 	if dev == nil {
 		prof.Took = time.Since(start).Seconds()
 		return prof, nil
@@ -823,4 +825,68 @@ func medianOf(f func() (float64, error)) (float64, error) {
 	}
 	sort.Float64s(ts)
 	return ts[len(ts)/2], nil
+}
+
+// floorDecodeByHostRead keeps every matrix unit's decode time on the CPU
+// at or above what its weights take to read at rate (bytes/s). A unit
+// timed on its own in the rotation reads faster than the same unit inside
+// a whole decode step, where the CPU's units back to back hold host memory
+// at its sustained rate: without the floor the plan over-predicted hybrid
+// decode by up to a third once the CPU's units were timed repacked.
+func floorDecodeByHostRead(prof *plan.Profile, units []Unit, rate float64) {
+	bi := slices.Index(prof.Batches, 1)
+	if rate <= 0 || bi < 0 {
+		return
+	}
+	prof.HostRead = rate
+	for i, u := range units {
+		if u.Op != ir.OpMatMul && u.Op != ir.OpMoE {
+			continue // the embedding reads a row, attention its cache
+		}
+		floor := float64(u.DecodeBytes) / rate
+		t := &prof.Units[i]
+		t.CPU[bi] = max(t.CPU[bi], floor)
+		if t.CPUPacked != nil {
+			t.CPUPacked[bi] = max(t.CPUPacked[bi], floor)
+		}
+	}
+}
+
+// hostReadBytes is the buffer hostReadRate streams: well beyond any CPU's
+// last-level cache.
+const hostReadBytes = 512 << 20
+
+// hostReadRate measures how fast the pool's threads together read host
+// memory: the best of three passes summing a buffer far larger than the
+// caches (bytes/s).
+func hostReadRate(pool *ops.Pool) float64 {
+	buf := make([]uint64, hostReadBytes/8)
+	for i := range buf {
+		buf[i] = uint64(i) // touch every page before timing
+	}
+	var sum atomic.Uint64 // kept, so the reads are not optimised away
+	best := 0.0
+	for pass := 0; pass < 3; pass++ {
+		t0 := time.Now()
+		pool.RunChunks(len(buf), 1<<15, func(lo, hi int) {
+			var a, b, c, d uint64
+			x := buf[lo:hi]
+			for len(x) >= 4 {
+				a += x[0]
+				b += x[1]
+				c += x[2]
+				d += x[3]
+				x = x[4:]
+			}
+			for _, v := range x {
+				a += v
+			}
+			sum.Add(a + b + c + d)
+		})
+		if dt := time.Since(t0).Seconds(); dt > 0 {
+			best = max(best, hostReadBytes/dt)
+		}
+	}
+	goruntime.KeepAlive(sum.Load())
+	return best
 }

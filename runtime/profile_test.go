@@ -5,6 +5,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/atsinfer/ats/ops"
 	"github.com/atsinfer/ats/plan"
 	"github.com/atsinfer/ats/runtime/ir"
 )
@@ -327,4 +328,43 @@ func TestPlacementUsesRepackedTimes(t *testing.T) {
 		t.Errorf("predicted %.4g s a token, no faster than the file's layout (%.4g)", pl.Predicted.DecodeStepSeconds, slow)
 	}
 	assertUnrepacked(t, m)
+}
+
+// TestFloorDecodeByHostRead: matrix units' decode times on the CPU are
+// raised to their weights at the host memory's rate, in both layouts;
+// other batches, the alone figures, the embedding and attention are left.
+func TestFloorDecodeByHostRead(t *testing.T) {
+	units := []Unit{
+		{Op: ir.OpEmbed, DecodeBytes: 1 << 30},
+		{Op: ir.OpMatMul, DecodeBytes: 100e6},
+		{Op: ir.OpMoE, DecodeBytes: 10e6},
+		{Op: ir.OpAttention, DecodeBytes: 1 << 30},
+	}
+	prof := &plan.Profile{Batches: []int{1, 32}}
+	for range units {
+		prof.Units = append(prof.Units, plan.UnitTimes{CPU: []float64{1e-4, 1}, CPUAlone: []float64{1e-4, 1}, CPUPacked: []float64{1e-4, 1}})
+	}
+	floorDecodeByHostRead(prof, units, 100e9) // 100 GB/s: 1 ms for 100 MB, 0.1 ms for 10 MB
+	want := []float64{1e-4, 1e-3, 1e-4, 1e-4}
+	for i, u := range prof.Units {
+		if math.Abs(u.CPU[0]-want[i]) > 1e-12 || math.Abs(u.CPUPacked[0]-want[i]) > 1e-12 {
+			t.Errorf("unit %d (%v): decode %g / packed %g, want %g", i, units[i].Op, u.CPU[0], u.CPUPacked[0], want[i])
+		}
+		if u.CPU[1] != 1 || u.CPUAlone[0] != 1e-4 {
+			t.Errorf("unit %d: a batch of 32 or the alone figure changed", i)
+		}
+	}
+	if prof.HostRead != 100e9 {
+		t.Errorf("HostRead %g, want the rate used", prof.HostRead)
+	}
+}
+
+func TestHostReadRate(t *testing.T) {
+	pool := ops.NewPool(2)
+	defer pool.Close()
+	r := hostReadRate(pool)
+	t.Logf("host memory read by 2 threads: %.1f GB/s", r/1e9)
+	if r < 1e8 || r > 1e13 {
+		t.Fatalf("host read rate %g bytes/s is not plausible", r)
+	}
 }

@@ -269,6 +269,9 @@ func printProfile(w io.Writer, p *plan.Profile) {
 		}
 		fmt.Fprintf(w, "  ×%d\n", count[u.Sig])
 	}
+	if p.HostRead > 0 {
+		fmt.Fprintf(w, "\nhost memory read by the CPU's threads: %.1f GB/s (no unit's decode on the CPU is counted faster)\n", p.HostRead/1e9)
+	}
 	if len(p.Switch) == 0 {
 		return // no GPU
 	}
