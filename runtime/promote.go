@@ -11,6 +11,7 @@ import (
 
 	"github.com/atsinfer/ats/plan"
 	"github.com/atsinfer/ats/runtime/gpu"
+	"github.com/atsinfer/ats/runtime/ir"
 )
 
 // Dynamic promotion (decode). Before each decode step the promoter may
@@ -173,6 +174,7 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 	}
 	p.explored = true
 	start := time.Now()
+	p.kept = false
 	var sol plan.Promotion
 	if p.prof == nil { // promoteEverything
 		sol.Promote = make([]bool, len(c.units))
@@ -189,14 +191,23 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		idle := p.idle.Current()
 		idle.Link = e.Link
 		kept := p.keptPlan(c, idle)
-		if p.kept = kept.Count > 0 && kept.Time < sol.Time; p.kept {
-			sol = kept
+		// Each plan at the later of its timeline and the host memory's
+		// bound: the DPs count a promoted unit's CPU time saved, but its
+		// copy reads host memory as the CPU's products would have.
+		tSol := max(sol.Time, p.hostBound(c, sol.Promote, false, e))
+		if kept.Count > 0 {
+			if tKept := max(kept.Time, p.hostBound(c, kept.Promote, true, idle)); tKept < tSol {
+				sol, tSol, p.kept = kept, tKept, true
+			}
 		}
 		// Against no promotion at the CPU's speed when nothing is copied.
 		none := make([]bool, len(c.units))
 		prNone := p.problemFor(c, idle)
-		if tNone, _ := prNone.Timeline(none); sol.Count > 0 && sol.Time > 0.97*tNone {
-			sol = plan.Promotion{Promote: none, Time: tNone}
+		tNone, _ := prNone.Timeline(none)
+		tNone = max(tNone, p.hostBound(c, none, false, idle))
+		sol.Time = tSol
+		if sol.Count > 0 && tSol > 0.97*tNone {
+			sol, p.kept = plan.Promotion{Promote: none, Time: tNone}, false
 		}
 	}
 	p.dpCost = time.Since(start)
@@ -235,6 +246,37 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 	p.planCost = time.Since(start)
 	p.planTotal += p.planCost
 	return s, nil
+}
+
+// hostBound is a lower bound on a decode step's time when the units of
+// promote run on the GPU (kept: their weights already in the ring, nothing
+// copied): host memory feeds the CPU's products and the copy engine alike,
+// at the profile's HostRead in all, and a step's GPU segments, during which
+// the CPU waits, are the only time copies do not take it from the CPU. On
+// a machine whose CPU segments already read at that rate, promotion moves
+// bytes from one reader to the other and wins only the GPU's windows; under
+// a CPU load the CPU's own time, not this bound, decides. 0 without a rate.
+func (p *promoter) hostBound(c *Context, promote []bool, kept bool, e plan.Estimates) float64 {
+	rate := p.prof.HostRead
+	if rate <= 0 {
+		return 0
+	}
+	d := p.prof.BatchIndex(1)
+	var cpuBytes, copied, tGPU float64
+	for i, u := range c.units {
+		if c.place.resident(i) || promote[i] {
+			tGPU += p.prof.Units[i].GPU[d] * e.GPU
+			if promote[i] && !kept {
+				copied += float64(u.Bytes)
+			}
+			continue
+		}
+		if u.Op == ir.OpMatMul || u.Op == ir.OpMoE {
+			cpuBytes += float64(u.DecodeBytes)
+		}
+	}
+	inWindows := min(copied, tGPU*e.Link)
+	return (cpuBytes+copied-inWindows)/rate + tGPU
 }
 
 // slowerThanNone: promotion schedule s was measured more than 3% slower a

@@ -1,6 +1,8 @@
 package runtime
 
 import (
+	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -111,5 +113,60 @@ func TestKeptPlan(t *testing.T) {
 	none, _ := pr.Timeline(make([]bool, len(units)))
 	if sol.Time >= none {
 		t.Errorf("kept plan predicted %g s, no promotion %g s", sol.Time, none)
+	}
+}
+
+// TestHostBound: the host memory's bound on a decode step counts the
+// CPU's matrix bytes and the copied bytes at the profile's rate, less
+// what copies do during the GPU's segments, plus those segments; a kept
+// plan copies nothing; no rate, no bound.
+func TestHostBound(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	units := programUnits(m.Prog, 64, nil)
+	pl := newPlacement(m, units, BackendCPU)
+	const rate, gpuPerByte = 1e9, 1e-12
+	prof := &plan.Profile{Batches: []int{1}, HostRead: rate}
+	for _, u := range units {
+		prof.Units = append(prof.Units, plan.UnitTimes{Name: u.Name, CPU: []float64{float64(u.Bytes) / rate}, GPU: []float64{gpuPerByte * float64(u.Bytes)}})
+	}
+	c := &Context{m: m, units: units, place: pl}
+	p := &promoter{prof: prof}
+	e := plan.Estimates{CPU: 1, GPU: 1, Link: 1e10, Overlap: 1}
+	var cpuBytes float64
+	ffn := -1
+	for i, u := range units {
+		if u.Op == ir.OpMatMul || u.Op == ir.OpMoE {
+			cpuBytes += float64(u.DecodeBytes)
+		}
+		if ffn < 0 && u.Streamable && strings.HasPrefix(u.Role, "ffn") {
+			ffn = i
+		}
+	}
+	none := make([]bool, len(units))
+	if got, want := p.hostBound(c, none, false, e), cpuBytes/rate; math.Abs(got-want) > 1e-12 {
+		t.Errorf("nothing on the GPU: bound %g, want %g", got, want)
+	}
+	one := slices.Clone(none)
+	one[ffn] = true
+	u := units[ffn]
+	tGPU := gpuPerByte * float64(u.Bytes)
+	hidden := min(float64(u.Bytes), tGPU*e.Link)
+	want := (cpuBytes-float64(u.DecodeBytes)+float64(u.Bytes)-hidden)/rate + tGPU
+	if got := p.hostBound(c, one, false, e); math.Abs(got-want) > 1e-12 {
+		t.Errorf("%s copied each step: bound %g, want %g", u.Name, got, want)
+	}
+	want = (cpuBytes-float64(u.DecodeBytes))/rate + tGPU
+	if got := p.hostBound(c, one, true, e); math.Abs(got-want) > 1e-12 {
+		t.Errorf("%s kept: bound %g, want %g", u.Name, got, want)
+	}
+	// Copying moves bytes from one reader of host memory to the other:
+	// the copying plan's bound is no better than none's but for the
+	// GPU's windows.
+	if p.hostBound(c, one, false, e) < p.hostBound(c, none, false, e)-hidden/rate {
+		t.Error("a copy counted as saving host memory")
+	}
+	p.prof.HostRead = 0
+	if got := p.hostBound(c, one, false, e); got != 0 {
+		t.Errorf("no rate: bound %g, want 0", got)
 	}
 }
