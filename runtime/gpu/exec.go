@@ -47,10 +47,10 @@ type Exec struct {
 	dIn      cudadrv.DevicePtr   // the same on the device
 	nTok     int                 // tokens of the current batch (Begin)
 	logits   *cudadrv.HostMem    // pinned: one row of logits
-	done     *cudadrv.HostMem    // mapped: the compute stream writes doneSeq there when Sync's work is done (nil: Sync waits in the driver)
-	doneSeq  uint32
-	scratch  cudadrv.DevicePtr // the weight ops' (quantized activations)
-	act      cudadrv.DevicePtr // a group's input in the weight kernels' format
+	done     *cudadrv.HostMem    // mapped: Sync's word (nil: Sync waits in the driver)
+	doneSeq  uint32              // the last value Sync had the stream write
+	scratch  cudadrv.DevicePtr   // the weight ops' (quantized activations)
+	act      cudadrv.DevicePtr   // a group's input in the weight kernels' format
 
 	moe struct { // MoE intermediates, sized for the largest MoE op
 		probs, ids, weights, gate, up, down cudadrv.DevicePtr
@@ -562,7 +562,8 @@ func (g *Exec) Run(seg *Segment, rows int, mode ir.OutputMode) (int, error) {
 // the GPU dozens of times, so the hand-over's latency counts: the stream
 // writes a sequence number into mapped host memory after its work, and the
 // host polls that word rather than waiting in the driver. The poll asks the
-// driver now and then, so that a failed stream is reported, not waited for.
+// driver now and then, so that a failed stream is reported, not waited for,
+// and leaves a long wait (a prefill batch) to the driver after spinLimit.
 func (g *Exec) Sync() error {
 	if g.done == nil || g.prof != nil {
 		if err := g.s.Synchronize(); err != nil {
@@ -575,17 +576,29 @@ func (g *Exec) Sync() error {
 		return fmt.Errorf("gpu: %w", err)
 	}
 	word := (*uint32)(g.done.Pointer())
+	start := time.Now()
 	for i := 1; int32(atomic.LoadUint32(word)-g.doneSeq) < 0; i++ {
-		if i%4096 == 0 {
-			if finished, err := g.s.Done(); err != nil {
+		if i%4096 != 0 {
+			continue
+		}
+		if finished, err := g.s.Done(); err != nil {
+			return fmt.Errorf("gpu: %w", err)
+		} else if finished {
+			break
+		}
+		if time.Since(start) > spinLimit {
+			if err := g.s.Synchronize(); err != nil {
 				return fmt.Errorf("gpu: %w", err)
-			} else if finished {
-				break
 			}
+			break
 		}
 	}
 	return nil
 }
+
+// spinLimit is how long Sync polls before it waits in the driver: longer
+// than a decode step's GPU segments, shorter than a prefill batch.
+const spinLimit = 2 * time.Millisecond
 
 // spinWord is the word Sync polls, or nil where the driver cannot write
 // one (it then waits in cuStreamSynchronize).
