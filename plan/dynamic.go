@@ -66,7 +66,7 @@ func (p *PromoteProblem) Timeline(promote []bool) (time, exposed float64) {
 		if u.Resident || promote[i] {
 			on = GPU
 		}
-		dt := 0.0
+		dt := 0.0 // compute and switching: time the copy engine runs ahead
 		if on != prev && i > 0 {
 			if on == GPU {
 				dt += u.ToGPU
@@ -74,10 +74,12 @@ func (p *PromoteProblem) Timeline(promote []bool) (time, exposed float64) {
 				dt += u.ToCPU
 			}
 		}
+		wait := 0.0
 		if promote[i] && !u.Resident {
-			wait := max(u.Copy-slack, 0)
+			// The copy engine has run slack ahead; waiting for the rest
+			// of this copy lets it run no further ahead.
+			wait = max(u.Copy-slack, 0)
 			exposed += wait
-			dt += wait
 			slack = max(slack-u.Copy, 0)
 		}
 		if on == GPU {
@@ -86,7 +88,7 @@ func (p *PromoteProblem) Timeline(promote []bool) (time, exposed float64) {
 			dt += u.CPU
 		}
 		slack = min(slack+dt, p.MaxSlack)
-		time += dt
+		time += wait + dt
 		prev = on
 	}
 	if prev == GPU {
@@ -118,6 +120,19 @@ func Promote(p PromoteProblem) (Promotion, error) {
 		nb = 256
 	}
 	width := p.MaxSlack / float64(nb)
+	// Slack beyond all the copies there are hides nothing more: a ring
+	// much larger than the step's copies gets finer buckets (a whole
+	// fraction of the width, so times on the coarse grid stay on it).
+	var copies float64
+	for _, u := range p.Units {
+		if !u.Resident && !u.Fixed {
+			copies += u.Copy
+		}
+	}
+	if copies > 0 && copies < p.MaxSlack {
+		width /= math.Floor(p.MaxSlack / copies)
+		p.MaxSlack = width * float64(nb)
+	}
 	bucket := func(s float64) int {
 		if width <= 0 {
 			return 0
@@ -159,9 +174,9 @@ func Promote(p PromoteProblem) (Promotion, error) {
 							dt += u.ToCPU
 						}
 					}
-					s := slack
+					s, wait := slack, 0.0
 					if promote {
-						dt += max(u.Copy-s, 0)
+						wait = max(u.Copy-s, 0)
 						s = max(s-u.Copy, 0)
 					}
 					if on == GPU {
@@ -169,9 +184,9 @@ func Promote(p PromoteProblem) (Promotion, error) {
 					} else {
 						dt += u.CPU
 					}
-					s = min(s+dt, p.MaxSlack)
+					s = min(s+dt, p.MaxSlack) // a wait adds no slack: the copy engine was busy
 					k := int(on)*states + bucket(s)
-					if t := c.t + dt; t < next[k].t {
+					if t := c.t + wait + dt; t < next[k].t {
 						next[k] = state{t: t, from: int32(pb*states + b), prom: promote}
 					}
 				}

@@ -131,3 +131,24 @@ func TestReplanner(t *testing.T) {
 		t.Errorf("estimates %+v", got)
 	}
 }
+
+// Waiting for a copy does not let the copy engine run ahead: it was busy
+// with that copy. Two units whose copies take ten times their compute
+// cost their copies back to back, plus the last one's compute.
+func TestTimelineWaitIsNotSlack(t *testing.T) {
+	p := PromoteProblem{MaxSlack: 100, Units: []PromoteUnit{
+		{Name: "a", CPU: 50, GPU: 1, Copy: 10},
+		{Name: "b", CPU: 50, GPU: 1, Copy: 10},
+	}}
+	got, exposed := p.Timeline([]bool{true, true})
+	if got != 21 || exposed != 19 {
+		t.Errorf("two copies of 10 with compute 1: %g s (%g waiting), want 21 (19)", got, exposed)
+	}
+	sol, err := Promote(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sol.Time != 21 {
+		t.Errorf("Promote: %g s, want 21 (both promoted)", sol.Time)
+	}
+}
