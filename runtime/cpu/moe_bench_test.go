@@ -62,6 +62,48 @@ func BenchmarkMoEDecode(b *testing.B) {
 	}
 }
 
+// BenchmarkMoEPrefill times one MoE op of BenchmarkMoEDecode's shape over
+// a prompt batch (64 and 512 tokens; each expert gets about n/16 of them),
+// for 1, 2 and all threads: the batch path (moeGrouped) and the expert
+// loop it replaced (moeLoop, after the same routing).
+func BenchmarkMoEPrefill(b *testing.B) {
+	const emb = 2048
+	program, inputs := moeBench(b)
+	p := program(128)
+	threads := []int{1}
+	for _, t := range []int{2, ops.DefaultThreads()} {
+		if t > threads[len(threads)-1] {
+			threads = append(threads, t)
+		}
+	}
+	for _, n := range []int{64, 512} {
+		for _, threads := range threads {
+			for _, path := range []string{"grouped", "loop"} {
+				b.Run(fmt.Sprintf("n%d/t%d/%s", n, threads, path), func(b *testing.B) {
+					pool := ops.NewPool(threads)
+					defer pool.Close()
+					be, err := New(p, pool, Options{Batch: n, CtxSize: n})
+					if err != nil {
+						b.Fatal(err)
+					}
+					for t := range n {
+						copy(be.Buf(0)[t*emb:], inputs[t%64*emb:][:emb])
+					}
+					be.Run(0, 1, nil, n, 0, ir.OutputAll) // routes the batch
+					for b.Loop() {
+						if path == "loop" {
+							be.moeLoop(&p.Ops[0], n)
+						} else {
+							be.Run(0, 1, nil, n, 0, ir.OutputAll)
+						}
+					}
+					b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+				})
+			}
+		}
+	}
+}
+
 // moeBench makes BenchmarkMoEDecode's weights: program(ne) is the op over
 // the first ne experts; inputs are 64 rows.
 func moeBench(b *testing.B) (program func(ne int) *ir.Program, inputs []float32) {

@@ -116,10 +116,13 @@ func TestRouteMatchesStableSort(t *testing.T) {
 	}
 }
 
-// TestMoESlotsOddShapes checks the few-token MoE path against the expert
-// loop on made-up weights: repacked and plain K-quants, legacy and float
-// types, gate and up of different types, and row counts that are not whole
-// groups of ops.RowGroup (so that chunk edges fall everywhere).
+// TestMoESlotsOddShapes checks the few-token MoE path (moeSlots) and the
+// batch path (moeGrouped) against the expert loop on made-up weights:
+// repacked and plain K-quants, legacy and float types, gate and up of
+// different types, and row counts that are not whole groups of
+// ops.RowGroup (so that chunk edges fall everywhere); batches from one
+// token to more than the experts have rows, with experts that no token
+// chose.
 func TestMoESlotsOddShapes(t *testing.T) {
 	type shape struct {
 		gate, up, down gguf.Type
@@ -175,11 +178,11 @@ func TestMoESlotsOddShapes(t *testing.T) {
 		}}
 		for _, threads := range []int{1, 3} {
 			pool := ops.NewPool(threads)
-			be, err := New(p, pool, Options{Batch: 4, CtxSize: 4})
+			be, err := New(p, pool, Options{Batch: 70, CtxSize: 70})
 			if err != nil {
 				t.Fatal(err)
 			}
-			for n := 1; n <= 4 && n*sh.topK <= maxMoESlots; n++ {
+			for _, n := range []int{1, 2, 3, 4, 5, 9, 17, 70} {
 				x := be.Buf(0)
 				for i := range x {
 					x[i] = float32(rng.NormFloat64())
@@ -188,8 +191,8 @@ func TestMoESlotsOddShapes(t *testing.T) {
 				slots := slices.Clone(be.Buf(1)[:n*sh.emb])
 				be.moeLoop(&p.Ops[0], n)
 				if loop := be.Buf(1)[:n*sh.emb]; !slices.Equal(slots, loop) {
-					t.Errorf("%v/%v/%v experts %d×%d (repacked %v), top %d of %d, %d threads, %d tokens: the slot path differs from the expert loop",
-						sh.gate, sh.up, sh.down, sh.ff, sh.emb, sh.repack, sh.topK, sh.experts, threads, n)
+					t.Errorf("%v/%v/%v experts %d×%d (repacked %v), top %d of %d, %d threads, %d tokens (%d slots): the %s path differs from the expert loop",
+						sh.gate, sh.up, sh.down, sh.ff, sh.emb, sh.repack, sh.topK, sh.experts, threads, n, n*sh.topK, map[bool]string{true: "slot", false: "grouped"}[n*sh.topK <= maxMoESlots])
 				}
 			}
 			pool.Close()

@@ -175,8 +175,14 @@ type moeScratch struct {
 	gate    []float32 // [cnt][nFF]
 	up      []float32 // [cnt][nFF]
 	down    []float32 // [cnt][nEmbd]
-	results []float32 // [n][topK][nEmbd] weighted expert outputs
-	downAct []byte    // moeSlots: the slots' down inputs, quantized
+	results []float32 // [n][topK][nEmbd] weighted expert outputs (moeGrouped: the down products, by group row)
+	downAct []byte    // moeSlots, moeGrouped: the slots' down inputs, quantized
+	// moeGrouped: the slots grouped by expert. start[e] is expert e's
+	// first row ([nExpert+1]), pos[i] slot i's row ([n·topK]), next the
+	// counting sort's cursors; groupAct the rows' quantized inputs.
+	start, pos, next []int
+	groupAct         []byte
+	expertLeft       []atomic.Int32 // per expert, its gate and up row groups not yet computed
 	// moeSlots' countdowns: per slot, the row groups of its gate and up
 	// products not yet computed; per moeSumRows rows of the output, the
 	// row groups of the slots' down products not yet computed there.
@@ -327,13 +333,25 @@ func (s *moeScratch) grow(batch int, op *ir.Op) {
 	if len(s.choice) < batch*k {
 		s.choice = make([]int, batch*k)
 	}
-	rows := max(batch, min(batch*k, maxMoESlots)) // the expert loop's, or moeSlots' slots
+	rows := max(batch, batch*k) // the expert loop's tokens, or the slots of moeSlots and moeGrouped
 	s.in = fit(s.in, batch*emb)
 	s.gate = fit(s.gate, rows*ff)
 	s.up = fit(s.up, rows*ff)
-	s.down = fit(s.down, rows*emb)
-	if n := min(batch*k, maxMoESlots) * op.Down.Stack[0].Kernel.ActRowBytes(ff); len(s.downAct) < n {
+	s.down = fit(s.down, max(batch, min(batch*k, maxMoESlots))*emb) // the expert loop's tokens, or moeSlots' slots
+	if n := batch * k * op.Down.Stack[0].Kernel.ActRowBytes(ff); len(s.downAct) < n {
 		s.downAct = make([]byte, n)
+	}
+	if batch*k > maxMoESlots {
+		if len(s.start) < ne+1 {
+			s.start, s.next = make([]int, ne+1), make([]int, ne)
+			s.expertLeft = make([]atomic.Int32, ne)
+		}
+		if len(s.pos) < batch*k {
+			s.pos = make([]int, batch*k)
+		}
+		if n := batch * k * op.Gate.Stack[0].Kernel.ActRowBytes(emb); len(s.groupAct) < n {
+			s.groupAct = make([]byte, n)
+		}
 	}
 	s.results = fit(s.results, batch*k*emb)
 	if c := (emb + moeSumRows - 1) / moeSumRows; len(s.downLeft) < c {
@@ -418,12 +436,25 @@ func (b *Backend) moeFFN(op *ir.Op, n int) {
 	t0 := b.lapStart()
 	op.W.Mat.Mul(b.pool, b.bufs[op.In][:n*emb], n, s.probs, ne, b.scratch)
 	t0 = b.lap(n, "moe > router", t0)
-	for t := 0; t < n; t++ {
-		Route(s.probs[t*ne:(t+1)*ne], k, op.NormTopK, s.choice[t*k:(t+1)*k], s.weight[t*k:(t+1)*k], s.idx[:ne])
+	if n < 64 {
+		for t := 0; t < n; t++ {
+			Route(s.probs[t*ne:(t+1)*ne], k, op.NormTopK, s.choice[t*k:(t+1)*k], s.weight[t*k:(t+1)*k], s.idx[:ne])
+		}
+	} else { // a batch: about a microsecond a token
+		b.pool.Run(n, 32, func(lo, hi int) {
+			idx := make([]int, ne)
+			for t := lo; t < hi; t++ {
+				Route(s.probs[t*ne:(t+1)*ne], k, op.NormTopK, s.choice[t*k:(t+1)*k], s.weight[t*k:(t+1)*k], idx)
+			}
+		})
 	}
 	b.lap(n, "moe > top-k", t0)
-	if gate0 := op.Gate.Stack[0]; n*k <= maxMoESlots && op.Up.Stack[0].Kernel.ActType == gate0.Kernel.ActType {
-		b.moeSlots(op, n)
+	if gate0 := op.Gate.Stack[0]; op.Up.Stack[0].Kernel.ActType == gate0.Kernel.ActType {
+		if n*k <= maxMoESlots {
+			b.moeSlots(op, n)
+		} else {
+			b.moeGrouped(op, n)
+		}
 		return
 	}
 	b.moeLoop(op, n)
