@@ -59,22 +59,29 @@ type Placement struct {
 	units   []Unit
 	vectors []*ir.Weight  // the model's 1-D weights (norms, biases)
 	prof    *plan.Profile // what it was planned from (nil: not planned)
+	// ringKept, by unit: the CPU units dynamic promotion is expected to
+	// keep in the staging ring on an idle machine (nil: none), which the
+	// CPU's repacked copies leave out (Model.hybridChoice).
+	ringKept []bool
 }
 
 // UnitPlacement is one unit's place, with its profiled decode figures
 // when the placement was planned.
 type UnitPlacement struct {
-	Index   int     `json:"index"`
-	Name    string  `json:"name"`
-	Layer   int     `json:"layer"`
-	Role    string  `json:"role"`
-	Op      string  `json:"op"`
-	Type    string  `json:"type"`
-	Bytes   int64   `json:"bytes"`
-	Backend string  `json:"backend"`
-	CPU     float64 `json:"cpu_s,omitempty"`
-	GPU     float64 `json:"gpu_s,omitempty"`
-	Density float64 `json:"density,omitempty"`
+	Index   int    `json:"index"`
+	Name    string `json:"name"`
+	Layer   int    `json:"layer"`
+	Role    string `json:"role"`
+	Op      string `json:"op"`
+	Type    string `json:"type"`
+	Bytes   int64  `json:"bytes"`
+	Backend string `json:"backend"`
+	// KeptInRing: a CPU unit dynamic promotion is expected to keep in the
+	// staging ring on an idle machine (so run on the GPU).
+	KeptInRing bool    `json:"kept_in_ring,omitempty"`
+	CPU        float64 `json:"cpu_s,omitempty"`
+	GPU        float64 `json:"gpu_s,omitempty"`
+	Density    float64 `json:"density,omitempty"`
 }
 
 // PrefillSchedule lists the CPU units that stream to the GPU in batches of
@@ -94,6 +101,10 @@ type Prediction struct {
 }
 
 func (pl *Placement) resident(i int) bool { return pl.Units[i].Backend == BackendGPU }
+
+// keptAtIdle says whether unit i is expected to stay in the staging ring
+// of an idle machine (ringKept).
+func (pl *Placement) keptAtIdle(i int) bool { return pl.ringKept != nil && pl.ringKept[i] }
 
 func (pl *Placement) allGPU() bool {
 	for i := range pl.Units {
@@ -204,6 +215,10 @@ func (pl *Placement) bind(m *Model, units []Unit) (*Placement, error) {
 	}
 	out := newPlacement(m, units, BackendCPU)
 	out.OptimizedFor, out.Note, out.Prefill, out.Budget, out.Dynamic = pl.OptimizedFor, pl.Note, pl.Prefill, pl.Budget, pl.Dynamic
+	if pl.RingBytes < 0 {
+		return nil, fmt.Errorf("placement: ring_bytes %d is negative", pl.RingBytes)
+	}
+	out.RingBytes = pl.RingBytes // at least twice the largest streamed matrix, whatever it says (gpu.RingBytes)
 	var missing []string
 	for i, u := range units {
 		got, ok := byName[u.Name]

@@ -318,3 +318,79 @@ func TestDecodeBytes(t *testing.T) {
 		}
 	}
 }
+
+// A prefill batch bound by the link (the expert stacks of an MoE model
+// cost several times more to copy than to compute on the GPU) hands some
+// stacks to the CPU: the copy engine streams the later ones while the CPU
+// computes, and the batch takes less than streaming everything. With a
+// ring too small to run ahead, the CPU's time is not hidden and the plan
+// is no better than the link's sum.
+func TestPrefillStreamsUseTheCPUWhileTheLinkRuns(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3moe-q4_k_m")
+	units := programUnits(m.Prog, 64, nil)
+	pl := newPlacement(m, units, BackendCPU)
+	const link = 1e9 // bytes/s
+	prof := &plan.Profile{Batches: []int{1, 64}, Switch: []plan.Link{{Latency: 1e-6, BytesPerSec: 1e10}, {Latency: 1e-6, BytesPerSec: 1e10}},
+		Stream: plan.Link{BytesPerSec: link}}
+	var copies float64
+	var stacks int
+	var largest int64
+	for _, u := range units {
+		copyT := float64(u.Bytes) / link
+		cpuT, gpuT := 100*copyT, copyT/10
+		switch {
+		case !u.Streamable: // attention, the embedding: on the CPU either way
+			cpuT, gpuT = 1e-7, 1e-7
+		case u.Op == ir.OpMoE:
+			cpuT = 1.5 * copyT // the CPU is 1.5 times slower than the link, not 100
+			stacks++
+		}
+		if u.Streamable {
+			copies += copyT
+			for _, w := range u.Mats {
+				largest = max(largest, w.Bytes())
+			}
+		}
+		prof.Units = append(prof.Units, plan.UnitTimes{Name: u.Name, CPU: []float64{cpuT, cpuT}, GPU: []float64{gpuT, gpuT}})
+	}
+	if stacks < 2 {
+		t.Fatalf("%d MoE units in the oracle model", stacks)
+	}
+	cases := []struct {
+		name     string
+		ring     int64
+		someCPU  bool
+		fasterBy float64 // at least, against the link's sum
+	}{
+		{"a ring of the whole model", 1 << 40, true, 0.1},
+		{"the smallest ring", 0, false, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			stream, secs, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, c.ring)
+			if err != nil {
+				t.Fatal(err)
+			}
+			on := map[string]bool{}
+			for _, n := range stream {
+				on[n] = true
+			}
+			var cpuStacks int
+			for _, u := range units {
+				if u.Op == ir.OpMoE && !on[u.Name] {
+					cpuStacks++
+				}
+				if u.Streamable && u.Op != ir.OpMoE && !on[u.Name] {
+					t.Errorf("%s stays on the CPU, 100 times slower than streaming it", u.Name)
+				}
+			}
+			if c.someCPU && (cpuStacks == 0 || cpuStacks == stacks) {
+				t.Errorf("%d of %d expert stacks on the CPU, want some", cpuStacks, stacks)
+			}
+			if secs > copies*(1-c.fasterBy)+1e-3 {
+				t.Errorf("predicted %.4f s, want at most %.0f%% below the link's %.4f s", secs, 100*c.fasterBy, copies)
+			}
+			t.Logf("%d of %d stacks on the CPU; %.4f s against %.4f s of copies", cpuStacks, stacks, secs, copies)
+		})
+	}
+}

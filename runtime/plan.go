@@ -1,8 +1,9 @@
 package runtime
 
 import (
-	"errors"
 	"fmt"
+	"math"
+	"strings"
 
 	"github.com/atsinfer/ats/plan"
 	"github.com/atsinfer/ats/runtime/gpu"
@@ -45,10 +46,14 @@ func (m *Model) planWith(dev *gpu.Device, units []Unit, opt ContextOptions, budg
 var planHybridAlways bool
 
 // placeWithRing places with a staging ring of ring bytes for dynamic
-// promotion; when the placement leaves less on the CPU that promotion
+// promotion. When the placement leaves less on the CPU that promotion
 // could move than half the ring (an MoE model's CPU units are mostly
-// expert stacks, which do not pay to promote), it places again with a ring
-// of twice what could move, so that the VRAM goes to resident units.
+// expert stacks, which do not pay to promote), it also places with a ring
+// of twice what could move, which gives the VRAM to resident units, and
+// keeps the better of the two for a reply: a decode step and the prefill
+// of promptTokensPerReply prompt tokens. The full ring can still win
+// there: prefill batches stream further ahead of the compute, and the CPU
+// takes expert stacks meanwhile (prefillStreams).
 func (m *Model) placeWithRing(dev *gpu.Device, prof *plan.Profile, units []Unit, opt ContextOptions, budget, ring int64) (*Placement, error) {
 	pl, err := m.placeByProfile(prof, units, opt, budget, m.fixedBytes(dev, units, opt, ring), ring)
 	if err != nil || ring == 0 || !pl.Dynamic {
@@ -63,12 +68,55 @@ func (m *Model) placeWithRing(dev *gpu.Device, prof *plan.Profile, units []Unit,
 	if 2*movable >= ring {
 		return pl, nil
 	}
-	smaller := 2 * movable
-	if pl, err = m.placeByProfile(prof, units, opt, budget, m.fixedBytes(dev, units, opt, smaller), smaller); err == nil && movable == 0 {
-		pl.Dynamic = false
-		pl.Note = "nothing on the CPU that a decode step could promote: the staging ring only streams prefill"
+	// The full ring, made to hold two whole units (an MoE layer's three
+	// stacks): one kept for decode or read by prefill while the next
+	// arrives.
+	var unit int64
+	for i, u := range units {
+		if !pl.resident(i) && u.Streamable {
+			unit = max(unit, u.Bytes+int64(len(u.Mats))*gpu.AllocGranularity)
+		}
 	}
-	return pl, err
+	if unit > 0 && 2*unit > ring && 2*unit <= budget/4 {
+		ring = 2 * unit
+		if pl, err = m.placeByProfile(prof, units, opt, budget, m.fixedBytes(dev, units, opt, ring), ring); err != nil {
+			return nil, err
+		}
+	}
+	o := opt
+	o.StaticOnly = movable == 0 // a ring of nothing keeps nothing
+	small, err := m.placeByProfile(prof, units, o, budget, m.fixedBytes(dev, units, opt, 2*movable), 2*movable)
+	if err != nil {
+		return nil, err
+	}
+	if replySeconds(pl) < replySeconds(small) {
+		pl.Note = fmt.Sprintf("a staging ring of %s, for prefill streaming: predicted %.1f ms a reply against %.1f with the least ring (a decode step and %d prompt tokens)",
+			FormatBytes(pl.RingBytes), 1e3*replySeconds(pl), 1e3*replySeconds(small), promptTokensPerReply)
+	} else {
+		pl = small
+	}
+	if movable == 0 {
+		what := "the staging ring only streams prefill"
+		if pl.ringKept != nil {
+			what = "the staging ring streams prefill and keeps units for decode"
+		}
+		pl.Note = strings.TrimSpace("nothing on the CPU that a decode step could copy and gain: " + what + ". " + pl.Note)
+	}
+	return pl, nil
+}
+
+// replySeconds is a placement's predicted time for a decode step and
+// the prefill of promptTokensPerReply prompt tokens (+Inf unpredicted).
+func replySeconds(pl *Placement) float64 {
+	p := pl.Predicted
+	if p == nil || p.DecodeStepSeconds <= 0 {
+		return math.Inf(1)
+	}
+	t := p.DecodeStepSeconds
+	if p.PrefillBatch > 0 {
+		t += float64(promptTokensPerReply) * p.PrefillStepSeconds / float64(p.PrefillBatch)
+	}
+	return t
 }
 
 // ringWanted is the staging ring a hybrid context asks for: with dynamic
@@ -223,7 +271,7 @@ func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOpti
 	// the same bytes); everything after it, the prefill streams, the
 	// prediction and the promotion's figures, takes each unit's layout
 	// under that residency.
-	assumed, _ := m.packedFractions(units, func(int) bool { return true })
+	assumed, _ := m.packedFractions(units, func(int) bool { return true }, nil)
 	solveWith := prof.Packed(assumed)
 	pr := problem(solveWith, units, bi, solveWith.Batches[bi], budget-fixed, m.Prog.Hyper)
 	var sol plan.Placement
@@ -239,15 +287,11 @@ func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOpti
 	if err != nil {
 		return nil, fmt.Errorf("plan: %w", err)
 	}
-	frac, repacked := m.packedFractions(units, func(i int) bool { return sol.On[i] == plan.GPU })
-	prof = prof.Packed(frac)
 	pl := newPlacement(m, units, BackendCPU)
 	pl.OptimizedFor = "decode"
 	if forPrefill {
 		pl.OptimizedFor = "prefill"
 	}
-	pl.FixedBytes, pl.RepackedBytes = fixed, repacked
-	pl.prof, pl.Dynamic = prof, !opt.StaticOnly
 	streamable := map[*ir.Weight]bool{}
 	for _, u := range units {
 		if u.Streamable {
@@ -259,11 +303,22 @@ func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOpti
 	if dev, err := gpu.Open(); err == nil {
 		pl.RingBytes = gpu.RingBytes(dev.Weights(), m.Prog, func(w *ir.Weight) bool { return streamable[w] }, ring)
 	}
+	resident := func(i int) bool { return sol.On[i] == plan.GPU }
+	if !opt.StaticOnly {
+		// What promotion will keep in the ring on an idle machine runs on
+		// the GPU: the repacked copies go to the units the CPU runs.
+		pl.ringKept = idleKept(solveWith, units, resident, pl.RingBytes, m.Prog.Hyper.NVocab)
+	}
+	frac, repacked := m.packedFractions(units, resident, pl.keptAtIdle)
+	prof = prof.Packed(frac)
+	pl.FixedBytes, pl.RepackedBytes = fixed, repacked
+	pl.prof, pl.Dynamic = prof, !opt.StaticOnly
 	d0 := prof.BatchIndex(1)
 	for i := range units {
 		if sol.On[i] == plan.GPU {
 			pl.Units[i].Backend = BackendGPU
 		}
+		pl.Units[i].KeptInRing = pl.keptAtIdle(i)
 		t := prof.Units[i]
 		pl.Units[i].CPU, pl.Units[i].GPU = t.CPU[d0], t.GPU[d0]
 		if units[i].Bytes > 0 {
@@ -278,7 +333,7 @@ func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOpti
 		if size <= 1 || size > opt.Batch {
 			continue
 		}
-		stream, t, err := prefillStreams(prof, units, pl, b, size, m.Prog.Hyper)
+		stream, t, err := prefillStreams(prof, units, pl, b, size, m.Prog.Hyper, max(pl.RingBytes, ring))
 		if err != nil {
 			return nil, err
 		}
@@ -294,10 +349,11 @@ func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOpti
 	if pred.PrefillStepSeconds > 0 {
 		pred.PrefillTokensPerS = float64(pred.PrefillBatch) / pred.PrefillStepSeconds
 	}
+	// Decode as an idle machine runs it: the kept units from the ring.
 	dec := problem(prof, units, d0, 1, 0, m.Prog.Hyper)
 	on := make([]plan.Backend, len(units))
 	for i := range units {
-		if pl.resident(i) {
+		if pl.resident(i) || pl.keptAtIdle(i) {
 			on[i] = plan.GPU
 		}
 	}
@@ -360,37 +416,52 @@ func (m *Model) solvePrefillResidency(prof *plan.Profile, units []Unit, pr plan.
 }
 
 // prefillStreams decides, for batches of size (profile batch b), which
-// non-resident units stream: a budget-free DP where resident units are
-// pinned to the GPU, attention and the embedding of CPU layers to the
-// CPU, and a streamed unit costs the longer of its copy and its compute
-// (the ring overlaps the two). It returns the streamed units' names and
-// the predicted seconds of the batch.
-func prefillStreams(prof *plan.Profile, units []Unit, pl *Placement, b, size int, h ir.Hyper) ([]string, float64, error) {
-	pr := problem(prof, units, b, size, 0, h)
-	pr.Ties = nil
+// non-resident units stream, and returns their names and the predicted
+// seconds of the batch. It is the promotion problem of a decode step
+// (plan.Promote) with a prefill batch's figures: the copy engine streams
+// the chosen units back to back through the ring while the GPU and the
+// CPU compute the units before them, as far ahead as the ring holds
+// (ring bytes, less the largest matrix, which is read while the next
+// ones arrive). So a unit the CPU computes is time during which later
+// units arrive: when the link is the bound (an MoE model's expert stacks
+// are many times the compute they carry), the CPU takes some of them and
+// the batch gets shorter by what they would have cost the link.
+// Attention and the embedding of CPU layers stay on the CPU.
+func prefillStreams(prof *plan.Profile, units []Unit, pl *Placement, b, size int, h ir.Hyper, ring int64) ([]string, float64, error) {
+	sw := prof.Switch[b]
+	var largest int64
 	for i, u := range units {
-		pu := &pr.Units[i]
-		pu.Bytes = 0
-		switch {
-		case pl.resident(i):
-			pu.Pin = plan.OnlyGPU
-		case u.Streamable:
-			st := max(prof.Stream.Time(u.Bytes), pu.GPU)
-			pu.GPU, pu.GPUAlone = st, st+(pu.GPUAlone-pu.GPU)
-		default:
-			pu.Pin = plan.OnlyCPU
+		if u.Streamable && !pl.resident(i) {
+			for _, w := range u.Mats {
+				largest = max(largest, w.Bytes())
+			}
 		}
 	}
-	sol, err := plan.Static(pr)
-	if errors.Is(err, plan.ErrInfeasible) {
-		return nil, 0, fmt.Errorf("plan: prefill at %d tokens: %w", size, err)
+	ring = max(ring, 2*largest) // as gpu.RingBytes sizes it
+	pr := plan.PromoteProblem{EndToCPU: sw.Time(4 * int64(h.NVocab))}
+	if link := prof.Stream.BytesPerSec; link > 0 {
+		pr.MaxSlack = float64(max(ring-largest, 0)) / link
 	}
+	for i, u := range units {
+		t := prof.Units[i]
+		cross := sw.Time(u.InBytes * int64(size))
+		pu := plan.PromoteUnit{Name: u.Name, CPU: t.CPU[b], GPU: t.GPU[b], ToGPU: cross, ToCPU: cross, Resident: pl.resident(i)}
+		if !pu.Resident {
+			if u.Streamable {
+				pu.Copy = prof.Stream.Time(u.Bytes)
+			} else {
+				pu.Fixed = true
+			}
+		}
+		pr.Units = append(pr.Units, pu)
+	}
+	sol, err := plan.Promote(pr)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, fmt.Errorf("plan: prefill at %d tokens: %w", size, err)
 	}
 	var out []string
 	for i, u := range units {
-		if sol.On[i] == plan.GPU && !pl.resident(i) {
+		if sol.Promote[i] {
 			out = append(out, u.Name)
 		}
 	}

@@ -74,7 +74,10 @@ func (c *Context) newPromoter(base *schedule) *promoter {
 	if !pl.Dynamic || c.gpu == nil || (pl.prof == nil && !promoteEverything) {
 		return nil
 	}
-	any := false
+	// Something to copy each step, or to keep in the ring (pl.ringKept:
+	// an MoE model's expert stacks do not pay to copy each step, but may
+	// to keep).
+	any := pl.ringKept != nil
 	for i, u := range c.units {
 		any = any || (u.Streamable && !pl.resident(i) && (u.Bytes <= 2*u.DecodeBytes || promoteEverything))
 	}
@@ -114,15 +117,22 @@ func (p *promoter) problem(c *Context, e plan.Estimates) plan.PromoteProblem {
 
 // problemFor is the promotion problem of a decode step under e.
 func (p *promoter) problemFor(c *Context, e plan.Estimates) plan.PromoteProblem {
-	d := p.prof.BatchIndex(1)
-	sw := p.prof.Switch[d]
+	return promoteProblem(p.prof, c.units, c.place.resident, p.ring, c.m.Prog.Hyper.NVocab, e)
+}
+
+// promoteProblem is the promotion problem of a decode step under e, for
+// units where resident(i) says which live on the GPU, with a staging ring
+// of ring bytes and a vocabulary of nvocab logits to bring back.
+func promoteProblem(prof *plan.Profile, units []Unit, resident func(int) bool, ring int64, nvocab int, e plan.Estimates) plan.PromoteProblem {
+	d := prof.BatchIndex(1)
+	sw := prof.Switch[d]
 	link := plan.Link{BytesPerSec: e.Link}
-	pr := plan.PromoteProblem{MaxSlack: float64(p.ring) / e.Link / max(e.Overlap, 1), EndToCPU: sw.Time(4 * int64(c.m.Prog.Hyper.NVocab))}
-	for i, u := range c.units {
-		t := p.prof.Units[i]
+	pr := plan.PromoteProblem{MaxSlack: float64(ring) / e.Link / max(e.Overlap, 1), EndToCPU: sw.Time(4 * int64(nvocab))}
+	for i, u := range units {
+		t := prof.Units[i]
 		cross := sw.Time(u.InBytes)
 		pu := plan.PromoteUnit{Name: u.Name, CPU: t.CPU[d] * e.CPU, GPU: t.GPU[d] * e.GPU, ToGPU: cross, ToCPU: cross,
-			Resident: c.place.resident(i)}
+			Resident: resident(i)}
 		if !pu.Resident {
 			// Promotion pays when the link moves what the CPU would read
 			// anyway; an MoE layer's stacks are many times what a token
@@ -248,7 +258,12 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 	return s, nil
 }
 
-// hostBound is a lower bound on a decode step's time when the units of
+// hostBound is hostBoundOf for the context's units and placement.
+func (p *promoter) hostBound(c *Context, promote []bool, kept bool, e plan.Estimates) float64 {
+	return hostBoundOf(p.prof, c.units, c.place.resident, promote, kept, e)
+}
+
+// hostBoundOf is a lower bound on a decode step's time when the units of
 // promote run on the GPU (kept: their weights already in the ring, nothing
 // copied): host memory feeds the CPU's products and the copy engine alike,
 // at the profile's HostRead in all, and a step's GPU segments, during which
@@ -256,16 +271,16 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 // a machine whose CPU segments already read at that rate, promotion moves
 // bytes from one reader to the other and wins only the GPU's windows; under
 // a CPU load the CPU's own time, not this bound, decides. 0 without a rate.
-func (p *promoter) hostBound(c *Context, promote []bool, kept bool, e plan.Estimates) float64 {
-	rate := p.prof.HostRead
+func hostBoundOf(prof *plan.Profile, units []Unit, resident func(int) bool, promote []bool, kept bool, e plan.Estimates) float64 {
+	rate := prof.HostRead
 	if rate <= 0 {
 		return 0
 	}
-	d := p.prof.BatchIndex(1)
+	d := prof.BatchIndex(1)
 	var cpuBytes, copied, tGPU float64
-	for i, u := range c.units {
-		if c.place.resident(i) || promote[i] {
-			tGPU += p.prof.Units[i].GPU[d] * e.GPU
+	for i, u := range units {
+		if resident(i) || promote[i] {
+			tGPU += prof.Units[i].GPU[d] * e.GPU
 			if promote[i] && !kept {
 				copied += float64(u.Bytes)
 			}
@@ -349,8 +364,11 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 		return
 	}
 	// The first step of a schedule (and the first after a switch back to
-	// it) pays for the switch: graphs captured, the ring refilled.
-	if p.seen[s]++; p.seen[s] > 1 && s == p.last {
+	// it) pays for the switch: graphs captured, the ring refilled; so does
+	// a kept plan's first step after a prefill batch streamed through the
+	// ring.
+	refill := p.kept && s == p.cur && len(t.Uploads) > 0
+	if p.seen[s]++; p.seen[s] > 1 && s == p.last && !refill {
 		if old := p.stepTime[s]; old > 0 {
 			p.stepTime[s] = old + 0.3*(wall.Seconds()-old)
 		} else {
@@ -453,37 +471,42 @@ func (c *Context) PromotionLive() (promotedBytes, replans int64, linkBytesPerSec
 	return p.live.promoted.Load(), p.live.replans.Load(), math.Float64frombits(p.live.link.Load())
 }
 
-// keptPlan is the promotion that copies nothing after its first step:
+// keptPlan is the promotion that copies nothing after its first step
+// (keptUnits) under the estimates e.
+func (p *promoter) keptPlan(c *Context, e plan.Estimates) plan.Promotion {
+	return keptUnits(p.prof, c.units, c.place.resident, p.ring, p.problemFor(c, e), e)
+}
+
+// keptUnits is the promotion that copies nothing after its first step:
 // units whose weights fit the ring together stay there from one decode
 // step to the next (gpu.Schedule's fits), so each step runs them on the
 // GPU without a copy, and the host memory the copies would read stays
 // with the CPU, which needs it when its products are bound by memory
 // bandwidth. It takes the units that save the most CPU time per byte,
-// under the estimates of steps that copy nothing, drops those whose
+// under the estimates e of steps that copy nothing, drops those whose
 // switches cost more than they save, and returns the plan with its
-// predicted time.
-func (p *promoter) keptPlan(c *Context, e plan.Estimates) plan.Promotion {
-	d := p.prof.BatchIndex(1)
-	pr := p.problemFor(c, e)
+// predicted time (pr: the step's promotion problem under e).
+func keptUnits(prof *plan.Profile, units []Unit, resident func(int) bool, ring int64, pr plan.PromoteProblem, e plan.Estimates) plan.Promotion {
+	d := prof.BatchIndex(1)
 	type cand struct {
 		i     int
 		bytes int64
 		gain  float64 // seconds saved per byte
 	}
 	var cands []cand
-	for i, u := range c.units {
-		if c.place.resident(i) || !u.Streamable {
+	for i, u := range units {
+		if resident(i) || !u.Streamable {
 			continue
 		}
-		t := p.prof.Units[i]
+		t := prof.Units[i]
 		b := u.Bytes + 256*int64(len(u.Mats)) // the ring aligns each matrix
 		if saved := t.CPU[d]*e.CPU - t.GPU[d]*e.GPU; saved > 0 && b > 0 {
 			cands = append(cands, cand{i, b, saved / float64(b)})
 		}
 	}
 	slices.SortStableFunc(cands, func(a, b cand) int { return cmp.Compare(b.gain, a.gain) })
-	promote := make([]bool, len(c.units))
-	room := p.ring
+	promote := make([]bool, len(units))
+	room := ring
 	for _, k := range cands {
 		if k.bytes <= room {
 			promote[k.i], room = true, room-k.bytes
@@ -509,4 +532,28 @@ func (p *promoter) keptPlan(c *Context, e plan.Estimates) plan.Promotion {
 		}
 	}
 	return sol
+}
+
+// idleKept is the kept plan (keptUnits) the promoter is expected to take
+// on an idle machine, by unit, or nil when it would promote nothing: the
+// units that fit the ring and, with the host memory's bound, beat no
+// promotion by the promoter's own 3% margin.
+func idleKept(prof *plan.Profile, units []Unit, resident func(int) bool, ring int64, nvocab int) []bool {
+	if prof == nil || ring <= 0 || prof.Stream.BytesPerSec <= 0 {
+		return nil
+	}
+	e := plan.Estimates{CPU: 1, GPU: 1, Overlap: 1, Link: prof.Stream.BytesPerSec}
+	pr := promoteProblem(prof, units, resident, ring, nvocab, e)
+	kept := keptUnits(prof, units, resident, ring, pr, e)
+	if kept.Count == 0 {
+		return nil
+	}
+	none := make([]bool, len(units))
+	prNone := promoteProblem(prof, units, resident, ring, nvocab, e)
+	tNone, _ := prNone.Timeline(none)
+	tNone = max(tNone, hostBoundOf(prof, units, resident, none, false, e))
+	if max(kept.Time, hostBoundOf(prof, units, resident, kept.Promote, true, e)) >= 0.97*tNone {
+		return nil
+	}
+	return kept.Promote
 }

@@ -170,3 +170,50 @@ func TestHostBound(t *testing.T) {
 		t.Errorf("no rate: bound %g, want 0", got)
 	}
 }
+
+// idleKept is what the promoter keeps in the ring on an idle machine: the
+// units that save the most per byte, as many as the ring holds, and
+// nothing when keeping them would not beat running them on the CPU.
+func TestIdleKept(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	units := programUnits(m.Prog, 64, nil)
+	mk := func(cpuPerByte, gpuPerByte float64) *plan.Profile {
+		prof := &plan.Profile{Batches: []int{1}, HostRead: 1e9, Switch: []plan.Link{{Latency: 1e-6, BytesPerSec: 1e10}}, Stream: plan.Link{BytesPerSec: 1e10}}
+		for _, u := range units {
+			prof.Units = append(prof.Units, plan.UnitTimes{Name: u.Name, CPU: []float64{cpuPerByte * float64(u.Bytes)}, GPU: []float64{gpuPerByte * float64(u.Bytes)}})
+		}
+		return prof
+	}
+	none := func(int) bool { return false }
+	var ring, largest int64
+	for _, u := range units {
+		if u.Streamable {
+			ring += u.Bytes / 3
+			largest = max(largest, u.Bytes)
+		}
+	}
+	ring = max(ring, 2*largest)
+	kept := idleKept(mk(1e-9, 1e-12), units, none, ring, m.Prog.Hyper.NVocab)
+	if kept == nil {
+		t.Fatal("nothing kept where the GPU is a thousand times faster")
+	}
+	var bytes int64
+	for i, on := range kept {
+		if on {
+			if !units[i].Streamable {
+				t.Errorf("%s kept, but it cannot stream", units[i].Name)
+			}
+			bytes += units[i].Bytes + 256*int64(len(units[i].Mats))
+		}
+	}
+	if bytes > ring || bytes == 0 {
+		t.Errorf("kept %d bytes in a ring of %d", bytes, ring)
+	}
+	// A GPU as slow as the CPU: keeping saves nothing.
+	if kept := idleKept(mk(1e-9, 1e-9), units, none, ring, m.Prog.Hyper.NVocab); kept != nil {
+		t.Error("units kept on a GPU no faster than the CPU")
+	}
+	if kept := idleKept(mk(1e-9, 1e-12), units, none, 0, m.Prog.Hyper.NVocab); kept != nil {
+		t.Error("units kept without a ring")
+	}
+}

@@ -165,6 +165,17 @@ func printPlacement(w io.Writer, pl *runtime.Placement, prof *plan.Profile, m *r
 	if pl.RepackedBytes > 0 {
 		fmt.Fprintf(w, "repacked for the CPU: %s of its weights (timed so; the rest runs from the file's blocks)\n", runtime.FormatBytes(pl.RepackedBytes))
 	}
+	var kept int
+	var keptBytes int64
+	for _, u := range pl.Units {
+		if u.KeptInRing {
+			kept, keptBytes = kept+1, keptBytes+u.Bytes
+		}
+	}
+	if kept > 0 {
+		fmt.Fprintf(w, "dynamic promotion: staging ring %s; on an idle machine it should keep %d CPU units (%s) there (CPU* below), which are not repacked for the CPU\n",
+			runtime.FormatBytes(pl.RingBytes), kept, runtime.FormatBytes(keptBytes))
+	}
 	if pl.Note != "" {
 		fmt.Fprintf(w, "note: %s\n", pl.Note)
 	}
@@ -207,6 +218,9 @@ func printPlacement(w io.Writer, pl *runtime.Placement, prof *plan.Profile, m *r
 
 func cell(u runtime.UnitPlacement) string {
 	b := strings.ToUpper(u.Backend)
+	if u.KeptInRing {
+		b += "*"
+	}
 	if u.Density == 0 {
 		return b
 	}
