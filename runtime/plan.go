@@ -2,8 +2,6 @@ package runtime
 
 import (
 	"fmt"
-	"math"
-	"strings"
 
 	"github.com/atsinfer/ats/plan"
 	"github.com/atsinfer/ats/runtime/gpu"
@@ -46,14 +44,16 @@ func (m *Model) planWith(dev *gpu.Device, units []Unit, opt ContextOptions, budg
 var planHybridAlways bool
 
 // placeWithRing places with a staging ring of ring bytes for dynamic
-// promotion. When the placement leaves less on the CPU that promotion
+// promotion; when the placement leaves less on the CPU that promotion
 // could move than half the ring (an MoE model's CPU units are mostly
-// expert stacks, which do not pay to promote), it also places with a ring
-// of twice what could move, which gives the VRAM to resident units, and
-// keeps the better of the two for a reply: a decode step and the prefill
-// of promptTokensPerReply prompt tokens. The full ring can still win
-// there: prefill batches stream further ahead of the compute, and the CPU
-// takes expert stacks meanwhile (prefillStreams).
+// expert stacks, which do not pay to promote), it places again with a ring
+// of twice what could move, so that the VRAM goes to resident units.
+//
+// (A larger ring would let prefill batches stream further ahead while the
+// CPU takes expert stacks, prefillStreams. On the GPU machine a ring of two
+// 30B-A3B stacks, 782 MiB, did not pay: the CPU's 18 ms for a stack of a
+// 512-token batch is more than the 11 ms of copies it lets run ahead, and
+// the 30B-A3B's prefill fell by 4% with the residency the ring took.)
 func (m *Model) placeWithRing(dev *gpu.Device, prof *plan.Profile, units []Unit, opt ContextOptions, budget, ring int64) (*Placement, error) {
 	pl, err := m.placeByProfile(prof, units, opt, budget, m.fixedBytes(dev, units, opt, ring), ring)
 	if err != nil || ring == 0 || !pl.Dynamic {
@@ -68,55 +68,12 @@ func (m *Model) placeWithRing(dev *gpu.Device, prof *plan.Profile, units []Unit,
 	if 2*movable >= ring {
 		return pl, nil
 	}
-	// The full ring, made to hold two whole units (an MoE layer's three
-	// stacks): one kept for decode or read by prefill while the next
-	// arrives.
-	var unit int64
-	for i, u := range units {
-		if !pl.resident(i) && u.Streamable {
-			unit = max(unit, u.Bytes+int64(len(u.Mats))*gpu.AllocGranularity)
-		}
+	smaller, o := 2*movable, opt
+	o.StaticOnly = movable == 0 // and nothing kept in the ring
+	if pl, err = m.placeByProfile(prof, units, o, budget, m.fixedBytes(dev, units, opt, smaller), smaller); err == nil && movable == 0 {
+		pl.Note = "nothing on the CPU that a decode step could promote: the staging ring only streams prefill"
 	}
-	if unit > 0 && 2*unit > ring && 2*unit <= budget/4 {
-		ring = 2 * unit
-		if pl, err = m.placeByProfile(prof, units, opt, budget, m.fixedBytes(dev, units, opt, ring), ring); err != nil {
-			return nil, err
-		}
-	}
-	o := opt
-	o.StaticOnly = movable == 0 // a ring of nothing keeps nothing
-	small, err := m.placeByProfile(prof, units, o, budget, m.fixedBytes(dev, units, opt, 2*movable), 2*movable)
-	if err != nil {
-		return nil, err
-	}
-	if replySeconds(pl) < replySeconds(small) {
-		pl.Note = fmt.Sprintf("a staging ring of %s, for prefill streaming: predicted %.1f ms a reply against %.1f with the least ring (a decode step and %d prompt tokens)",
-			FormatBytes(pl.RingBytes), 1e3*replySeconds(pl), 1e3*replySeconds(small), promptTokensPerReply)
-	} else {
-		pl = small
-	}
-	if movable == 0 {
-		what := "the staging ring only streams prefill"
-		if pl.ringKept != nil {
-			what = "the staging ring streams prefill and keeps units for decode"
-		}
-		pl.Note = strings.TrimSpace("nothing on the CPU that a decode step could copy and gain: " + what + ". " + pl.Note)
-	}
-	return pl, nil
-}
-
-// replySeconds is a placement's predicted time for a decode step and
-// the prefill of promptTokensPerReply prompt tokens (+Inf unpredicted).
-func replySeconds(pl *Placement) float64 {
-	p := pl.Predicted
-	if p == nil || p.DecodeStepSeconds <= 0 {
-		return math.Inf(1)
-	}
-	t := p.DecodeStepSeconds
-	if p.PrefillBatch > 0 {
-		t += float64(promptTokensPerReply) * p.PrefillStepSeconds / float64(p.PrefillBatch)
-	}
-	return t
+	return pl, err
 }
 
 // ringWanted is the staging ring a hybrid context asks for: with dynamic
