@@ -152,3 +152,26 @@ func TestTimelineWaitIsNotSlack(t *testing.T) {
 		t.Errorf("Promote: %g s, want 21 (both promoted)", sol.Time)
 	}
 }
+
+// The hand-over's estimate calls for a new plan only when it moved by the
+// threshold and by switchMoved: a GPU another process shares (tens of
+// microseconds more a stretch), not the microseconds between idle steps.
+func TestReplannerSwitch(t *testing.T) {
+	base := Estimates{CPU: 1, GPU: 1, Overlap: 1, Link: 5e10, Switch: 20e-6}
+	cases := []struct {
+		sw   float64
+		want bool
+	}{{24e-6, false}, {28e-6, false}, {35e-6, true}, {120e-6, true}, {5e-6, true}}
+	for _, c := range cases {
+		var r Replanner
+		r.Planned(base)
+		for range 5 {
+			r.Step(base)
+		}
+		e := base
+		e.Switch = c.sw
+		if got := r.Step(e); got != c.want {
+			t.Errorf("hand-over %g µs after %g µs: re-plan %v, want %v", 1e6*c.sw, 1e6*base.Switch, got, c.want)
+		}
+	}
+}

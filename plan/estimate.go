@@ -12,6 +12,11 @@ import "math"
 type Estimates struct {
 	CPU, GPU, Overlap float64
 	Link              float64
+	// Switch is the seconds a hand-over between the CPU and the GPU takes
+	// now, as steps measure it (0: not measured; the profile's then). A GPU
+	// shared with another process makes each of a step's GPU stretches
+	// wait for its turn, a cost per stretch, not per byte.
+	Switch float64
 }
 
 // Estimator keeps moving averages of the measurements of recent decode
@@ -39,7 +44,8 @@ func (e *Estimator) Observe(m Estimates) Estimates {
 		}
 		return old + w*(v-old)
 	}
-	e.cur = Estimates{CPU: mix(e.cur.CPU, m.CPU), GPU: mix(e.cur.GPU, m.GPU), Overlap: mix(e.cur.Overlap, m.Overlap), Link: mix(e.cur.Link, m.Link)}
+	e.cur = Estimates{CPU: mix(e.cur.CPU, m.CPU), GPU: mix(e.cur.GPU, m.GPU), Overlap: mix(e.cur.Overlap, m.Overlap), Link: mix(e.cur.Link, m.Link),
+		Switch: mix(e.cur.Switch, m.Switch)}
 	e.seen = true
 	return e.cur
 }
@@ -82,8 +88,15 @@ func (r *Replanner) Step(e Estimates) bool {
 		}
 		return math.Abs(a-b)/b >= th
 	}
-	return moved(e.CPU, r.planned.CPU) || moved(e.GPU, r.planned.GPU) || moved(e.Link, r.planned.Link) || moved(e.Overlap, r.planned.Overlap)
+	// The hand-over moves by microseconds between steps: only a move of
+	// switchMoved as well counts.
+	switched := moved(e.Switch, r.planned.Switch) && math.Abs(e.Switch-r.planned.Switch) >= switchMoved
+	return moved(e.CPU, r.planned.CPU) || moved(e.GPU, r.planned.GPU) || moved(e.Link, r.planned.Link) || moved(e.Overlap, r.planned.Overlap) || switched
 }
+
+// switchMoved is the least change of the hand-over's estimate that calls
+// for a new plan.
+const switchMoved = 10e-6
 
 // Age is how many steps the current plan has run.
 func (r *Replanner) Age() int { return r.age }

@@ -157,19 +157,14 @@ func (m *Model) repackLocked(ws []*ir.Weight) {
 func (m *Model) repackHybrid(pl *Placement) int64 {
 	m.repackMu.Lock()
 	defer m.repackMu.Unlock()
-	m.repackLocked(m.hybridChoice(pl.units, pl.resident, pl.keptAtIdle))
+	m.repackLocked(m.hybridChoice(pl.units, pl.resident))
 	return m.repacked
 }
 
 // hybridChoice is what repackHybrid would repack now for a placement of
-// units where resident(i) says whether unit i lives on the GPU and
-// kept(i) whether dynamic promotion will keep it in the staging ring on an
-// idle machine (nil: none). A kept unit runs on the GPU from its copy in
-// the ring, which the copy engine makes from the file's pages (pinned, so
-// they are not given back): a repacked CPU copy of it would rarely be
-// read, and the allowance goes further on the units the CPU runs. The
+// units where resident(i) says whether unit i lives on the GPU. The
 // caller holds repackMu.
-func (m *Model) hybridChoice(units []Unit, resident, kept func(i int) bool) []*ir.Weight {
+func (m *Model) hybridChoice(units []Unit, resident func(i int) bool) []*ir.Weight {
 	var released, total int64
 	var dense, moe []*ir.Weight
 	for i, u := range units {
@@ -178,7 +173,6 @@ func (m *Model) hybridChoice(units []Unit, resident, kept func(i int) bool) []*i
 			switch {
 			case resident(i):
 				released += w.Bytes()
-			case kept != nil && kept(i):
 			case u.Op == ir.OpEmbed:
 				// Looked up a row at a time from its own blocks: a copy
 				// would never be read.
@@ -204,12 +198,11 @@ func (m *Model) hybridChoice(units []Unit, resident, kept func(i int) bool) []*i
 // copies in a hybrid context where resident(i) says whether unit i lives
 // on the GPU: those repackHybrid would repack now and those already
 // repacked. A resident unit counts as repacked when repacking is on (its
-// CPU times only describe it); kept(i), as for hybridChoice, says whether
-// it is kept in the staging ring at idle (nil: none). bytes is what the CPU
-// units read from copies.
-func (m *Model) packedFractions(units []Unit, resident, kept func(i int) bool) (frac []float64, bytes int64) {
+// CPU times only describe it). bytes is what the CPU units read from
+// copies.
+func (m *Model) packedFractions(units []Unit, resident func(i int) bool) (frac []float64, bytes int64) {
 	m.repackMu.Lock()
-	chosen := m.hybridChoice(units, resident, kept)
+	chosen := m.hybridChoice(units, resident)
 	m.repackMu.Unlock()
 	packed := map[*ir.Weight]bool{}
 	for _, w := range chosen {

@@ -60,8 +60,7 @@ type Placement struct {
 	vectors []*ir.Weight  // the model's 1-D weights (norms, biases)
 	prof    *plan.Profile // what it was planned from (nil: not planned)
 	// ringKept, by unit: the CPU units dynamic promotion is expected to
-	// keep in the staging ring on an idle machine (nil: none), which the
-	// CPU's repacked copies leave out (Model.hybridChoice).
+	// keep in the staging ring on an idle machine (nil: none).
 	ringKept []bool
 }
 

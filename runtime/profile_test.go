@@ -188,19 +188,17 @@ func TestMeasureProfileCPUOnly(t *testing.T) {
 // packedFractions says beforehand what repackHybrid then repacks: the
 // same matrices, the same bytes, for a placement whose allowance covers
 // part of the CPU units and one that covers more; nothing with
-// ATS_REPACK=0; never a unit kept in the staging ring.
+// ATS_REPACK=0.
 func TestPackedFractions(t *testing.T) {
 	cases := []struct {
-		name           string
-		resident, kept func(u Unit) bool
-		off            bool
+		name     string
+		resident func(u Unit) bool
+		off      bool
 	}{
-		{"all on the CPU", func(Unit) bool { return false }, nil, false},
-		{"odd layers resident", func(u Unit) bool { return u.Layer%2 == 1 }, nil, false},
-		{"odd layers resident, FFN of layer 0 kept", func(u Unit) bool { return u.Layer%2 == 1 },
-			func(u Unit) bool { return u.Layer == 0 && u.Op == ir.OpMatMul }, false},
-		{"attention resident", func(u Unit) bool { return u.Op == ir.OpAttention }, nil, false},
-		{"repacking off", func(u Unit) bool { return u.Layer%2 == 1 }, nil, true},
+		{"all on the CPU", func(Unit) bool { return false }, false},
+		{"odd layers resident", func(u Unit) bool { return u.Layer%2 == 1 }, false},
+		{"attention resident", func(u Unit) bool { return u.Op == ir.OpAttention }, false},
+		{"repacking off", func(u Unit) bool { return u.Layer%2 == 1 }, true},
 	}
 	partial, ran := false, false
 	for _, c := range cases {
@@ -218,14 +216,9 @@ func TestPackedFractions(t *testing.T) {
 			for i, u := range units {
 				if c.resident(u) {
 					pl.Units[i].Backend = BackendGPU
-				} else if c.kept != nil && c.kept(u) {
-					if pl.ringKept == nil {
-						pl.ringKept = make([]bool, len(units))
-					}
-					pl.ringKept[i] = true
 				}
 			}
-			frac, bytes := m.packedFractions(units, pl.resident, pl.keptAtIdle)
+			frac, bytes := m.packedFractions(units, pl.resident)
 			got := m.repackHybrid(pl)
 			if got != bytes {
 				t.Errorf("predicted %d bytes repacked, repackHybrid made %d", bytes, got)
@@ -246,9 +239,6 @@ func TestPackedFractions(t *testing.T) {
 				}
 				if want := float64(packed) / float64(all); frac[i] != want {
 					t.Errorf("%s: predicted %.2f repacked, repackHybrid made %.2f", u.Name, frac[i], want)
-				}
-				if pl.keptAtIdle(i) && packed > 0 {
-					t.Errorf("%s is kept in the ring, and repacked", u.Name)
 				}
 				cut = cut || frac[i] < 1
 			}
@@ -286,7 +276,7 @@ func TestPlacementUsesRepackedTimes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	frac, bytes := m.packedFractions(units, pl.resident, pl.keptAtIdle)
+	frac, bytes := m.packedFractions(units, pl.resident)
 	if !canRepack(m) {
 		for i := range units {
 			if got, want := pl.prof.Units[i].CPU[0], prof.Units[i].CPU[0]; !pl.resident(i) && got != want {

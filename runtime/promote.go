@@ -128,9 +128,10 @@ func promoteProblem(prof *plan.Profile, units []Unit, resident func(int) bool, r
 	sw := prof.Switch[d]
 	link := plan.Link{BytesPerSec: e.Link}
 	pr := plan.PromoteProblem{MaxSlack: float64(ring) / e.Link / max(e.Overlap, 1), EndToCPU: sw.Time(4 * int64(nvocab))}
+	pr.EndToCPU = max(pr.EndToCPU, e.Switch)
 	for i, u := range units {
 		t := prof.Units[i]
-		cross := sw.Time(u.InBytes)
+		cross := max(sw.Time(u.InBytes), e.Switch)
 		pu := plan.PromoteUnit{Name: u.Name, CPU: t.CPU[d] * e.CPU, GPU: t.GPU[d] * e.GPU, ToGPU: cross, ToCPU: cross,
 			Resident: resident(i)}
 		if !pu.Resident {
@@ -412,6 +413,18 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 	if moved > 0 && busy > 0 {
 		m.Link = float64(moved) / busy
 	}
+	// The hand-over, from a step that waited for no copy: the time the CPU
+	// spent on the GPU's stretches beyond the stretches' own device time,
+	// two hand-overs each.
+	if n := len(t.Segments); n > 0 && len(t.Uploads) == 0 && wall > onCPU {
+		var dev float64
+		for _, sp := range t.Segments {
+			dev += sp.End - sp.Start
+		}
+		if host := (wall - onCPU).Seconds(); host > dev {
+			m.Switch = (host - dev) / float64(2*n)
+		}
+	}
 	// How the step compares with the plan's model under the same speeds.
 	cur := p.est.Current()
 	if len(t.Uploads) > 0 && m.CPU > 0 {
@@ -448,6 +461,9 @@ type PromotionStats struct {
 	CopiedPerStep int64   // weight bytes uploaded per decode step, on average over the context
 	Predicted     float64 // seconds a step under the current plan and estimates
 	Estimates     plan.Estimates
+	// Switch is a hand-over between the CPU and the GPU as the steps that
+	// copied nothing measured it (0: none measured).
+	Switch time.Duration
 }
 
 // Promotion reports the context's dynamic promotion.
@@ -458,7 +474,7 @@ func (c *Context) Promotion() PromotionStats {
 	}
 	return PromotionStats{On: true, Replans: p.replans, LastPlanCost: p.planCost, LastDPCost: p.dpCost, PlanCost: p.planTotal,
 		PromotedBytes: p.promoted, PromotedUnits: p.curPlan.Count, Kept: p.kept, CopiedPerStep: p.copied / int64(max(p.steps, 1)),
-		Predicted: p.curPlan.Time, Estimates: p.est.Current()}
+		Predicted: p.curPlan.Time, Estimates: p.est.Current(), Switch: time.Duration(p.idle.Current().Switch * 1e9)}
 }
 
 // PromotionLive is what a metrics scrape reads of promotion; unlike the

@@ -217,3 +217,27 @@ func TestIdleKept(t *testing.T) {
 		t.Error("units kept without a ring")
 	}
 }
+
+// A measured hand-over slower than the profile's (a GPU shared with
+// another process) is what the promotion problem charges each switch.
+func TestPromoteProblemSwitch(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	units := programUnits(m.Prog, 64, nil)
+	prof := &plan.Profile{Batches: []int{1}, Switch: []plan.Link{{Latency: 1e-6, BytesPerSec: 1e10}}, Stream: plan.Link{BytesPerSec: 1e10}}
+	for _, u := range units {
+		prof.Units = append(prof.Units, plan.UnitTimes{Name: u.Name, CPU: []float64{1e-3}, GPU: []float64{1e-4}})
+	}
+	none := func(int) bool { return false }
+	e := plan.Estimates{CPU: 1, GPU: 1, Overlap: 1, Link: 1e10}
+	idle := promoteProblem(prof, units, none, 1<<20, m.Prog.Hyper.NVocab, e)
+	e.Switch = 200e-6
+	loaded := promoteProblem(prof, units, none, 1<<20, m.Prog.Hyper.NVocab, e)
+	for i := range units {
+		if idle.Units[i].ToGPU >= 200e-6 || loaded.Units[i].ToGPU != 200e-6 || loaded.Units[i].ToCPU != 200e-6 {
+			t.Fatalf("%s: hand-over %g s idle, %g/%g s with a measured 200 µs", units[i].Name, idle.Units[i].ToGPU, loaded.Units[i].ToGPU, loaded.Units[i].ToCPU)
+		}
+	}
+	if loaded.EndToCPU < 200e-6 {
+		t.Errorf("the logits' way back costs %g s with a measured hand-over of 200 µs", loaded.EndToCPU)
+	}
+}

@@ -173,7 +173,7 @@ func printPlacement(w io.Writer, pl *runtime.Placement, prof *plan.Profile, m *r
 		}
 	}
 	if kept > 0 {
-		fmt.Fprintf(w, "dynamic promotion: staging ring %s; on an idle machine it should keep %d CPU units (%s) there (CPU* below), which are not repacked for the CPU\n",
+		fmt.Fprintf(w, "dynamic promotion: staging ring %s; on an idle machine it should keep %d CPU units (%s) there (CPU* below)\n",
 			runtime.FormatBytes(pl.RingBytes), kept, runtime.FormatBytes(keptBytes))
 	}
 	if pl.Note != "" {

@@ -187,7 +187,7 @@ func describePromotion(p runtime.PromotionStats) string {
 	if p.Kept {
 		how = "kept in the ring"
 	}
-	return fmt.Sprintf("promotes %d units (%s, %s) a step, copies %s a step on average; %d re-plans, the last took %v (its DPs %v; all %v); estimates: CPU ×%.2f, GPU ×%.2f, link %.1f GB/s, overlap ×%.2f",
+	return fmt.Sprintf("promotes %d units (%s, %s) a step, copies %s a step on average; %d re-plans, the last took %v (its DPs %v; all %v); estimates: CPU ×%.2f, GPU ×%.2f, link %.1f GB/s, overlap ×%.2f, hand-over %v",
 		p.PromotedUnits, runtime.FormatBytes(p.PromotedBytes), how, runtime.FormatBytes(p.CopiedPerStep), p.Replans, p.LastPlanCost.Round(time.Microsecond), p.LastDPCost.Round(time.Microsecond), p.PlanCost.Round(time.Microsecond),
-		p.Estimates.CPU, p.Estimates.GPU, p.Estimates.Link/1e9, p.Estimates.Overlap)
+		p.Estimates.CPU, p.Estimates.GPU, p.Estimates.Link/1e9, p.Estimates.Overlap, p.Switch.Round(100*time.Nanosecond))
 }
