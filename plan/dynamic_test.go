@@ -175,3 +175,24 @@ func TestReplannerSwitch(t *testing.T) {
 		}
 	}
 }
+
+// StepBy scales the threshold: a move that re-plans at 1 does not at 3.
+func TestReplannerStepBy(t *testing.T) {
+	base := Estimates{CPU: 1, GPU: 1, Overlap: 1, Link: 5e10}
+	for _, c := range []struct {
+		cpu   float64
+		scale float64
+		want  bool
+	}{{1.2, 1, true}, {1.2, 3, false}, {1.5, 3, true}, {0.5, 3, true}} {
+		var r Replanner
+		r.Planned(base)
+		for range 5 {
+			r.Step(base)
+		}
+		e := base
+		e.CPU = c.cpu
+		if got := r.StepBy(e, c.scale); got != c.want {
+			t.Errorf("CPU ×%g at scale %g: re-plan %v, want %v", c.cpu, c.scale, got, c.want)
+		}
+	}
+}

@@ -67,7 +67,11 @@ type Replanner struct {
 
 // Step counts a decode step under the current plan and says whether to
 // plan again given the estimates e.
-func (r *Replanner) Step(e Estimates) bool {
+func (r *Replanner) Step(e Estimates) bool { return r.StepBy(e, 1) }
+
+// StepBy is Step with the threshold scaled by scale: a plan again only
+// for moves that much larger.
+func (r *Replanner) StepBy(e Estimates, scale float64) bool {
 	r.age++
 	if !r.has {
 		return true
@@ -76,6 +80,7 @@ func (r *Replanner) Step(e Estimates) bool {
 	if th <= 0 {
 		th = 0.15
 	}
+	th *= max(scale, 1)
 	if minAge <= 0 {
 		minAge = 5
 	}
@@ -90,7 +95,7 @@ func (r *Replanner) Step(e Estimates) bool {
 	}
 	// The hand-over moves by microseconds between steps: only a move of
 	// switchMoved as well counts.
-	switched := moved(e.Switch, r.planned.Switch) && math.Abs(e.Switch-r.planned.Switch) >= switchMoved
+	switched := moved(e.Switch, r.planned.Switch) && math.Abs(e.Switch-r.planned.Switch) >= switchMoved*max(scale, 1)
 	return moved(e.CPU, r.planned.CPU) || moved(e.GPU, r.planned.GPU) || moved(e.Link, r.planned.Link) || moved(e.Overlap, r.planned.Overlap) || switched
 }
 

@@ -50,6 +50,11 @@ type promoter struct {
 	// without promotion again and the two are compared afresh.
 	sinceProbe, probing int
 	last                *schedule // the schedule of the last observed step
+	// backoff counts down the steps after a plan measured slower than no
+	// promotion was dropped, during which only a large move of the
+	// estimates makes a new plan: otherwise a model that misjudges the
+	// machine would try one mispredicted plan after another.
+	backoff int
 
 	// live is what metrics scrapes read from other goroutines.
 	live struct {
@@ -98,6 +103,11 @@ func (c *Context) newPromoter(base *schedule) *promoter {
 // minPlanAge is how many decode steps run without promotion before the
 // first plan (the Replanner's MinAge).
 const minPlanAge = 5
+
+// backoffSteps is how long, after a plan measured slower than no
+// promotion was dropped, a new plan waits for estimates that moved by
+// three times the Replanner's threshold.
+const backoffSteps = 32
 
 // probeEvery and probeSteps: how often a promoting plan is checked
 // against no promotion, and for how many steps (the first of them is not
@@ -166,6 +176,15 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		return p.cur, nil
 	}
 	if p.cur != base && p.prof != nil {
+		// A plan measured slower than no promotion, once it has run
+		// long enough to tell, is dropped at once.
+		if p.seen[p.cur] > minPlanAge && p.slowerThanNone(p.cur, base) {
+			p.cur, p.curPlan, p.promoted, p.kept = base, plan.Promotion{Promote: make([]bool, len(c.units))}, 0, false
+			p.live.promoted.Store(0)
+			p.backoff = backoffSteps
+			p.rp.Planned(p.idle.Current())
+			return base, nil
+		}
 		if p.sinceProbe++; p.sinceProbe >= probeEvery {
 			p.probing = probeSteps
 			return base, nil
@@ -177,7 +196,13 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		trig = p.idle.Current()
 	}
 	first := !p.explored && p.rp.Age() >= minPlanAge
-	if !p.rp.Step(trig) && !first && p.prof != nil {
+	if p.backoff > 0 {
+		p.backoff--
+		if !p.rp.StepBy(trig, 3) {
+			return p.cur, nil
+		}
+		p.backoff = 0
+	} else if !p.rp.Step(trig) && !first && p.prof != nil {
 		return p.cur, nil
 	}
 	if p.prof == nil && p.replans > 0 {
