@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strings"
 	"time"
 
+	"github.com/atsinfer/ats/internal/opstats"
 	"github.com/atsinfer/ats/runtime/ir"
 )
 
@@ -19,20 +19,14 @@ const EnvCPUProfile = "ATS_CPU_OPS_PROFILE"
 
 // opProfile accumulates wall time per op name and batch size.
 type opProfile struct {
-	byTok map[int]*opRuns
-}
-
-type opRuns struct {
-	total map[string]time.Duration
-	calls map[string]int
-	steps int
+	tab opstats.Table
 }
 
 func newOpProfile() *opProfile {
 	if os.Getenv(EnvCPUProfile) != "1" {
 		return nil
 	}
-	return &opProfile{byTok: map[int]*opRuns{}}
+	return &opProfile{}
 }
 
 // opName is what the profile calls op: its kind, and for products the
@@ -61,56 +55,24 @@ func groupName(ops []ir.Op) string {
 	return name
 }
 
-func (p *opProfile) add(n int, name string, d time.Duration) {
-	r := p.byTok[n]
-	if r == nil {
-		r = &opRuns{total: map[string]time.Duration{}, calls: map[string]int{}}
-		p.byTok[n] = r
-	}
-	r.total[name] += d
-	r.calls[name]++
-}
+func (p *opProfile) add(n int, name string, d time.Duration) { p.tab.Add(n, name, d) }
 
 // step counts a batch of n tokens.
-func (p *opProfile) step(n int) {
-	if r := p.byTok[n]; r != nil {
-		r.steps++
-	}
-}
+func (p *opProfile) step(n int) { p.tab.Batch(n, 0) }
 
 // Report prints the profile (nothing when it is off).
 func (b *Backend) Report(w io.Writer) {
-	p := b.prof
-	if p == nil {
+	if b.prof == nil {
 		return
 	}
-	var toks []int
-	for n := range p.byTok {
-		toks = append(toks, n)
-	}
-	sort.Ints(toks)
-	for _, n := range toks {
-		r := p.byTok[n]
-		var names []string
-		var sum time.Duration
-		for name, d := range r.total {
-			names = append(names, name)
-			if !strings.Contains(name, partMark) {
-				sum += d
-			}
-		}
-		sort.Slice(names, func(i, j int) bool { return r.total[names[i]] > r.total[names[j]] })
-		per := max(r.steps, 1)
-		fmt.Fprintf(w, "CPU profile, batches of %d tokens: %d batches, %.3f ms of ops per batch\n", n, r.steps, ms(sum)/float64(per))
-		for _, name := range names {
-			d := r.total[name]
-			fmt.Fprintf(w, "  %-28s %5d per batch %9.3f ms per batch %9.2f µs per call %5.1f%%\n",
-				name, r.calls[name]/per, ms(d)/float64(per), ms(d)*1e3/float64(r.calls[name]), 100*float64(d)/float64(sum))
-		}
-	}
+	b.prof.tab.Report(w, opstats.Format{
+		Header: func(n int, r *opstats.Runs, sum float64) string {
+			return fmt.Sprintf("CPU profile, batches of %d tokens: %d batches, %.3f ms of ops per batch", n, r.Batches, sum)
+		},
+		Per: "per batch", Width: 28,
+		Part: func(name string) bool { return strings.Contains(name, partMark) },
+	})
 }
-
-func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
 // partMark names the parts of an op timed inside it ("moe > router"):
 // they are listed, not added to the batch's total.

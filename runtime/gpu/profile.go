@@ -4,10 +4,10 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"time"
 
 	"github.com/atsinfer/ats/cudadrv"
+	"github.com/atsinfer/ats/internal/opstats"
 )
 
 // EnvGPUProfile set to "1" times every step of the GPU executor with device
@@ -28,21 +28,14 @@ type profile struct {
 	events []*cudadrv.Event // events[i] is recorded before step i; the last after them
 	names  []string         // names[i]: the step after events[i]
 	n      int              // events recorded in the current run
-	byTok  map[int]*profileRuns
-}
-
-type profileRuns struct {
-	runs  int
-	wall  time.Duration
-	total map[string]time.Duration
-	calls map[string]int
+	tab    opstats.Table
 }
 
 func newProfile() *profile {
 	if os.Getenv(EnvGPUProfile) != "1" {
 		return nil
 	}
-	return &profile{byTok: map[int]*profileRuns{}}
+	return &profile{}
 }
 
 // mark records an event before the step called name (name "": after the
@@ -64,51 +57,27 @@ func (p *profile) mark(ctx *cudadrv.Context, s *cudadrv.Stream, name string) err
 
 // collect adds the step times of the run just synchronised.
 func (p *profile) collect(nTok int, wall time.Duration) error {
-	r := p.byTok[nTok]
-	if r == nil {
-		r = &profileRuns{total: map[string]time.Duration{}, calls: map[string]int{}}
-		p.byTok[nTok] = r
-	}
 	for i := 0; i+1 < p.n; i++ {
 		d, err := cudadrv.Elapsed(p.events[i], p.events[i+1])
 		if err != nil {
 			return err
 		}
-		r.total[p.names[i]] += d
-		r.calls[p.names[i]]++
+		p.tab.Add(nTok, p.names[i], d)
 	}
 	p.n = 0
-	r.runs++
-	r.wall += wall
+	p.tab.Batch(nTok, wall)
 	return nil
 }
 
 func (p *profile) report(w io.Writer) {
-	var toks []int
-	for n := range p.byTok {
-		toks = append(toks, n)
-	}
-	sort.Ints(toks)
-	for _, n := range toks {
-		r := p.byTok[n]
-		var names []string
-		var sum time.Duration
-		for name, d := range r.total {
-			names = append(names, name)
-			sum += d
-		}
-		sort.Slice(names, func(i, j int) bool { return r.total[names[i]] > r.total[names[j]] })
-		fmt.Fprintf(w, "GPU profile, runs of %d tokens: %d runs, wall %.3f ms per run, device time in steps %.3f ms per run\n",
-			n, r.runs, ms(r.wall)/float64(r.runs), ms(sum)/float64(r.runs))
-		for _, name := range names {
-			d := r.total[name]
-			fmt.Fprintf(w, "  %-32s %5d per run %9.3f ms per run %8.2f µs per call %5.1f%%\n",
-				name, r.calls[name]/r.runs, ms(d)/float64(r.runs), ms(d)*1e3/float64(r.calls[name]), 100*float64(d)/float64(sum))
-		}
-	}
+	p.tab.Report(w, opstats.Format{
+		Header: func(n int, r *opstats.Runs, sum float64) string {
+			return fmt.Sprintf("GPU profile, runs of %d tokens: %d runs, wall %.3f ms per run, device time in steps %.3f ms per run",
+				n, r.Batches, float64(r.Wall)/1e6/float64(r.Batches), sum)
+		},
+		Per: "per run", Width: 32,
+	})
 }
-
-func ms(d time.Duration) float64 { return float64(d) / 1e6 }
 
 func (p *profile) close() {
 	for _, e := range p.events {
