@@ -85,6 +85,9 @@ type Context struct {
 	logits []float32                     // rows of logits read back from the GPU
 	pos    int
 	stats  ExecStats
+	// entered: counted among the model's open contexts (Model.enterContext)
+	// until Close.
+	entered bool
 }
 
 // ExecStats are the executor's counters since the context was made.
@@ -140,7 +143,8 @@ func (m *Model) NewContext(opt ContextOptions) (*Context, error) {
 	if err := checkContextOptions(m, opt); err != nil { // limits.go
 		return nil, fmt.Errorf("%s: %w", m.File.Path, err)
 	}
-	c := &Context{m: m, opt: opt, pool: ops.NewPool(opt.Threads)}
+	c := &Context{m: m, opt: opt, pool: ops.NewPool(opt.Threads), entered: true}
+	m.enterContext()
 	if err := c.init(); err != nil {
 		c.Close()
 		return nil, err
@@ -380,6 +384,10 @@ func (c *Context) compile(s *schedule, hostOf map[ir.BufID]*cudadrv.HostMem) err
 
 // Close stops the context's worker threads and frees its GPU memory.
 func (c *Context) Close() {
+	if c.entered {
+		c.entered = false
+		c.m.leaveContext()
+	}
 	if c.cpu != nil {
 		c.cpu.Report(os.Stderr) // ATS_CPU_OPS_PROFILE
 	}

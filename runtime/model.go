@@ -16,6 +16,38 @@ type Model struct {
 
 	repackMu sync.Mutex
 	repacked int64 // heap bytes of the repacked copies (repackForCPU, repackHybrid)
+	contexts int   // contexts open on the model (repackMu)
+}
+
+// enterContext counts a context opened on the model, leaveContext one
+// closed.
+func (m *Model) enterContext() {
+	m.repackMu.Lock()
+	defer m.repackMu.Unlock()
+	m.contexts++
+}
+
+func (m *Model) leaveContext() {
+	m.repackMu.Lock()
+	defer m.repackMu.Unlock()
+	m.contexts--
+}
+
+// sharedRepackNote says once that a context did not repack.
+var sharedRepackNote sync.Once
+
+// repackAlone repacks ws (repackLocked) unless another context is open on
+// the model: a repack swaps the matrices that context's CPU backend is
+// reading as it computes. This context's CPU units then read the file's
+// blocks, which is said once. The caller holds repackMu.
+func (m *Model) repackAlone(ws []*ir.Weight) {
+	if len(ws) > 0 && m.contexts > 1 {
+		sharedRepackNote.Do(func() {
+			fmt.Fprintln(os.Stderr, "ats: another context of this model is open: its weights are not repacked now, and this context's CPU runs them from the file's blocks (slower)")
+		})
+		return
+	}
+	m.repackLocked(ws)
 }
 
 // Open maps a GGUF file and builds its program. Weights stay in the map.
@@ -100,7 +132,7 @@ func (m *Model) repackForCPU() int64 {
 func (m *Model) repackWeights(ws []*ir.Weight, limit int64) int64 {
 	m.repackMu.Lock()
 	defer m.repackMu.Unlock()
-	m.repackLocked(m.repackChoice(ws, limit))
+	m.repackAlone(m.repackChoice(ws, limit))
 	return m.repacked
 }
 
@@ -157,7 +189,7 @@ func (m *Model) repackLocked(ws []*ir.Weight) {
 func (m *Model) repackHybrid(pl *Placement) int64 {
 	m.repackMu.Lock()
 	defer m.repackMu.Unlock()
-	m.repackLocked(m.hybridChoice(pl.units, pl.resident))
+	m.repackAlone(m.hybridChoice(pl.units, pl.resident))
 	return m.repacked
 }
 

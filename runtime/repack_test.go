@@ -241,3 +241,42 @@ func TestPromoteProblemSwitch(t *testing.T) {
 		t.Errorf("the logits' way back costs %g s with a measured hand-over of 200 µs", loaded.EndToCPU)
 	}
 }
+
+// A context does not repack while another context of the model is open:
+// the swap would race with that context's CPU reading the matrices.
+func TestNoRepackUnderAnotherContext(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	if !canRepack(m) {
+		t.Skip("this CPU level has no kernels for repacked weights (noasm, or not amd64)")
+	}
+	c, err := m.NewContext(ContextOptions{CtxSize: 64, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertUnrepacked := func(when string) {
+		for _, op := range m.Prog.Ops {
+			if op.Kind == ir.OpMatMul && !op.Output && op.W.Mat.RepackedBytes() > 0 {
+				t.Fatalf("%s: %s repacked", when, op.W.Name)
+			}
+		}
+	}
+	// The first context repacked its matrices; put the file's back to
+	// see whether a second context repacks under it.
+	for i := range m.Prog.Ops {
+		if op := &m.Prog.Ops[i]; op.Kind == ir.OpMatMul {
+			op.W.Mat = op.W.Mat.Unpacked()
+		}
+	}
+	m.repacked = 0
+	c2, err := m.NewContext(ContextOptions{CtxSize: 64, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertUnrepacked("a second context open")
+	c2.Close()
+	c.Close()
+	c.Close() // closing twice counts once
+	if m.repackForCPU() == 0 {
+		t.Error("nothing repacked once every context closed")
+	}
+}
