@@ -404,19 +404,8 @@ func prefillStreams(prof *plan.Profile, units []Unit, pl *Placement, b, size int
 	if link := prof.Stream.BytesPerSec; link > 0 {
 		pr.MaxSlack = float64(max(ring-largest, 0)) / link
 	}
-	for i, u := range units {
-		t := prof.Units[i]
-		cross := sw.Time(u.InBytes * int64(size))
-		pu := plan.PromoteUnit{Name: u.Name, CPU: t.CPU[b], GPU: t.GPU[b], ToGPU: cross, ToCPU: cross, Resident: pl.resident(i)}
-		if !pu.Resident {
-			if u.Streamable {
-				pu.Copy = prof.Stream.Time(u.Bytes)
-			} else {
-				pu.Fixed = true
-			}
-		}
-		pr.Units = append(pr.Units, pu)
-	}
+	all := func(Unit) bool { return true }
+	pr.Units = streamUnits(prof, units, pl.resident, b, size, plan.Estimates{CPU: 1, GPU: 1}, prof.Stream, all)
 	sol, err := plan.Promote(pr)
 	if err != nil {
 		return nil, 0, fmt.Errorf("plan: prefill at %d tokens: %w", size, err)

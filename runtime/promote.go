@@ -79,10 +79,7 @@ func (c *Context) newPromoter(base *schedule) *promoter {
 	if !pl.Dynamic || c.gpu == nil || (pl.prof == nil && !promoteEverything) {
 		return nil
 	}
-	// Something to copy each step, or to keep in the ring (pl.ringKept:
-	// an MoE model's expert stacks do not pay to copy each step, but may
-	// to keep).
-	any := pl.ringKept != nil
+	any := false
 	for i, u := range c.units {
 		any = any || (u.Streamable && !pl.resident(i) && (u.Bytes <= 2*u.DecodeBytes || promoteEverything))
 	}
@@ -135,29 +132,38 @@ func (p *promoter) problemFor(c *Context, e plan.Estimates) plan.PromoteProblem 
 // of ring bytes and a vocabulary of nvocab logits to bring back.
 func promoteProblem(prof *plan.Profile, units []Unit, resident func(int) bool, ring int64, nvocab int, e plan.Estimates) plan.PromoteProblem {
 	d := prof.BatchIndex(1)
-	sw := prof.Switch[d]
-	link := plan.Link{BytesPerSec: e.Link}
-	pr := plan.PromoteProblem{MaxSlack: float64(ring) / e.Link / max(e.Overlap, 1), EndToCPU: sw.Time(4 * int64(nvocab))}
-	pr.EndToCPU = max(pr.EndToCPU, e.Switch)
+	pr := plan.PromoteProblem{MaxSlack: float64(ring) / e.Link / max(e.Overlap, 1), EndToCPU: max(prof.Switch[d].Time(4*int64(nvocab)), e.Switch)}
+	// Promotion pays when the link moves what the CPU would read anyway;
+	// an MoE layer's stacks are many times what a token reads of them, and
+	// copying them all would take the host memory the CPU needs.
+	copyable := func(u Unit) bool { return u.Bytes <= 2*u.DecodeBytes }
+	pr.Units = streamUnits(prof, units, resident, d, 1, e, plan.Link{BytesPerSec: e.Link}, copyable)
+	return pr
+}
+
+// streamUnits are the units of a step of n tokens (profile batch b) for
+// the promotion DP: their times under the estimates e, a switch to or from
+// them moving their input (at least e.Switch), and for a non-resident unit
+// its copy over link where it can stream and copyable says so, else fixed
+// on the CPU. A decode step's promotion and a prefill batch's streaming
+// (prefillStreams) are the same problem.
+func streamUnits(prof *plan.Profile, units []Unit, resident func(int) bool, b, n int, e plan.Estimates, link plan.Link, copyable func(Unit) bool) []plan.PromoteUnit {
+	sw := prof.Switch[b]
+	out := make([]plan.PromoteUnit, 0, len(units))
 	for i, u := range units {
 		t := prof.Units[i]
-		cross := max(sw.Time(u.InBytes), e.Switch)
-		pu := plan.PromoteUnit{Name: u.Name, CPU: t.CPU[d] * e.CPU, GPU: t.GPU[d] * e.GPU, ToGPU: cross, ToCPU: cross,
-			Resident: resident(i)}
+		cross := max(sw.Time(u.InBytes*int64(n)), e.Switch)
+		pu := plan.PromoteUnit{Name: u.Name, CPU: t.CPU[b] * e.CPU, GPU: t.GPU[b] * e.GPU, ToGPU: cross, ToCPU: cross, Resident: resident(i)}
 		if !pu.Resident {
-			// Promotion pays when the link moves what the CPU would read
-			// anyway; an MoE layer's stacks are many times what a token
-			// reads of them, and copying them all would take the host
-			// memory the CPU needs.
-			if u.Streamable && u.Bytes <= 2*u.DecodeBytes {
+			if u.Streamable && copyable(u) {
 				pu.Copy = link.Time(u.Bytes)
 			} else {
 				pu.Fixed = true
 			}
 		}
-		pr.Units = append(pr.Units, pu)
+		out = append(out, pu)
 	}
-	return pr
+	return out
 }
 
 // schedule is the decode schedule of the next step, re-planned first when
@@ -170,8 +176,7 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		}
 		p.sinceProbe = 0
 		if p.slowerThanNone(p.cur, base) {
-			p.cur, p.curPlan, p.promoted, p.kept = base, plan.Promotion{Promote: make([]bool, len(c.units))}, 0, false
-			p.live.promoted.Store(0)
+			p.dropToBase(c)
 		}
 		return p.cur, nil
 	}
@@ -179,10 +184,7 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		// A plan measured slower than no promotion, once it has run
 		// long enough to tell, is dropped at once.
 		if p.seen[p.cur] > minPlanAge && p.slowerThanNone(p.cur, base) {
-			p.cur, p.curPlan, p.promoted, p.kept = base, plan.Promotion{Promote: make([]bool, len(c.units))}, 0, false
-			p.live.promoted.Store(0)
-			p.backoff = backoffSteps
-			p.rp.Planned(p.idle.Current())
+			p.dropToBase(c)
 			return base, nil
 		}
 		if p.sinceProbe++; p.sinceProbe >= probeEvery {
@@ -282,6 +284,16 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 	p.planCost = time.Since(start)
 	p.planTotal += p.planCost
 	return s, nil
+}
+
+// dropToBase goes back to no promotion after the current plan measured
+// slower than it, and holds off new plans for backoffSteps unless the
+// estimates move by much more than the Replanner's threshold.
+func (p *promoter) dropToBase(c *Context) {
+	p.cur, p.curPlan, p.promoted, p.kept = c.scheds[0], plan.Promotion{Promote: make([]bool, len(c.units))}, 0, false
+	p.live.promoted.Store(0)
+	p.backoff = backoffSteps
+	p.rp.Planned(p.idle.Current())
 }
 
 // hostBound is hostBoundOf for the context's units and placement.

@@ -119,17 +119,7 @@ func (b *Backend) moeGrouped(op *ir.Op, n int) {
 			out := b.row(op.Out, t)
 			for j := 0; j < k; j++ {
 				i := t*k + j
-				d, w := down[pos[i]*emb:(pos[i]+1)*emb], s.weight[i]
-				d = d[:len(out)]
-				if j == 0 {
-					for x := range out {
-						out[x] = float32(d[x] * w)
-					}
-					continue
-				}
-				for x := range out {
-					out[x] += float32(d[x] * w) // the conversion keeps the product from fusing into the add
-				}
+				addSlot(out, down[pos[i]*emb:(pos[i]+1)*emb], s.weight[i], j == 0)
 			}
 		}
 	})

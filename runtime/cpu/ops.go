@@ -301,18 +301,25 @@ func (b *Backend) sumSlotRows(op *ir.Op, n, r0, r1 int) {
 		out := b.row(op.Out, t)[r0:r1]
 		for j := 0; j < k; j++ {
 			i := t*k + j
-			d, w := s.down[i*emb+r0:i*emb+r1], s.weight[i]
-			d = d[:len(out)] // no bounds checks in the loops
-			if j == 0 {
-				for x := range out {
-					out[x] = float32(d[x] * w)
-				}
-				continue
-			}
-			for x := range out {
-				out[x] += float32(d[x] * w)
-			}
+			addSlot(out, s.down[i*emb+r0:i*emb+r1], s.weight[i], j == 0)
 		}
+	}
+}
+
+// addSlot adds a slot's down product d, times its weight w, into out
+// (first: sets out to it). Each product is rounded before its add, as the
+// expert loop's separate passes round it (moeLoop, moeSum); the conversion
+// keeps the compiler from fusing the two.
+func addSlot(out, d []float32, w float32, first bool) {
+	d = d[:len(out)] // no bounds checks in the loops
+	if first {
+		for x := range out {
+			out[x] = float32(d[x] * w)
+		}
+		return
+	}
+	for x := range out {
+		out[x] += float32(d[x] * w)
 	}
 }
 
