@@ -49,6 +49,7 @@ type promoter struct {
 	// so every probeEvery steps of a promoting plan, probeSteps steps run
 	// without promotion again and the two are compared afresh.
 	sinceProbe, probing int
+	probeFresh          bool      // the probe's first timed step replaces no promotion's step time
 	last                *schedule // the schedule of the last observed step
 	// backoff counts down the steps after a plan measured slower than no
 	// promotion was dropped, during which only a large move of the
@@ -188,7 +189,7 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 			return base, nil
 		}
 		if p.sinceProbe++; p.sinceProbe >= probeEvery {
-			p.probing = probeSteps
+			p.probing, p.probeFresh = probeSteps, true
 			return base, nil
 		}
 	}
@@ -270,6 +271,12 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		// Measured slower than no promotion: the model misjudges this
 		// machine (say, the copies slow the CPU's own memory reads).
 		s, sol, bytes = base, plan.Promotion{Promote: make([]bool, len(c.units))}, 0
+	}
+	if s != base && s != p.cur && p.stepTime[s] == 0 {
+		// A plan not yet measured is checked against no promotion soon,
+		// measured afresh: the steps that measured it may be a context's
+		// first, which run slow, or the load may have changed since.
+		p.sinceProbe = max(p.sinceProbe, probeEvery-(minPlanAge+1))
 	}
 	p.cur, p.curPlan, p.promoted = s, sol, bytes
 	p.kept = p.kept && sol.Count > 0
@@ -407,10 +414,13 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 	// ring.
 	refill := p.kept && s == p.cur && len(t.Uploads) > 0
 	if p.seen[s]++; p.seen[s] > 1 && s == p.last && !refill {
-		if old := p.stepTime[s]; old > 0 {
+		if old := p.stepTime[s]; old > 0 && !(p.probeFresh && s == c.scheds[0]) {
 			p.stepTime[s] = old + 0.3*(wall.Seconds()-old)
 		} else {
 			p.stepTime[s] = wall.Seconds()
+		}
+		if s == c.scheds[0] {
+			p.probeFresh = false
 		}
 	}
 	p.last = s
