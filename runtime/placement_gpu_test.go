@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -201,4 +202,70 @@ func flatOracle(o *oracleLogits) []float32 {
 		ref = append(ref, r...)
 	}
 	return ref
+}
+
+// TestKeptRingGraphMatchesEager: a decode step that finds its promoted
+// weights still in the staging ring (nothing to copy) replays CUDA graphs
+// of the segments that read them; the logits must be those of eager
+// launches, bit for bit, and the ring must indeed have kept the weights.
+func TestKeptRingGraphMatchesEager(t *testing.T) {
+	needGPUDevice(t)
+	const ctx = 128
+	promoteEverything = true
+	defer func() { promoteEverything = false }()
+	for _, path := range oracleFiles(t) {
+		name := strings.TrimSuffix(filepath.Base(path), ".gguf")
+		t.Run(name, func(t *testing.T) {
+			want := loadOracle(t, strings.TrimSuffix(path, ".gguf")+".logits.json")
+			m, err := Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			// One streamable product on the CPU, which the least ring holds.
+			cpuUnit := -1
+			for i, u := range programUnits(m.Prog, ctx, nil) {
+				if u.Streamable && u.Layer > 0 && cpuUnit < 0 {
+					cpuUnit = i
+				}
+			}
+			if cpuUnit < 0 {
+				t.Skip("no streamable unit past the first layer")
+			}
+			opt := ContextOptions{Backend: BackendAuto, CtxSize: ctx, Threads: 2,
+				Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i != cpuUnit })}
+			// decode runs the prompt and the oracle's tokens, and returns the
+			// decode steps' logits and the bytes streamed after each step.
+			decode := func() (logits [][]float32, streamed []int64) {
+				c, err := m.NewContext(opt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				if _, err := c.Eval(want.Prompt, true); err != nil {
+					t.Fatal(err)
+				}
+				for _, tok := range want.Generated {
+					l, err := c.Eval([]int{tok}, false)
+					if err != nil {
+						t.Fatal(err)
+					}
+					logits = append(logits, l)
+					streamed = append(streamed, c.gpu.StreamedBytes())
+				}
+				return logits, streamed
+			}
+			graphs, streamed := decode()
+			if n := len(streamed); n < 3 || streamed[0] == 0 || streamed[n-1] != streamed[n-2] || streamed[n-2] != streamed[n-3] {
+				t.Fatalf("the promoted weights were copied again on the last decode steps or never (bytes streamed after each step: %v): the ring did not keep them", streamed)
+			}
+			t.Setenv(gpu.EnvGPUGraphs, "0")
+			eager, _ := decode()
+			for s := range graphs {
+				if !slices.Equal(graphs[s], eager[s]) {
+					t.Fatalf("decode step %d: logits with the kept ring's graphs differ from eager launches (NMSE %.3g)", s, nmse(graphs[s], eager[s]))
+				}
+			}
+		})
+	}
 }

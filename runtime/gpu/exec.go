@@ -75,6 +75,7 @@ type Exec struct {
 	ran     []*Segment
 
 	routeInspector RouteInspector // InspectRoutes; nil outside tests
+	capturing      bool           // a decode graph is being captured (capture)
 }
 
 // Config describes what an Exec may run.
@@ -435,7 +436,10 @@ type Segment struct {
 	steps []step
 	graph *cudadrv.GraphExec // decode: captured on first use
 	// graphable: nothing streams in the segment (a graph replays fixed
-	// pointers, and streaming needs the copy stream's events).
+	// pointers, and streaming needs the copy stream's events). A segment
+	// that streams replays a graph too in a batch that found its weights
+	// in the ring (streamer.kept): their addresses are the layout's, and
+	// nothing is copied.
 	graphable bool
 	streamed  []string // the weights it streams, for traces
 }
@@ -530,7 +534,7 @@ func (g *Exec) Run(seg *Segment, rows int, mode ir.OutputMode) (int, error) {
 		defer func() { _ = g.mark() }()
 		g.ran = append(g.ran, seg)
 	}
-	if rows == 1 && mode != ir.OutputNone && seg.graphable && g.prof == nil && g.routeInspector == nil && os.Getenv(EnvGPUGraphs) != "0" {
+	if rows == 1 && mode != ir.OutputNone && (seg.graphable || g.st.kept) && g.prof == nil && g.routeInspector == nil && os.Getenv(EnvGPUGraphs) != "0" {
 		if seg.graph == nil {
 			if err := g.capture(seg); err != nil {
 				return 0, err
@@ -706,10 +710,15 @@ func (g *Exec) capture(seg *Segment) error {
 	if err := g.dev.loadModules(moe); err != nil {
 		return fmt.Errorf("gpu: %w", err)
 	}
+	// A kept batch's streamed weights are in place: the capture leaves out
+	// the waits for their uploads and the marks that free their regions
+	// (the next batch that streams begins after this one has synchronised).
+	g.capturing = true
 	graph, err := g.s.Capture(cudadrv.CaptureRelaxed, func() error {
 		_, err := g.queue(seg, 1, ir.OutputLast)
 		return err
 	})
+	g.capturing = false
 	if err != nil {
 		return fmt.Errorf("gpu: capturing the decode segment of ops %d-%d: %w", seg.Lo, seg.Hi, err)
 	}
@@ -846,7 +855,7 @@ func (g *Exec) streamIssue() error {
 // acquire makes the compute stream wait for m's upload (resident weights:
 // nothing).
 func (g *Exec) acquire(s *cudadrv.Stream, m *mat) error {
-	if m.seq < 0 {
+	if m.seq < 0 || g.capturing {
 		return nil
 	}
 	return s.WaitEvent(g.st.copied[m.seq])
@@ -855,7 +864,7 @@ func (g *Exec) acquire(s *cudadrv.Stream, m *mat) error {
 // release marks m's region free once the compute stream passes this point,
 // and queues the uploads that were waiting for it.
 func (g *Exec) release(s *cudadrv.Stream, m *mat) error {
-	if m.seq < 0 {
+	if m.seq < 0 || g.capturing {
 		return nil
 	}
 	if err := g.st.used[m.seq].Record(s); err != nil {
