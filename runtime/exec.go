@@ -258,8 +258,8 @@ func (c *Context) init() error {
 	}
 	c.scheds = scheds
 	c.prom = c.newPromoter(scheds[0])
-	if c.gpu != nil && (c.prom != nil || c.opt.Trace != nil) {
-		c.gpu.Measure(true)
+	if c.gpu != nil && c.opt.Trace != nil {
+		c.gpu.Measure(true) // with a promoter, run decides step by step (timeNext)
 	}
 	return nil
 }
@@ -545,7 +545,12 @@ func (c *Context) run(tokens []int, mode ir.OutputMode) ([]float32, error) {
 			return nil, err
 		}
 	}
+	var streamed0 int64
 	if s.gpu != nil {
+		if c.prom != nil && c.opt.Trace == nil {
+			c.gpu.Measure(n == 1 && c.prom.timeNext())
+		}
+		streamed0 = c.gpu.StreamedBytes()
 		if err := c.gpu.Begin(s.gpu, tokens, pos0); err != nil {
 			return nil, err
 		}
@@ -608,7 +613,7 @@ func (c *Context) run(tokens []int, mode ir.OutputMode) ([]float32, error) {
 			return nil, fmt.Errorf("executor: step timing: %w", err)
 		}
 		if n == 1 && c.prom != nil {
-			c.prom.observe(c, s, wall, onCPU, t)
+			c.prom.observe(c, s, wall, onCPU, t, c.gpu.StreamedBytes()-streamed0)
 		}
 		if c.opt.Trace != nil {
 			c.opt.Trace.batch(c, s, n, start, cpuSpans, t)

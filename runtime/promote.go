@@ -51,6 +51,7 @@ type promoter struct {
 	sinceProbe, probing int
 	probeFresh          bool      // the probe's first timed step replaces no promotion's step time
 	last                *schedule // the schedule of the last observed step
+	untimed             int       // steps since the last timed one (timeNext)
 	// backoff counts down the steps after a plan measured slower than no
 	// promotion was dropped, during which only a large move of the
 	// estimates makes a new plan: otherwise a model that misjudges the
@@ -404,7 +405,11 @@ func (c *Context) promotionSchedule(promote []bool) (*schedule, error) {
 // segments' wall time and the GPU segments' device time (those that did
 // not wait for uploads) against the profile, the uploads' speed, and the
 // step against the plan's prediction.
-func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t gpu.Times) {
+//
+// copied is the weight bytes the step uploaded (the streamer's count,
+// known whether or not the step was timed): t is empty for a step that
+// was not (timeNext).
+func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t gpu.Times, copied int64) {
 	if p.prof == nil {
 		return
 	}
@@ -412,7 +417,7 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 	// it) pays for the switch: graphs captured, the ring refilled; so does
 	// a kept plan's first step after a prefill batch streamed through the
 	// ring.
-	refill := p.kept && s == p.cur && len(t.Uploads) > 0
+	refill := p.kept && s == p.cur && copied > 0
 	if p.seen[s]++; p.seen[s] > 1 && s == p.last && !refill {
 		if old := p.stepTime[s]; old > 0 && !(p.probeFresh && s == c.scheds[0]) {
 			p.stepTime[s] = old + 0.3*(wall.Seconds()-old)
@@ -449,7 +454,7 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 		busy += up.End - up.Start
 	}
 	p.steps++
-	p.copied += moved
+	p.copied += copied
 	m := plan.Estimates{}
 	if cpuPred > 0 && onCPU > 0 {
 		m.CPU = onCPU.Seconds() / cpuPred
@@ -463,7 +468,7 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 	// The hand-over, from a step that waited for no copy: the time the CPU
 	// spent on the GPU's stretches beyond the stretches' own device time,
 	// two hand-overs each.
-	if n := len(t.Segments); n > 0 && len(t.Uploads) == 0 && wall > onCPU {
+	if n := len(t.Segments); n > 0 && copied == 0 && wall > onCPU {
 		var dev float64
 		for _, sp := range t.Segments {
 			dev += sp.End - sp.Start
@@ -488,12 +493,34 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 			m.Overlap = wall.Seconds() / pred
 		}
 	}
-	if len(t.Uploads) > 0 {
+	if copied > 0 {
 		p.live.link.Store(math.Float64bits(p.est.Observe(m).Link))
 	} else {
 		p.idle.Observe(m)
 	}
 }
+
+// timeNext says whether the next decode step should be timed on the
+// device (events around every segment and upload, gpu.Exec.Measure).
+// Steps whose plan copies weights are, for the link and the overlap;
+// steps that copy nothing are timed one in timeEvery, for the GPU's speed
+// and the hand-over: the events cost a few microseconds at each of the
+// dozens of hand-overs, a few percent of an idle machine's step, and the
+// wall time of every step (what plans are compared on) needs none.
+func (p *promoter) timeNext() bool {
+	if p.prof == nil || (p.curPlan.Count > 0 && !p.kept) || p.steps < minPlanAge+1 {
+		return true // the first steps measure the machine for the first plan
+	}
+	p.untimed++
+	if p.untimed >= timeEvery {
+		p.untimed = 0
+		return true
+	}
+	return false
+}
+
+// timeEvery: one step in timeEvery that copies nothing is timed.
+const timeEvery = 4
 
 // PromotionStats reports dynamic promotion.
 type PromotionStats struct {

@@ -280,3 +280,35 @@ func TestNoRepackUnderAnotherContext(t *testing.T) {
 		t.Error("nothing repacked once every context closed")
 	}
 }
+
+// timeNext times every step of the first plan's warm-up and of a plan
+// that copies weights, and one in timeEvery of the others.
+func TestTimeNext(t *testing.T) {
+	p := &promoter{prof: &plan.Profile{}}
+	var got []bool
+	for range minPlanAge + 1 + 2*timeEvery {
+		got = append(got, p.timeNext())
+		p.steps++
+	}
+	for i, on := range got {
+		if want := i < minPlanAge+1 || (i-minPlanAge)%timeEvery == 0; on != want {
+			t.Fatalf("no promotion, step %d: timed %v, want %v (all: %v)", i, on, want, got)
+		}
+	}
+	p.curPlan = plan.Promotion{Count: 1}
+	for i := range 2 * timeEvery {
+		if !p.timeNext() {
+			t.Fatalf("a plan that copies, step %d: not timed", i)
+		}
+	}
+	p.kept = true // its weights stay in the ring: nothing copied
+	n := 0
+	for range 4 * timeEvery {
+		if p.timeNext() {
+			n++
+		}
+	}
+	if n != 4 {
+		t.Errorf("a kept plan: %d of %d steps timed, want 4", n, 4*timeEvery)
+	}
+}
