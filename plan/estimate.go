@@ -80,13 +80,20 @@ func (r *Replanner) StepBy(e Estimates, scale float64) bool {
 	if th <= 0 {
 		th = 0.15
 	}
-	th *= max(scale, 1)
 	if minAge <= 0 {
 		minAge = 5
 	}
 	if r.age < minAge {
 		return false
 	}
+	return Moved(e, r.planned, th, scale)
+}
+
+// Moved says whether an estimate of e moved from was by th (relative) or
+// more, the threshold scaled by scale; the hand-over only when it also
+// moved by switchMoved times scale.
+func Moved(e, was Estimates, th, scale float64) bool {
+	th *= max(scale, 1)
 	moved := func(a, b float64) bool {
 		if a <= 0 || b <= 0 {
 			return a != b
@@ -95,8 +102,8 @@ func (r *Replanner) StepBy(e Estimates, scale float64) bool {
 	}
 	// The hand-over moves by microseconds between steps: only a move of
 	// switchMoved as well counts.
-	switched := moved(e.Switch, r.planned.Switch) && math.Abs(e.Switch-r.planned.Switch) >= switchMoved*max(scale, 1)
-	return moved(e.CPU, r.planned.CPU) || moved(e.GPU, r.planned.GPU) || moved(e.Link, r.planned.Link) || moved(e.Overlap, r.planned.Overlap) || switched
+	switched := moved(e.Switch, was.Switch) && math.Abs(e.Switch-was.Switch) >= switchMoved*max(scale, 1)
+	return moved(e.CPU, was.CPU) || moved(e.GPU, was.GPU) || moved(e.Link, was.Link) || moved(e.Overlap, was.Overlap) || switched
 }
 
 // switchMoved is the least change of the hand-over's estimate that calls

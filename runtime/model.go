@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/atsinfer/ats/gguf"
+	"github.com/atsinfer/ats/plan"
 	"github.com/atsinfer/ats/runtime/ir"
 )
 
@@ -17,7 +18,39 @@ type Model struct {
 	repackMu sync.Mutex
 	repacked int64 // heap bytes of the repacked copies (repackForCPU, repackHybrid)
 	contexts int   // contexts open on the model (repackMu)
+
+	// rejected: promotion plans measured slower than none, by placement
+	// and plan, with the estimates of the machine when they were
+	// (promoter.dropToBase).
+	rejectedMu sync.Mutex
+	rejected   map[string]plan.Estimates
 }
+
+// rejectPlan records that the promotion plan named key measured slower
+// than no promotion under the estimates e.
+func (m *Model) rejectPlan(key string, e plan.Estimates) {
+	m.rejectedMu.Lock()
+	defer m.rejectedMu.Unlock()
+	if m.rejected == nil {
+		m.rejected = map[string]plan.Estimates{}
+	}
+	if len(m.rejected) >= maxRejectedPlans {
+		clear(m.rejected) // a long-lived server under ever-changing load
+	}
+	m.rejected[key] = e
+}
+
+// rejectedPlan says whether the plan named key was rejected, and under
+// which estimates.
+func (m *Model) rejectedPlan(key string) (plan.Estimates, bool) {
+	m.rejectedMu.Lock()
+	defer m.rejectedMu.Unlock()
+	e, ok := m.rejected[key]
+	return e, ok
+}
+
+// maxRejectedPlans bounds the verdicts a model keeps.
+const maxRejectedPlans = 256
 
 // enterContext counts a context opened on the model, leaveContext one
 // closed.

@@ -57,6 +57,10 @@ type promoter struct {
 	// estimates makes a new plan: otherwise a model that misjudges the
 	// machine would try one mispredicted plan after another.
 	backoff int
+	drops   int // plans dropped so far (each doubles the next backoff)
+	// placeKey names the context's placement (its resident units and
+	// ring), which a plan's verdict is kept for (Model.rejectPlan).
+	placeKey string
 
 	// live is what metrics scrapes read from other goroutines.
 	live struct {
@@ -89,6 +93,11 @@ func (c *Context) newPromoter(base *schedule) *promoter {
 		return nil
 	}
 	p := &promoter{prof: pl.prof, ring: pl.RingBytes, cur: base, byKey: map[string]*schedule{"": base}, stepTime: map[*schedule]float64{}, seen: map[*schedule]int{}}
+	resident := make([]bool, len(c.units))
+	for i := range c.units {
+		resident[i] = pl.resident(i)
+	}
+	p.placeKey = fmt.Sprintf("ring %d, resident %s: ", pl.RingBytes, planKey(resident))
 	if p.prof != nil {
 		p.idle.Observe(plan.Estimates{CPU: 1, GPU: 1, Overlap: 1, Link: pl.prof.Stream.BytesPerSec})
 		e := p.est.Observe(plan.Estimates{CPU: 1, GPU: 1, Overlap: 1, Link: pl.prof.Stream.BytesPerSec})
@@ -259,6 +268,13 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 			bytes += c.units[i].Bytes
 		}
 	}
+	if was, ok := c.m.rejectedPlan(p.placeKey + key.String()); ok && sol.Count > 0 && !plan.Moved(p.idle.Current(), was, replanThreshold, 3) {
+		// Measured slower than no promotion on this machine, in this
+		// context or an earlier one of the model, under much the same
+		// load: not tried again.
+		sol, bytes, p.kept = plan.Promotion{Promote: make([]bool, len(c.units))}, 0, false
+		key.Reset()
+	}
 	s := p.byKey[key.String()]
 	if s == nil {
 		p.evict(c)
@@ -297,12 +313,34 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 // dropToBase goes back to no promotion after the current plan measured
 // slower than it, and holds off new plans for backoffSteps unless the
 // estimates move by much more than the Replanner's threshold.
+//
+// The verdict is kept with the model (rejectPlan), so that its other
+// contexts, and this one after the backoff, do not try the plan again
+// under much the same load; each drop doubles the next backoff (up to
+// eight times), so an idle machine whose estimates wander by noise does
+// not cycle through mispredicted plans.
 func (p *promoter) dropToBase(c *Context) {
+	c.m.rejectPlan(p.placeKey+planKey(p.curPlan.Promote), p.idle.Current())
 	p.cur, p.curPlan, p.promoted, p.kept = c.scheds[0], plan.Promotion{Promote: make([]bool, len(c.units))}, 0, false
 	p.live.promoted.Store(0)
-	p.backoff = backoffSteps
+	p.backoff = backoffSteps << min(p.drops, 3)
+	p.drops++
 	p.rp.Planned(p.idle.Current())
 }
+
+// planKey names a promotion plan: the promoted units' indices.
+func planKey(promote []bool) string {
+	var key strings.Builder
+	for i, on := range promote {
+		if on {
+			fmt.Fprintf(&key, "%d,", i)
+		}
+	}
+	return key.String()
+}
+
+// replanThreshold is the Replanner's threshold (its default).
+const replanThreshold = 0.15
 
 // hostBound is hostBoundOf for the context's units and placement.
 func (p *promoter) hostBound(c *Context, promote []bool, kept bool, e plan.Estimates) float64 {

@@ -1,6 +1,7 @@
 package runtime
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -310,5 +311,24 @@ func TestTimeNext(t *testing.T) {
 	}
 	if n != 4 {
 		t.Errorf("a kept plan: %d of %d steps timed, want 4", n, 4*timeEvery)
+	}
+}
+
+// A plan's verdict is kept with the model, bounded.
+func TestRejectedPlans(t *testing.T) {
+	m := &Model{}
+	if _, ok := m.rejectedPlan("a"); ok {
+		t.Fatal("a plan rejected before any verdict")
+	}
+	e := plan.Estimates{CPU: 1.2, GPU: 2}
+	m.rejectPlan("a", e)
+	if got, ok := m.rejectedPlan("a"); !ok || got != e {
+		t.Fatalf("rejectedPlan = %v, %v; want %v, true", got, ok, e)
+	}
+	for i := range 2 * maxRejectedPlans {
+		m.rejectPlan(fmt.Sprint(i), e)
+	}
+	if n := len(m.rejected); n > maxRejectedPlans {
+		t.Errorf("%d verdicts kept, at most %d wanted", n, maxRejectedPlans)
 	}
 }
