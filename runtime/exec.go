@@ -546,11 +546,12 @@ func (c *Context) run(tokens []int, mode ir.OutputMode) ([]float32, error) {
 		}
 	}
 	var streamed0 int64
+	var captures0 int
 	if s.gpu != nil {
 		if c.prom != nil && c.opt.Trace == nil {
 			c.gpu.Measure(n == 1 && c.prom.timeNext())
 		}
-		streamed0 = c.gpu.StreamedBytes()
+		streamed0, captures0 = c.gpu.StreamedBytes(), c.gpu.Captures()
 		if err := c.gpu.Begin(s.gpu, tokens, pos0); err != nil {
 			return nil, err
 		}
@@ -613,7 +614,7 @@ func (c *Context) run(tokens []int, mode ir.OutputMode) ([]float32, error) {
 			return nil, fmt.Errorf("executor: step timing: %w", err)
 		}
 		if n == 1 && c.prom != nil {
-			c.prom.observe(c, s, wall, onCPU, t, c.gpu.StreamedBytes()-streamed0)
+			c.prom.observe(c, s, wall, onCPU, t, c.gpu.StreamedBytes()-streamed0, c.gpu.Captures() != captures0)
 		}
 		if c.opt.Trace != nil {
 			c.opt.Trace.batch(c, s, n, start, cpuSpans, t)

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"os"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -61,6 +62,7 @@ type promoter struct {
 	// placeKey names the context's placement (its resident units and
 	// ring), which a plan's verdict is kept for (Model.rejectPlan).
 	placeKey string
+	log      bool // EnvPromoteLog
 
 	// live is what metrics scrapes read from other goroutines.
 	live struct {
@@ -93,6 +95,7 @@ func (c *Context) newPromoter(base *schedule) *promoter {
 		return nil
 	}
 	p := &promoter{prof: pl.prof, ring: pl.RingBytes, cur: base, byKey: map[string]*schedule{"": base}, stepTime: map[*schedule]float64{}, seen: map[*schedule]int{}}
+	p.log = os.Getenv(EnvPromoteLog) == "1"
 	resident := make([]bool, len(c.units))
 	for i := range c.units {
 		resident[i] = pl.resident(i)
@@ -107,6 +110,10 @@ func (c *Context) newPromoter(base *schedule) *promoter {
 	}
 	return p
 }
+
+// EnvPromoteLog set to "1" prints a line for every decode step the
+// promoter observes: its plan, wall and CPU time, the bytes it copied.
+const EnvPromoteLog = "ATS_PROMOTE_LOG"
 
 // minPlanAge is how many decode steps run without promotion before the
 // first plan (the Replanner's MinAge).
@@ -314,19 +321,26 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 // slower than it, and holds off new plans for backoffSteps unless the
 // estimates move by much more than the Replanner's threshold.
 //
-// The verdict is kept with the model (rejectPlan), so that its other
+// A clear verdict is kept with the model (rejectPlan), so that its other
 // contexts, and this one after the backoff, do not try the plan again
 // under much the same load; each drop doubles the next backoff (up to
 // eight times), so an idle machine whose estimates wander by noise does
 // not cycle through mispredicted plans.
 func (p *promoter) dropToBase(c *Context) {
-	c.m.rejectPlan(p.placeKey+planKey(p.curPlan.Promote), p.idle.Current())
+	if t, tb := p.stepTime[p.cur], p.stepTime[c.scheds[0]]; t > rememberSlower*tb && tb > 0 {
+		c.m.rejectPlan(p.placeKey+planKey(p.curPlan.Promote), p.idle.Current())
+	}
 	p.cur, p.curPlan, p.promoted, p.kept = c.scheds[0], plan.Promotion{Promote: make([]bool, len(c.units))}, 0, false
 	p.live.promoted.Store(0)
 	p.backoff = backoffSteps << min(p.drops, 3)
 	p.drops++
 	p.rp.Planned(p.idle.Current())
 }
+
+// rememberSlower: a plan dropped as measured this much slower than none
+// is remembered with the model; one dropped by less (the steps' noise is
+// a few percent) only backs off in its context.
+const rememberSlower = 1.08
 
 // planKey names a promotion plan: the promoted units' indices.
 func planKey(promote []bool) string {
@@ -446,17 +460,19 @@ func (c *Context) promotionSchedule(promote []bool) (*schedule, error) {
 //
 // copied is the weight bytes the step uploaded (the streamer's count,
 // known whether or not the step was timed): t is empty for a step that
-// was not (timeNext).
-func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t gpu.Times, copied int64) {
+// was not (timeNext). captured says the step captured CUDA graphs.
+func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t gpu.Times, copied int64, captured bool) {
 	if p.prof == nil {
 		return
 	}
 	// The first step of a schedule (and the first after a switch back to
-	// it) pays for the switch: graphs captured, the ring refilled; so does
-	// a kept plan's first step after a prefill batch streamed through the
-	// ring.
-	refill := p.kept && s == p.cur && copied > 0
-	if p.seen[s]++; p.seen[s] > 1 && s == p.last && !refill {
+	// it) pays for the switch; so do a step that captured graphs (a plan
+	// whose weights stay in the ring captures its segments' graphs on its
+	// second step, which then ran twice as long as the next ones on the
+	// 30B-A3B) and the step that refills the ring after a prefill batch
+	// streamed through it. None of them says how fast the plan runs.
+	refill := copied > 0 && s.gpu != nil && s.gpu.Fits()
+	if p.seen[s]++; p.seen[s] > 1 && s == p.last && !refill && !captured {
 		if old := p.stepTime[s]; old > 0 && !(p.probeFresh && s == c.scheds[0]) {
 			p.stepTime[s] = old + 0.3*(wall.Seconds()-old)
 		} else {
@@ -493,6 +509,20 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 	}
 	p.steps++
 	p.copied += copied
+	if p.log {
+		kind := "none"
+		switch {
+		case p.curPlan.Count > 0 && p.kept:
+			kind = "kept"
+		case p.curPlan.Count > 0:
+			kind = "copies"
+		}
+		if s != p.cur || s == c.scheds[0] {
+			kind = "none"
+		}
+		fmt.Fprintf(os.Stderr, "ats: promote: step %d: %s plan of %d units; %.3f ms (CPU %.3f); copied %d bytes; %d segments timed; estimates %+v\n",
+			p.steps, kind, p.curPlan.Count, 1e3*wall.Seconds(), 1e3*onCPU.Seconds(), copied, len(t.Segments), p.idle.Current())
+	}
 	m := plan.Estimates{}
 	if cpuPred > 0 && onCPU > 0 {
 		m.CPU = onCPU.Seconds() / cpuPred

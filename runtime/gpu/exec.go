@@ -76,7 +76,16 @@ type Exec struct {
 
 	routeInspector RouteInspector // InspectRoutes; nil outside tests
 	capturing      bool           // a decode graph is being captured (capture)
+	captures       int            // graphs captured so far
 }
+
+// Captures is how many decode graphs the executor has captured: a step
+// that captured some ran slower than the ones that replay them.
+func (g *Exec) Captures() int { return g.captures }
+
+// Fits says whether the schedule's streamed weights fit the ring side by
+// side, so that only the first of its batches in a row copies them.
+func (s *Schedule) Fits() bool { return s.fits }
 
 // Config describes what an Exec may run.
 type Config struct {
@@ -719,6 +728,7 @@ func (g *Exec) capture(seg *Segment) error {
 		return err
 	})
 	g.capturing = false
+	g.captures++
 	if err != nil {
 		return fmt.Errorf("gpu: capturing the decode segment of ops %d-%d: %w", seg.Lo, seg.Hi, err)
 	}
