@@ -39,10 +39,10 @@ type promoter struct {
 	kept      bool // curPlan is a keptPlan: its weights stay in the ring
 	byKey     map[string]*schedule
 
-	// stepTime is the measured wall time of a decode step, by plan (a
-	// moving average): a plan measured slower than no promotion at all is
-	// not taken again, whatever the model predicts.
-	stepTime map[*schedule]float64
+	// stepTime is the measured wall time of a decode step, by plan (the
+	// median of its last steps, timeOf): a plan measured slower than no
+	// promotion at all is not taken again, whatever the model predicts.
+	stepTime map[*schedule]*stepTimes
 	seen     map[*schedule]int // steps run by plan (the first is not timed)
 	explored bool              // no promotion has been measured for MinAge steps
 	// The step time of no promotion goes stale while a plan runs (the
@@ -59,6 +59,12 @@ type promoter struct {
 	// machine would try one mispredicted plan after another.
 	backoff int
 	drops   int // plans dropped so far (each doubles the next backoff)
+	// doubt is the most a dropped plan's measured time exceeded its
+	// prediction, relative to no promotion's (noneTime, the prediction at
+	// the last re-plan): a new plan must beat none by that much more, so
+	// that a model that misjudges this machine does not try one plan after
+	// another. It is forgotten when the load moves a lot.
+	doubt, noneTime float64
 	// placeKey names the context's placement (its resident units and
 	// ring), which a plan's verdict is kept for (Model.rejectPlan).
 	placeKey string
@@ -94,7 +100,7 @@ func (c *Context) newPromoter(base *schedule) *promoter {
 	if !any {
 		return nil
 	}
-	p := &promoter{prof: pl.prof, ring: pl.RingBytes, cur: base, byKey: map[string]*schedule{"": base}, stepTime: map[*schedule]float64{}, seen: map[*schedule]int{}}
+	p := &promoter{prof: pl.prof, ring: pl.RingBytes, cur: base, byKey: map[string]*schedule{"": base}, stepTime: map[*schedule]*stepTimes{}, seen: map[*schedule]int{}}
 	p.log = os.Getenv(EnvPromoteLog) == "1"
 	resident := make([]bool, len(c.units))
 	for i := range c.units {
@@ -221,7 +227,7 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		if !p.rp.StepBy(trig, 3) {
 			return p.cur, nil
 		}
-		p.backoff = 0
+		p.backoff, p.doubt = 0, 1 // the load moved a lot: the model's misses were another machine's
 	} else if !p.rp.Step(trig) && !first && p.prof != nil {
 		return p.cur, nil
 	}
@@ -262,7 +268,8 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		tNone, _ := prNone.Timeline(none)
 		tNone = max(tNone, p.hostBound(c, none, false, idle))
 		sol.Time = tSol
-		if sol.Count > 0 && tSol > 0.97*tNone {
+		p.noneTime = tNone
+		if sol.Count > 0 && tSol*max(p.doubt, 1) > 0.97*tNone {
 			sol, p.kept = plan.Promotion{Promote: none, Time: tNone}, false
 		}
 	}
@@ -296,11 +303,11 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		// machine (say, the copies slow the CPU's own memory reads).
 		s, sol, bytes = base, plan.Promotion{Promote: make([]bool, len(c.units))}, 0
 	}
-	if s != base && s != p.cur && p.stepTime[s] == 0 {
+	if s != base && s != p.cur && p.timeOf(s) == 0 {
 		// A plan not yet measured is checked against no promotion soon,
 		// measured afresh: the steps that measured it may be a context's
 		// first, which run slow, or the load may have changed since.
-		p.sinceProbe = max(p.sinceProbe, probeEvery-(minPlanAge+1))
+		p.sinceProbe = probeEvery - (minPlanAge + 1)
 	}
 	p.cur, p.curPlan, p.promoted = s, sol, bytes
 	p.kept = p.kept && sol.Count > 0
@@ -323,12 +330,19 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 //
 // A clear verdict is kept with the model (rejectPlan), so that its other
 // contexts, and this one after the backoff, do not try the plan again
-// under much the same load; each drop doubles the next backoff (up to
+// under much the same load, and raises the margin by which new plans must
+// beat none (doubt); each drop doubles the next backoff (up to
 // eight times), so an idle machine whose estimates wander by noise does
 // not cycle through mispredicted plans.
 func (p *promoter) dropToBase(c *Context) {
-	if t, tb := p.stepTime[p.cur], p.stepTime[c.scheds[0]]; t > rememberSlower*tb && tb > 0 {
+	// A clear miss (not the steps' noise) is remembered: with the model,
+	// and as how much the model over-promised (the plan's measured time
+	// against its prediction, relative to no promotion's).
+	if t, tb := p.timeOf(p.cur), p.timeOf(c.scheds[0]); t > rememberSlower*tb && tb > 0 {
 		c.m.rejectPlan(p.placeKey+planKey(p.curPlan.Promote), p.idle.Current())
+		if p.curPlan.Time > 0 && p.noneTime > 0 {
+			p.doubt = max(p.doubt, (t/p.curPlan.Time)/(tb/p.noneTime))
+		}
 	}
 	p.cur, p.curPlan, p.promoted, p.kept = c.scheds[0], plan.Promotion{Promote: make([]bool, len(c.units))}, 0, false
 	p.live.promoted.Store(0)
@@ -395,8 +409,43 @@ func hostBoundOf(prof *plan.Profile, units []Unit, resident func(int) bool, prom
 // slowerThanNone: promotion schedule s was measured more than 3% slower a
 // step than no promotion (base), both having been timed.
 func (p *promoter) slowerThanNone(s, base *schedule) bool {
-	t, tb := p.stepTime[s], p.stepTime[base]
+	t, tb := p.timeOf(s), p.timeOf(base)
 	return s != base && t > 0 && tb > 0 && t > 1.03*tb
+}
+
+// timeOf is the measured step time of schedule s (0: not measured).
+func (p *promoter) timeOf(s *schedule) float64 {
+	if w := p.stepTime[s]; w != nil {
+		return w.median()
+	}
+	return 0
+}
+
+// stepTimes are the last step times of a plan. Plans are compared on
+// their median: a single slow step (the machine's other work) moved a
+// moving average enough to drop a plan that ran 5% faster than none on
+// the 30B-A3B.
+type stepTimes struct {
+	v    [7]float64
+	n, i int
+}
+
+func (w *stepTimes) add(t float64) {
+	w.v[w.i] = t
+	w.i = (w.i + 1) % len(w.v)
+	w.n = min(w.n+1, len(w.v))
+}
+
+func (w *stepTimes) median() float64 {
+	if w.n == 0 {
+		return 0
+	}
+	v := slices.Clone(w.v[:w.n])
+	slices.Sort(v)
+	if w.n%2 == 1 {
+		return v[w.n/2]
+	}
+	return (v[w.n/2-1] + v[w.n/2]) / 2
 }
 
 // maxPlans bounds the compiled promotion schedules a context keeps (each
@@ -473,11 +522,12 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 	// streamed through it. None of them says how fast the plan runs.
 	refill := copied > 0 && s.gpu != nil && s.gpu.Fits()
 	if p.seen[s]++; p.seen[s] > 1 && s == p.last && !refill && !captured {
-		if old := p.stepTime[s]; old > 0 && !(p.probeFresh && s == c.scheds[0]) {
-			p.stepTime[s] = old + 0.3*(wall.Seconds()-old)
-		} else {
-			p.stepTime[s] = wall.Seconds()
+		w := p.stepTime[s]
+		if w == nil || (p.probeFresh && s == c.scheds[0]) {
+			w = &stepTimes{}
+			p.stepTime[s] = w
 		}
+		w.add(wall.Seconds())
 		if s == c.scheds[0] {
 			p.probeFresh = false
 		}

@@ -332,3 +332,61 @@ func TestRejectedPlans(t *testing.T) {
 		t.Errorf("%d verdicts kept, at most %d wanted", n, maxRejectedPlans)
 	}
 }
+
+// A plan's step time is the median of its last steps: one slow step does
+// not move it.
+func TestStepTimesMedian(t *testing.T) {
+	var w stepTimes
+	if w.median() != 0 {
+		t.Fatal("median of nothing")
+	}
+	for _, v := range []float64{13, 12.5, 13.1, 12.9, 18.2} {
+		w.add(v)
+	}
+	if got := w.median(); got != 13 {
+		t.Errorf("median %v, want 13", got)
+	}
+	for range 10 {
+		w.add(20)
+	}
+	if got := w.median(); got != 20 {
+		t.Errorf("after 10 steps of 20: median %v (the window keeps the last %d)", got, len(w.v))
+	}
+	var two stepTimes
+	two.add(1)
+	two.add(2)
+	if got := two.median(); got != 1.5 {
+		t.Errorf("median of 1 and 2: %v", got)
+	}
+}
+
+// dropToBase remembers a clear miss (with the model, and as the margin new
+// plans must beat none by) but not a drop within the steps' noise.
+func TestDropToBaseDoubt(t *testing.T) {
+	base, planned := &schedule{}, &schedule{}
+	c := &Context{m: &Model{}, scheds: []*schedule{base}}
+	drop := func(planMs, noneMs float64) *promoter {
+		p := &promoter{cur: planned, stepTime: map[*schedule]*stepTimes{base: {}, planned: {}}, noneTime: 0.012}
+		p.curPlan = plan.Promotion{Promote: []bool{true}, Count: 1, Time: 0.010} // predicted 17% faster than none
+		for range 3 {
+			p.stepTime[base].add(noneMs / 1e3)
+			p.stepTime[planned].add(planMs / 1e3)
+		}
+		p.dropToBase(c)
+		if p.cur != base || p.backoff != backoffSteps {
+			t.Fatalf("after the drop: on the base %v, backoff %d", p.cur == base, p.backoff)
+		}
+		return p
+	}
+	p := drop(12.5, 12) // 4% slower: noise
+	if _, ok := c.m.rejectedPlan(p.placeKey + "0,"); ok || p.doubt != 0 {
+		t.Errorf("a drop within the noise was remembered (doubt %v)", p.doubt)
+	}
+	p = drop(13.5, 12) // 12.5% slower, predicted 17% faster
+	if _, ok := c.m.rejectedPlan(p.placeKey + "0,"); !ok {
+		t.Error("a clear miss was not remembered with the model")
+	}
+	if want := (13.5 / 10) / (12.0 / 12); math.Abs(p.doubt-want) > 1e-9 {
+		t.Errorf("doubt %v, want %v", p.doubt, want)
+	}
+}
