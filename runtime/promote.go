@@ -274,29 +274,27 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		}
 	}
 	p.dpCost = time.Since(start)
-	var key strings.Builder
+	key := planKey(sol.Promote)
 	var bytes int64
 	for i, on := range sol.Promote {
 		if on {
-			fmt.Fprintf(&key, "%d,", i)
 			bytes += c.units[i].Bytes
 		}
 	}
-	if was, ok := c.m.rejectedPlan(p.placeKey + key.String()); ok && sol.Count > 0 && !plan.Moved(p.idle.Current(), was, replanThreshold, 3) {
+	if was, ok := c.m.rejectedPlan(p.placeKey + key); ok && sol.Count > 0 && !plan.Moved(p.idle.Current(), was, replanThreshold, 3) {
 		// Measured slower than no promotion on this machine, in this
 		// context or an earlier one of the model, under much the same
 		// load: not tried again.
-		sol, bytes, p.kept = plan.Promotion{Promote: make([]bool, len(c.units))}, 0, false
-		key.Reset()
+		sol, bytes, p.kept, key = plan.Promotion{Promote: make([]bool, len(c.units))}, 0, false, ""
 	}
-	s := p.byKey[key.String()]
+	s := p.byKey[key]
 	if s == nil {
 		p.evict(c)
 		var err error
 		if s, err = c.promotionSchedule(sol.Promote); err != nil {
 			return nil, err
 		}
-		p.byKey[key.String()] = s
+		p.byKey[key] = s
 	}
 	if p.slowerThanNone(s, base) {
 		// Measured slower than no promotion: the model misjudges this
@@ -560,18 +558,15 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 	p.steps++
 	p.copied += copied
 	if p.log {
-		kind := "none"
+		kind, n := "copies", p.curPlan.Count
 		switch {
-		case p.curPlan.Count > 0 && p.kept:
+		case s == c.scheds[0]:
+			kind, n = "none", 0
+		case p.kept:
 			kind = "kept"
-		case p.curPlan.Count > 0:
-			kind = "copies"
-		}
-		if s != p.cur || s == c.scheds[0] {
-			kind = "none"
 		}
 		fmt.Fprintf(os.Stderr, "ats: promote: step %d: %s plan of %d units; %.3f ms (CPU %.3f); copied %d bytes; %d segments timed; estimates %+v\n",
-			p.steps, kind, p.curPlan.Count, 1e3*wall.Seconds(), 1e3*onCPU.Seconds(), copied, len(t.Segments), p.idle.Current())
+			p.steps, kind, n, 1e3*wall.Seconds(), 1e3*onCPU.Seconds(), copied, len(t.Segments), p.idle.Current())
 	}
 	m := plan.Estimates{}
 	if cpuPred > 0 && onCPU > 0 {
