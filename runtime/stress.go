@@ -3,7 +3,10 @@ package runtime
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	goruntime "runtime"
+	"syscall"
+	"time"
 
 	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/runtime/gpu"
@@ -53,3 +56,33 @@ func Stress(ctx context.Context, cpuPct, gpuPct int) (gpu.StressResult, error) {
 	<-ctx.Done()
 	return gpu.StressResult{}, nil
 }
+
+// StartLoad starts c, a process that runs Stress (`ats stress`, or a test
+// binary that does), waits for its load to take hold, and returns what
+// ends it: SIGTERM, then a kill after grace. stop returns the process's
+// failure, if it failed before it was told to end.
+func StartLoad(c *exec.Cmd, grace time.Duration) (stop func() error, err error) {
+	if err := c.Start(); err != nil {
+		return nil, fmt.Errorf("starting the load %s: %w", c.Path, err)
+	}
+	time.Sleep(loadSettle)
+	return func() error {
+		_ = c.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- c.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil && c.ProcessState.ExitCode() > 0 {
+				return fmt.Errorf("the load %s: %w", c.Path, err)
+			}
+			return nil
+		case <-time.After(grace):
+			_ = c.Process.Kill()
+			<-done
+			return nil
+		}
+	}, nil
+}
+
+// loadSettle is how long a load is given to take hold before measuring.
+const loadSettle = 500 * time.Millisecond

@@ -67,25 +67,16 @@ func startStressChild(t *testing.T, load string) *exec.Cmd {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Start(); err != nil {
-		t.Fatalf("starting the %s load: %v", load, err)
+	stop, err := StartLoad(c, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		_ = stdin.Close()
-		_ = c.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- c.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil && c.ProcessState.ExitCode() > 0 {
-				t.Errorf("the %s load failed: %v", load, err)
-			}
-		case <-time.After(10 * time.Second):
-			_ = c.Process.Kill()
-			<-done
+		if err := stop(); err != nil {
+			t.Error(err)
 		}
 	})
-	time.Sleep(500 * time.Millisecond) // let it take hold, as ats bench does
 	return c
 }
 

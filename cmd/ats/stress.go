@@ -64,19 +64,13 @@ func startStress(kind string, pct int) (stop func(), err error) {
 	}
 	c := exec.Command(self, "stress", fmt.Sprintf("--%s=%d", kind, pct))
 	c.Stderr = os.Stderr
-	if err := c.Start(); err != nil {
-		return nil, fmt.Errorf("starting the %s stress: %w", kind, err)
+	end, err := runtime.StartLoad(c, 5*time.Second)
+	if err != nil {
+		return nil, fmt.Errorf("the %s stress: %w", kind, err)
 	}
-	time.Sleep(500 * time.Millisecond) // let it take hold
 	return func() {
-		_ = c.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _ = c.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = c.Process.Kill()
-			<-done
+		if err := end(); err != nil {
+			fmt.Fprintln(os.Stderr, "ats:", err)
 		}
 	}, nil
 }
