@@ -80,10 +80,10 @@ func (m *Model) placeWithRing(dev *gpu.Device, prof *plan.Profile, units []Unit,
 // promotion a thirty-second of the budget; without, the least (twice the
 // largest streamed matrix, for prefill). Every byte of the ring is a byte
 // less of residency, which an idle machine pays on every step: on the GPU
-// machine the 14B at 4.5 GiB decoded 18.3-19.6 t/s with an eighth (the
-// ring took 0.4 GiB of residency from static placement's 23.5), and 23.4
-// and 21.9 with a thirty-second, whose placement is static's; under the
-// CPU load that thirty-second still cut the slowdown by 71% (an eighth:
+// machine the 14B at 4.5 GiB decoded 18.3-19.6 t/s with an eighth (0.4 GiB
+// less resident than static placement, which decoded 22.2-23.5), and 23.4
+// and 21.9 with a thirty-second, whose placement is static's. Under the
+// CPU load the thirty-second still cut the slowdown by 71% (an eighth:
 // 67%): the copy engine streams promoted units back to back, and two
 // matrices in flight keep it busy.
 func ringWanted(opt ContextOptions, budget int64) int64 {
