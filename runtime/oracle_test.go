@@ -64,6 +64,14 @@ func runOracleWith(t *testing.T, path string, want *oracleLogits, opt ContextOpt
 		t.Fatal(err)
 	}
 	defer m.Close()
+	return evalOracle(t, m, want, opt, setup, nil)
+}
+
+// evalOracle runs the oracle's prompt and decode steps on a new context of
+// m: setup is called before the prompt, afterStep after each decode step
+// (nil: none).
+func evalOracle(t *testing.T, m *Model, want *oracleLogits, opt ContextOptions, setup, afterStep func(*Context)) (prefill []float32, decode [][]float32) {
+	t.Helper()
 	c, err := m.NewContext(opt)
 	if err != nil {
 		t.Fatal(err)
@@ -82,6 +90,9 @@ func runOracleWith(t *testing.T, path string, want *oracleLogits, opt ContextOpt
 			t.Fatal(err)
 		}
 		decode = append(decode, l)
+		if afterStep != nil {
+			afterStep(c)
+		}
 	}
 	return prefill, decode
 }

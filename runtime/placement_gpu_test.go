@@ -95,10 +95,91 @@ func TestOraclesPlacements(t *testing.T) {
 // in one batch; the logits must match llama.cpp's within the oracle bound
 // and the device memory a context allocates must stay within its budget.
 func checkOracleVariants(t *testing.T, dev *gpu.Device, ctx int, variantsOf func(m *Model, name string) []oracleVariant) {
-	files := oracleFiles(t)
 	base, baseHow, haveNVML := dev.ProcessMemory()
 	t.Logf("device memory in use before the tests (%s): %s", baseHow, FormatBytes(base))
-	for _, path := range files {
+	eachOracleModel(t, func(t *testing.T, name string, m *Model, want *oracleLogits) {
+		ref := flatOracle(want)
+		for _, v := range variantsOf(m, name) {
+			t.Run(v.name, func(t *testing.T) {
+				v.opt.CtxSize, v.opt.Threads = ctx, 2
+				if v.copies {
+					t.Setenv(gpu.EnvGPURegister, "0")
+				}
+				if v.promoteAll && !promoteEverything {
+					promoteEverything = true
+					defer func() { promoteEverything = false }()
+				}
+				if v.hybridPlan {
+					planHybridAlways = true
+					defer func() { planHybridAlways = false }()
+				}
+				// What the context allocates, against what was in use
+				// before it: the CUDA context and the kernel modules
+				// earlier variants loaded (modules load at their first
+				// launch; their code is the CUDA context's, not the
+				// budget's).
+				base, _, _ := dev.ProcessMemory()
+				c, err := m.NewContext(v.opt)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				if v.copies {
+					if ok, copied, why := c.gpu.Pinned(); !ok || copied == 0 {
+						t.Fatalf("streamed weights not in pinned copies (registration: %s)", why)
+					}
+				}
+				prefill, err := c.Eval(want.Prompt, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var decode [][]float32
+				for _, tok := range want.Generated {
+					l, err := c.Eval([]int{tok}, false)
+					if err != nil {
+						t.Fatal(err)
+					}
+					decode = append(decode, l)
+				}
+				prom := c.Promotion()
+				// A prompt in one batch of the streaming schedule too.
+				if err := c.Truncate(0); err != nil {
+					t.Fatal(err)
+				}
+				last, err := c.Eval(want.Prompt, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				e, tol := nmse(flatLogits(prefill, decode), ref), oracleTolerance(name)
+				nv := want.NVocab
+				eLast := nmse(last, want.PrefillLogits[len(want.PrefillLogits)-1][:nv])
+				pl := c.Placement()
+				used := "-"
+				if haveNVML && c.Backend() != BackendCPU {
+					now, how, _ := dev.ProcessMemory()
+					used = fmt.Sprintf("%s (%s, less %s before)", FormatBytes(now-base), how, FormatBytes(base))
+					if pl.Budget > 0 && now-base > pl.Budget {
+						t.Errorf("device memory %s over the budget %s", FormatBytes(now-base), FormatBytes(pl.Budget))
+					}
+				}
+				promoted := "no promotion"
+				if prom.On {
+					promoted = fmt.Sprintf("promotion: %d units, %d re-plans", prom.PromotedUnits, prom.Replans)
+				}
+				t.Logf("%s %s: NMSE %.3g (bound %.0e), last row of one batch %.3g; %s; %s; %s; VRAM %s",
+					name, v.name, e, tol, eLast, c.Backend(), pl.Describe(), promoted, used)
+				if e > tol || eLast > tol {
+					t.Errorf("NMSE %.3g / %.3g over the bound %.0e", e, eLast, tol)
+				}
+			})
+		}
+	})
+}
+
+// eachOracleModel runs fn as a subtest for each oracle model, opened, with
+// its expected logits.
+func eachOracleModel(t *testing.T, fn func(t *testing.T, name string, m *Model, want *oracleLogits)) {
+	for _, path := range oracleFiles(t) {
 		name := strings.TrimSuffix(filepath.Base(path), ".gguf")
 		t.Run(name, func(t *testing.T) {
 			want := loadOracle(t, strings.TrimSuffix(path, ".gguf")+".logits.json")
@@ -107,81 +188,7 @@ func checkOracleVariants(t *testing.T, dev *gpu.Device, ctx int, variantsOf func
 				t.Fatal(err)
 			}
 			defer m.Close()
-			ref := flatOracle(want)
-			for _, v := range variantsOf(m, name) {
-				t.Run(v.name, func(t *testing.T) {
-					v.opt.CtxSize, v.opt.Threads = ctx, 2
-					if v.copies {
-						t.Setenv(gpu.EnvGPURegister, "0")
-					}
-					if v.promoteAll && !promoteEverything {
-						promoteEverything = true
-						defer func() { promoteEverything = false }()
-					}
-					if v.hybridPlan {
-						planHybridAlways = true
-						defer func() { planHybridAlways = false }()
-					}
-					// What the context allocates, against what was in use
-					// before it: the CUDA context and the kernel modules
-					// earlier variants loaded (modules load at their first
-					// launch; their code is the CUDA context's, not the
-					// budget's).
-					base, _, _ := dev.ProcessMemory()
-					c, err := m.NewContext(v.opt)
-					if err != nil {
-						t.Fatal(err)
-					}
-					defer c.Close()
-					if v.copies {
-						if ok, copied, why := c.gpu.Pinned(); !ok || copied == 0 {
-							t.Fatalf("streamed weights not in pinned copies (registration: %s)", why)
-						}
-					}
-					prefill, err := c.Eval(want.Prompt, true)
-					if err != nil {
-						t.Fatal(err)
-					}
-					var decode [][]float32
-					for _, tok := range want.Generated {
-						l, err := c.Eval([]int{tok}, false)
-						if err != nil {
-							t.Fatal(err)
-						}
-						decode = append(decode, l)
-					}
-					prom := c.Promotion()
-					// A prompt in one batch of the streaming schedule too.
-					if err := c.Truncate(0); err != nil {
-						t.Fatal(err)
-					}
-					last, err := c.Eval(want.Prompt, false)
-					if err != nil {
-						t.Fatal(err)
-					}
-					e, tol := nmse(flatLogits(prefill, decode), ref), oracleTolerance(name)
-					nv := want.NVocab
-					eLast := nmse(last, want.PrefillLogits[len(want.PrefillLogits)-1][:nv])
-					pl := c.Placement()
-					used := "-"
-					if haveNVML && c.Backend() != BackendCPU {
-						now, how, _ := dev.ProcessMemory()
-						used = fmt.Sprintf("%s (%s, less %s before)", FormatBytes(now-base), how, FormatBytes(base))
-						if pl.Budget > 0 && now-base > pl.Budget {
-							t.Errorf("device memory %s over the budget %s", FormatBytes(now-base), FormatBytes(pl.Budget))
-						}
-					}
-					promoted := "no promotion"
-					if prom.On {
-						promoted = fmt.Sprintf("promotion: %d units, %d re-plans", prom.PromotedUnits, prom.Replans)
-					}
-					t.Logf("%s %s: NMSE %.3g (bound %.0e), last row of one batch %.3g; %s; %s; %s; VRAM %s",
-						name, v.name, e, tol, eLast, c.Backend(), pl.Describe(), promoted, used)
-					if e > tol || eLast > tol {
-						t.Errorf("NMSE %.3g / %.3g over the bound %.0e", e, eLast, tol)
-					}
-				})
-			}
+			fn(t, name, m, want)
 		})
 	}
 }
@@ -213,59 +220,30 @@ func TestKeptRingGraphMatchesEager(t *testing.T) {
 	const ctx = 128
 	promoteEverything = true
 	defer func() { promoteEverything = false }()
-	for _, path := range oracleFiles(t) {
-		name := strings.TrimSuffix(filepath.Base(path), ".gguf")
-		t.Run(name, func(t *testing.T) {
-			want := loadOracle(t, strings.TrimSuffix(path, ".gguf")+".logits.json")
-			m, err := Open(path)
-			if err != nil {
-				t.Fatal(err)
+	eachOracleModel(t, func(t *testing.T, _ string, m *Model, want *oracleLogits) {
+		// One streamable product on the CPU, which the least ring holds.
+		cpuUnit := -1
+		for i, u := range programUnits(m.Prog, ctx, nil) {
+			if u.Streamable && u.Layer > 0 && cpuUnit < 0 {
+				cpuUnit = i
 			}
-			defer m.Close()
-			// One streamable product on the CPU, which the least ring holds.
-			cpuUnit := -1
-			for i, u := range programUnits(m.Prog, ctx, nil) {
-				if u.Streamable && u.Layer > 0 && cpuUnit < 0 {
-					cpuUnit = i
-				}
+		}
+		if cpuUnit < 0 {
+			t.Skip("no streamable unit past the first layer")
+		}
+		opt := ContextOptions{Backend: BackendAuto, CtxSize: ctx, Threads: 2,
+			Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i != cpuUnit })}
+		var streamed []int64 // bytes streamed so far, after each decode step
+		_, graphs := evalOracle(t, m, want, opt, nil, func(c *Context) { streamed = append(streamed, c.gpu.StreamedBytes()) })
+		if n := len(streamed); n < 3 || streamed[0] == 0 || streamed[n-1] != streamed[n-2] || streamed[n-2] != streamed[n-3] {
+			t.Fatalf("the promoted weights were copied again on the last decode steps or never (bytes streamed after each step: %v): the ring did not keep them", streamed)
+		}
+		t.Setenv(gpu.EnvGPUGraphs, "0")
+		_, eager := evalOracle(t, m, want, opt, nil, nil)
+		for s := range graphs {
+			if !slices.Equal(graphs[s], eager[s]) {
+				t.Fatalf("decode step %d: logits with the kept ring's graphs differ from eager launches (NMSE %.3g)", s, nmse(graphs[s], eager[s]))
 			}
-			if cpuUnit < 0 {
-				t.Skip("no streamable unit past the first layer")
-			}
-			opt := ContextOptions{Backend: BackendAuto, CtxSize: ctx, Threads: 2,
-				Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i != cpuUnit })}
-			// decode runs the prompt and the oracle's tokens, and returns the
-			// decode steps' logits and the bytes streamed after each step.
-			decode := func() (logits [][]float32, streamed []int64) {
-				c, err := m.NewContext(opt)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer c.Close()
-				if _, err := c.Eval(want.Prompt, true); err != nil {
-					t.Fatal(err)
-				}
-				for _, tok := range want.Generated {
-					l, err := c.Eval([]int{tok}, false)
-					if err != nil {
-						t.Fatal(err)
-					}
-					logits = append(logits, l)
-					streamed = append(streamed, c.gpu.StreamedBytes())
-				}
-				return logits, streamed
-			}
-			graphs, streamed := decode()
-			if n := len(streamed); n < 3 || streamed[0] == 0 || streamed[n-1] != streamed[n-2] || streamed[n-2] != streamed[n-3] {
-				t.Fatalf("the promoted weights were copied again on the last decode steps or never (bytes streamed after each step: %v): the ring did not keep them", streamed)
-			}
-			t.Setenv(gpu.EnvGPUGraphs, "0")
-			eager, _ := decode()
-			for s := range graphs {
-				if !slices.Equal(graphs[s], eager[s]) {
-					t.Fatalf("decode step %d: logits with the kept ring's graphs differ from eager launches (NMSE %.3g)", s, nmse(graphs[s], eager[s]))
-				}
-			}
-		})
-	}
+		}
+	})
 }
