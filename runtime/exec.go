@@ -100,6 +100,9 @@ type ExecStats struct {
 	// DecodeCPU and DecodeGPU split the decode steps' wall time: in CPU
 	// segments, and in queuing GPU segments and waiting for them.
 	DecodeCPU, DecodeGPU time.Duration
+	// Split counts the MoE layers of prefill batches split between the
+	// CPU and the GPU, and the CPU's time on them (gpu.SplitStats).
+	Split gpu.SplitStats
 }
 
 // schedule is where every op runs for batches of at least minBatch tokens.
@@ -107,6 +110,7 @@ type schedule struct {
 	minBatch int
 	dev      []plan.Backend // by op
 	stream   []bool         // by unit: runs on the GPU, its weights streamed
+	split    []int          // by unit: an MoE layer split with the CPU at this expert (0: none; gpu.SegmentSpec.Split)
 	segs     []segment
 	gpu      *gpu.Schedule
 }
@@ -251,6 +255,12 @@ func (c *Context) init() error {
 	if err != nil {
 		return err
 	}
+	if c.gpu != nil {
+		// The CPU's share of MoE layers split with the GPU (prefill).
+		c.gpu.SetHostMoE(func(op *ir.Op, n, ks int, x []float32, ids []int32, w []float32, out []float32) error {
+			return c.cpu.MoEPartial(op, n, 0, ks, x, ids, w, out)
+		})
+	}
 	for _, s := range scheds {
 		if err := c.compile(s, hostOf); err != nil {
 			return err
@@ -338,7 +348,7 @@ func (c *Context) compile(s *schedule, hostOf map[ir.BufID]*cudadrv.HostMem) err
 	for k, sg := range s.segs {
 		if sg.onGPU {
 			gpuIndex[k] = len(specs)
-			specs = append(specs, gpu.SegmentSpec{Lo: sg.lo, Hi: sg.hi, Logits: sg.hi == len(p.Ops)})
+			specs = append(specs, gpu.SegmentSpec{Lo: sg.lo, Hi: sg.hi, Logits: sg.hi == len(p.Ops), Split: c.splits(s, sg.lo, sg.hi)})
 		}
 	}
 	for _, t := range transfers(p, s.dev) {
@@ -380,6 +390,26 @@ func (c *Context) compile(s *schedule, hostOf map[ir.BufID]*cudadrv.HostMem) err
 		}
 	}
 	return nil
+}
+
+// splits is the split MoE ops (gpu.SegmentSpec.Split) of schedule s among
+// ops [lo, hi), nil when none.
+func (c *Context) splits(s *schedule, lo, hi int) map[int]int {
+	var out map[int]int
+	for i, u := range c.units {
+		if i >= len(s.split) || s.split[i] == 0 || u.Hi <= lo || u.Lo >= hi {
+			continue
+		}
+		for op := max(u.Lo, lo); op < min(u.Hi, hi); op++ {
+			if c.m.Prog.Ops[op].Kind == ir.OpMoE {
+				if out == nil {
+					out = map[int]int{}
+				}
+				out[op] = s.split[i]
+			}
+		}
+	}
+	return out
 }
 
 // Close stops the context's worker threads and frees its GPU memory.
@@ -437,6 +467,7 @@ func (c *Context) Stats() ExecStats {
 	s := c.stats
 	if c.gpu != nil {
 		s.StreamedBytes = c.gpu.StreamedBytes()
+		s.Split = c.gpu.SplitStats()
 	}
 	return s
 }

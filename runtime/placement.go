@@ -88,6 +88,10 @@ type UnitPlacement struct {
 type PrefillSchedule struct {
 	MinBatch int      `json:"min_batch"`
 	Stream   []string `json:"stream"`
+	// Split maps streamed MoE units to the first expert the GPU computes:
+	// the CPU computes the experts before it at the same time, and their
+	// weights do not stream (gpu.SegmentSpec.Split).
+	Split map[string]int `json:"split,omitempty"`
 }
 
 // Prediction is what the cost model expects of a placement.
@@ -292,21 +296,24 @@ func (pl *Placement) schedules(batch int) []*schedule {
 	if len(units) > 0 {
 		nOps = units[len(units)-1].Hi
 	}
-	mk := func(minBatch int, stream map[string]bool) *schedule {
-		s := &schedule{minBatch: minBatch, dev: make([]plan.Backend, nOps), stream: make([]bool, len(units))}
+	mk := func(minBatch int, stream map[string]bool, split map[string]int) *schedule {
+		s := &schedule{minBatch: minBatch, dev: make([]plan.Backend, nOps), stream: make([]bool, len(units)), split: make([]int, len(units))}
 		for i, u := range units {
 			d := plan.CPU
 			if pl.resident(i) || stream[u.Name] {
 				d = plan.GPU
 			}
 			s.stream[i] = stream[u.Name] && !pl.resident(i)
+			if s.stream[i] && u.Op == ir.OpMoE {
+				s.split[i] = split[u.Name]
+			}
 			for op := u.Lo; op < u.Hi; op++ {
 				s.dev[op] = d
 			}
 		}
 		return s
 	}
-	out := []*schedule{mk(1, nil)}
+	out := []*schedule{mk(1, nil, nil)}
 	for _, ps := range pl.Prefill {
 		if ps.MinBatch <= 1 || ps.MinBatch > batch {
 			continue
@@ -315,7 +322,7 @@ func (pl *Placement) schedules(batch int) []*schedule {
 		for _, n := range ps.Stream {
 			set[n] = true
 		}
-		out = append(out, mk(ps.MinBatch, set))
+		out = append(out, mk(ps.MinBatch, set, ps.Split))
 	}
 	sort.SliceStable(out, func(a, b int) bool { return out[a].minBatch < out[b].minBatch })
 	return out

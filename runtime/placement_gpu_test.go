@@ -49,6 +49,29 @@ func forcedPlacement(t *testing.T, m *Model, ctxSize int, gpuAt func(i int, u Un
 	return pl
 }
 
+// splitPrefill has pl's prefill batches split every streamed MoE layer
+// with the CPU at frac of its experts (at least one, at most all but one);
+// nil when no MoE layer streams.
+func splitPrefill(pl *Placement, frac float64) *Placement {
+	split := map[string]int{}
+	for _, ps := range pl.Prefill {
+		for _, name := range ps.Stream {
+			for _, u := range pl.units {
+				if ne := moeExperts(u); u.Name == name && ne > 1 {
+					split[name] = min(max(int(frac*float64(ne)), 1), ne-1)
+				}
+			}
+		}
+	}
+	if len(split) == 0 {
+		return nil
+	}
+	for k := range pl.Prefill {
+		pl.Prefill[k].Split = split
+	}
+	return pl
+}
+
 // oracleVariant is one way to run an oracle model: context options, and
 // whether the streamed weights must sit in pinned copies.
 type oracleVariant struct {
@@ -76,6 +99,22 @@ func TestOraclesPlacements(t *testing.T) {
 			{name: "random", opt: ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(int, Unit) bool { return rng.IntN(2) == 0 })}, promoteAll: true},
 			{name: "attention-cpu", opt: ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(_ int, u Unit) bool { return u.Role != "attention" })}, promoteAll: true},
 			{name: "alternating-pinned-copies", opt: ContextOptions{Backend: BackendAuto, Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i%2 == 1 })}, copies: true, promoteAll: true},
+		}
+		// Prefill batches that split each streamed MoE layer with the CPU
+		// (the CPU computes the first experts while the GPU computes the
+		// others from the ring).
+		for _, c := range []struct {
+			name  string
+			frac  float64
+			gpuAt func(int, Unit) bool
+		}{
+			{"all-cpu-split-half", 0.5, func(int, Unit) bool { return false }},
+			{"alternating-split-quarter", 0.25, func(i int, _ Unit) bool { return i%2 == 1 }},
+			{"attention-gpu-split-one", 0, func(_ int, u Unit) bool { return u.Role == "attention" }},
+		} {
+			if pl := splitPrefill(forcedPlacement(t, m, ctx, c.gpuAt), c.frac); pl != nil {
+				variants = append(variants, oracleVariant{name: c.name, opt: ContextOptions{Backend: BackendAuto, Placement: pl}, promoteAll: true})
+			}
 		}
 		need := m.WeightBytes()
 		// The planner's own, at budgets from just above its fixed

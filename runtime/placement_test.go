@@ -367,7 +367,10 @@ func TestPrefillStreamsUseTheCPUWhileTheLinkRuns(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			stream, secs, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, c.ring)
+			stream, split, secs, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, c.ring, false)
+			if split != nil {
+				t.Errorf("split %v without a weight path that splits", split)
+			}
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -392,5 +395,91 @@ func TestPrefillStreamsUseTheCPUWhileTheLinkRuns(t *testing.T) {
 			}
 			t.Logf("%d of %d stacks on the CPU; %.4f s against %.4f s of copies", cpuStacks, stacks, secs, copies)
 		})
+	}
+}
+
+// With a weight path that splits MoE layers and ATS_MOE_SPLIT=auto, the
+// same link-bound batch with the smallest ring (where whole stacks on the
+// CPU do not pay) splits every streamed stack: the CPU computes a share of
+// its experts while the link brings the rest, and the batch is predicted
+// faster than without. Unset, nothing is split; a fraction fixes the share.
+func TestPrefillStreamsSplitMoELayers(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3moe-q4_k_m")
+	units := programUnits(m.Prog, 64, nil)
+	pl := newPlacement(m, units, BackendCPU)
+	const link = 1e9 // bytes/s
+	prof := &plan.Profile{Batches: []int{1, 64}, Switch: []plan.Link{{Latency: 1e-6, BytesPerSec: 1e10}, {Latency: 1e-6, BytesPerSec: 1e10}},
+		Stream: plan.Link{BytesPerSec: link}}
+	var copies float64
+	for _, u := range units {
+		copyT := float64(u.Bytes) / link
+		cpuT, gpuT := 100*copyT, copyT/10
+		switch {
+		case !u.Streamable:
+			cpuT, gpuT = 1e-7, 1e-7
+		case u.Op == ir.OpMoE:
+			cpuT = 2 * copyT // the CPU is twice as slow as the link
+		}
+		if u.Streamable {
+			copies += copyT
+		}
+		prof.Units = append(prof.Units, plan.UnitTimes{Name: u.Name, CPU: []float64{cpuT, cpuT}, GPU: []float64{gpuT, gpuT}})
+	}
+	_, _, whole, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, split, _, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, true); err != nil || split != nil {
+		t.Errorf("split %v (%v) by default, want none until %s asks", split, err, EnvMoESplit)
+	}
+	t.Setenv(EnvMoESplit, "auto")
+	stream, split, secs, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	on := map[string]bool{}
+	for _, n := range stream {
+		on[n] = true
+	}
+	for _, u := range units {
+		ne := moeExperts(u)
+		if ne == 0 {
+			if _, ok := split[u.Name]; ok {
+				t.Errorf("%s is split but is no MoE layer", u.Name)
+			}
+			continue
+		}
+		ks, ok := split[u.Name]
+		switch {
+		case !on[u.Name]:
+			if ok {
+				t.Errorf("%s is split but does not stream", u.Name)
+			}
+		case !ok || ks < 1 || ks >= ne:
+			t.Errorf("%s streams split at %d of %d experts (present: %v), want a share on the CPU", u.Name, ks, ne, ok)
+		}
+	}
+	if secs >= whole {
+		t.Errorf("split predicted %.4f s, not below the %.4f s without", secs, whole)
+	}
+	t.Logf("split %v: %.4f s against %.4f s without, %.4f s of copies", split, secs, whole, copies)
+
+	t.Setenv(EnvMoESplit, "0")
+	if _, split, _, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, true); err != nil || split != nil {
+		t.Errorf("%s=0: split %v (%v), want none", EnvMoESplit, split, err)
+	}
+	t.Setenv(EnvMoESplit, "0.25")
+	_, split, _, err = prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, ks := range split {
+		for _, u := range units {
+			if u.Name == name {
+				if ne := moeExperts(u); ks != int(math.Round(0.25*float64(ne))) {
+					t.Errorf("%s=0.25: %s split at %d of %d", EnvMoESplit, name, ks, ne)
+				}
+			}
+		}
 	}
 }

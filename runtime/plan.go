@@ -2,6 +2,11 @@ package runtime
 
 import (
 	"fmt"
+	"maps"
+	"math"
+	"os"
+	"slices"
+	"strconv"
 
 	"github.com/atsinfer/ats/plan"
 	"github.com/atsinfer/ats/runtime/gpu"
@@ -263,8 +268,10 @@ func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOpti
 			}
 		}
 	}
+	splitsMoE := false // the GPU's weight path can split an MoE layer with the CPU
 	if dev, err := gpu.Open(); err == nil {
 		pl.RingBytes = gpu.RingBytes(dev.Weights(), m.Prog, func(w *ir.Weight) bool { return streamable[w] }, ring)
+		splitsMoE = gpu.SplitsMoE(dev.Weights())
 	}
 	resident := func(i int) bool { return sol.On[i] == plan.GPU }
 	if !opt.StaticOnly {
@@ -297,20 +304,21 @@ func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOpti
 	// Prefill: which CPU units stream, per profiled batch size.
 	pred := &Prediction{}
 	var last []string
+	var lastSplit map[string]int
 	for b, size := range prof.Batches {
 		if size <= 1 || size > opt.Batch {
 			continue
 		}
-		stream, t, err := prefillStreams(prof, units, pl, b, size, m.Prog.Hyper, max(pl.RingBytes, ring))
+		stream, split, t, err := prefillStreams(prof, units, pl, b, size, m.Prog.Hyper, max(pl.RingBytes, ring), splitsMoE)
 		if err != nil {
 			return nil, err
 		}
-		if len(stream) > 0 && !equalStrings(stream, last) {
-			pl.Prefill = append(pl.Prefill, PrefillSchedule{MinBatch: size, Stream: stream})
-			last = stream
+		if len(stream) > 0 && (!equalStrings(stream, last) || !maps.Equal(split, lastSplit)) {
+			pl.Prefill = append(pl.Prefill, PrefillSchedule{MinBatch: size, Stream: stream, Split: split})
+			last, lastSplit = stream, split
 		} else if len(stream) == 0 && len(last) > 0 {
 			pl.Prefill = append(pl.Prefill, PrefillSchedule{MinBatch: size, Stream: []string{}})
-			last = nil
+			last, lastSplit = nil, nil
 		}
 		pred.PrefillBatch, pred.PrefillStepSeconds = size, t
 	}
@@ -395,7 +403,14 @@ func (m *Model) solvePrefillResidency(prof *plan.Profile, units []Unit, pr plan.
 // are many times the compute they carry), the CPU takes some of them and
 // the batch gets shorter by what they would have cost the link.
 // Attention and the embedding of CPU layers stay on the CPU.
-func prefillStreams(prof *plan.Profile, units []Unit, pl *Placement, b, size int, h ir.Hyper, ring int64) ([]string, float64, error) {
+//
+// A streamed MoE layer may also be split (when splitsMoE and EnvMoESplit
+// asks for it): the CPU computes its first experts while the GPU computes
+// the others, whose weights alone stream (gpu moeSplit). split maps those
+// units to the first expert the GPU computes. The fraction of experts the
+// CPU takes is the same for every layer: EnvMoESplit's, or with "auto"
+// the one whose plan the cost model finds fastest (moeSplitFractions).
+func prefillStreams(prof *plan.Profile, units []Unit, pl *Placement, b, size int, h ir.Hyper, ring int64, splitsMoE bool) (stream []string, split map[string]int, secs float64, err error) {
 	sw := prof.Switch[b]
 	var largest int64
 	for i, u := range units {
@@ -412,17 +427,117 @@ func prefillStreams(prof *plan.Profile, units []Unit, pl *Placement, b, size int
 	}
 	all := func(Unit) bool { return true }
 	pr.Units = streamUnits(prof, units, pl.resident, b, size, plan.Estimates{CPU: 1, GPU: 1}, prof.Stream, all)
-	sol, err := plan.Promote(pr)
-	if err != nil {
-		return nil, 0, fmt.Errorf("plan: prefill at %d tokens: %w", size, err)
-	}
-	var out []string
-	for i, u := range units {
-		if sol.Promote[i] {
-			out = append(out, u.Name)
+	base, baseSlack := pr.Units, pr.MaxSlack
+	best, bestKs := plan.Promotion{Time: math.Inf(1)}, 0
+	for _, f := range moeSplitFractions(splitsMoE) {
+		pr.Units, pr.MaxSlack = slices.Clone(base), baseSlack
+		if f > 0 && prof.Stream.BytesPerSec > 0 {
+			// A split layer's GPU share is done long before the CPU's, and
+			// its regions of the ring are free again: the copy engine may
+			// fill the whole ring while the CPU computes.
+			pr.MaxSlack = float64(ring) / prof.Stream.BytesPerSec
+		}
+		ks := 0
+		for i, u := range units {
+			if ne := moeExperts(u); ne > 0 && !pl.resident(i) && canSplitMoE(u) {
+				ks = min(int(math.Round(f*float64(ne))), ne-1)
+				if ks > 0 {
+					splitUnit(&pr.Units[i], float64(ks)/float64(ne), sw.Time(2*u.InBytes*int64(size)))
+				}
+			}
+		}
+		if f > 0 && ks == 0 {
+			continue // no expert at this fraction (or no MoE layer to split)
+		}
+		sol, err := plan.Promote(pr)
+		if err != nil {
+			return nil, nil, 0, fmt.Errorf("plan: prefill at %d tokens: %w", size, err)
+		}
+		if sol.Time < best.Time {
+			best, bestKs = sol, ks
 		}
 	}
-	return out, sol.Time, nil
+	for i, u := range units {
+		if !best.Promote[i] {
+			continue
+		}
+		stream = append(stream, u.Name)
+		if ne := moeExperts(u); bestKs > 0 && ne > 0 && canSplitMoE(u) {
+			if split == nil {
+				split = map[string]int{}
+			}
+			split[u.Name] = min(bestKs, ne-1)
+		}
+	}
+	return stream, split, best.Time, nil
+}
+
+// EnvMoESplit turns on splitting the streamed MoE layers of prefill
+// batches with the CPU (prefillStreams): a fraction (0.125) splits each
+// at that share of its experts, "auto" lets the planner choose the share
+// by its cost model. Unset or "0", nothing is split: on the GPU machine
+// (PCIe 5, 16 cores) the CPU's share of a 30B-A3B layer took twice its
+// share of the CPU's whole-layer time, and the layer's routing and sum
+// wait for it, so every share measured slower than streaming the whole
+// stack (docs/bench/hybrid.md, sixth pass).
+const EnvMoESplit = "ATS_MOE_SPLIT"
+
+// moeSplitFractions are the shares of each streamed MoE layer's experts
+// the planner tries giving the CPU (EnvMoESplit): none by default; with
+// "auto", up to three eighths (the CPU computes a 512-token batch's stack
+// several times slower than the link brings it).
+func moeSplitFractions(splitsMoE bool) []float64 {
+	v := os.Getenv(EnvMoESplit)
+	if !splitsMoE || v == "" || v == "0" {
+		return []float64{0}
+	}
+	if v != "auto" {
+		if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 && f < 1 {
+			return []float64{f}
+		}
+		fmt.Fprintf(os.Stderr, "ats: %s=%q is neither a fraction in [0, 1) nor auto: ignored\n", EnvMoESplit, v)
+		return []float64{0}
+	}
+	out := make([]float64, 0, 13)
+	for k := 0; k <= 12; k++ {
+		out = append(out, float64(k)/32)
+	}
+	return out
+}
+
+// moeExperts is the expert count of an MoE unit (0 for other units).
+func moeExperts(u Unit) int {
+	if u.Op != ir.OpMoE {
+		return 0
+	}
+	ne := 0
+	for _, w := range u.Mats {
+		ne = max(ne, len(w.Stack))
+	}
+	return ne
+}
+
+// canSplitMoE says whether the CPU can take a share of MoE unit u's
+// experts (cpu.Backend.MoEPartial): its grouped path needs gate and up to
+// read one activation type.
+func canSplitMoE(u Unit) bool {
+	var stacks []*ir.Weight
+	for _, w := range u.Mats {
+		if len(w.Stack) > 0 {
+			stacks = append(stacks, w)
+		}
+	}
+	return len(stacks) == 3 && stacks[0].Stack[0].Kernel.ActType == stacks[1].Stack[0].Kernel.ActType
+}
+
+// splitUnit turns a streamed MoE unit's figures into those of the unit
+// split at fraction f of its experts: only the GPU's share is copied, and
+// the unit takes the longer of the GPU's share of its compute and the
+// CPU's (with the input's trip to the host and the sum's back, cross).
+// While it runs, the copy engine brings the next units.
+func splitUnit(u *plan.PromoteUnit, f, cross float64) {
+	u.Copy *= 1 - f
+	u.GPU = max(u.GPU*(1-f), u.CPU*f+cross)
 }
 
 func equalStrings(a, b []string) bool {

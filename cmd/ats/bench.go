@@ -56,6 +56,12 @@ type benchResult struct {
 	DecodeCPUMs float64 `json:"decode_cpu_ms,omitempty"`
 	DecodeGPUMs float64 `json:"decode_gpu_ms,omitempty"`
 	Promotion   string  `json:"promotion,omitempty"` // dynamic promotion's summary
+	// SplitLayers is the MoE layers a prefill batch split between the CPU
+	// and the GPU; SplitHostMs and SplitWaitMs the CPU's time on its share
+	// of one, and waiting for its routing.
+	SplitLayers int     `json:"split_layers,omitempty"`
+	SplitHostMs float64 `json:"split_host_ms,omitempty"`
+	SplitWaitMs float64 `json:"split_wait_ms,omitempty"`
 	modelPretty string
 }
 
@@ -209,6 +215,9 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 					}
 					if r.DecodeCPUMs > 0 {
 						fmt.Fprintf(stderr, "; a decode step: %.2f ms in CPU segments, %.2f ms in GPU segments and waits", r.DecodeCPUMs, r.DecodeGPUMs)
+					}
+					if r.SplitLayers > 0 {
+						fmt.Fprintf(stderr, "; a batch splits %d MoE layers with the CPU, its share %.2f ms each after %.2f ms waiting for the routing", r.SplitLayers, r.SplitHostMs, r.SplitWaitMs)
 					}
 					if r.Promotion != "" && r.NGen > 0 {
 						fmt.Fprintf(stderr, "; %s", r.Promotion)
@@ -400,6 +409,12 @@ func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer
 		r.HostRSS, r.Repacked = residentBytes(), m.RepackedBytes()
 		if pr := c.Promotion(); pr.On {
 			r.Promotion = describePromotion(pr)
+		}
+		if st := c.Stats(); st.Split.Layers > 0 && st.Steps > st.DecodeSteps {
+			batches := float64(st.Steps - st.DecodeSteps)
+			r.SplitLayers = int(math.Round(float64(st.Split.Layers) / batches))
+			r.SplitHostMs = float64(st.Split.Host.Microseconds()) / 1e3 / float64(st.Split.Layers)
+			r.SplitWaitMs = float64(st.Split.Wait.Microseconds()) / 1e3 / float64(st.Split.Layers)
 		}
 		if st := c.Stats(); st.DecodeSteps > 0 && c.Backend() == runtime.BackendHybrid {
 			r.DecodeCPUMs = float64(st.DecodeCPU.Microseconds()) / 1e3 / float64(st.DecodeSteps)

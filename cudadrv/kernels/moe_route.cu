@@ -125,3 +125,48 @@ extern "C" __global__ void moe_weighted_sum(float *out, const float *y, const fl
         out[i] = acc;
     }
 }
+
+// moe_split: the slots whose expert is below ks go to the host, which
+// computes those experts while the device computes the rest (an MoE layer
+// split between the CPU and the GPU). Every slot's id and weight are
+// copied to hids and hw (mapped host memory) for the host; on the device
+// the ids of the host's slots become -1, which the expert products drop
+// (moe_group, the matvec path) and moe_weighted_sum_host skips.
+// One thread per slot.
+extern "C" __global__ void moe_split(int *ids, const float *w, int ks, int nslots,
+                                     int *hids, float *hw)
+{
+    PDL_ENTRY();
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= nslots)
+        return;
+    const int e = ids[i];
+    hids[i] = e;
+    hw[i] = w[i];
+    if (e < ks)
+        ids[i] = -1;
+}
+
+// moe_weighted_sum_host: out[t][d] = host[t][d] + Σ_j y[t][j][d] * w[t][j]
+// over the slots j (in order) whose id is not -1: the host's partial sum
+// of its experts (host: mapped host memory, [nTok][width]) plus the
+// device's slots, each product rounded before its add.
+extern "C" __global__ void moe_weighted_sum_host(float *out, const float *y, const float *w,
+                                                 const int *ids, const float *host,
+                                                 int width, int k, int nTok)
+{
+    PDL_ENTRY();
+    const long long n = (long long)nTok * width;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const long long t = i / width, d = i % width;
+        const float *yt = y + t * k * width + d;
+        const float *wt = w + t * k;
+        const int *it = ids + t * k;
+        float acc = host[i];
+        for (int j = 0; j < k; j++)
+            if (it[j] >= 0)
+                acc = __fadd_rn(acc, __fmul_rn(yt[(long long)j * width], wt[j]));
+        out[i] = acc;
+    }
+}

@@ -12,6 +12,8 @@ type MoERoute struct {
 	lazyModule
 	route       *cudadrv.Function
 	weightedSum *cudadrv.Function
+	split       *cudadrv.Function
+	sumHost     *cudadrv.Function
 }
 
 // NewMoERoute prepares moe_route.cu's kernels for the context's device; the
@@ -19,8 +21,10 @@ type MoERoute struct {
 func NewMoERoute(ctx *cudadrv.Context) (*MoERoute, error) {
 	k := &MoERoute{}
 	err := k.prepareLookup(ctx, "moe_route", map[string]**cudadrv.Function{
-		"moe_route":        &k.route,
-		"moe_weighted_sum": &k.weightedSum,
+		"moe_route":             &k.route,
+		"moe_weighted_sum":      &k.weightedSum,
+		"moe_split":             &k.split,
+		"moe_weighted_sum_host": &k.sumHost,
 	})
 	if err != nil {
 		return nil, err
@@ -75,5 +79,40 @@ func (k *MoERoute) WeightedSum(s *cudadrv.Stream, out, y, w cudadrv.DevicePtr, w
 	}
 	return launch(k.weightedSum, s, grid1(n, 256), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
 		a.Ptr(out).Ptr(y).Ptr(w).I32(int32(width)).I32(int32(topK)).I32(int32(nTok))
+	})
+}
+
+// Split queues the hand-over of an MoE layer's slots to the host: every
+// slot's id and weight (ids, weights: [nSlots] on the device) are copied to
+// hostIDs and hostWeights (device addresses of mapped host memory), and
+// the device ids of the slots whose expert is below ks become -1, so that
+// the expert products (MoEMatMul) and WeightedSumHost leave them to the
+// host.
+func (k *MoERoute) Split(s *cudadrv.Stream, ids, weights cudadrv.DevicePtr, ks, nSlots int, hostIDs, hostWeights cudadrv.DevicePtr) error {
+	if nSlots == 0 {
+		return nil
+	}
+	if err := k.ready(); err != nil {
+		return err
+	}
+	return launch(k.split, s, cudadrv.D1(cudadrv.Blocks(nSlots, 256)), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
+		a.Ptr(ids).Ptr(weights).I32(int32(ks)).I32(int32(nSlots)).Ptr(hostIDs).Ptr(hostWeights)
+	})
+}
+
+// WeightedSumHost queues out[t] = host[t] + Σ_j y[t][j] * w[t][j] over the
+// slots j, in order, whose id (ids: [nTok][topK]) is not -1: the host's
+// partial sum of the experts it computed (host: [nTok][width], mapped host
+// memory) plus the device's slots (after Split).
+func (k *MoERoute) WeightedSumHost(s *cudadrv.Stream, out, y, w, ids, host cudadrv.DevicePtr, width, topK, nTok int) error {
+	n := width * nTok
+	if n == 0 {
+		return nil
+	}
+	if err := k.ready(); err != nil {
+		return err
+	}
+	return launch(k.sumHost, s, grid1(n, 256), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
+		a.Ptr(out).Ptr(y).Ptr(w).Ptr(ids).Ptr(host).I32(int32(width)).I32(int32(topK)).I32(int32(nTok))
 	})
 }

@@ -1,6 +1,8 @@
 package cpu
 
 import (
+	"fmt"
+
 	"github.com/atsinfer/ats/ops"
 	"github.com/atsinfer/ats/runtime/ir"
 )
@@ -24,6 +26,14 @@ import (
 // through the same kernels, the weighted sum in slot order), so the
 // results are identical.
 func (b *Backend) moeGrouped(op *ir.Op, n int) {
+	b.moeGroupedRange(op, n, b.bufs[op.In][:n*op.Gate.Stack[0].Cols], func(t int) []float32 { return b.row(op.Out, t) }, 0, op.W.Mat.Rows)
+}
+
+// moeGroupedRange is moeGrouped over the experts [e0, e1) only, the
+// routing in s.choice and s.weight, the inputs x ([n][emb]) and each
+// token's output row out(t): the sum of its slots of those experts, zero
+// when it has none (MoEPartial: the CPU's share of a split MoE layer).
+func (b *Backend) moeGroupedRange(op *ir.Op, n int, x []float32, out func(t int) []float32, e0, e1 int) {
 	s := &b.moe
 	k := op.TopK
 	ne := op.W.Mat.Rows
@@ -34,12 +44,14 @@ func (b *Backend) moeGrouped(op *ir.Op, n int) {
 	t0 := b.lapStart()
 
 	// Group the slots by expert (a counting sort, stable: each expert's
-	// slots in token order): pos is slot i's row in its group's buffers,
-	// start[e] the first row of expert e.
+	// slots in token order): pos is slot i's row in its group's buffers
+	// (-1: an expert outside the range), start[e] the first row of expert e.
 	start, pos := s.start[:ne+1], s.pos[:slots]
 	clear(start)
 	for _, e := range s.choice[:slots] {
-		start[e+1]++
+		if e >= e0 && e < e1 {
+			start[e+1]++
+		}
 	}
 	for e := range ne {
 		start[e+1] += start[e]
@@ -47,28 +59,36 @@ func (b *Backend) moeGrouped(op *ir.Op, n int) {
 	next := s.next[:ne]
 	copy(next, start[:ne])
 	for i, e := range s.choice[:slots] {
+		if e < e0 || e >= e1 {
+			pos[i] = -1
+			continue
+		}
 		pos[i] = next[e]
 		next[e]++
 	}
 	ab := gate0.Kernel.ActRowBytes(emb)
 	db := down0.Kernel.ActRowBytes(ff)
-	xq := gate0.QuantizeActs(b.pool, b.bufs[op.In][:n*emb], n, b.scratch)
+	xq := gate0.QuantizeActs(b.pool, x, n, b.scratch)
 	xg, xd := s.groupAct[:slots*ab], s.downAct[:slots*db]
 	b.pool.Run(slots, 64, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
-			copy(xg[pos[i]*ab:(pos[i]+1)*ab], xq[i/k*ab:(i/k+1)*ab])
+			if pos[i] >= 0 {
+				copy(xg[pos[i]*ab:(pos[i]+1)*ab], xq[i/k*ab:(i/k+1)*ab])
+			}
 		}
 	})
 	t0 = b.lap(n, "moe > group", t0)
 
 	// Gate and up: expert e's units are its gate's row groups [0, g),
-	// then its up's [g, 2g), each over the expert's rows.
+	// then its up's [g, 2g), each over the expert's rows; the units of
+	// the range's experts are numbered from e0's.
 	g := (ff + rg - 1) / rg
-	for e := range ne {
+	for e := e0; e < e1; e++ {
 		s.expertLeft[e].Store(int32(2 * g))
 	}
 	minUnits := max(1, moeChunkBytes/(rg*gate0.Kernel.RowBytes(emb)))
-	b.pool.RunChunks(ne*2*g, minUnits, func(lo, hi int) {
+	b.pool.RunChunks((e1-e0)*2*g, minUnits, func(lo, hi int) {
+		lo, hi = lo+e0*2*g, hi+e0*2*g
 		for e := lo / (2 * g); e*2*g < hi; e++ {
 			r0, r1 := start[e], start[e+1]
 			if r0 == r1 {
@@ -100,7 +120,8 @@ func (b *Backend) moeGrouped(op *ir.Op, n int) {
 	gd := (emb + rg - 1) / rg
 	down := s.results[:slots*emb]
 	minUnits = max(1, moeChunkBytes/(rg*down0.Kernel.RowBytes(ff)))
-	b.pool.RunChunks(ne*gd, minUnits, func(lo, hi int) {
+	b.pool.RunChunks((e1-e0)*gd, minUnits, func(lo, hi int) {
+		lo, hi = lo+e0*gd, hi+e0*gd
 		for e := lo / gd; e*gd < hi; e++ {
 			r0, r1 := start[e], start[e+1]
 			if r0 == r1 {
@@ -116,12 +137,47 @@ func (b *Backend) moeGrouped(op *ir.Op, n int) {
 	// loop's rounding: every product rounded before its add).
 	b.pool.Run(n, 4, func(lo, hi int) {
 		for t := lo; t < hi; t++ {
-			out := b.row(op.Out, t)
+			o, first := out(t), true
 			for j := 0; j < k; j++ {
 				i := t*k + j
-				addSlot(out, down[pos[i]*emb:(pos[i]+1)*emb], s.weight[i], j == 0)
+				if pos[i] >= 0 {
+					addSlot(o, down[pos[i]*emb:(pos[i]+1)*emb], s.weight[i], first)
+					first = false
+				}
+			}
+			if first {
+				clear(o) // none of its experts is in the range
 			}
 		}
 	})
 	b.lap(n, "moe > sum", t0)
+}
+
+// MoEPartial computes the CPU's share of an MoE layer split between the
+// CPU and the GPU: for each of n tokens, the weighted sum of its slots
+// whose expert is in [e0, e1), zero when it has none, into out
+// ([n][emb]). The routing is the GPU's (ids and weights: [n][topK], as
+// the router chose them), so both sides agree on every slot; x is the
+// layer's input ([n][emb]). Each slot's arithmetic is moeGrouped's.
+func (b *Backend) MoEPartial(op *ir.Op, n, e0, e1 int, x []float32, ids []int32, weights []float32, out []float32) error {
+	k, ne, emb := op.TopK, op.W.Mat.Rows, op.Gate.Stack[0].Cols
+	if op.Kind != ir.OpMoE || b.moe.start == nil || len(b.moe.choice) < n*k || n < 0 || e0 < 0 || e1 > ne || e0 > e1 {
+		return fmt.Errorf("cpu: the MoE layer %d over experts [%d, %d) of %d for %d tokens: not prepared here", op.Layer, e0, e1, ne, n)
+	}
+	if len(x) < n*emb || len(ids) < n*k || len(weights) < n*k || len(out) < n*emb {
+		return fmt.Errorf("cpu: the MoE layer %d for %d tokens: short buffers", op.Layer, n)
+	}
+	if op.Up.Stack[0].Kernel.ActType != op.Gate.Stack[0].Kernel.ActType {
+		return fmt.Errorf("cpu: the MoE layer %d: gate and up read different activation types, which the grouped path does not take", op.Layer)
+	}
+	s := &b.moe
+	for i, e := range ids[:n*k] {
+		if e < 0 || int(e) >= ne {
+			return fmt.Errorf("cpu: the MoE layer %d: slot %d routed to expert %d of %d", op.Layer, i, e, ne)
+		}
+		s.choice[i] = int(e)
+	}
+	copy(s.weight, weights[:n*k])
+	b.moeGroupedRange(op, n, x[:n*emb], func(t int) []float32 { return out[t*emb : (t+1)*emb] }, e0, e1)
+	return nil
 }

@@ -237,3 +237,94 @@ func TestTopKMatchesSelection(t *testing.T) {
 		}
 	}
 }
+
+// TestMoEPartialSplitsTheLayer checks the CPU's share of a split MoE
+// layer (MoEPartial): over every expert it is the grouped path bit for
+// bit, and the shares of [0, ks) and [ks, ne) add up to the whole layer
+// (to rounding), for batches small and large and splits at both ends.
+func TestMoEPartialSplitsTheLayer(t *testing.T) {
+	path := filepath.Join(testenv.SharedDir(t), "testdata", "oracle", "tiny-qwen3moe-q4_k_m.gguf")
+	if _, err := os.Stat(path); err != nil {
+		t.Skip(err)
+	}
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	h, err := ir.ReadHyper(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := ops.NewPool(3)
+	defer pool.Close()
+	rng := rand.New(rand.NewPCG(7, 8))
+	b := ir.NewBuilder(f, h)
+	in, out := b.Buf("in", h.NEmbd), b.Buf("out", h.NEmbd)
+	b.MoE(in,
+		b.Weight(ir.Blk(0, "ffn_gate_inp.weight"), h.NEmbd, h.NExpert),
+		b.Weight(ir.Blk(0, "ffn_gate_exps.weight"), h.NEmbd, h.NFFExpert, h.NExpert),
+		b.Weight(ir.Blk(0, "ffn_up_exps.weight"), h.NEmbd, h.NFFExpert, h.NExpert),
+		b.Weight(ir.Blk(0, "ffn_down_exps.weight"), h.NFFExpert, h.NEmbd, h.NExpert),
+		h.NExpertUsed, true, out)
+	p, err := b.Finish(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const batch = 40
+	be, err := New(p, pool, Options{Batch: batch, CtxSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, k, emb, ne := &p.Ops[0], h.NExpertUsed, h.NEmbd, h.NExpert
+	for _, n := range []int{1, 3, batch} {
+		x := be.Buf(in)[:n*emb]
+		for i := range x {
+			x[i] = float32(rng.NormFloat64())
+		}
+		be.Run(0, 1, nil, n, 0, ir.OutputAll)
+		whole := slices.Clone(be.Buf(out)[:n*emb])
+		ids := make([]int32, n*k)
+		for i, e := range be.moe.choice[:n*k] {
+			ids[i] = int32(e)
+		}
+		weights := slices.Clone(be.moe.weight[:n*k])
+		xs := slices.Clone(x)
+		all := make([]float32, n*emb)
+		if err := be.MoEPartial(op, n, 0, ne, xs, ids, weights, all); err != nil {
+			t.Fatal(err)
+		}
+		if n*k > maxMoESlots && !slices.Equal(all, whole) {
+			t.Errorf("%d tokens: MoEPartial over every expert differs from the grouped path", n)
+		}
+		for _, ks := range []int{0, 1, ne / 3, ne - 1, ne} {
+			lo, hi := make([]float32, n*emb), make([]float32, n*emb)
+			for i := range lo {
+				lo[i], hi[i] = float32(math.NaN()), float32(math.NaN()) // every row must be written
+			}
+			if err := be.MoEPartial(op, n, 0, ks, xs, ids, weights, lo); err != nil {
+				t.Fatal(err)
+			}
+			if err := be.MoEPartial(op, n, ks, ne, xs, ids, weights, hi); err != nil {
+				t.Fatal(err)
+			}
+			var num, den float64
+			for i := range whole {
+				d := float64(lo[i]+hi[i]) - float64(whole[i])
+				num += d * d
+				den += float64(whole[i]) * float64(whole[i])
+			}
+			if e := num / den; !(e < 1e-10) {
+				t.Errorf("%d tokens, split at %d of %d: the two shares add up to the layer with error %.3g", n, ks, ne, e)
+			}
+		}
+	}
+	if err := be.MoEPartial(op, 2, 0, ne+1, make([]float32, 2*emb), make([]int32, 2*k), make([]float32, 2*k), make([]float32, 2*emb)); err == nil {
+		t.Error("an expert range past the stack was taken")
+	}
+	bad := make([]int32, 2*k)
+	bad[1] = int32(ne)
+	if err := be.MoEPartial(op, 2, 0, ne, make([]float32, 2*emb), bad, make([]float32, 2*k), make([]float32, 2*emb)); err == nil {
+		t.Error("a slot routed past the stack was taken")
+	}
+}

@@ -348,7 +348,7 @@ func (s *moeScratch) grow(batch int, op *ir.Op) {
 	if n := batch * k * op.Down.Stack[0].Kernel.ActRowBytes(ff); len(s.downAct) < n {
 		s.downAct = make([]byte, n)
 	}
-	if batch*k > maxMoESlots {
+	{ // moeGrouped's, also for small batches: MoEPartial takes any batch
 		if len(s.start) < ne+1 {
 			s.start, s.next = make([]int, ne+1), make([]int, ne)
 			s.expertLeft = make([]atomic.Int32, ne)

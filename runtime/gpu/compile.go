@@ -3,6 +3,8 @@ package gpu
 import (
 	"fmt"
 	"strings"
+	"time"
+	"unsafe"
 
 	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/cudadrv/kernels"
@@ -24,7 +26,10 @@ import (
 //     weighted sum of expert outputs joins that add;
 //   - the head norms and rotations of Q and K are one launch, which also
 //     writes K and V to the cache when the attention follows.
-func (g *Exec) compile(lo, hi int, resolve func(*ir.Weight) (*mat, error)) ([]step, error) {
+//
+// split maps the MoE ops split with the host to the first expert the GPU
+// computes (SegmentSpec.Split).
+func (g *Exec) compile(lo, hi int, resolve func(*ir.Weight) (*mat, error), split map[int]int) ([]step, error) {
 	ops := g.prog.Ops
 	g.resolve = resolve
 	defer func() { g.resolve = nil }()
@@ -70,8 +75,9 @@ func (g *Exec) compile(lo, hi int, resolve func(*ir.Weight) (*mat, error)) ([]st
 		case ir.OpMoE:
 			// The weighted sum of the experts' outputs joins the residual
 			// add after it (and the norm after that) when they follow.
-			fuse := i+1 < hi && g.takesMoESum(op, &ops[i+1])
-			if st, err = g.moeStep(op, !fuse); err == nil && fuse {
+			ks := split[i]
+			fuse := ks == 0 && i+1 < hi && g.takesMoESum(op, &ops[i+1])
+			if st, err = g.moeStep(op, !fuse, ks); err == nil && fuse {
 				appendStep(st, i, op)
 				add := &ops[i+1]
 				var norm *ir.Op
@@ -142,7 +148,7 @@ func StepNames(p *ir.Program, lo, hi int) ([]string, []int, error) {
 			g.ws.mats[w] = &m
 		}
 	}
-	steps, err := g.compile(lo, hi, func(w *ir.Weight) (*mat, error) { return g.ws.mats[w], nil })
+	steps, err := g.compile(lo, hi, func(w *ir.Weight) (*mat, error) { return g.ws.mats[w], nil }, nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -675,7 +681,7 @@ func (g *Exec) ropeStep(i, hi int, kvStored map[int]bool) (step, int, error) {
 
 // moeStep compiles an MoE op; without sum, it leaves the weighted sum of
 // the experts' outputs to the next step (normExStep).
-func (g *Exec) moeStep(op *ir.Op, sum bool) (step, error) {
+func (g *Exec) moeStep(op *ir.Op, sum bool, ks int) (step, error) {
 	router, err := g.weight(op.W)
 	if err != nil {
 		return step{}, err
@@ -704,6 +710,11 @@ func (g *Exec) moeStep(op *ir.Op, sum bool) (step, error) {
 	gu, _ := w.(groupedOps)
 	if gate.seq >= 0 || up.seq >= 0 {
 		gu = nil
+	}
+	if ks > 0 {
+		return step{group: grp, run: func(s *cudadrv.Stream, n int) error {
+			return g.moeSplit(s, op, router, gate, up, down, in, out, n, ks)
+		}}, nil
 	}
 	gateUp, gateUpOut := []*mat{gate, up}, []cudadrv.DevicePtr{m.gate, m.up}
 	return step{group: grp, run: func(s *cudadrv.Stream, n int) error {
@@ -761,6 +772,58 @@ func (g *Exec) moeStep(op *ir.Op, sum bool) (step, error) {
 		}
 		return d.moe.WeightedSum(s, out, m.down, m.weights, emb, k, n)
 	}}, nil
+}
+
+// moeSplit queues an MoE layer split between the host and the GPU at
+// expert ks (SegmentSpec.Split). The GPU routes every token; the slots of
+// experts below ks, and the layer's input, go to mapped host memory, and
+// the GPU's expert products, which drop those slots, are queued. While the
+// GPU computes them (and the copy stream brings the next weights), the
+// host computes its experts' share (HostMoE), whose weights never cross
+// the link; the GPU then adds its slots onto the host's sum. The host
+// blocks here for its share: the layers after need the sum.
+func (g *Exec) moeSplit(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *mat, in, out cudadrv.DevicePtr, n, ks int) error {
+	m, d, sp := &g.moe, g.dev, &g.split
+	ne, k, ff, emb := router.Rows, op.TopK, gate.Rows, down.Rows
+	if err := g.with(s, router, func() error { return g.routerLogits(s, router, in, n, m.probs) }); err != nil {
+		return err
+	}
+	if err := d.moe.Route(s, m.probs, ne, k, op.NormTopK, m.ids, m.weights, n); err != nil {
+		return err
+	}
+	if g.routeInspector != nil {
+		if err := g.inspectRoute(s, op, n); err != nil {
+			return err
+		}
+	}
+	if err := d.moe.Split(s, m.ids, m.weights, ks, n*k, sp.ids.DevicePtr(), sp.weights.DevicePtr()); err != nil {
+		return err
+	}
+	if err := d.elem.CopyF32(s, sp.x.DevicePtr(), in, n*emb); err != nil {
+		return err
+	}
+	if err := sp.ready.Record(s); err != nil {
+		return err
+	}
+	if err := g.moeExperts(s, gate, up, down, in, n, k, ff); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	if err := sp.ready.Synchronize(); err != nil {
+		return fmt.Errorf("waiting for the routing of the host's experts: %w", err)
+	}
+	t1 := time.Now()
+	x := unsafe.Slice((*float32)(sp.x.Pointer()), n*emb)
+	y := unsafe.Slice((*float32)(sp.y.Pointer()), n*emb)
+	ids := unsafe.Slice((*int32)(sp.ids.Pointer()), n*k)
+	w := unsafe.Slice((*float32)(sp.weights.Pointer()), n*k)
+	if err := g.hostMoE(op, n, ks, x, ids, w, y); err != nil {
+		return fmt.Errorf("the host's experts 0-%d: %w", ks-1, err)
+	}
+	sp.stats.Layers++
+	sp.stats.Wait += t1.Sub(t0)
+	sp.stats.Host += time.Since(t1)
+	return d.moe.WeightedSumHost(s, out, m.down, m.weights, m.ids, sp.y.DevicePtr(), emb, k, n)
 }
 
 // routerLogits queues the MoE router's product: the logits of n tokens

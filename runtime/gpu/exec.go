@@ -74,6 +74,16 @@ type Exec struct {
 	nMarks  int
 	ran     []*Segment
 
+	// split: the mapped host buffers of split MoE layers (SegmentSpec.Split),
+	// made by the first Compile that splits one, and the event the host
+	// waits on before it computes its share.
+	split struct {
+		x, y, ids, weights *cudadrv.HostMem
+		ready              *cudadrv.Event
+		stats              SplitStats
+	}
+	hostMoE HostMoE
+
 	routeInspector RouteInspector // InspectRoutes; nil outside tests
 	capturing      bool           // a decode graph is being captured (capture)
 	captures       int            // graphs captured so far
@@ -406,6 +416,14 @@ func (g *Exec) Close() error {
 	if g.done != nil {
 		errs = append(errs, g.done.Free())
 	}
+	for _, h := range []*cudadrv.HostMem{g.split.x, g.split.y, g.split.ids, g.split.weights} {
+		if h != nil {
+			errs = append(errs, h.Free())
+		}
+	}
+	if g.split.ready != nil {
+		errs = append(errs, g.split.ready.Destroy())
+	}
 	if g.ws != nil {
 		errs = append(errs, releaseWeights(g.dev, g.ws))
 		g.ws = nil
@@ -436,7 +454,34 @@ type SegmentSpec struct {
 	Lo, Hi  int
 	In, Out []Transfer
 	Logits  bool
+	// Split maps an MoE op of the segment to the first expert the GPU
+	// computes: the experts below it are the host's (HostMoE), which
+	// computes them while the GPU computes the rest, and their weights
+	// are not streamed. Only for batches (a decode graph cannot call the
+	// host), and only with the quantized weight path.
+	Split map[int]int
 }
+
+// HostMoE computes the host's share of a split MoE layer (SegmentSpec.Split)
+// for n tokens: out[t] ([n][emb]) is the weighted sum of token t's slots
+// whose expert is below ks, zero when it has none. x is the layer's input
+// ([n][emb]), ids and weights the GPU's routing ([n][topK]). All four are
+// mapped host memory, valid for the call.
+type HostMoE func(op *ir.Op, n, ks int, x []float32, ids []int32, weights []float32, out []float32) error
+
+// SplitStats count the MoE layers split with the host so far: how many,
+// the host's time waiting for their routing, and its time computing its
+// share (while the GPU computes the rest and the copy stream streams).
+type SplitStats struct {
+	Layers     int
+	Wait, Host time.Duration
+}
+
+// SplitStats reports the MoE layers split with the host so far.
+func (g *Exec) SplitStats() SplitStats { return g.split.stats }
+
+// SetHostMoE sets what computes the host's share of split MoE layers.
+func (g *Exec) SetHostMoE(f HostMoE) { g.hostMoE = f }
 
 // Segment is a compiled SegmentSpec.
 type Segment struct {
@@ -473,6 +518,10 @@ func (g *Exec) Compile(specs []SegmentSpec, streams func(*ir.Weight) bool) (*Sch
 	for i, spec := range specs {
 		seg := &Segment{SegmentSpec: spec, first: i == 0}
 		before := len(sch.streamed)
+		skip, err := g.splitSkips(spec)
+		if err != nil {
+			return nil, err
+		}
 		steps, err := g.compile(spec.Lo, spec.Hi, func(w *ir.Weight) (*mat, error) {
 			if m := g.ws.mats[w]; m != nil {
 				return m, nil
@@ -481,15 +530,15 @@ func (g *Exec) Compile(specs []SegmentSpec, streams func(*ir.Weight) bool) (*Sch
 				return nil, fmt.Errorf("weight %q is neither resident nor streamed", w.Name)
 			}
 			m := matOf(w, 0) // the ring address comes with the layout below
-			m.seq = len(sch.streamed)
+			m.seq, m.skip = len(sch.streamed), skip[w]
 			sch.streamed = append(sch.streamed, &m)
 			return &m, nil
-		})
+		}, spec.Split)
 		if err != nil {
 			return nil, err
 		}
 		seg.steps = steps
-		seg.graphable = len(sch.streamed) == before
+		seg.graphable = len(sch.streamed) == before && len(spec.Split) == 0
 		for _, m := range sch.streamed[before:] {
 			seg.streamed = append(seg.streamed, m.W.Name)
 		}
@@ -500,6 +549,63 @@ func (g *Exec) Compile(specs []SegmentSpec, streams func(*ir.Weight) bool) (*Sch
 		return nil, err
 	}
 	return sch, nil
+}
+
+// splitSkips checks a segment's split MoE ops (SegmentSpec.Split) and
+// returns, for each of their expert stacks, the bytes of the experts the
+// host computes (mat.skip), and makes the host buffers they need.
+func (g *Exec) splitSkips(spec SegmentSpec) (map[*ir.Weight]int64, error) {
+	if len(spec.Split) == 0 {
+		return nil, nil
+	}
+	if _, ok := g.w.(*quantOps); !ok {
+		return nil, fmt.Errorf("gpu: a split MoE layer needs the quantized weight path (the experts in the file's layout), not %s", g.w.Name())
+	}
+	if g.hostMoE == nil {
+		return nil, errors.New("gpu: a split MoE layer without a host to compute its share (SetHostMoE)")
+	}
+	skip := map[*ir.Weight]int64{}
+	emb, k := 0, 0
+	for i, ks := range spec.Split {
+		if i < spec.Lo || i >= spec.Hi || g.prog.Ops[i].Kind != ir.OpMoE {
+			return nil, fmt.Errorf("gpu: split of op %d, not an MoE op of the segment %d-%d", i, spec.Lo, spec.Hi)
+		}
+		op := &g.prog.Ops[i]
+		ne := len(op.Gate.Stack)
+		if ks < 1 || ks >= ne {
+			return nil, fmt.Errorf("gpu: MoE layer %d split at expert %d of %d", op.Layer, ks, ne)
+		}
+		for _, w := range []*ir.Weight{op.Gate, op.Up, op.Down} {
+			skip[w] = g.w.DeviceBytes(w) / int64(ne) * int64(ks)
+		}
+		emb, k = max(emb, op.Gate.Stack[0].Cols), max(k, op.TopK)
+	}
+	sp := &g.split
+	alloc := func(h **cudadrv.HostMem, n int) error {
+		if *h != nil && (*h).Len() >= 4*n {
+			return nil
+		}
+		if *h != nil {
+			if err := (*h).Free(); err != nil {
+				return err
+			}
+		}
+		var err error
+		*h, err = g.HostBuffer(n)
+		return err
+	}
+	b := g.cfg.Batch
+	if err := errors.Join(alloc(&sp.x, b*emb), alloc(&sp.y, b*emb), alloc(&sp.ids, b*k), alloc(&sp.weights, b*k)); err != nil {
+		return nil, fmt.Errorf("gpu: host buffers of a split MoE layer: %w", err)
+	}
+	if sp.ready == nil {
+		e, err := g.dev.ctx.NewEvent(cudadrv.EventDisableTiming)
+		if err != nil {
+			return nil, fmt.Errorf("gpu: %w", err)
+		}
+		sp.ready = e
+	}
+	return skip, nil
 }
 
 // Release destroys the schedule's graphs.
@@ -772,7 +878,7 @@ func (g *Exec) ringLayout(streamed []*mat) (waitFor []int, fits bool, err error)
 	cursor := int64(0)
 	fits = true
 	for j, m := range streamed {
-		b := align(g.w.DeviceBytes(m.W))
+		b := align(g.w.DeviceBytes(m.W) - m.skip)
 		if b > g.st.bytes {
 			return nil, false, fmt.Errorf("weight %q (%d bytes) does not fit the staging ring of %d", m.W.Name, b, g.st.bytes)
 		}
@@ -780,7 +886,7 @@ func (g *Exec) ringLayout(streamed []*mat) (waitFor []int, fits bool, err error)
 			cursor, fits = 0, false
 		}
 		off[j], size[j] = cursor, b
-		m.Ptr = g.st.base.Add(int(cursor))
+		m.Ptr = g.st.base.Add(int(cursor - m.skip)) // the skipped experts would lie before the region
 		cursor += b
 	}
 	waitFor = make([]int, len(streamed))
@@ -845,10 +951,14 @@ func (g *Exec) streamIssue() error {
 			return fmt.Errorf("gpu: streaming %s: %w", m.W.Name, err)
 		}
 		var err error
-		if _, raw := g.w.(*quantOps); raw && g.reg != nil && g.reg.Copied > 0 {
-			err = g.cs.CopyHtoD(m.Ptr, g.reg.source(m.W.Data)) // the file's blocks, from their pinned copy
-		} else {
-			_, err = g.w.Upload(g.cs, m.W, m.Ptr)
+		_, raw := g.w.(*quantOps)
+		switch {
+		case raw && g.reg != nil && g.reg.Copied > 0:
+			err = g.cs.CopyHtoD(m.Ptr.Add(int(m.skip)), g.reg.source(m.W.Data)[m.skip:]) // the file's blocks, from their pinned copy
+		case raw:
+			err = g.cs.CopyHtoD(m.Ptr.Add(int(m.skip)), m.W.Data[m.skip:]) // the file's blocks, as Upload copies them
+		default:
+			_, err = g.w.Upload(g.cs, m.W, m.Ptr) // no skip: splits need the raw path (splitSkips)
 		}
 		if err != nil {
 			return fmt.Errorf("gpu: streaming %s: %w", m.W.Name, err)
@@ -856,7 +966,7 @@ func (g *Exec) streamIssue() error {
 		if err := st.copied[j].Record(g.cs); err != nil {
 			return fmt.Errorf("gpu: streaming %s: %w", m.W.Name, err)
 		}
-		st.moved.Add(g.w.DeviceBytes(m.W))
+		st.moved.Add(g.w.DeviceBytes(m.W) - m.skip)
 		st.issued++
 	}
 	return nil

@@ -727,6 +727,57 @@ func TestGPUOps(t *testing.T) {
 		}
 		expectClose(g.t, "weighted sum", down[float32](g, out, len(want)), want, 0)
 	})
+
+	// moe_split and moe_weighted_sum_host: the slots of experts below ks
+	// handed to mapped host memory, the rest summed on the device onto the
+	// host's partial sum, exactly as the CPU adds them.
+	for _, c := range []struct{ nTok, ne, k, ks, width int }{{7, 16, 4, 5, 64}, {33, 128, 8, 26, 2048}, {3, 8, 2, 0, 33}, {5, 8, 2, 8, 17}} {
+		run(fmt.Sprintf("moe_split/tok=%d,experts=%d,k=%d,split=%d,width=%d", c.nTok, c.ne, c.k, c.ks, c.width), func(g *gpuT) {
+			ns := c.nTok * c.k
+			ids := make([]int32, ns)
+			for i := range ids {
+				ids[i] = int32(g.rng.IntN(c.ne))
+			}
+			w, y, host := g.randn(ns, 0.3), g.randn(ns*c.width, 1), g.randn(c.nTok*c.width, 1)
+			mapped := func(n int) *cudadrv.HostMem {
+				h, err := dev.ctx.HostAlloc(4*n, cudadrv.HostAllocPortable|cudadrv.HostAllocDeviceMap)
+				if err != nil {
+					g.t.Fatal(err)
+				}
+				g.t.Cleanup(func() { h.Free() })
+				return h
+			}
+			hIDs, hW, hY := mapped(ns), mapped(ns), mapped(c.nTok*c.width)
+			copy(unsafe.Slice((*float32)(hY.Pointer()), c.nTok*c.width), host)
+			dIDs, dW := up(g, ids), up(g, w)
+			g.check(dev.moe.Split(g.s, dIDs, dW, c.ks, ns, hIDs.DevicePtr(), hW.DevicePtr()))
+			out := g.poison(c.nTok * c.width)
+			g.check(dev.moe.WeightedSumHost(g.s, out, up(g, y), dW, dIDs, hY.DevicePtr(), c.width, c.k, c.nTok))
+			got := down[float32](g, out, c.nTok*c.width)
+			gotIDs := down[int32](g, dIDs, ns)
+			if !slices.Equal(unsafe.Slice((*int32)(hIDs.Pointer()), ns), ids) || !slices.Equal(unsafe.Slice((*float32)(hW.Pointer()), ns), w) {
+				g.t.Fatal("the host's copy of the ids or weights differs from the device's")
+			}
+			want := append([]float32(nil), host...)
+			for i, e := range ids {
+				wantID := e
+				if int(e) < c.ks {
+					wantID = -1
+				}
+				if gotIDs[i] != wantID {
+					g.t.Fatalf("slot %d (expert %d, split %d): device id %d, want %d", i, e, c.ks, gotIDs[i], wantID)
+				}
+				if wantID < 0 {
+					continue
+				}
+				t := i / c.k
+				for d := 0; d < c.width; d++ {
+					want[t*c.width+d] += float32(y[i*c.width+d] * w[i]) // rounded before the add, as the kernel
+				}
+			}
+			expectClose(g.t, "weighted sum onto the host's", got, want, 0)
+		})
+	}
 }
 
 // checkQ8 checks a Q8_1 buffer (kernels.Q8_1Bytes layout) against the

@@ -30,6 +30,12 @@ type mat struct {
 	// seq is a streamed weight's place in its schedule's order of
 	// streamed weights (streamer); -1 for resident weights.
 	seq int
+	// skip is the bytes at the start of a streamed stack that are not
+	// streamed: the experts of a split MoE layer that the host computes
+	// (SegmentSpec.Split). Ptr is where the whole stack would begin, so
+	// that expert e lies where the kernels look; the experts before skip
+	// are never read there.
+	skip int64
 }
 
 // WeightOps is the weight half of the GPU backend: everything that reads
@@ -125,6 +131,14 @@ func (r *refWeightOps) Upload(s *cudadrv.Stream, w *ir.Weight, dst cudadrv.Devic
 }
 
 // matOf describes w's shape for mat.
+// SplitsMoE says whether weight path w can split an MoE layer's experts
+// between the host and the GPU (SegmentSpec.Split): it streams a stack's
+// experts in the file's layout, so a range of them is a range of bytes.
+func SplitsMoE(w WeightOps) bool {
+	_, ok := w.(*quantOps)
+	return ok
+}
+
 func matOf(w *ir.Weight, p cudadrv.DevicePtr) mat {
 	g := mat{W: w, Ptr: p, Rows: w.Mat.Rows, Cols: w.Mat.Cols, Experts: 1, seq: -1}
 	if len(w.Stack) > 0 {
