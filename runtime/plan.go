@@ -478,8 +478,8 @@ func prefillStreams(prof *plan.Profile, units []Unit, pl *Placement, b, size int
 // by its cost model. Unset or "0", nothing is split: on the GPU machine
 // (PCIe 5, 16 cores) the CPU's share of a 30B-A3B layer took twice its
 // share of the CPU's whole-layer time, and the layer's routing and sum
-// wait for it, so every share measured slower than streaming the whole
-// stack (docs/bench/hybrid.md, sixth pass).
+// wait for it, so no share measured faster than streaming the whole
+// stack beyond the noise (docs/bench/hybrid.md, sixth pass).
 const EnvMoESplit = "ATS_MOE_SPLIT"
 
 // moeSplitFractions are the shares of each streamed MoE layer's experts
