@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -251,6 +252,15 @@ func (pl *Placement) bind(m *Model, units []Unit) (*Placement, error) {
 			}
 			if !units[i].Streamable || out.resident(i) {
 				return nil, fmt.Errorf("placement: prefill streams %s, which is resident or cannot stream", n)
+			}
+		}
+		for n, ks := range s.Split {
+			i := unitIndex(units, n)
+			if i < 0 || !slices.Contains(s.Stream, n) {
+				return nil, fmt.Errorf("placement: prefill splits %s, not a unit of %s that the batches stream", n, m.File.Path)
+			}
+			if ne := moeExperts(units[i]); ne == 0 || !canSplitMoE(units[i]) || ks < 1 || ks >= ne {
+				return nil, fmt.Errorf("placement: prefill splits %s at expert %d: want an MoE layer the CPU can share, and 1 to %d", n, ks, max(ne-1, 1))
 			}
 		}
 	}

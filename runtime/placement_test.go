@@ -222,6 +222,14 @@ func TestPlacementJSON(t *testing.T) {
 		p.Prefill = []PrefillSchedule{{MinBatch: 32, Stream: []string{p.Units[0].Name}}}
 		p.Units[0].Backend = BackendGPU
 	}, "resident or cannot stream")
+	bad("splits a unit the batches do not stream", func(p *Placement) {
+		p.Prefill = []PrefillSchedule{{MinBatch: 32, Stream: []string{}, Split: map[string]int{units[1].Name: 1}}}
+	}, "that the batches stream")
+	if stream := pl.Prefill[0].Stream; len(stream) > 0 {
+		bad("splits a dense unit", func(p *Placement) {
+			p.Prefill = []PrefillSchedule{{MinBatch: 32, Stream: stream, Split: map[string]int{stream[0]: 1}}}
+		}, "want an MoE layer")
+	}
 	if err := os.WriteFile(path, []byte(`{"units":[{"name":"x","backend":"tpu"}]}`), 0o644); err != nil {
 		t.Fatal(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -187,7 +188,16 @@ func printPlacement(w io.Writer, pl *runtime.Placement, prof *plan.Profile, m *r
 		fmt.Fprintln(w)
 	}
 	for _, s := range pl.Prefill {
-		fmt.Fprintf(w, "prefill batches of %d+ tokens stream %d CPU units to the GPU\n", s.MinBatch, len(s.Stream))
+		fmt.Fprintf(w, "prefill batches of %d+ tokens stream %d CPU units to the GPU", s.MinBatch, len(s.Stream))
+		if len(s.Split) > 0 {
+			var ks []int
+			for _, k := range s.Split {
+				ks = append(ks, k)
+			}
+			slices.Sort(ks)
+			fmt.Fprintf(w, ", %d MoE layers split with the CPU (it computes experts 0 to %d-%d of each)", len(s.Split), ks[0]-1, ks[len(ks)-1]-1)
+		}
+		fmt.Fprintln(w)
 	}
 	if prof != nil {
 		fmt.Fprintf(w, "profile: %s, %d threads, %s; measured %s\n", prof.Hardware.CPU, prof.Hardware.Threads, prof.Hardware.GPU, prof.Created.Format("2006-01-02 15:04"))
