@@ -195,7 +195,11 @@ func printPlacement(w io.Writer, pl *runtime.Placement, prof *plan.Profile, m *r
 				ks = append(ks, k)
 			}
 			slices.Sort(ks)
-			fmt.Fprintf(w, ", %d MoE layers split with the CPU (it computes experts 0 to %d-%d of each)", len(s.Split), ks[0]-1, ks[len(ks)-1]-1)
+			share := fmt.Sprintf("0-%d", ks[0]-1)
+			if ks[0] != ks[len(ks)-1] {
+				share += fmt.Sprintf(" to 0-%d", ks[len(ks)-1]-1)
+			}
+			fmt.Fprintf(w, ", %d MoE layers split with the CPU (it computes experts %s of each)", len(s.Split), share)
 		}
 		fmt.Fprintln(w)
 	}
