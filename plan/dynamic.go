@@ -133,83 +133,96 @@ func Promote(p PromoteProblem) (Promotion, error) {
 		width /= math.Floor(p.MaxSlack / copies)
 		p.MaxSlack = width * float64(nb)
 	}
+	inv := 0.0
+	if width > 0 {
+		inv = 1 / width
+	}
 	bucket := func(s float64) int {
-		if width <= 0 {
-			return 0
-		}
-		return min(int(s/width+1e-6), nb) // the epsilon absorbs rounding of sums
+		return min(int(s*inv+1e-6), nb) // the epsilon absorbs rounding of sums
 	}
-	slackOf := func(b int) float64 { return float64(b) * width }
+	// The states of one unit, by backend*(nb+1) + bucket: the least time
+	// to reach them (t), and in trail the state they came from and
+	// whether the unit was promoted (from<<1 | promoted), for every unit:
+	// one allocation, walked back once at the end.
 	inf := math.Inf(1)
-	type state struct {
-		t    float64
-		from int32 // previous state's index (backend*(nb+1) + bucket)
-		prom bool
-	}
 	states := nb + 1
-	cur := make([]state, 2*states)
-	next := make([]state, 2*states)
+	cur, next := make([]float64, 2*states), make([]float64, 2*states)
 	for i := range cur {
-		cur[i].t = inf
+		cur[i] = inf
 	}
-	cur[int(CPU)*states] = state{t: 0, from: -1}
-	trail := make([][]state, n)
+	cur[int(CPU)*states] = 0
+	trail := make([]int32, n*2*states)
 	for i, u := range p.Units {
 		for j := range next {
-			next[j] = state{t: inf}
+			next[j] = inf
+		}
+		tr := trail[i*2*states : (i+1)*2*states]
+		// The unit's options: where it runs and whether it is copied.
+		var opts [2]struct {
+			on      Backend
+			promote bool
+			run     float64 // its compute on that backend
+			sw      float64 // the switch into it from the other backend
+		}
+		nopt := 0
+		add := func(on Backend, promote bool) {
+			o := &opts[nopt]
+			o.on, o.promote = on, promote
+			o.run, o.sw = u.CPU, u.ToCPU
+			if on == GPU {
+				o.run, o.sw = u.GPU, u.ToGPU
+			}
+			if i == 0 {
+				o.sw = 0
+			}
+			nopt++
+		}
+		switch {
+		case u.Resident:
+			add(GPU, false)
+		case u.Fixed || u.Copy <= 0:
+			add(CPU, false)
+		default:
+			add(CPU, false)
+			add(GPU, true)
 		}
 		for pb := 0; pb < 2; pb++ {
 			for b := 0; b <= nb; b++ {
-				c := cur[pb*states+b]
-				if c.t == inf {
+				from := pb*states + b
+				t0 := cur[from]
+				if t0 == inf {
 					continue
 				}
-				slack := slackOf(b)
-				try := func(on Backend, promote bool) {
-					dt := 0.0
-					if Backend(pb) != on && i > 0 {
-						if on == GPU {
-							dt += u.ToGPU
-						} else {
-							dt += u.ToCPU
-						}
+				slack := float64(b) * width
+				for _, o := range opts[:nopt] {
+					dt := o.run
+					if Backend(pb) != o.on {
+						dt += o.sw
 					}
 					s, wait := slack, 0.0
-					if promote {
+					if o.promote {
 						wait = max(u.Copy-s, 0)
 						s = max(s-u.Copy, 0)
 					}
-					if on == GPU {
-						dt += u.GPU
-					} else {
-						dt += u.CPU
-					}
 					s = min(s+dt, p.MaxSlack) // a wait adds no slack: the copy engine was busy
-					k := int(on)*states + bucket(s)
-					if t := c.t + wait + dt; t < next[k].t {
-						next[k] = state{t: t, from: int32(pb*states + b), prom: promote}
+					k := int(o.on)*states + bucket(s)
+					if t := t0 + wait + dt; t < next[k] {
+						next[k] = t
+						tr[k] = int32(from) << 1
+						if o.promote {
+							tr[k] |= 1
+						}
 					}
-				}
-				switch {
-				case u.Resident:
-					try(GPU, false)
-				case u.Fixed || u.Copy <= 0:
-					try(CPU, false)
-				default:
-					try(CPU, false)
-					try(GPU, true)
 				}
 			}
 		}
-		trail[i] = append([]state(nil), next...)
 		cur, next = next, cur
 	}
 	best, bk := inf, -1
-	for k, c := range cur {
-		if c.t == inf {
+	for k, t := range cur {
+		if t == inf {
 			continue
 		}
-		t := c.t
 		if k/states == int(GPU) {
 			t += p.EndToCPU
 		}
@@ -222,9 +235,9 @@ func Promote(p PromoteProblem) (Promotion, error) {
 	}
 	pr := Promotion{Promote: make([]bool, n)}
 	for i := n - 1; i >= 0; i-- {
-		s := trail[i][bk]
-		pr.Promote[i] = s.prom
-		bk = int(s.from)
+		v := trail[i*2*states+bk]
+		pr.Promote[i] = v&1 == 1
+		bk = int(v >> 1)
 	}
 	for i := range p.Units {
 		if pr.Promote[i] {

@@ -196,3 +196,43 @@ func TestReplannerStepBy(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkPromote14B solves a decode step's promotion at the Qwen3-14B
+// shape: 322 units (40 layers of Q, K, V, attention, output, gate, up,
+// down; the embedding and the head), half of the products resident, a
+// ring of 144 MiB at 50 GB/s, the default 256 buckets. The promoter runs
+// it at every re-plan, so its cost is the re-planning cost.
+func BenchmarkPromote14B(b *testing.B) {
+	r := rand.New(rand.NewPCG(5, 6))
+	const link = 50e9
+	p := PromoteProblem{MaxSlack: 144 << 20 / link, EndToCPU: 2e-5}
+	add := func(bytes float64, attention bool) {
+		u := PromoteUnit{Name: "u", ToGPU: 1e-5, ToCPU: 1e-5}
+		if attention {
+			u.CPU, u.GPU, u.Fixed = 1e-4, 3e-5, r.IntN(2) == 0
+			u.Resident = !u.Fixed
+		} else {
+			u.CPU, u.GPU, u.Copy = bytes/100e9, bytes/3e12+5e-6, bytes/link
+			u.Resident = r.IntN(2) == 0
+		}
+		p.Units = append(p.Units, u)
+	}
+	p.Units = append(p.Units, PromoteUnit{Name: "embd", CPU: 1e-6, Fixed: true})
+	for l := 0; l < 40; l++ {
+		for _, mb := range []float64{14, 3, 3} { // q, k, v
+			add(mb*1e6, false)
+		}
+		add(0, true)
+		for _, mb := range []float64{14, 49, 49, 60} { // output, gate, up, down
+			add(mb*1e6, false)
+		}
+	}
+	add(500e6, false) // the head
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := Promote(p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
