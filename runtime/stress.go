@@ -1,10 +1,13 @@
 package runtime
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os/exec"
 	goruntime "runtime"
+	"strings"
 	"syscall"
 	"time"
 
@@ -17,8 +20,10 @@ import (
 // cpuPct percent of the cores, and the GPU's memory and link kept busy
 // gpuPct percent of the time. It runs until ctx ends and reports what
 // the GPU load moved over the link. Run it in a process of its own: it
-// stands for another program.
-func Stress(ctx context.Context, cpuPct, gpuPct int) (gpu.StressResult, error) {
+// stands for another program. Once the load runs it writes LoadReady on
+// a line of ready (nil: nowhere), which StartLoad waits for: the caller
+// must handle the signal that ends it (SIGTERM) by then.
+func Stress(ctx context.Context, cpuPct, gpuPct int, ready io.Writer) (gpu.StressResult, error) {
 	if cpuPct < 0 || cpuPct > 100 || gpuPct < 0 || gpuPct > 100 {
 		return gpu.StressResult{}, fmt.Errorf("stress: cpu %d%%, gpu %d%%: want percents from 0 to 100", cpuPct, gpuPct)
 	}
@@ -51,38 +56,82 @@ func Stress(ctx context.Context, cpuPct, gpuPct int) (gpu.StressResult, error) {
 		if err != nil {
 			return gpu.StressResult{}, fmt.Errorf("stress: %w", err)
 		}
+		announce(ready) // the device is open: its load starts at once
 		return dev.Stress(ctx, float64(gpuPct)/100)
 	}
+	announce(ready)
 	<-ctx.Done()
 	return gpu.StressResult{}, nil
 }
 
+// LoadReady is the line a load process (Stress) writes on its standard
+// output once it runs.
+const LoadReady = "ats: load running"
+
+func announce(w io.Writer) {
+	if w != nil {
+		fmt.Fprintln(w, LoadReady)
+	}
+}
+
 // StartLoad starts c, a process that runs Stress (`ats stress`, or a test
-// binary that does), waits for its load to take hold, and returns what
-// ends it: SIGTERM, then a kill after grace. stop returns the process's
-// failure, if it failed before it was told to end.
+// binary that does) with its standard output to LoadReady's pipe, waits
+// until the load says it runs (loadStart at most: a process told to end
+// before it handles the signal would die of it) and has taken hold, and
+// returns what ends it: SIGTERM, then a kill after grace. stop returns the
+// process's failure, if it failed before it was told to end.
 func StartLoad(c *exec.Cmd, grace time.Duration) (stop func() error, err error) {
+	out, err := c.StdoutPipe()
+	if err != nil {
+		return nil, fmt.Errorf("the load %s: %w", c.Path, err)
+	}
 	if err := c.Start(); err != nil {
 		return nil, fmt.Errorf("starting the load %s: %w", c.Path, err)
+	}
+	ready := make(chan error, 1)
+	go func() {
+		r := bufio.NewReader(out)
+		line, err := r.ReadString('\n')
+		if err == nil && strings.TrimSpace(line) != LoadReady {
+			err = fmt.Errorf("it wrote %q, not that it runs", strings.TrimSpace(line))
+		}
+		ready <- err
+		_, _ = io.Copy(io.Discard, r) // until it exits (Wait closes the pipe)
+	}()
+	select {
+	case err := <-ready:
+		if err != nil {
+			_ = c.Process.Kill()
+			_ = c.Wait()
+			return nil, fmt.Errorf("the load %s did not start: %w", c.Path, err)
+		}
+	case <-time.After(loadStart):
+		_ = c.Process.Kill()
+		_ = c.Wait()
+		return nil, fmt.Errorf("the load %s did not say it runs within %v", c.Path, loadStart)
 	}
 	time.Sleep(loadSettle)
 	return func() error {
 		_ = c.Process.Signal(syscall.SIGTERM)
 		done := make(chan error, 1)
 		go func() { done <- c.Wait() }()
+		var err error
 		select {
-		case err := <-done:
-			if err != nil && c.ProcessState.ExitCode() > 0 {
-				return fmt.Errorf("the load %s: %w", c.Path, err)
-			}
-			return nil
+		case err = <-done:
 		case <-time.After(grace):
 			_ = c.Process.Kill()
 			<-done
 			return nil
 		}
+		if err != nil && c.ProcessState.ExitCode() > 0 {
+			return fmt.Errorf("the load %s: %w", c.Path, err)
+		}
+		return nil
 	}, nil
 }
+
+// loadStart bounds how long a load process may take to start running.
+const loadStart = 30 * time.Second
 
 // loadSettle is how long a load is given to take hold before measuring.
 const loadSettle = 500 * time.Millisecond

@@ -49,7 +49,7 @@ func stressChild(load string) int {
 	} else {
 		gpu = pct
 	}
-	if _, err := Stress(ctx, cpu, gpu); err != nil {
+	if _, err := Stress(ctx, cpu, gpu, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -117,5 +117,37 @@ func TestStressChildStops(t *testing.T) {
 	}
 	if code := c.ProcessState.ExitCode(); code != 0 {
 		t.Fatalf("the load exited with %d", code)
+	}
+}
+
+// TestStartLoadWaitsForTheLoad: a process that never says its load runs
+// is not taken for one (and is ended), whether it says something else,
+// exits at once, or says it as the load does.
+func TestStartLoadWaitsForTheLoad(t *testing.T) {
+	if _, err := exec.LookPath("sh"); err != nil {
+		t.Skip("skipping: no sh to stand for a load process")
+	}
+	for _, c := range []struct{ script, wantErr string }{
+		{"echo hello; sleep 30", `wrote "hello"`},
+		{"(sleep 30) & echo hello; wait", `wrote "hello"`}, // a grandchild keeps the output open
+		{"exit 0", "did not start"},
+		{"echo '" + LoadReady + "'; trap 'exit 0' TERM; while :; do sleep 0.05; done", ""},
+	} {
+		stop, err := StartLoad(exec.Command("sh", "-c", c.script), 5*time.Second)
+		if c.wantErr == "" {
+			if err != nil {
+				t.Fatalf("%q: %v", c.script, err)
+			}
+			if err := stop(); err != nil {
+				t.Errorf("%q: stop: %v", c.script, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+			t.Errorf("%q: error %v, want one saying %q", c.script, err, c.wantErr)
+			if err == nil {
+				_ = stop()
+			}
+		}
 	}
 }

@@ -32,7 +32,7 @@ func init() {
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 				defer stop()
-				res, err := runtime.Stress(ctx, cpuPct, gpuPct)
+				res, err := runtime.Stress(ctx, cpuPct, gpuPct, cmd.OutOrStdout())
 				if res.LinkBytes > 0 {
 					fmt.Fprintf(cmd.ErrOrStderr(), "stress: %s host to device in %.1f s: %.1f GB/s on average\n",
 						runtime.FormatBytes(res.LinkBytes), res.Elapsed.Seconds(), res.LinkGBps())
