@@ -491,3 +491,50 @@ func TestPrefillStreamsSplitMoELayers(t *testing.T) {
 		}
 	}
 }
+
+// TestFasterFresh: the promoter goes back to a plan that ran clearly
+// faster than the current one, if it ran recently and often enough to
+// tell, and never counts no promotion (slowerThanNone's) or a plan it
+// knows nothing of.
+func TestFasterFresh(t *testing.T) {
+	base, cur, fast, faster, stale, few := &schedule{}, &schedule{}, &schedule{}, &schedule{}, &schedule{}, &schedule{}
+	p := &promoter{stepTime: map[*schedule]*stepTimes{}, timedAt: map[*schedule]int{}, meta: map[*schedule]planMeta{}, steps: 500}
+	timed := func(s *schedule, ms float64, n, at int, known bool) {
+		w := &stepTimes{}
+		for i := 0; i < n; i++ {
+			w.add(ms / 1e3)
+		}
+		p.stepTime[s], p.timedAt[s] = w, at
+		if known {
+			p.meta[s] = planMeta{bytes: int64(ms)}
+		}
+	}
+	timed(cur, 38, 7, 500, true)
+	if got := p.fasterFresh(cur); got != nil {
+		t.Fatalf("no other plan measured, got one")
+	}
+	timed(base, 30, 7, 499, false)  // no promotion: not this check's
+	timed(stale, 30, 7, 300, true)  // 200 steps ago
+	timed(few, 30, 2, 499, true)    // two steps
+	timed(fast, 37.5, 7, 480, true) // within the noise
+	if got := p.fasterFresh(cur); got != nil {
+		t.Errorf("went back to a plan with %d bytes: stale, too few steps, no promotion or within the noise", p.meta[got].bytes)
+	}
+	timed(faster, 36, 7, 470, true)
+	if got := p.fasterFresh(cur); got != faster {
+		t.Errorf("did not go back to the plan that ran 36 ms against 38")
+	}
+	if got := p.fasterFresh(&schedule{}); got != nil {
+		t.Errorf("an unmeasured plan was compared")
+	}
+	if got := p.fastestFresh(cur, 35.5e-3); got != nil {
+		t.Errorf("a plan of %d bytes counted as faster than 35.5 ms", p.meta[got].bytes)
+	}
+	if got := p.fastestFresh(faster, 38e-3); got != fast {
+		t.Errorf("without the 36 ms plan, the fastest below 38 ms is the 37.5 ms one")
+	}
+	p.adopt(faster)
+	if p.cur != faster || p.promoted != 36 {
+		t.Errorf("adopt: current %p, promoted %d", p.cur, p.promoted)
+	}
+}

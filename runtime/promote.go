@@ -44,7 +44,12 @@ type promoter struct {
 	// promotion at all is not taken again, whatever the model predicts.
 	stepTime map[*schedule]*stepTimes
 	seen     map[*schedule]int // steps run by plan (the first is not timed)
-	explored bool              // no promotion has been measured for MinAge steps
+	// timedAt is the step a plan was last timed at, and meta what it
+	// promotes: plans measured recently are compared with each other, not
+	// only with no promotion (bestFresh).
+	timedAt  map[*schedule]int
+	meta     map[*schedule]planMeta
+	explored bool // no promotion has been measured for MinAge steps
 	// The step time of no promotion goes stale while a plan runs (the
 	// machine's load changes, and the first steps of a context are slow),
 	// so every probeEvery steps of a promoting plan, probeSteps steps run
@@ -100,7 +105,8 @@ func (c *Context) newPromoter(base *schedule) *promoter {
 	if !any {
 		return nil
 	}
-	p := &promoter{prof: pl.prof, ring: pl.RingBytes, cur: base, byKey: map[string]*schedule{"": base}, stepTime: map[*schedule]*stepTimes{}, seen: map[*schedule]int{}}
+	p := &promoter{prof: pl.prof, ring: pl.RingBytes, cur: base, byKey: map[string]*schedule{"": base}, stepTime: map[*schedule]*stepTimes{}, seen: map[*schedule]int{},
+		timedAt: map[*schedule]int{}, meta: map[*schedule]planMeta{}}
 	p.log = os.Getenv(EnvPromoteLog) == "1"
 	resident := make([]bool, len(c.units))
 	for i := range c.units {
@@ -200,7 +206,7 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		}
 		p.sinceProbe = 0
 		if p.slowerThanNone(p.cur, base) {
-			p.dropToBase(c)
+			p.drop(c)
 		}
 		return p.cur, nil
 	}
@@ -208,8 +214,13 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		// A plan measured slower than no promotion, once it has run
 		// long enough to tell, is dropped at once.
 		if p.seen[p.cur] > minPlanAge && p.slowerThanNone(p.cur, base) {
-			p.dropToBase(c)
-			return base, nil
+			p.drop(c)
+			return p.cur, nil
+		}
+		if b := p.fasterFresh(p.cur); p.seen[p.cur] > minPlanAge && b != nil {
+			// Another plan ran clearly faster a short while ago: back to it.
+			p.adopt(b)
+			return b, nil
 		}
 		if p.sinceProbe++; p.sinceProbe >= probeEvery {
 			p.probing, p.probeFresh = probeSteps, true
@@ -301,6 +312,12 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		// machine (say, the copies slow the CPU's own memory reads).
 		s, sol, bytes = base, plan.Promotion{Promote: make([]bool, len(c.units))}, 0
 	}
+	if b := p.fasterFresh(s); s != base && b != nil {
+		// The model's choice was measured clearly slower than another
+		// plan a short while ago: the measurement wins.
+		m := p.meta[b]
+		s, sol, bytes, p.kept = b, m.sol, m.bytes, m.kept
+	}
 	if s != base && s != p.cur && p.timeOf(s) == 0 {
 		// A plan not yet measured is checked against no promotion soon,
 		// measured afresh: the steps that measured it may be a context's
@@ -309,6 +326,9 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 	}
 	p.cur, p.curPlan, p.promoted = s, sol, bytes
 	p.kept = p.kept && sol.Count > 0
+	if s != base {
+		p.meta[s] = planMeta{sol: sol, kept: p.kept, bytes: bytes}
+	}
 	if sol.Count > 0 && !p.kept { // the next trigger compares estimates of the same kind of step
 		p.rp.Planned(p.est.Current())
 	} else {
@@ -347,6 +367,79 @@ func (p *promoter) dropToBase(c *Context) {
 	p.backoff = backoffSteps << min(p.drops, 3)
 	p.drops++
 	p.rp.Planned(p.idle.Current())
+}
+
+// drop ends the current plan, measured slower than no promotion
+// (dropToBase: its verdict and the backoff), and goes to the plan that ran
+// fastest recently if that one beat no promotion clearly, else to none: a
+// plan that mispredicts should not cost the context a plan that worked
+// (on the GPU machine a 14B context fell back to none, 38-41 ms a step,
+// from a plan it had run at 34-36 ms).
+func (p *promoter) drop(c *Context) {
+	dropped := p.cur
+	p.dropToBase(c)
+	if tb := p.timeOf(c.scheds[0]); tb > 0 {
+		if b := p.fastestFresh(dropped, tb/fasterBy); b != nil {
+			p.adopt(b)
+		}
+	}
+}
+
+// planMeta is what a compiled promotion plan promotes (promoter.meta).
+type planMeta struct {
+	sol   plan.Promotion
+	kept  bool
+	bytes int64
+}
+
+// freshSteps is how many decode steps a plan's measured time stays good
+// for comparing it with the current plan (the load moves).
+const freshSteps = 2 * probeEvery
+
+// fasterBy is how much faster another plan must have run than s for the
+// promoter to go back to it: more than the steps' noise.
+const fasterBy = 1.03
+
+// fasterFresh is the fastest promoting plan other than s measured within
+// the last freshSteps steps (at least three timed steps), when it ran
+// faster than s by fasterBy; nil when there is none or s is not measured.
+// The model ranks plans by its estimates; where two plans have both run,
+// their step times decide (on the GPU machine the 14B's model preferred a
+// plan that kept 143 MiB in the ring, 37.5-39 ms a step, to one that
+// copied 1.4 GiB a step and had run 35-36.5 ms).
+func (p *promoter) fasterFresh(s *schedule) *schedule {
+	ts := p.timeOf(s)
+	if ts == 0 {
+		return nil
+	}
+	return p.fastestFresh(s, ts/fasterBy)
+}
+
+// fastestFresh is the fastest promoting plan other than s measured within
+// the last freshSteps steps (at least three timed steps) whose step time
+// is below than; nil when there is none.
+func (p *promoter) fastestFresh(s *schedule, than float64) *schedule {
+	var best *schedule
+	bestT := than
+	for o, w := range p.stepTime {
+		if o == s || w.n < 3 || p.steps-p.timedAt[o] > freshSteps {
+			continue
+		}
+		if _, ok := p.meta[o]; !ok {
+			continue // no promotion: slowerThanNone's, with its verdicts
+		}
+		if t := w.median(); t < bestT {
+			best, bestT = o, t
+		}
+	}
+	return best
+}
+
+// adopt makes b, a plan compiled and measured before, the current plan.
+func (p *promoter) adopt(b *schedule) {
+	m := p.meta[b]
+	p.cur, p.curPlan, p.kept, p.promoted = b, m.sol, m.kept, m.bytes
+	p.live.promoted.Store(m.bytes)
 }
 
 // rememberSlower: a plan dropped as measured this much slower than none
@@ -467,6 +560,8 @@ func (p *promoter) evict(c *Context) {
 		delete(p.byKey, k)
 		delete(p.stepTime, s)
 		delete(p.seen, s)
+		delete(p.timedAt, s)
+		delete(p.meta, s)
 		return
 	}
 }
@@ -526,6 +621,7 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 			p.stepTime[s] = w
 		}
 		w.add(wall.Seconds())
+		p.timedAt[s] = p.steps
 		if s == c.scheds[0] {
 			p.probeFresh = false
 		}
