@@ -227,6 +227,19 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 			return base, nil
 		}
 	}
+	if p.cur == base && p.prof != nil && p.steps-p.timedAt[base] <= freshSteps {
+		// No promotion runs (the model chose it, or a plan was dropped)
+		// while a plan ran clearly faster than it a short while ago: on a
+		// noisy machine a mispredicted plan's drop made the model's margin
+		// hold a 14B context on none, 42-50 ms a step, for 80 steps after
+		// a plan had run at 36-38.
+		if tb := p.timeOf(base); tb > 0 {
+			if b := p.fastestFresh(base, tb/fasterBy); b != nil {
+				p.adopt(b)
+				return b, nil
+			}
+		}
+	}
 	e := p.est.Current()
 	trig := e // the estimates of the current plan's kind of step
 	if p.curPlan.Count == 0 || p.kept {
