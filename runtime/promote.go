@@ -227,18 +227,14 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 			return base, nil
 		}
 	}
-	if p.cur == base && p.prof != nil && p.steps-p.timedAt[base] <= freshSteps {
+	if b := p.betterMeasured(base, base); p.cur == base && p.prof != nil && b != nil {
 		// No promotion runs (the model chose it, or a plan was dropped)
 		// while a plan ran clearly faster than it a short while ago: on a
 		// noisy machine a mispredicted plan's drop made the model's margin
 		// hold a 14B context on none, 42-50 ms a step, for 80 steps after
 		// a plan had run at 36-38.
-		if tb := p.timeOf(base); tb > 0 {
-			if b := p.fastestFresh(base, tb/fasterBy); b != nil {
-				p.adopt(b)
-				return b, nil
-			}
-		}
+		p.adopt(b)
+		return b, nil
 	}
 	e := p.est.Current()
 	trig := e // the estimates of the current plan's kind of step
@@ -325,9 +321,9 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 		// machine (say, the copies slow the CPU's own memory reads).
 		s, sol, bytes = base, plan.Promotion{Promote: make([]bool, len(c.units))}, 0
 	}
-	if b := p.fasterFresh(s); s != base && b != nil {
-		// The model's choice was measured clearly slower than another
-		// plan a short while ago: the measurement wins.
+	if b := p.betterMeasured(s, base); b != nil {
+		// The model's choice (a plan, or none) was measured clearly slower
+		// than another plan a short while ago: the measurement wins.
 		m := p.meta[b]
 		s, sol, bytes, p.kept = b, m.sol, m.bytes, m.kept
 	}
@@ -448,11 +444,31 @@ func (p *promoter) fastestFresh(s *schedule, than float64) *schedule {
 	return best
 }
 
-// adopt makes b, a plan compiled and measured before, the current plan.
+// betterMeasured is the plan measured clearly faster than s in the last
+// freshSteps steps (fasterFresh; for s no promotion, base, measured in
+// that time too), or nil.
+func (p *promoter) betterMeasured(s, base *schedule) *schedule {
+	if s != base {
+		return p.fasterFresh(s)
+	}
+	if tb := p.timeOf(base); tb > 0 && p.steps-p.timedAt[base] <= freshSteps {
+		return p.fastestFresh(base, tb/fasterBy)
+	}
+	return nil
+}
+
+// adopt makes b, a plan compiled and measured before, the current plan,
+// and the estimates of its kind of step the re-planning trigger's
+// reference (as a re-plan that chose it would).
 func (p *promoter) adopt(b *schedule) {
 	m := p.meta[b]
 	p.cur, p.curPlan, p.kept, p.promoted = b, m.sol, m.kept, m.bytes
 	p.live.promoted.Store(m.bytes)
+	if m.sol.Count > 0 && !m.kept {
+		p.rp.Planned(p.est.Current())
+	} else {
+		p.rp.Planned(p.idle.Current())
+	}
 }
 
 // rememberSlower: a plan dropped as measured this much slower than none
