@@ -282,8 +282,8 @@ func TestNoRepackUnderAnotherContext(t *testing.T) {
 	}
 }
 
-// timeNext times every step of the first plan's warm-up and of a plan
-// that copies weights, and one in timeEvery of the others.
+// timeNext times every step of the first plan's warm-up and the first
+// steps of a plan that copies weights, and one in timeEvery of the others.
 func TestTimeNext(t *testing.T) {
 	p := &promoter{prof: &plan.Profile{}}
 	var got []bool
@@ -296,14 +296,25 @@ func TestTimeNext(t *testing.T) {
 			t.Fatalf("no promotion, step %d: timed %v, want %v (all: %v)", i, on, want, got)
 		}
 	}
-	p.curPlan = plan.Promotion{Count: 1}
-	for i := range 2 * timeEvery {
+	p.curPlan, p.cur, p.seen = plan.Promotion{Count: 1}, &schedule{}, map[*schedule]int{}
+	for i := range minPlanAge + 1 {
 		if !p.timeNext() {
-			t.Fatalf("a plan that copies, step %d: not timed", i)
+			t.Fatalf("a new plan that copies, step %d: not timed", i)
 		}
+		p.seen[p.cur]++
+	}
+	n := 0
+	for range 4 * timeEvery {
+		if p.timeNext() {
+			n++
+		}
+		p.seen[p.cur]++
+	}
+	if n != 4 {
+		t.Errorf("a plan that copies, after its first steps: %d of %d steps timed, want 4", n, 4*timeEvery)
 	}
 	p.kept = true // its weights stay in the ring: nothing copied
-	n := 0
+	n = 0
 	for range 4 * timeEvery {
 		if p.timeNext() {
 			n++
