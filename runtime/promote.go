@@ -44,9 +44,9 @@ type promoter struct {
 	// promotion at all is not taken again, whatever the model predicts.
 	stepTime map[*schedule]*stepTimes
 	seen     map[*schedule]int // steps run by plan (the first is not timed)
-	// timedAt is the step a plan was last timed at, and meta what it
-	// promotes: plans measured recently are compared with each other, not
-	// only with no promotion (bestFresh).
+	// timedAt is the step a plan's step time was last taken at, and meta
+	// what it promotes: plans measured recently are compared with each
+	// other, not only with no promotion (fastestFresh).
 	timedAt  map[*schedule]int
 	meta     map[*schedule]planMeta
 	explored bool // no promotion has been measured for MinAge steps
