@@ -327,6 +327,32 @@ func TestDecodeBytes(t *testing.T) {
 	}
 }
 
+// linkBoundPrefill is a profile of units at batches of 1 and 64 where
+// the link (1 GB/s) is the bound: a product copies in 10 times its GPU
+// time and computes on the CPU in 100 times its copy, an MoE layer on the
+// CPU in moeCPU times its copy; attention and the embedding cost next to
+// nothing. copies is the link's time for every unit that can stream.
+func linkBoundPrefill(units []Unit, moeCPU float64) (prof *plan.Profile, copies float64) {
+	const link = 1e9 // bytes/s
+	prof = &plan.Profile{Batches: []int{1, 64}, Switch: []plan.Link{{Latency: 1e-6, BytesPerSec: 1e10}, {Latency: 1e-6, BytesPerSec: 1e10}},
+		Stream: plan.Link{BytesPerSec: link}}
+	for _, u := range units {
+		copyT := float64(u.Bytes) / link
+		cpuT, gpuT := 100*copyT, copyT/10
+		switch {
+		case !u.Streamable: // attention, the embedding: on the CPU either way
+			cpuT, gpuT = 1e-7, 1e-7
+		case u.Op == ir.OpMoE:
+			cpuT = moeCPU * copyT
+		}
+		if u.Streamable {
+			copies += copyT
+		}
+		prof.Units = append(prof.Units, plan.UnitTimes{Name: u.Name, CPU: []float64{cpuT, cpuT}, GPU: []float64{gpuT, gpuT}})
+	}
+	return prof, copies
+}
+
 // A prefill batch bound by the link (the expert stacks of an MoE model
 // cost several times more to copy than to compute on the GPU) hands some
 // stacks to the CPU: the copy engine streams the later ones while the CPU
@@ -337,29 +363,12 @@ func TestPrefillStreamsUseTheCPUWhileTheLinkRuns(t *testing.T) {
 	m := openOracle(t, "tiny-qwen3moe-q4_k_m")
 	units := programUnits(m.Prog, 64, nil)
 	pl := newPlacement(m, units, BackendCPU)
-	const link = 1e9 // bytes/s
-	prof := &plan.Profile{Batches: []int{1, 64}, Switch: []plan.Link{{Latency: 1e-6, BytesPerSec: 1e10}, {Latency: 1e-6, BytesPerSec: 1e10}},
-		Stream: plan.Link{BytesPerSec: link}}
-	var copies float64
+	prof, copies := linkBoundPrefill(units, 1.5) // the CPU is 1.5 times slower than the link on MoE layers, not 100
 	var stacks int
-	var largest int64
 	for _, u := range units {
-		copyT := float64(u.Bytes) / link
-		cpuT, gpuT := 100*copyT, copyT/10
-		switch {
-		case !u.Streamable: // attention, the embedding: on the CPU either way
-			cpuT, gpuT = 1e-7, 1e-7
-		case u.Op == ir.OpMoE:
-			cpuT = 1.5 * copyT // the CPU is 1.5 times slower than the link, not 100
+		if u.Op == ir.OpMoE {
 			stacks++
 		}
-		if u.Streamable {
-			copies += copyT
-			for _, w := range u.Mats {
-				largest = max(largest, w.Bytes())
-			}
-		}
-		prof.Units = append(prof.Units, plan.UnitTimes{Name: u.Name, CPU: []float64{cpuT, cpuT}, GPU: []float64{gpuT, gpuT}})
 	}
 	if stacks < 2 {
 		t.Fatalf("%d MoE units in the oracle model", stacks)
@@ -415,24 +424,7 @@ func TestPrefillStreamsSplitMoELayers(t *testing.T) {
 	m := openOracle(t, "tiny-qwen3moe-q4_k_m")
 	units := programUnits(m.Prog, 64, nil)
 	pl := newPlacement(m, units, BackendCPU)
-	const link = 1e9 // bytes/s
-	prof := &plan.Profile{Batches: []int{1, 64}, Switch: []plan.Link{{Latency: 1e-6, BytesPerSec: 1e10}, {Latency: 1e-6, BytesPerSec: 1e10}},
-		Stream: plan.Link{BytesPerSec: link}}
-	var copies float64
-	for _, u := range units {
-		copyT := float64(u.Bytes) / link
-		cpuT, gpuT := 100*copyT, copyT/10
-		switch {
-		case !u.Streamable:
-			cpuT, gpuT = 1e-7, 1e-7
-		case u.Op == ir.OpMoE:
-			cpuT = 2 * copyT // the CPU is twice as slow as the link
-		}
-		if u.Streamable {
-			copies += copyT
-		}
-		prof.Units = append(prof.Units, plan.UnitTimes{Name: u.Name, CPU: []float64{cpuT, cpuT}, GPU: []float64{gpuT, gpuT}})
-	}
+	prof, copies := linkBoundPrefill(units, 2) // the CPU is twice as slow as the link on MoE layers
 	_, _, whole, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, false)
 	if err != nil {
 		t.Fatal(err)

@@ -15,10 +15,10 @@ import (
 	"github.com/atsinfer/ats/runtime/ir"
 )
 
-// TestMoESlotsMatchExpertLoop checks that the few-token MoE path (one
-// dispatch for every slot's gate and up, one for the downs) computes what
-// the per-expert loop does, bit for bit, with top-k from 1 to all experts.
-func TestMoESlotsMatchExpertLoop(t *testing.T) {
+// openTinyMoE opens the MoE oracle model (closed with the test), or
+// skips the test without it.
+func openTinyMoE(t *testing.T) (*gguf.File, ir.Hyper) {
+	t.Helper()
 	path := filepath.Join(testenv.SharedDir(t), "testdata", "oracle", "tiny-qwen3moe-q4_k_m.gguf")
 	if _, err := os.Stat(path); err != nil {
 		t.Skip(err)
@@ -27,28 +27,44 @@ func TestMoESlotsMatchExpertLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	t.Cleanup(func() { f.Close() })
 	h, err := ir.ReadHyper(f)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return f, h
+}
+
+// moeProgram is a program of one op: layer's MoE FFN of f, top topK,
+// from buffer in to out.
+func moeProgram(t *testing.T, f *gguf.File, h ir.Hyper, layer, topK int) (p *ir.Program, in, out ir.BufID) {
+	t.Helper()
+	b := ir.NewBuilder(f, h)
+	in, out = b.Buf("in", h.NEmbd), b.Buf("out", h.NEmbd)
+	b.MoE(in,
+		b.Weight(ir.Blk(layer, "ffn_gate_inp.weight"), h.NEmbd, h.NExpert),
+		b.Weight(ir.Blk(layer, "ffn_gate_exps.weight"), h.NEmbd, h.NFFExpert, h.NExpert),
+		b.Weight(ir.Blk(layer, "ffn_up_exps.weight"), h.NEmbd, h.NFFExpert, h.NExpert),
+		b.Weight(ir.Blk(layer, "ffn_down_exps.weight"), h.NFFExpert, h.NEmbd, h.NExpert),
+		topK, true, out)
+	p, err := b.Finish(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, in, out
+}
+
+// TestMoESlotsMatchExpertLoop checks that the few-token MoE path (one
+// dispatch for every slot's gate and up, one for the downs) computes what
+// the per-expert loop does, bit for bit, with top-k from 1 to all experts.
+func TestMoESlotsMatchExpertLoop(t *testing.T) {
+	f, h := openTinyMoE(t)
 	pool := ops.NewPool(3)
 	defer pool.Close()
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, topK := range []int{1, 2, 5, h.NExpert} {
 		for _, n := range []int{1, 3} {
-			b := ir.NewBuilder(f, h)
-			in, out := b.Buf("in", h.NEmbd), b.Buf("out", h.NEmbd)
-			b.MoE(in,
-				b.Weight(ir.Blk(1, "ffn_gate_inp.weight"), h.NEmbd, h.NExpert),
-				b.Weight(ir.Blk(1, "ffn_gate_exps.weight"), h.NEmbd, h.NFFExpert, h.NExpert),
-				b.Weight(ir.Blk(1, "ffn_up_exps.weight"), h.NEmbd, h.NFFExpert, h.NExpert),
-				b.Weight(ir.Blk(1, "ffn_down_exps.weight"), h.NFFExpert, h.NEmbd, h.NExpert),
-				topK, true, out)
-			p, err := b.Finish(out)
-			if err != nil {
-				t.Fatal(err)
-			}
+			p, in, out := moeProgram(t, f, h, 1, topK)
 			if n*topK > maxMoESlots {
 				continue
 			}
@@ -243,34 +259,11 @@ func TestTopKMatchesSelection(t *testing.T) {
 // bit, and the shares of [0, ks) and [ks, ne) add up to the whole layer
 // (to rounding), for batches small and large and splits at both ends.
 func TestMoEPartialSplitsTheLayer(t *testing.T) {
-	path := filepath.Join(testenv.SharedDir(t), "testdata", "oracle", "tiny-qwen3moe-q4_k_m.gguf")
-	if _, err := os.Stat(path); err != nil {
-		t.Skip(err)
-	}
-	f, err := gguf.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	h, err := ir.ReadHyper(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f, h := openTinyMoE(t)
 	pool := ops.NewPool(3)
 	defer pool.Close()
 	rng := rand.New(rand.NewPCG(7, 8))
-	b := ir.NewBuilder(f, h)
-	in, out := b.Buf("in", h.NEmbd), b.Buf("out", h.NEmbd)
-	b.MoE(in,
-		b.Weight(ir.Blk(0, "ffn_gate_inp.weight"), h.NEmbd, h.NExpert),
-		b.Weight(ir.Blk(0, "ffn_gate_exps.weight"), h.NEmbd, h.NFFExpert, h.NExpert),
-		b.Weight(ir.Blk(0, "ffn_up_exps.weight"), h.NEmbd, h.NFFExpert, h.NExpert),
-		b.Weight(ir.Blk(0, "ffn_down_exps.weight"), h.NFFExpert, h.NEmbd, h.NExpert),
-		h.NExpertUsed, true, out)
-	p, err := b.Finish(out)
-	if err != nil {
-		t.Fatal(err)
-	}
+	p, in, out := moeProgram(t, f, h, 0, h.NExpertUsed)
 	const batch = 40
 	be, err := New(p, pool, Options{Batch: batch, CtxSize: 4})
 	if err != nil {
