@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/atsinfer/ats/plan"
+	"github.com/atsinfer/ats/runtime"
 )
 
 // modelShape is what testPlacementMap needs of a model's architecture.
@@ -32,30 +33,17 @@ var qwen3_14B = modelShape{name: "qwen3-14b-q4_k_m.gguf", arch: "qwen3", layers:
 // by ats's planner (plan.Static) under the VRAM budget.
 func testPlacementMap(t testing.TB, m modelShape, budget int64) []byte {
 	t.Helper()
-	type unit struct {
-		Index   int     `json:"index"`
-		Name    string  `json:"name"`
-		Layer   int     `json:"layer"`
-		Role    string  `json:"role"`
-		Op      string  `json:"op"`
-		Type    string  `json:"type"`
-		Bytes   int64   `json:"bytes"`
-		Backend string  `json:"backend"`
-		CPUs    float64 `json:"cpu_s"`
-		GPUs    float64 `json:"gpu_s"`
-		Density float64 `json:"density"`
-	}
 	q4k := func(rows, cols int) int64 { return int64(rows) * int64(cols) / 256 * 144 }
 	q6k := func(rows, cols int) int64 { return int64(rows) * int64(cols) / 256 * 210 }
-	var units []unit
+	var units []runtime.UnitPlacement
 	add := func(name string, layer int, role, op, typ string, bytes int64) {
 		cpu := float64(bytes) / 60e9
 		gpu := float64(bytes)/3e12 + 4e-6
 		if op == "embed" { // a row lookup: nothing to gain on the GPU
 			cpu, gpu = 2e-6, 4e-6
 		}
-		units = append(units, unit{Index: len(units), Name: name, Layer: layer, Role: role, Op: op, Type: typ,
-			Bytes: bytes, CPUs: cpu, GPUs: gpu, Density: (cpu - gpu) / float64(bytes)})
+		units = append(units, runtime.UnitPlacement{Index: len(units), Name: name, Layer: layer, Role: role, Op: op, Type: typ,
+			Bytes: bytes, CPU: cpu, GPU: gpu, Density: (cpu - gpu) / float64(bytes)})
 	}
 	q, kv := m.heads*m.headDim, m.kvHeads*m.headDim
 	add("token_embd.weight", -1, "token_embd", "embed", "Q4_K", q4k(m.vocab, m.hidden))
@@ -75,7 +63,7 @@ func testPlacementMap(t testing.TB, m modelShape, budget int64) []byte {
 	fixed := budget / 12
 	p := plan.Problem{Budget: budget - fixed, ToGPU: 20e-6, ToCPU: 20e-6, Start: plan.CPU, End: plan.CPU}
 	for _, u := range units {
-		p.Units = append(p.Units, plan.Unit{Name: u.Name, Bytes: u.Bytes, CPU: u.CPUs, GPU: u.GPUs})
+		p.Units = append(p.Units, plan.Unit{Name: u.Name, Bytes: u.Bytes, CPU: u.CPU, GPU: u.GPU})
 	}
 	sol, err := plan.Static(p)
 	if err != nil {
@@ -90,12 +78,10 @@ func testPlacementMap(t testing.TB, m modelShape, budget int64) []byte {
 			cpuBytes += units[i].Bytes
 		}
 	}
-	b, err := json.Marshal(map[string]any{
-		"model": m.name, "arch": m.arch, "layers": m.layers, "optimized_for": "decode",
-		"budget_bytes": budget, "fixed_bytes": fixed, "weights_gpu_bytes": gpuBytes, "weights_cpu_bytes": cpuBytes,
-		"predicted": map[string]any{"decode_tokens_per_s": 1 / sol.Time, "prefill_tokens_per_s": 1400, "prefill_batch": 512},
-		"units":     units,
-	})
+	b, err := json.Marshal(&runtime.Placement{Model: m.name, Arch: m.arch, Layers: m.layers, OptimizedFor: "decode",
+		Budget: budget, FixedBytes: fixed, GPUBytes: gpuBytes, CPUBytes: cpuBytes,
+		Predicted: &runtime.Prediction{DecodeTokensPerS: 1 / sol.Time, PrefillTokensPerS: 1400, PrefillBatch: 512},
+		Units:     units})
 	if err != nil {
 		t.Fatal(err)
 	}
