@@ -163,17 +163,24 @@ func TestReplannerSwitch(t *testing.T) {
 		want bool
 	}{{24e-6, false}, {28e-6, false}, {35e-6, true}, {120e-6, true}, {5e-6, true}}
 	for _, c := range cases {
-		var r Replanner
-		r.Planned(base)
-		for range 5 {
-			r.Step(base)
-		}
+		r := agedReplanner(base)
 		e := base
 		e.Switch = c.sw
 		if got := r.Step(e); got != c.want {
 			t.Errorf("hand-over %g µs after %g µs: re-plan %v, want %v", 1e6*c.sw, 1e6*base.Switch, got, c.want)
 		}
 	}
+}
+
+// agedReplanner is a Replanner that planned at base and has run five
+// steps there, old enough to re-plan.
+func agedReplanner(base Estimates) *Replanner {
+	var r Replanner
+	r.Planned(base)
+	for range 5 {
+		r.Step(base)
+	}
+	return &r
 }
 
 // StepBy scales the threshold: a move that re-plans at 1 does not at 3.
@@ -184,11 +191,7 @@ func TestReplannerStepBy(t *testing.T) {
 		scale float64
 		want  bool
 	}{{1.2, 1, true}, {1.2, 3, false}, {1.5, 3, true}, {0.5, 3, true}} {
-		var r Replanner
-		r.Planned(base)
-		for range 5 {
-			r.Step(base)
-		}
+		r := agedReplanner(base)
 		e := base
 		e.CPU = c.cpu
 		if got := r.StepBy(e, c.scale); got != c.want {
