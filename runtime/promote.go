@@ -217,24 +217,28 @@ func (p *promoter) schedule(c *Context) (*schedule, error) {
 			p.drop(c)
 			return p.cur, nil
 		}
-		if b := p.fasterFresh(p.cur); p.seen[p.cur] > minPlanAge && b != nil {
-			// Another plan ran clearly faster a short while ago: back to it.
-			p.adopt(b)
-			return b, nil
+		if p.seen[p.cur] > minPlanAge {
+			if b := p.fasterFresh(p.cur); b != nil {
+				// Another plan ran clearly faster a short while ago: back to it.
+				p.adopt(b)
+				return b, nil
+			}
 		}
 		if p.sinceProbe++; p.sinceProbe >= probeEvery {
 			p.probing, p.probeFresh = probeSteps, true
 			return base, nil
 		}
 	}
-	if b := p.betterMeasured(base, base); p.cur == base && p.prof != nil && b != nil {
+	if p.cur == base && p.prof != nil {
 		// No promotion runs (the model chose it, or a plan was dropped)
 		// while a plan ran clearly faster than it a short while ago: on a
 		// noisy machine a mispredicted plan's drop made the model's margin
 		// hold a 14B context on none, 42-50 ms a step, for 80 steps after
 		// a plan had run at 36-38.
-		p.adopt(b)
-		return b, nil
+		if b := p.betterMeasured(base, base); b != nil {
+			p.adopt(b)
+			return b, nil
+		}
 	}
 	e := p.est.Current()
 	trig := e // the estimates of the current plan's kind of step
