@@ -46,6 +46,10 @@ type PromoteProblem struct {
 	// EndToCPU is the cost of bringing the logits back after the last unit
 	// when it runs on the GPU.
 	EndToCPU float64
+	// StartSlack is the copy time already done when the step starts (at
+	// most MaxSlack): the previous step's idle copy engine uploaded this
+	// step's first promoted weights (the executor's prefetch).
+	StartSlack float64
 }
 
 // Promotion is a solved problem: the units promoted this step.
@@ -59,7 +63,7 @@ type Promotion struct {
 // Timeline replays a choice exactly (slack not bucketed) and returns the
 // step's time and the part spent waiting for copies.
 func (p *PromoteProblem) Timeline(promote []bool) (time, exposed float64) {
-	slack := 0.0
+	slack := min(p.StartSlack, p.MaxSlack)
 	prev := CPU
 	for i, u := range p.Units {
 		on := CPU
@@ -107,7 +111,7 @@ func Promote(p PromoteProblem) (Promotion, error) {
 		return Promotion{}, nil
 	}
 	bad := func(x float64) bool { return x < 0 || math.IsNaN(x) || math.IsInf(x, 0) }
-	if bad(p.MaxSlack) || bad(p.EndToCPU) {
+	if bad(p.MaxSlack) || bad(p.EndToCPU) || bad(p.StartSlack) {
 		return Promotion{}, errors.New("plan: invalid promotion bounds")
 	}
 	for i, u := range p.Units {
@@ -150,7 +154,7 @@ func Promote(p PromoteProblem) (Promotion, error) {
 	for i := range cur {
 		cur[i] = inf
 	}
-	cur[int(CPU)*states] = 0
+	cur[int(CPU)*states+bucket(min(p.StartSlack, p.MaxSlack))] = 0
 	trail := make([]int32, n*2*states)
 	for i, u := range p.Units {
 		for j := range next {

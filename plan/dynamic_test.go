@@ -239,3 +239,37 @@ func BenchmarkPromote14B(b *testing.B) {
 		}
 	}
 }
+
+// Weights the previous step's idle copy engine already uploaded (the
+// executor's prefetch) hide a first unit's copy that a cold start could
+// not: promoting it pays only with the start slack, and the timeline
+// counts no wait for it.
+func TestPromoteStartSlack(t *testing.T) {
+	p := PromoteProblem{MaxSlack: 2, Units: []PromoteUnit{
+		{Name: "a", CPU: 1, GPU: 0.1, Copy: 1.5, ToGPU: 0.01, ToCPU: 0.01},
+		{Name: "b", CPU: 1, Fixed: true, ToGPU: 0.01, ToCPU: 0.01},
+	}}
+	cold, err := Promote(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.StartSlack = 1.5
+	warm, err := Promote(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cold.Count != 0 || warm.Count != 1 || !warm.Promote[0] {
+		t.Fatalf("promoted cold %v, with the start slack %v: want none, then the first unit", cold.Promote, warm.Promote)
+	}
+	if want := 0.1 + 0.01 + 1; math.Abs(warm.Time-want) > 1e-9 || warm.Exposed != 0 {
+		t.Errorf("time %g (exposed %g), want %g with nothing exposed", warm.Time, warm.Exposed, want)
+	}
+	p.StartSlack = 5 // more than the ring holds counts as the ring
+	if tl, _ := p.Timeline([]bool{true, false}); math.Abs(tl-warm.Time) > 1e-9 {
+		t.Errorf("start slack beyond the ring: time %g, want %g", tl, warm.Time)
+	}
+	p.StartSlack = math.NaN()
+	if _, err := Promote(p); err == nil {
+		t.Error("a NaN start slack: no error")
+	}
+}

@@ -286,3 +286,38 @@ func TestKeptRingGraphMatchesEager(t *testing.T) {
 		}
 	})
 }
+
+// TestPrefetchMatchesCold: decode steps whose first promoted weights the
+// step before uploaded (the executor's prefetch into a ring too small for
+// all of them) give the logits of steps that upload everything
+// themselves, bit for bit, and the prefetch does happen.
+func TestPrefetchMatchesCold(t *testing.T) {
+	needGPUDevice(t)
+	const ctx = 128
+	promoteEverything = true
+	defer func() { promoteEverything = false }()
+	eachOracleModel(t, func(t *testing.T, _ string, m *Model, want *oracleLogits) {
+		opt := ContextOptions{Backend: BackendAuto, CtxSize: ctx, Threads: 2,
+			Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i%2 == 1 })}
+		var ahead []int64 // bytes each decode step found prefetched
+		prefill, warm := evalOracle(t, m, want, opt, nil, func(c *Context) { ahead = append(ahead, c.gpu.Prefetched()) })
+		if len(ahead) < 2 || slices.Max(ahead) == 0 {
+			t.Fatalf("no decode step found weights prefetched (bytes by step: %v)", ahead)
+		}
+		t.Setenv(gpu.EnvGPUPrefetch, "0")
+		var none []int64
+		prefillCold, cold := evalOracle(t, m, want, opt, nil, func(c *Context) { none = append(none, c.gpu.Prefetched()) })
+		if slices.Max(none) != 0 {
+			t.Fatalf("%s=0 still prefetched (bytes by step: %v)", gpu.EnvGPUPrefetch, none)
+		}
+		if !slices.Equal(prefill, prefillCold) {
+			t.Fatalf("prompt logits differ (NMSE %.3g)", nmse(prefill, prefillCold))
+		}
+		for s := range warm {
+			if !slices.Equal(warm[s], cold[s]) {
+				t.Fatalf("decode step %d: logits with prefetched weights differ from cold uploads (NMSE %.3g)", s, nmse(warm[s], cold[s]))
+			}
+		}
+		t.Logf("prefetched bytes by decode step: %v", ahead)
+	})
+}

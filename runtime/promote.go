@@ -87,6 +87,11 @@ type promoter struct {
 	planTotal time.Duration
 	dpCost    time.Duration // the last re-planning's DPs alone (what recurs; a compiled plan is kept)
 	promoted  int64         // weight bytes the current plan promotes a step
+	// ahead is the bytes of a copying plan's step that the step before
+	// uploaded (gpu.Exec.Prefetched), measured on the last step of such a
+	// plan that followed one of its own: the copy time the next plan's
+	// first promoted units find done (plan.PromoteProblem.StartSlack).
+	ahead int64
 	steps     int           // decode steps observed
 	copied    int64         // weight bytes they uploaded (a kept plan: only its first step)
 }
@@ -147,9 +152,14 @@ const probeEvery, probeSteps = 48, 3
 var promoteEverything bool
 
 // problem is the promotion problem of the next decode step under the
-// estimates of steps that copy weights.
+// estimates of steps that copy weights, the copy engine starting with the
+// weights the executor prefetched in the last step of a copying plan.
 func (p *promoter) problem(c *Context, e plan.Estimates) plan.PromoteProblem {
-	return p.problemFor(c, e)
+	pr := p.problemFor(c, e)
+	if e.Link > 0 {
+		pr.StartSlack = min(float64(p.ahead)/e.Link, pr.MaxSlack)
+	}
+	return pr
 }
 
 // problemFor is the promotion problem of a decode step under e.
@@ -659,6 +669,9 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 			p.probeFresh = false
 		}
 	}
+	if s == p.last && s != c.scheds[0] && !p.kept && copied > 0 {
+		p.ahead = c.gpu.Prefetched()
+	}
 	p.last = s
 	d := p.prof.BatchIndex(1)
 	var cpuPred, gpuPred, gpuMeas float64
@@ -694,8 +707,8 @@ func (p *promoter) observe(c *Context, s *schedule, wall, onCPU time.Duration, t
 		case p.kept:
 			kind = "kept"
 		}
-		fmt.Fprintf(os.Stderr, "ats: promote: step %d: %s plan of %d units; %.3f ms (CPU %.3f); copied %d bytes; %d segments timed; estimates %+v\n",
-			p.steps, kind, n, 1e3*wall.Seconds(), 1e3*onCPU.Seconds(), copied, len(t.Segments), p.idle.Current())
+		fmt.Fprintf(os.Stderr, "ats: promote: step %d: %s plan of %d units; %.3f ms (CPU %.3f); copied %d bytes (%d prefetched); %d segments timed; estimates %+v\n",
+			p.steps, kind, n, 1e3*wall.Seconds(), 1e3*onCPU.Seconds(), copied, c.gpu.Prefetched(), len(t.Segments), p.idle.Current())
 	}
 	m := plan.Estimates{}
 	if cpuPred > 0 && onCPU > 0 {
