@@ -63,6 +63,10 @@ type Placement struct {
 	// ringKept, by unit: the CPU units dynamic promotion is expected to
 	// keep in the staging ring on an idle machine (nil: none).
 	ringKept []bool
+	// packed, by unit: the fraction of its matrices the CPU reads from
+	// repacked copies (Model.packedFractions); for an MoE unit, its
+	// stacks' first experts (nil: not planned).
+	packed []float64
 }
 
 // UnitPlacement is one unit's place, with its profiled decode figures
@@ -109,6 +113,15 @@ func (pl *Placement) resident(i int) bool { return pl.Units[i].Backend == Backen
 // keptAtIdle says whether unit i is expected to stay in the staging ring
 // of an idle machine (ringKept).
 func (pl *Placement) keptAtIdle(i int) bool { return pl.ringKept != nil && pl.ringKept[i] }
+
+// packedAt is the fraction of unit i's matrices the CPU reads repacked
+// (Placement.packed; 0 when not planned).
+func (pl *Placement) packedAt(i int) float64 {
+	if i < len(pl.packed) {
+		return pl.packed[i]
+	}
+	return 0
+}
 
 func (pl *Placement) allGPU() bool {
 	for i := range pl.Units {

@@ -530,3 +530,28 @@ func TestFasterFresh(t *testing.T) {
 		t.Errorf("adopt: current %p, promoted %d", p.cur, p.promoted)
 	}
 }
+
+// The CPU's share of a split MoE layer is timed at the repacked speed when
+// its experts are among the stacks' repacked first ones, at the file's
+// layout's for those beyond, and from the mixed time when nothing says
+// more.
+func TestSplitCPUCountsRepackedExperts(t *testing.T) {
+	// Half the experts repacked: the mixed time 3 is half of 4 (plain)
+	// and half of 2 (repacked).
+	ut := plan.UnitTimes{CPU: []float64{3}, CPUPacked: []float64{2}}
+	for _, c := range []struct {
+		share, packed, want float64
+	}{
+		{0.25, 0.5, 0.5},            // all repacked: 2 × 0.25
+		{0.75, 0.5, 2*0.5 + 4*0.25}, // half of them beyond
+		{0.25, 0, 0.75},             // no split view of the layout: the mix
+		{0.25, 1, 0.5},              // repacked whole
+	} {
+		if got := splitCPU(ut, 0, c.share, c.packed); math.Abs(got-c.want) > 1e-12 {
+			t.Errorf("share %g with %g repacked: %g s, want %g", c.share, c.packed, got, c.want)
+		}
+	}
+	if got := splitCPU(plan.UnitTimes{CPU: []float64{3}}, 0, 0.25, 0.5); got != 0.75 {
+		t.Errorf("no repacked time profiled: %g s, want the mix's 0.75", got)
+	}
+}

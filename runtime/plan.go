@@ -286,6 +286,7 @@ func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOpti
 	// gained nothing.)
 	frac, repacked := m.packedFractions(units, resident)
 	prof = prof.Packed(frac)
+	pl.packed = frac
 	pl.FixedBytes, pl.RepackedBytes = fixed, repacked
 	pl.prof, pl.Dynamic = prof, !opt.StaticOnly
 	d0 := prof.BatchIndex(1)
@@ -442,7 +443,8 @@ func prefillStreams(prof *plan.Profile, units []Unit, pl *Placement, b, size int
 			if ne := moeExperts(u); ne > 0 && !pl.resident(i) && canSplitMoE(u) {
 				ks = min(int(math.Round(f*float64(ne))), ne-1)
 				if ks > 0 {
-					splitUnit(&pr.Units[i], float64(ks)/float64(ne), sw.Time(2*u.InBytes*int64(size)))
+					share := float64(ks) / float64(ne)
+					splitUnit(&pr.Units[i], share, splitCPU(prof.Units[i], b, share, pl.packedAt(i)), sw.Time(2*u.InBytes*int64(size)))
 				}
 			}
 		}
@@ -531,13 +533,31 @@ func canSplitMoE(u Unit) bool {
 }
 
 // splitUnit turns a streamed MoE unit's figures into those of the unit
-// split at fraction f of its experts: only the GPU's share is copied, and
-// the unit takes the longer of the GPU's share of its compute and the
-// CPU's (with the input's trip to the host and the sum's back, cross).
-// While it runs, the copy engine brings the next units.
-func splitUnit(u *plan.PromoteUnit, f, cross float64) {
+// split at fraction f of its experts, whose share the CPU computes in cpu
+// seconds: only the GPU's share is copied, and the unit takes the longer
+// of the GPU's share of its compute and the CPU's (with the input's trip
+// to the host and the sum's back, cross). While it runs, the copy engine
+// brings the next units.
+func splitUnit(u *plan.PromoteUnit, f, cpu, cross float64) {
 	u.Copy *= 1 - f
-	u.GPU = max(u.GPU*(1-f), u.CPU*f+cross)
+	u.GPU = max(u.GPU*(1-f), cpu+cross)
+}
+
+// splitCPU is the CPU's time for the first share of an MoE unit's experts
+// at profile batch b, when its stacks' first packed of them read repacked
+// copies (Model.hybridChoice) and the others the file's blocks: t's CPU
+// time mixes the two layouts by packed (plan.Profile.Packed), CPUPacked
+// is the repacked one.
+func splitCPU(t plan.UnitTimes, b int, share, packed float64) float64 {
+	if len(t.CPUPacked) <= b || packed <= 0 {
+		return t.CPU[b] * share
+	}
+	fast := t.CPUPacked[b]
+	if packed >= 1 {
+		return fast * share
+	}
+	plain := (t.CPU[b] - packed*fast) / (1 - packed) // t.CPU[b] is the mix
+	return fast*min(share, packed) + plain*max(share-packed, 0)
 }
 
 func equalStrings(a, b []string) bool {

@@ -602,6 +602,8 @@ func (r *profileRun) layout(ranges [][2]int, packed bool) *cpuRotation {
 				switch {
 				case !packed && w.Mat.RepackedBytes() > 0: // repacked by a context
 					made[w] = withMat(w, w.Mat.Unpacked())
+				case !packed && len(w.Stack) > 0 && w.Stack[0].RepackedBytes() > 0: // its first experts repacked by a context
+					made[w] = withMat(w, w.Mat)
 				case packed && w.Mat.RepackedBytes() == 0 && w.Mat.RepackSize() > 0:
 					made[w] = nil
 					todo = append(todo, w)

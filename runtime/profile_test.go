@@ -202,55 +202,64 @@ func TestPackedFractions(t *testing.T) {
 	}
 	partial, ran := false, false
 	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			if c.off {
-				t.Setenv(EnvRepack, "0")
-			}
-			m := openOracle(t, "tiny-qwen3-q4_k_m")
-			if !canRepack(m) {
-				t.Skip("this CPU level has no kernels for repacked weights (noasm, or not amd64)")
-			}
-			ran = true
-			units := programUnits(m.Prog, 64, nil)
-			pl := newPlacement(m, units, BackendCPU)
-			for i, u := range units {
-				if c.resident(u) {
-					pl.Units[i].Backend = BackendGPU
-				}
-			}
-			frac, bytes := m.packedFractions(units, pl.resident)
-			got := m.repackHybrid(pl)
-			if got != bytes {
-				t.Errorf("predicted %d bytes repacked, repackHybrid made %d", bytes, got)
-			}
-			cut := false
-			for i, u := range units {
-				if pl.resident(i) || !repackable(u) {
-					continue
-				}
-				var all, packed int64
-				for _, w := range u.Mats {
-					if w.Mat.RepackSize() > 0 {
-						all += w.Bytes()
-						if w.Mat.RepackedBytes() > 0 {
-							packed += w.Bytes()
-						}
-					}
-				}
-				if want := float64(packed) / float64(all); frac[i] != want {
-					t.Errorf("%s: predicted %.2f repacked, repackHybrid made %.2f", u.Name, frac[i], want)
-				}
-				cut = cut || frac[i] < 1
-			}
-			if c.off && got != 0 {
-				t.Errorf("repacked %d bytes with %s=0", got, EnvRepack)
-			}
-			partial = partial || (cut && got > 0)
-		})
+		for _, model := range []string{"tiny-qwen3-q4_k_m", "tiny-qwen3moe-q4_k_m"} {
+			t.Run(c.name+"/"+model, func(t *testing.T) {
+				packedFractionsCase(t, model, c.resident, c.off, &partial, &ran)
+			})
+		}
 	}
 	if ran && !partial {
 		t.Error("no case had the allowance cut the CPU units")
 	}
+}
+
+// packedFractionsCase is one case of TestPackedFractions: model, with the
+// units resident says on the GPU, repacking off or not; partial is set
+// when the allowance cut the CPU units, ran when the case could run.
+func packedFractionsCase(t *testing.T, model string, resident func(Unit) bool, off bool, partial, ran *bool) {
+	if off {
+		t.Setenv(EnvRepack, "0")
+	}
+	m := openOracle(t, model)
+	if !canRepack(m) {
+		t.Skip("this CPU level has no kernels for repacked weights (noasm, or not amd64)")
+	}
+	*ran = true
+	units := programUnits(m.Prog, 64, nil)
+	pl := newPlacement(m, units, BackendCPU)
+	for i, u := range units {
+		if resident(u) {
+			pl.Units[i].Backend = BackendGPU
+		}
+	}
+	frac, bytes := m.packedFractions(units, pl.resident)
+	got := m.repackHybrid(pl)
+	if got != bytes {
+		t.Errorf("predicted %d bytes repacked, repackHybrid made %d", bytes, got)
+	}
+	cut := false
+	for i, u := range units {
+		if pl.resident(i) || !repackable(u) {
+			continue
+		}
+		var all, packed int64
+		for _, w := range u.Mats {
+			if w.Mat.RepackSize() > 0 {
+				all += w.Bytes()
+				m.repackMu.Lock()
+				packed += int64(m.packedShare(w) * float64(w.Bytes()))
+				m.repackMu.Unlock()
+			}
+		}
+		if want := float64(packed) / float64(all); math.Abs(frac[i]-want) > 1e-9 {
+			t.Errorf("%s: predicted %.2f repacked, repackHybrid made %.2f", u.Name, frac[i], want)
+		}
+		cut = cut || frac[i] < 1
+	}
+	if off && got != 0 {
+		t.Errorf("repacked %d bytes with %s=0", got, EnvRepack)
+	}
+	*partial = *partial || (cut && got > 0)
 }
 
 // The planner solves with the repacked times and then describes the

@@ -91,9 +91,9 @@ type promoter struct {
 	// uploaded (gpu.Exec.Prefetched), measured on the last step of such a
 	// plan that followed one of its own: the copy time the next plan's
 	// first promoted units find done (plan.PromoteProblem.StartSlack).
-	ahead int64
-	steps     int           // decode steps observed
-	copied    int64         // weight bytes they uploaded (a kept plan: only its first step)
+	ahead  int64
+	steps  int   // decode steps observed
+	copied int64 // weight bytes they uploaded (a kept plan: only its first step)
 }
 
 // newPromoter starts the promotion of a context whose decode schedule is

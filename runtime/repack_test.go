@@ -3,6 +3,7 @@ package runtime
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
@@ -400,4 +401,106 @@ func TestDropToBaseDoubt(t *testing.T) {
 	if want := (13.5 / 10) / (12.0 / 12); math.Abs(p.doubt-want) > 1e-9 {
 		t.Errorf("doubt %v, want %v", p.doubt, want)
 	}
+}
+
+// An MoE stack repacked for its first experts (Model.repackExperts, in two
+// steps as two placements would ask): each of those experts reads a copy
+// of its own rows, with the products of the file's blocks, the others
+// still read the file's blocks, and the share is what the planner counts.
+// repackHybrid gives every CPU stack the same first experts.
+func TestRepackExperts(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3moe-q4_k_m")
+	if !canRepack(m) {
+		t.Skip("this CPU level has no kernels for repacked weights (noasm, or not amd64)")
+	}
+	var w *ir.Weight
+	for i := range m.Prog.Ops {
+		if op := &m.Prog.Ops[i]; op.Kind == ir.OpMoE && op.Gate.Mat.RepackSize() > 0 {
+			w = op.Gate
+			break
+		}
+	}
+	if w == nil {
+		t.Skip("no MoE stack with a repacked layout")
+	}
+	ne := len(w.Stack)
+	orig := slices.Clone(w.Stack)
+	m.repackMu.Lock()
+	m.repackExperts(w, 1)
+	m.repackExperts(w, 2) // the second expert only: the first has its copy
+	share := m.packedShare(w)
+	m.repackMu.Unlock()
+	if want := 2 / float64(ne); share != want {
+		t.Errorf("packed share %g, want %g", share, want)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	x := make([]float32, 3*w.Stack[0].Cols)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	for e := range ne {
+		s := w.Stack[e]
+		if packed := s.RepackedBytes() > 0; packed != (e < 2) {
+			t.Fatalf("expert %d: repacked %v, want %v", e, packed, e < 2)
+		}
+		if &s.Data[0] != &orig[e].Data[0] || len(s.Data) != len(orig[e].Data) {
+			t.Fatalf("expert %d's matrix is not its own rows", e)
+		}
+		xq := s.QuantizeActs(nil, x, 3, make([]byte, s.ActBytes(3)))
+		got, want := make([]float32, 3*s.Rows), make([]float32, 3*s.Rows)
+		s.MulRows(0, s.Rows, xq, 3, got, s.Rows)
+		orig[e].MulRows(0, s.Rows, xq, 3, want, s.Rows)
+		if d := nmse(got, want); d > 1e-9 {
+			t.Errorf("expert %d: the copy's products differ from the blocks' (NMSE %.3g)", e, d)
+		}
+	}
+	if w.Mat.RepackedBytes() != 0 {
+		t.Error("the whole stack was repacked")
+	}
+}
+
+// repackHybrid repacks the same first experts of every CPU stack.
+func TestRepackHybridExpertsAlike(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3moe-q4_k_m")
+	if !canRepack(m) {
+		t.Skip("this CPU level has no kernels for repacked weights (noasm, or not amd64)")
+	}
+	units := programUnits(m.Prog, 64, nil)
+	pl := newPlacement(m, units, BackendCPU)
+	for i, u := range units {
+		if u.Layer%2 == 1 {
+			pl.Units[i].Backend = BackendGPU
+		}
+	}
+	m.repackHybrid(pl)
+	first := -1
+	for i, u := range units {
+		if u.Op != ir.OpMoE || pl.resident(i) {
+			continue
+		}
+		for _, w := range u.Mats {
+			if len(w.Stack) == 0 || w.Mat.RepackSize() == 0 {
+				continue
+			}
+			p := 0
+			for p < len(w.Stack) && w.Stack[p].RepackedBytes() > 0 {
+				p++
+			}
+			for e := p; e < len(w.Stack); e++ {
+				if w.Stack[e].RepackedBytes() > 0 {
+					t.Fatalf("%s: expert %d repacked after expert %d was not", w.Name, e, p)
+				}
+			}
+			if first < 0 {
+				first = p
+			}
+			if p != first {
+				t.Errorf("%s: first %d experts repacked, another stack's %d", w.Name, p, first)
+			}
+		}
+	}
+	if first <= 0 {
+		t.Errorf("no expert repacked (first %d)", first)
+	}
+	t.Logf("every CPU stack has its first %d experts repacked", first)
 }

@@ -61,6 +61,9 @@ type benchResult struct {
 	// of one, and waiting for its routing.
 	SplitLayers int     `json:"split_layers,omitempty"`
 	SplitHostMs float64 `json:"split_host_ms,omitempty"`
+	// SplitSlots is the fraction of the split layers' routed slots the
+	// CPU's experts took.
+	SplitSlots  float64 `json:"split_slots,omitempty"`
 	SplitWaitMs float64 `json:"split_wait_ms,omitempty"`
 	modelPretty string
 }
@@ -217,7 +220,7 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 						fmt.Fprintf(stderr, "; a decode step: %.2f ms in CPU segments, %.2f ms in GPU segments and waits", r.DecodeCPUMs, r.DecodeGPUMs)
 					}
 					if r.SplitLayers > 0 {
-						fmt.Fprintf(stderr, "; a batch splits %d MoE layers with the CPU, its share %.2f ms each after %.2f ms waiting for the routing", r.SplitLayers, r.SplitHostMs, r.SplitWaitMs)
+						fmt.Fprintf(stderr, "; a batch splits %d MoE layers with the CPU, its share (%.1f%% of the routed slots) %.2f ms each after %.2f ms waiting for the routing", r.SplitLayers, 100*r.SplitSlots, r.SplitHostMs, r.SplitWaitMs)
 					}
 					if r.Promotion != "" && r.NGen > 0 {
 						fmt.Fprintf(stderr, "; %s", r.Promotion)
@@ -227,8 +230,12 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 							runtime.FormatBytes(r.VRAMUsed), runtime.FormatBytes(r.VRAMBudget), runtime.FormatBytes(r.VRAMContext))
 					}
 					if r.HostRSS > 0 {
-						fmt.Fprintf(stderr, "; host RSS %s (weights %s; repacked CPU copies %s)",
+						fmt.Fprintf(stderr, "; host RSS %s (weights %s; repacked CPU copies %s",
 							runtime.FormatBytes(r.HostRSS), runtime.FormatBytes(m.WeightBytes()), runtime.FormatBytes(r.Repacked))
+						if lo, hi := m.RepackedExperts(); hi > 0 {
+							fmt.Fprintf(stderr, ", of MoE stacks the first %d-%d experts", lo, hi)
+						}
+						fmt.Fprint(stderr, ")")
 					}
 					fmt.Fprintln(stderr)
 				}
@@ -415,6 +422,7 @@ func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer
 			r.SplitLayers = int(math.Round(float64(st.Split.Layers) / batches))
 			r.SplitHostMs = float64(st.Split.Host.Microseconds()) / 1e3 / float64(st.Split.Layers)
 			r.SplitWaitMs = float64(st.Split.Wait.Microseconds()) / 1e3 / float64(st.Split.Layers)
+			r.SplitSlots = float64(st.Split.HostSlots) / float64(max(st.Split.Slots, 1))
 		}
 		if st := c.Stats(); st.DecodeSteps > 0 && c.Backend() == runtime.BackendHybrid {
 			r.DecodeCPUMs = float64(st.DecodeCPU.Microseconds()) / 1e3 / float64(st.DecodeSteps)

@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/atsinfer/ats/gguf"
 	"github.com/atsinfer/ats/ops"
@@ -24,7 +26,7 @@ import (
 // the time of each part.
 func BenchmarkMoEDecode(b *testing.B) {
 	const experts, topK, emb = 128, 8, 2048
-	program, inputs := moeBench(b)
+	program, inputs := moeBench(b, true)
 	threads := []int{1}
 	for _, t := range []int{2, ops.DefaultThreads()} {
 		if t > threads[len(threads)-1] {
@@ -65,11 +67,12 @@ func BenchmarkMoEDecode(b *testing.B) {
 // BenchmarkMoEPrefill times one MoE op of BenchmarkMoEDecode's shape over
 // a prompt batch (64 and 512 tokens; each expert gets about n/16 of them),
 // for 1, 2 and all threads: the batch path (moeGrouped) and the expert
-// loop it replaced (moeLoop, after the same routing).
+// loop it replaced (moeLoop, after the same routing), and the batch path
+// over stacks in the file's layout (not repacked).
 func BenchmarkMoEPrefill(b *testing.B) {
 	const emb = 2048
-	program, inputs := moeBench(b)
-	p := program(128)
+	packed, inputs := moeBench(b, true)
+	orig, _ := moeBench(b, false)
 	threads := []int{1}
 	for _, t := range []int{2, ops.DefaultThreads()} {
 		if t > threads[len(threads)-1] {
@@ -78,7 +81,11 @@ func BenchmarkMoEPrefill(b *testing.B) {
 	}
 	for _, n := range []int{64, 512} {
 		for _, threads := range threads {
-			for _, path := range []string{"grouped", "loop"} {
+			for _, path := range []string{"grouped", "loop", "grouped-orig", "quarter", "quarter-cold", "quarter-cold-idle"} {
+				p := packed(128)
+				if path == "grouped-orig" {
+					p = orig(128) // the file's layout, as a hybrid context runs the stacks it did not repack
+				}
 				b.Run(fmt.Sprintf("n%d/t%d/%s", n, threads, path), func(b *testing.B) {
 					pool := ops.NewPool(threads)
 					defer pool.Close()
@@ -90,12 +97,58 @@ func BenchmarkMoEPrefill(b *testing.B) {
 						copy(be.Buf(0)[t*emb:], inputs[t%64*emb:][:emb])
 					}
 					be.Run(0, 1, nil, n, 0, ir.OutputAll) // routes the batch
-					for b.Loop() {
-						if path == "loop" {
-							be.moeLoop(&p.Ops[0], n)
-						} else {
+					// The quarter path is MoEPartial over the first 32
+					// experts, as a prefill batch split with the GPU runs it.
+					op := &p.Ops[0]
+					ids, w := make([]int32, n*op.TopK), slices.Clone(be.moe.weight[:n*op.TopK])
+					host := 0
+					for i, e := range be.moe.choice[:n*op.TopK] {
+						ids[i] = int32(e)
+						if e < 32 {
+							host++
+						}
+					}
+					x, out := slices.Clone(be.Buf(0)[:n*emb]), make([]float32, n*emb)
+					// quarter-cold rotates over the quarters of five layers'
+					// stacks (1.7 GB), as a prefill batch meets each layer's
+					// experts once: their weights are not in the caches.
+					var cold []*ir.Op
+					if strings.HasPrefix(path, "quarter-cold") {
+						for range 5 {
+							more, _ := moeBench(b, true)
+							cold = append(cold, &more(128).Ops[0])
+						}
+					}
+					for i := 0; b.Loop(); i++ {
+						switch path {
+						case "loop":
+							be.moeLoop(op, n)
+						case "quarter":
+							if err := be.MoEPartial(op, n, 0, 32, x, ids, w, out); err != nil {
+								b.Fatal(err)
+							}
+						case "quarter-cold", "quarter-cold-idle":
+							if path == "quarter-cold-idle" {
+								// The CPU idles between layers' shares while
+								// the GPU computes, as in a split prefill.
+								b.StopTimer()
+								time.Sleep(5 * time.Millisecond)
+								b.StartTimer()
+							}
+							// The experts renumbered so the slots fall in the quarter.
+							q := i % 4
+							for j := range ids {
+								ids[j] = (ids[j] + 32) % 128
+							}
+							if err := be.MoEPartial(cold[i/4%len(cold)], n, 32*q, 32*q+32, x, ids, w, out); err != nil {
+								b.Fatal(err)
+							}
+						default:
 							be.Run(0, 1, nil, n, 0, ir.OutputAll)
 						}
+					}
+					if strings.HasPrefix(path, "quarter") {
+						b.ReportMetric(float64(host)/float64(len(ids)), "slot-share")
 					}
 					b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "tok/s")
 				})
@@ -106,7 +159,7 @@ func BenchmarkMoEPrefill(b *testing.B) {
 
 // moeBench makes BenchmarkMoEDecode's weights: program(ne) is the op over
 // the first ne experts; inputs are 64 rows.
-func moeBench(b *testing.B) (program func(ne int) *ir.Program, inputs []float32) {
+func moeBench(b *testing.B, repack bool) (program func(ne int) *ir.Program, inputs []float32) {
 	const experts, topK, emb, ff = 128, 8, 2048, 768
 	rng := rand.New(rand.NewPCG(1, 2))
 	stack := func(typ gguf.Type, rows, cols, n int) *ir.Weight {
@@ -132,7 +185,9 @@ func moeBench(b *testing.B) (program func(ne int) *ir.Program, inputs []float32)
 		if err != nil {
 			b.Fatal(err)
 		}
-		m, _ = m.Repack()
+		if repack {
+			m, _ = m.Repack()
+		}
 		w := &ir.Weight{Type: typ, Mat: m}
 		for e := range n {
 			w.Stack = append(w.Stack, m.Slice(e*rows, (e+1)*rows))

@@ -821,6 +821,12 @@ func (g *Exec) moeSplit(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *ma
 		return fmt.Errorf("the host's experts 0-%d: %w", ks-1, err)
 	}
 	sp.stats.Layers++
+	sp.stats.Slots += len(ids)
+	for _, e := range ids {
+		if int(e) < ks {
+			sp.stats.HostSlots++
+		}
+	}
 	sp.stats.Wait += t1.Sub(t0)
 	sp.stats.Host += time.Since(t1)
 	return d.moe.WeightedSumHost(s, out, m.down, m.weights, m.ids, sp.y.DevicePtr(), emb, k, n)

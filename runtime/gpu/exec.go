@@ -478,10 +478,14 @@ type HostMoE func(op *ir.Op, n, ks int, x []float32, ids []int32, weights []floa
 
 // SplitStats count the MoE layers split with the host so far: how many,
 // the host's time waiting for their routing, and its time computing its
-// share (while the GPU computes the rest and the copy stream streams).
+// share (while the GPU computes the rest and the copy stream streams);
+// the slots (token, expert) they routed, and how many the host's experts
+// took: its share of the work, which follows the routing, not the share
+// of the experts.
 type SplitStats struct {
-	Layers     int
-	Wait, Host time.Duration
+	Layers           int
+	Wait, Host       time.Duration
+	Slots, HostSlots int
 }
 
 // SplitStats reports the MoE layers split with the host so far.
