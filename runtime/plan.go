@@ -478,10 +478,11 @@ func prefillStreams(prof *plan.Profile, units []Unit, pl *Placement, b, size int
 // batches with the CPU (prefillStreams): a fraction (0.125) splits each
 // at that share of its experts, "auto" lets the planner choose the share
 // by its cost model. Unset or "0", nothing is split: on the GPU machine
-// (PCIe 5, 16 cores) the CPU's share of a 30B-A3B layer took twice its
-// share of the CPU's whole-layer time, and the layer's routing and sum
-// wait for it, so no share measured faster than streaming the whole
-// stack beyond the noise (docs/bench/hybrid.md, sixth pass).
+// (PCIe 5, 16 cores) the CPU's quarter of a 30B-A3B layer took 11-17 ms in
+// a hybrid context against 4-5 ms standalone (repacked experts, cold
+// weights), and the layer's routing and sum wait for it, so no share
+// measured faster than streaming the whole stack (docs/bench/hybrid.md,
+// sixth and seventh passes).
 const EnvMoESplit = "ATS_MOE_SPLIT"
 
 // moeSplitFractions are the shares of each streamed MoE layer's experts
