@@ -62,10 +62,12 @@ type benchResult struct {
 	SplitLayers int     `json:"split_layers,omitempty"`
 	SplitHostMs float64 `json:"split_host_ms,omitempty"`
 	// SplitSlots is the fraction of the split layers' routed slots the
-	// CPU's experts took.
-	SplitSlots  float64 `json:"split_slots,omitempty"`
-	SplitWaitMs float64 `json:"split_wait_ms,omitempty"`
-	modelPretty string
+	// CPU's experts took; SplitThreads how many threads were busy on
+	// average while the CPU computed its shares (0: not measured).
+	SplitSlots   float64 `json:"split_slots,omitempty"`
+	SplitThreads float64 `json:"split_threads,omitempty"`
+	SplitWaitMs  float64 `json:"split_wait_ms,omitempty"`
+	modelPretty  string
 }
 
 // benchOptions are the flags of `ats bench`.
@@ -221,6 +223,9 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 					}
 					if r.SplitLayers > 0 {
 						fmt.Fprintf(stderr, "; a batch splits %d MoE layers with the CPU, its share (%.1f%% of the routed slots) %.2f ms each after %.2f ms waiting for the routing", r.SplitLayers, 100*r.SplitSlots, r.SplitHostMs, r.SplitWaitMs)
+						if r.SplitThreads > 0 {
+							fmt.Fprintf(stderr, ", %.1f threads busy on it", r.SplitThreads)
+						}
 					}
 					if r.Promotion != "" && r.NGen > 0 {
 						fmt.Fprintf(stderr, "; %s", r.Promotion)
@@ -423,6 +428,9 @@ func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer
 			r.SplitHostMs = float64(st.Split.Host.Microseconds()) / 1e3 / float64(st.Split.Layers)
 			r.SplitWaitMs = float64(st.Split.Wait.Microseconds()) / 1e3 / float64(st.Split.Layers)
 			r.SplitSlots = float64(st.Split.HostSlots) / float64(max(st.Split.Slots, 1))
+			if st.Split.Host > 0 {
+				r.SplitThreads = st.Split.HostCPU.Seconds() / st.Split.Host.Seconds()
+			}
 		}
 		if st := c.Stats(); st.DecodeSteps > 0 && c.Backend() == runtime.BackendHybrid {
 			r.DecodeCPUMs = float64(st.DecodeCPU.Microseconds()) / 1e3 / float64(st.DecodeSteps)

@@ -812,7 +812,7 @@ func (g *Exec) moeSplit(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *ma
 	if err := sp.ready.Synchronize(); err != nil {
 		return fmt.Errorf("waiting for the routing of the host's experts: %w", err)
 	}
-	t1 := time.Now()
+	t1, cpu0 := time.Now(), processCPUTime()
 	x := unsafe.Slice((*float32)(sp.x.Pointer()), n*emb)
 	y := unsafe.Slice((*float32)(sp.y.Pointer()), n*emb)
 	ids := unsafe.Slice((*int32)(sp.ids.Pointer()), n*k)
@@ -829,6 +829,7 @@ func (g *Exec) moeSplit(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *ma
 	}
 	sp.stats.Wait += t1.Sub(t0)
 	sp.stats.Host += time.Since(t1)
+	sp.stats.HostCPU += processCPUTime() - cpu0
 	return d.moe.WeightedSumHost(s, out, m.down, m.weights, m.ids, sp.y.DevicePtr(), emb, k, n)
 }
 
