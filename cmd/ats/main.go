@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"runtime/trace"
 
 	"github.com/spf13/cobra"
 )
@@ -56,7 +57,27 @@ func runExits() {
 // command to (for `go tool pprof`): how a run spends its CPU time.
 const EnvCPUProfile = "ATS_CPUPROFILE"
 
+// EnvGoTrace names a file to write a Go execution trace of the whole
+// command to (for `go tool trace`): which goroutines ran on which threads
+// when, where a CPU profile only says what the CPU time went to (the CPU's
+// share of a split MoE layer kept a quarter of the pool busy in a hybrid
+// context; docs/bench/hybrid.md).
+const EnvGoTrace = "ATS_GOTRACE"
+
 func main() {
+	if path := os.Getenv(EnvGoTrace); path != "" {
+		f, err := os.Create(path)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "ats:", EnvGoTrace+":", err)
+			os.Exit(1)
+		}
+		if err := trace.Start(f); err != nil {
+			fmt.Fprintln(os.Stderr, "ats:", EnvGoTrace+":", err)
+			os.Exit(1)
+		}
+		defer f.Close()
+		defer trace.Stop()
+	}
 	if path := os.Getenv(EnvCPUProfile); path != "" {
 		f, err := os.Create(path)
 		if err != nil {
@@ -76,6 +97,7 @@ func main() {
 	runExits()
 	if err != nil {
 		pprof.StopCPUProfile()
+		trace.Stop() // os.Exit skips the deferred stops
 		var status exitStatus
 		if errors.As(err, &status) {
 			os.Exit(int(status))
