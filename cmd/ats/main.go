@@ -5,6 +5,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"runtime/pprof"
 	"runtime/trace"
@@ -64,40 +65,43 @@ const EnvCPUProfile = "ATS_CPUPROFILE"
 // context; docs/bench/hybrid.md).
 const EnvGoTrace = "ATS_GOTRACE"
 
+// recordTo starts a recording of the whole command (start: a CPU profile,
+// an execution trace) into the file that environment variable env names,
+// if it names one; the function it returns stops the recording and closes
+// the file.
+func recordTo(env string, start func(io.Writer) error, stop func()) func() {
+	path := os.Getenv(env)
+	if path == "" {
+		return func() {}
+	}
+	f, err := os.Create(path)
+	if err == nil {
+		if err = start(f); err != nil {
+			f.Close()
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "ats:", env+":", err)
+		os.Exit(1)
+	}
+	return func() {
+		stop()
+		if err := f.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "ats:", env+":", err)
+		}
+	}
+}
+
 func main() {
-	if path := os.Getenv(EnvGoTrace); path != "" {
-		f, err := os.Create(path)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "ats:", EnvGoTrace+":", err)
-			os.Exit(1)
-		}
-		if err := trace.Start(f); err != nil {
-			fmt.Fprintln(os.Stderr, "ats:", EnvGoTrace+":", err)
-			os.Exit(1)
-		}
-		defer f.Close()
-		defer trace.Stop()
-	}
-	if path := os.Getenv(EnvCPUProfile); path != "" {
-		f, err := os.Create(path)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "ats:", EnvCPUProfile+":", err)
-			os.Exit(1)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			fmt.Fprintln(os.Stderr, "ats:", EnvCPUProfile+":", err)
-			os.Exit(1)
-		}
-		defer f.Close()
-		defer pprof.StopCPUProfile()
-	}
+	endTrace := recordTo(EnvGoTrace, trace.Start, trace.Stop)
+	endProfile := recordTo(EnvCPUProfile, pprof.StartCPUProfile, pprof.StopCPUProfile)
 	root := newRootCmd()
 	root.SetArgs(llamaSpellings(os.Args[1:]))
 	err := root.Execute()
 	runExits()
+	endProfile()
+	endTrace()
 	if err != nil {
-		pprof.StopCPUProfile()
-		trace.Stop() // os.Exit skips the deferred stops
 		var status exitStatus
 		if errors.As(err, &status) {
 			os.Exit(int(status))
