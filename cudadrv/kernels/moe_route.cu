@@ -106,10 +106,16 @@ extern "C" __global__ void moe_route(const float *logits, int ne, int k, int nor
     }
 }
 
-// moe_weighted_sum: out[t][d] = Σ_j y[t][j][d] * w[t][j], j = 0..k-1 in
-// order, each product rounded before the add as the CPU computes it.
-// y is [nTok][k][width]; grid-stride over nTok*width.
+// moe_weighted_sum: out[t][d] = host[t][d] + Σ_j y[t][j][d] * w[t][j] over
+// the slots j = 0..k-1, in order, whose id is not -1, each product rounded
+// before its add as the CPU computes it. y is [nTok][k][width]. ids
+// ([nTok][k]) and host ([nTok][width], mapped host memory: the host's
+// partial sum of the experts it computed after moe_split) may be null:
+// without ids every slot counts, without host the sum starts from the
+// first slot's product, not from +0 (so a lone -0 product stays -0).
+// Grid-stride over nTok*width.
 extern "C" __global__ void moe_weighted_sum(float *out, const float *y, const float *w,
+                                            const int *ids, const float *host,
                                             int width, int k, int nTok)
 {
     PDL_ENTRY();
@@ -119,9 +125,15 @@ extern "C" __global__ void moe_weighted_sum(float *out, const float *y, const fl
         const long long t = i / width, d = i % width;
         const float *yt = y + t * k * width + d;
         const float *wt = w + t * k;
-        float acc = __fmul_rn(yt[0], wt[0]);
-        for (int j = 1; j < k; j++)
-            acc = __fadd_rn(acc, __fmul_rn(yt[(long long)j * width], wt[j]));
+        bool empty = host == nullptr;
+        float acc = empty ? 0.0f : host[i];
+        for (int j = 0; j < k; j++) {
+            if (ids != nullptr && ids[t * k + j] < 0)
+                continue;
+            const float p = __fmul_rn(yt[(long long)j * width], wt[j]);
+            acc = empty ? p : __fadd_rn(acc, p);
+            empty = false;
+        }
         out[i] = acc;
     }
 }
@@ -131,7 +143,7 @@ extern "C" __global__ void moe_weighted_sum(float *out, const float *y, const fl
 // split between the CPU and the GPU). Every slot's id and weight are
 // copied to hids and hw (mapped host memory) for the host; on the device
 // the ids of the host's slots become -1, which the expert products drop
-// (moe_group, the matvec path) and moe_weighted_sum_host skips.
+// (moe_group, the matvec path) and moe_weighted_sum skips.
 // One thread per slot.
 extern "C" __global__ void moe_split(int *ids, const float *w, int ks, int nslots,
                                      int *hids, float *hw)
@@ -145,28 +157,4 @@ extern "C" __global__ void moe_split(int *ids, const float *w, int ks, int nslot
     hw[i] = w[i];
     if (e < ks)
         ids[i] = -1;
-}
-
-// moe_weighted_sum_host: out[t][d] = host[t][d] + Σ_j y[t][j][d] * w[t][j]
-// over the slots j (in order) whose id is not -1: the host's partial sum
-// of its experts (host: mapped host memory, [nTok][width]) plus the
-// device's slots, each product rounded before its add.
-extern "C" __global__ void moe_weighted_sum_host(float *out, const float *y, const float *w,
-                                                 const int *ids, const float *host,
-                                                 int width, int k, int nTok)
-{
-    PDL_ENTRY();
-    const long long n = (long long)nTok * width;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const long long t = i / width, d = i % width;
-        const float *yt = y + t * k * width + d;
-        const float *wt = w + t * k;
-        const int *it = ids + t * k;
-        float acc = host[i];
-        for (int j = 0; j < k; j++)
-            if (it[j] >= 0)
-                acc = __fadd_rn(acc, __fmul_rn(yt[(long long)j * width], wt[j]));
-        out[i] = acc;
-    }
 }

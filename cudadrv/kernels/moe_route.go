@@ -13,7 +13,6 @@ type MoERoute struct {
 	route       *cudadrv.Function
 	weightedSum *cudadrv.Function
 	split       *cudadrv.Function
-	sumHost     *cudadrv.Function
 }
 
 // NewMoERoute prepares moe_route.cu's kernels for the context's device; the
@@ -21,10 +20,9 @@ type MoERoute struct {
 func NewMoERoute(ctx *cudadrv.Context) (*MoERoute, error) {
 	k := &MoERoute{}
 	err := k.prepareLookup(ctx, "moe_route", map[string]**cudadrv.Function{
-		"moe_route":             &k.route,
-		"moe_weighted_sum":      &k.weightedSum,
-		"moe_split":             &k.split,
-		"moe_weighted_sum_host": &k.sumHost,
+		"moe_route":        &k.route,
+		"moe_weighted_sum": &k.weightedSum,
+		"moe_split":        &k.split,
 	})
 	if err != nil {
 		return nil, err
@@ -70,16 +68,7 @@ func (k *MoERoute) Route(s *cudadrv.Stream, logits cudadrv.DevicePtr, ne, topK i
 // WeightedSum queues out[t] = Σ_j y[t][j] * w[t][j] over the topK slots in
 // order: y is [nTok][topK][width], w [nTok][topK], out [nTok][width].
 func (k *MoERoute) WeightedSum(s *cudadrv.Stream, out, y, w cudadrv.DevicePtr, width, topK, nTok int) error {
-	n := width * nTok
-	if n == 0 {
-		return nil
-	}
-	if err := k.ready(); err != nil {
-		return err
-	}
-	return launch(k.weightedSum, s, grid1(n, 256), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
-		a.Ptr(out).Ptr(y).Ptr(w).I32(int32(width)).I32(int32(topK)).I32(int32(nTok))
-	})
+	return k.WeightedSumHost(s, out, y, w, 0, 0, width, topK, nTok)
 }
 
 // Split queues the hand-over of an MoE layer's slots to the host: every
@@ -103,7 +92,8 @@ func (k *MoERoute) Split(s *cudadrv.Stream, ids, weights cudadrv.DevicePtr, ks, 
 // WeightedSumHost queues out[t] = host[t] + Σ_j y[t][j] * w[t][j] over the
 // slots j, in order, whose id (ids: [nTok][topK]) is not -1: the host's
 // partial sum of the experts it computed (host: [nTok][width], mapped host
-// memory) plus the device's slots (after Split).
+// memory) plus the device's slots (after Split). ids and host may be 0:
+// every slot counts, and the sum starts from the first product.
 func (k *MoERoute) WeightedSumHost(s *cudadrv.Stream, out, y, w, ids, host cudadrv.DevicePtr, width, topK, nTok int) error {
 	n := width * nTok
 	if n == 0 {
@@ -112,7 +102,7 @@ func (k *MoERoute) WeightedSumHost(s *cudadrv.Stream, out, y, w, ids, host cudad
 	if err := k.ready(); err != nil {
 		return err
 	}
-	return launch(k.sumHost, s, grid1(n, 256), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
+	return launch(k.weightedSum, s, grid1(n, 256), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
 		a.Ptr(out).Ptr(y).Ptr(w).Ptr(ids).Ptr(host).I32(int32(width)).I32(int32(topK)).I32(int32(nTok))
 	})
 }
