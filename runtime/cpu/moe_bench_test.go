@@ -68,7 +68,9 @@ func BenchmarkMoEDecode(b *testing.B) {
 // a prompt batch (64 and 512 tokens; each expert gets about n/16 of them),
 // for 1, 2 and all threads: the batch path (moeGrouped) and the expert
 // loop it replaced (moeLoop, after the same routing), and the batch path
-// over stacks in the file's layout (not repacked).
+// over stacks in the file's layout (not repacked); and the CPU's quarter
+// of a split layer (MoEPartial), with the routing even or skewed, the
+// weights hot or cold.
 func BenchmarkMoEPrefill(b *testing.B) {
 	const emb = 2048
 	packed, inputs := moeBench(b, true)
@@ -81,7 +83,7 @@ func BenchmarkMoEPrefill(b *testing.B) {
 	}
 	for _, n := range []int{64, 512} {
 		for _, threads := range threads {
-			for _, path := range []string{"grouped", "loop", "grouped-orig", "quarter", "quarter-cold", "quarter-cold-idle"} {
+			for _, path := range []string{"grouped", "loop", "grouped-orig", "quarter", "quarter-skewed", "quarter-cold", "quarter-cold-idle"} {
 				p := packed(128)
 				if path == "grouped-orig" {
 					p = orig(128) // the file's layout, as a hybrid context runs the stacks it did not repack
@@ -108,6 +110,16 @@ func BenchmarkMoEPrefill(b *testing.B) {
 							host++
 						}
 					}
+					if path == "quarter-skewed" {
+						// The quarter's slots on Zipf-distributed experts: a
+						// few take most of them, as trained routers often do.
+						z := rand.NewZipf(rand.New(rand.NewPCG(5, 6)), 1.3, 1, 31)
+						for i := range ids {
+							if ids[i] < 32 {
+								ids[i] = int32(z.Uint64())
+							}
+						}
+					}
 					x, out := slices.Clone(be.Buf(0)[:n*emb]), make([]float32, n*emb)
 					// quarter-cold rotates over the quarters of five layers'
 					// stacks (1.7 GB), as a prefill batch meets each layer's
@@ -123,7 +135,7 @@ func BenchmarkMoEPrefill(b *testing.B) {
 						switch path {
 						case "loop":
 							be.moeLoop(op, n)
-						case "quarter":
+						case "quarter", "quarter-skewed":
 							if err := be.MoEPartial(op, n, 0, 32, x, ids, w, out); err != nil {
 								b.Fatal(err)
 							}

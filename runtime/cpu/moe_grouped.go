@@ -2,6 +2,7 @@ package cpu
 
 import (
 	"fmt"
+	"sort"
 
 	"github.com/atsinfer/ats/ops"
 	"github.com/atsinfer/ats/runtime/ir"
@@ -81,14 +82,20 @@ func (b *Backend) moeGroupedRange(op *ir.Op, n int, x []float32, out func(t int)
 
 	// Gate and up: expert e's units are its gate's row groups [0, g),
 	// then its up's [g, 2g), each over the expert's rows; the units of
-	// the range's experts are numbered from e0's.
+	// the range's experts are numbered from e0's, and handed out by their
+	// cost (expertCosts).
 	g := (ff + rg - 1) / rg
 	for e := e0; e < e1; e++ {
 		s.expertLeft[e].Store(int32(2 * g))
 	}
 	minUnits := max(1, moeChunkBytes/(rg*gate0.Kernel.RowBytes(emb)))
-	b.pool.RunChunks((e1-e0)*2*g, minUnits, func(lo, hi int) {
-		lo, hi = lo+e0*2*g, hi+e0*2*g
+	costs := expertCosts{per: 2 * g, cum: s.cum[:e1-e0+1]}
+	costs.weigh(start[e0 : e1+1])
+	b.pool.RunChunks(costs.total(), minUnits*costs.mean(), func(lo, hi int) {
+		lo, hi = costs.unit(lo)+e0*2*g, costs.unit(hi)+e0*2*g
+		if lo == hi {
+			return // an expert's countdown must not see an empty chunk
+		}
 		for e := lo / (2 * g); e*2*g < hi; e++ {
 			r0, r1 := start[e], start[e+1]
 			if r0 == r1 {
@@ -120,8 +127,13 @@ func (b *Backend) moeGroupedRange(op *ir.Op, n int, x []float32, out func(t int)
 	gd := (emb + rg - 1) / rg
 	down := s.results[:slots*emb]
 	minUnits = max(1, moeChunkBytes/(rg*down0.Kernel.RowBytes(ff)))
-	b.pool.RunChunks((e1-e0)*gd, minUnits, func(lo, hi int) {
-		lo, hi = lo+e0*gd, hi+e0*gd
+	costs = expertCosts{per: gd, cum: s.cum[:e1-e0+1]}
+	costs.weigh(start[e0 : e1+1])
+	b.pool.RunChunks(costs.total(), minUnits*costs.mean(), func(lo, hi int) {
+		lo, hi = costs.unit(lo)+e0*gd, costs.unit(hi)+e0*gd
+		if lo == hi {
+			return
+		}
 		for e := lo / gd; e*gd < hi; e++ {
 			r0, r1 := start[e], start[e+1]
 			if r0 == r1 {
@@ -180,4 +192,64 @@ func (b *Backend) MoEPartial(op *ir.Op, n, e0, e1 int, x []float32, ids []int32,
 	copy(s.weight, weights[:n*k])
 	b.moeGroupedRange(op, n, x[:n*emb], func(t int) []float32 { return out[t*emb : (t+1)*emb] }, e0, e1)
 	return nil
+}
+
+// expertCosts weighs the units of a range of experts by their work, so
+// that the pool's guided chunks (RunChunks, over the costs) split the
+// work evenly, not the unit count: each of an expert's per units (row
+// groups) costs its rows (the tokens routed to it) plus unitOverhead (the
+// unit's weights to read), and nothing when no token chose it. Routing is
+// rarely even: when a few experts take many of a batch's tokens, chunks by
+// unit count left a thread on a hot expert's big first chunk for
+// milliseconds while the others waited (the CPU's quarter of a split
+// 30B-A3B layer took 11.5 ms with 5 threads busy on average, against 4-5
+// ms with even routing; docs/bench/hybrid.md, eighth pass).
+type expertCosts struct {
+	per  int   // units per expert
+	cum  []int // cum[i]: the cost of the units of the range's first i experts
+	paid int   // the units that cost something
+}
+
+// unitOverhead is a unit's cost beyond its rows, in rows: reading a row
+// group's weights takes about as long as multiplying them by eight
+// activation rows.
+const unitOverhead = 8
+
+// weigh sets the costs from the experts' first rows (start: the counting
+// sort's, one more than the experts).
+func (c *expertCosts) weigh(start []int) {
+	c.cum[0], c.paid = 0, 0
+	for i := range len(start) - 1 {
+		unit := 0
+		if rows := start[i+1] - start[i]; rows > 0 {
+			unit = rows + unitOverhead
+			c.paid += c.per
+		}
+		c.cum[i+1] = c.cum[i] + c.per*unit
+	}
+}
+
+// total is the cost of every unit.
+func (c *expertCosts) total() int { return c.cum[len(c.cum)-1] }
+
+// mean is the mean cost of the units that cost something (at least 1):
+// a chunk of m units' worth of the work is m*mean.
+func (c *expertCosts) mean() int { return max(1, c.total()/max(1, c.paid)) }
+
+// unit is the first unit (counting from the range's first) that starts at
+// or after cost x, and the count of units from x = total() on: the
+// chunks [x, y) of costs cover each unit once, as [unit(x), unit(y)).
+// Units that cost nothing fall into a neighbouring chunk.
+func (c *expertCosts) unit(x int) int {
+	n := len(c.cum) - 1
+	if x <= 0 {
+		return 0
+	}
+	if x >= c.total() {
+		return n * c.per
+	}
+	// The expert whose units span x: cum[i] <= x < cum[i+1].
+	i := sort.Search(n, func(i int) bool { return c.cum[i+1] > x })
+	each := (c.cum[i+1] - c.cum[i]) / c.per
+	return i*c.per + (x-c.cum[i]+each-1)/each
 }

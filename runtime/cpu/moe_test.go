@@ -321,3 +321,122 @@ func TestMoEPartialSplitsTheLayer(t *testing.T) {
 		t.Error("a slot routed past the stack was taken")
 	}
 }
+
+// TestExpertCostsCoverEachUnitOnce: however the costs are cut into chunks,
+// the chunks' units [unit(lo), unit(hi)) cover every unit once, in order,
+// and a chunk's units cost about what the chunk spans (the guided chunks
+// balance the work, not the unit count); experts no token chose, first,
+// last or between, cost nothing.
+func TestExpertCostsCoverEachUnitOnce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for trial := range 200 {
+		ne, per := 1+rng.IntN(12), 1+rng.IntN(9)
+		start := make([]int, ne+1)
+		for e := range ne {
+			rows := 0
+			if rng.IntN(3) > 0 {
+				rows = rng.IntN(40)
+				if rng.IntN(6) == 0 {
+					rows = 300 + rng.IntN(200) // a hot expert
+				}
+			}
+			start[e+1] = start[e] + rows
+		}
+		c := expertCosts{per: per, cum: make([]int, ne+1)}
+		c.weigh(start)
+		costOf := func(u int) int {
+			rows := start[u/per+1] - start[u/per]
+			if rows == 0 {
+				return 0
+			}
+			return rows + unitOverhead
+		}
+		want := 0
+		for u := range ne * per {
+			want += costOf(u)
+		}
+		if c.total() > 0 && c.mean() < unitOverhead {
+			t.Fatalf("trial %d: mean unit cost %d below the overhead", trial, c.mean())
+		}
+		if c.total() != want {
+			t.Fatalf("trial %d: total %d, want %d", trial, c.total(), want)
+		}
+		seen := make([]int, ne*per)
+		for x := 0; x < c.total(); {
+			y := min(c.total(), x+1+rng.IntN(3*per*(unitOverhead+40)))
+			lo, hi := c.unit(x), c.unit(y)
+			if lo > hi {
+				t.Fatalf("trial %d: chunk [%d, %d) gives units [%d, %d)", trial, x, y, lo, hi)
+			}
+			spent := 0
+			for u := lo; u < hi; u++ {
+				seen[u]++
+				spent += costOf(u)
+			}
+			// A chunk's units cost what it spans, give or take a unit at each end.
+			if slack := 2 * (500 + unitOverhead); spent > y-x+slack || spent < y-x-slack {
+				t.Fatalf("trial %d: chunk [%d, %d) of cost %d took units of cost %d", trial, x, y, y-x, spent)
+			}
+			x = y
+		}
+		if c.unit(0) != 0 && costOf(0) != 0 {
+			t.Fatalf("trial %d: unit(0) = %d", trial, c.unit(0))
+		}
+		for u, n := range seen {
+			if n > 1 || (n == 0 && costOf(u) > 0) {
+				t.Fatalf("trial %d: unit %d (expert %d, cost %d) taken %d times", trial, u, u/per, costOf(u), n)
+			}
+		}
+	}
+}
+
+// TestMoEPartialSkewedRouting: with most slots on two experts (the
+// chunks are then cut by cost, not by unit count), every thread count
+// computes the same rows bit for bit, and each row is its slots' sum.
+func TestMoEPartialSkewedRouting(t *testing.T) {
+	f, h := openTinyMoE(t)
+	p, _, _ := moeProgram(t, f, h, 0, h.NExpertUsed)
+	op, k, emb, ne := &p.Ops[0], h.NExpertUsed, h.NEmbd, h.NExpert
+	const n = 48
+	rng := rand.New(rand.NewPCG(9, 10))
+	x := make([]float32, n*emb)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	ids, w := make([]int32, n*k), make([]float32, n*k)
+	for i := range ids {
+		ids[i] = int32(rng.IntN(ne))
+		if rng.IntN(4) > 0 {
+			ids[i] = int32(i % k % 2) // three slots in four on experts 0 and 1
+		}
+		w[i] = rng.Float32()
+	}
+	var first []float32
+	for _, threads := range []int{1, 3, 8} {
+		pool := ops.NewPool(threads)
+		be, err := New(p, pool, Options{Batch: n, CtxSize: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := make([]float32, n*emb)
+		for i := range out {
+			out[i] = float32(math.NaN())
+		}
+		if err := be.MoEPartial(op, n, 0, ne, x, ids, w, out); err != nil {
+			t.Fatal(err)
+		}
+		pool.Close()
+		if first == nil {
+			first = out
+			for i, v := range out {
+				if math.IsNaN(float64(v)) {
+					t.Fatalf("row %d not written", i/emb)
+				}
+			}
+			continue
+		}
+		if !slices.Equal(out, first) {
+			t.Errorf("%d threads differ from one", threads)
+		}
+	}
+}

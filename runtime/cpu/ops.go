@@ -182,6 +182,7 @@ type moeScratch struct {
 	// counting sort's cursors; groupAct the rows' quantized inputs.
 	start, pos, next []int
 	groupAct         []byte
+	cum              []int          // [nExpert+1] expertCosts' sums
 	expertLeft       []atomic.Int32 // per expert, its gate and up row groups not yet computed
 	// moeSlots' countdowns: per slot, the row groups of its gate and up
 	// products not yet computed; per moeSumRows rows of the output, the
@@ -350,7 +351,7 @@ func (s *moeScratch) grow(batch int, op *ir.Op) {
 	}
 	{ // moeGrouped's, also for small batches: MoEPartial takes any batch
 		if len(s.start) < ne+1 {
-			s.start, s.next = make([]int, ne+1), make([]int, ne)
+			s.start, s.next, s.cum = make([]int, ne+1), make([]int, ne), make([]int, ne+1)
 			s.expertLeft = make([]atomic.Int32, ne)
 		}
 		if len(s.pos) < batch*k {
