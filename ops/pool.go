@@ -33,6 +33,9 @@ type Pool struct {
 	wg   sync.WaitGroup
 	quit atomic.Bool
 	done chan struct{} // buffered 1: the last chunk's finisher wakes a blocked Run
+	// spinUntil (Unix nanoseconds) keeps idle workers spinning past
+	// spinFor, up to then (Expect).
+	spinUntil atomic.Int64
 }
 
 // poolJob is one Run over [0, n): a thread claims [next, next+size) (or a
@@ -114,6 +117,9 @@ func (p *Pool) work(w *poolWorker) {
 // then parked until Run wakes it.
 func (p *Pool) waitJob(w *poolWorker, seen *poolJob) *poolJob {
 	deadline := time.Now().Add(spinFor)
+	if until := time.Unix(0, p.spinUntil.Load()); until.After(deadline) {
+		deadline = until
+	}
 	for i := 0; ; i++ {
 		if j := p.cur.Load(); j != seen {
 			return j
@@ -133,6 +139,27 @@ func (p *Pool) waitJob(w *poolWorker, seen *poolJob) *poolJob {
 	}
 	<-w.wake
 	return p.cur.Load()
+}
+
+// Expect tells the pool that work comes within d: the parked workers wake
+// now, and every idle worker spins until then rather than parking, so the
+// next Run finds them all running. For a caller that knows it waits before
+// its next Run for something else (a split prefill's CPU share, for the
+// GPU's routing of the layer): parked workers wake one after another as
+// the Go scheduler finds each an idle thread, and on the GPU machine's
+// virtual CPUs that took 0.3 to 1.7 ms for the sixteenth, a fifth of the
+// share's time (docs/bench/hybrid.md, eighth pass). The spinning costs
+// CPU time the machine is not otherwise using then.
+func (p *Pool) Expect(d time.Duration) {
+	if p == nil || p.n == 1 {
+		return
+	}
+	p.spinUntil.Store(time.Now().Add(d).UnixNano())
+	for _, w := range p.workers {
+		if w.state.Load() == workerParked && w.state.CompareAndSwap(workerParked, workerSpinning) {
+			w.wake <- struct{}{}
+		}
+	}
 }
 
 // help claims and runs chunks of j until none are left. A guided job hands

@@ -3,6 +3,7 @@ package ops
 import (
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestRunChunksGuided: every item once, chunks of at least size items
@@ -54,6 +55,68 @@ func TestPoolBlocksOnLateHelper(t *testing.T) {
 		})
 		if sum.Load() != 200000 {
 			t.Fatalf("rep %d: Run returned before its chunks finished (%d)", rep, sum.Load())
+		}
+	}
+}
+
+// TestPoolExpect: Expect wakes the parked workers, which then spin (not
+// park) until its deadline, and Runs before, during and after it compute
+// every item once; on a nil or one-thread pool it does nothing.
+func TestPoolExpect(t *testing.T) {
+	var none *Pool
+	none.Expect(time.Millisecond)
+	one := NewPool(1)
+	one.Expect(time.Millisecond)
+	one.Close()
+
+	p := NewPool(4)
+	defer p.Close()
+	run := func() {
+		hits := make([]int32, 1000)
+		p.RunChunks(len(hits), 7, func(lo, hi int) {
+			for i := lo; i < hi; i++ {
+				atomic.AddInt32(&hits[i], 1)
+			}
+		})
+		for i, h := range hits {
+			if h != 1 {
+				t.Fatalf("item %d run %d times", i, h)
+			}
+		}
+	}
+	parked := func() int {
+		n := 0
+		for _, w := range p.workers {
+			if w.state.Load() == workerParked {
+				n++
+			}
+		}
+		return n
+	}
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); !cond(); {
+			if time.Now().After(deadline) {
+				t.Fatalf("waited 5 s for %s", what)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for rep := range 5 {
+		run()
+		waitFor("the workers to park", func() bool { return parked() == len(p.workers) })
+		p.Expect(200 * time.Millisecond)
+		if n := parked(); n != 0 {
+			t.Fatalf("rep %d: %d workers still parked after Expect", rep, n)
+		}
+		time.Sleep(20 * time.Millisecond) // past spinFor, within the expectation
+		if n := parked(); n != 0 {
+			t.Errorf("rep %d: %d workers parked within the expectation", rep, n)
+		}
+		run()
+		if rep == 4 {
+			p.Expect(0) // an expectation that has passed: they park as usual
+			waitFor("the workers to park after a passed expectation", func() bool { return parked() == len(p.workers) })
 		}
 	}
 }

@@ -256,10 +256,13 @@ func (c *Context) init() error {
 		return err
 	}
 	if c.gpu != nil {
-		// The CPU's share of MoE layers split with the GPU (prefill).
+		// The CPU's share of MoE layers split with the GPU (prefill); the
+		// pool's workers spin from when a split is queued, through the
+		// wait for its routing (about 1 ms, rarely over 3 on the GPU
+		// machine), so that the share starts on every thread at once.
 		c.gpu.SetHostMoE(func(op *ir.Op, n, ks int, x []float32, ids []int32, w []float32, out []float32) error {
 			return c.cpu.MoEPartial(op, n, 0, ks, x, ids, w, out)
-		})
+		}, func() { c.pool.Expect(splitRoutingWait) })
 	}
 	for _, s := range scheds {
 		if err := c.compile(s, hostOf); err != nil {
@@ -273,6 +276,11 @@ func (c *Context) init() error {
 	}
 	return nil
 }
+
+// splitRoutingWait bounds how long the pool's workers spin for the CPU's
+// share of a split MoE layer (ops.Pool.Expect): past it they park, as
+// they would anyway.
+const splitRoutingWait = 5 * time.Millisecond
 
 // crossingBuffers marks the buffers some schedule moves between backends:
 // the CPU backend keeps those in mapped pinned memory.

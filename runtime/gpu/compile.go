@@ -808,6 +808,9 @@ func (g *Exec) moeSplit(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *ma
 	if err := g.moeExperts(s, gate, up, down, in, n, k, ff); err != nil {
 		return err
 	}
+	if g.hostExpect != nil {
+		g.hostExpect()
+	}
 	t0 := time.Now()
 	if err := sp.ready.Synchronize(); err != nil {
 		return fmt.Errorf("waiting for the routing of the host's experts: %w", err)

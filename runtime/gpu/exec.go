@@ -83,6 +83,8 @@ type Exec struct {
 		stats              SplitStats
 	}
 	hostMoE HostMoE
+	// hostExpect readies the host for a split layer's share (SetHostMoE).
+	hostExpect func()
 
 	routeInspector RouteInspector // InspectRoutes; nil outside tests
 	capturing      bool           // a decode graph is being captured (capture)
@@ -493,8 +495,11 @@ type SplitStats struct {
 // SplitStats reports the MoE layers split with the host so far.
 func (g *Exec) SplitStats() SplitStats { return g.split.stats }
 
-// SetHostMoE sets what computes the host's share of split MoE layers.
-func (g *Exec) SetHostMoE(f HostMoE) { g.hostMoE = f }
+// SetHostMoE sets what computes the host's share of split MoE layers, and
+// expect (nil: nothing), called when a layer's split is queued, before the
+// host waits for the GPU's routing of it: the host's threads get ready
+// for the share meanwhile.
+func (g *Exec) SetHostMoE(f HostMoE, expect func()) { g.hostMoE, g.hostExpect = f, expect }
 
 // Segment is a compiled SegmentSpec.
 type Segment struct {
