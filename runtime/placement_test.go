@@ -415,11 +415,12 @@ func TestPrefillStreamsUseTheCPUWhileTheLinkRuns(t *testing.T) {
 	}
 }
 
-// With a weight path that splits MoE layers and ATS_MOE_SPLIT=auto, the
-// same link-bound batch with the smallest ring (where whole stacks on the
-// CPU do not pay) splits every streamed stack: the CPU computes a share of
-// its experts while the link brings the rest, and the batch is predicted
-// faster than without. Unset, nothing is split; a fraction fixes the share.
+// With a weight path that splits MoE layers (ATS_MOE_SPLIT unset or
+// auto), the same link-bound batch with the smallest ring (where whole
+// stacks on the CPU do not pay) splits every streamed stack: the CPU
+// computes a share of its experts while the link brings the rest, and the
+// batch is predicted faster than without. "0" splits nothing; a fraction
+// fixes the share; a path that cannot split never does.
 func TestPrefillStreamsSplitMoELayers(t *testing.T) {
 	m := openOracle(t, "tiny-qwen3moe-q4_k_m")
 	units := programUnits(m.Prog, 64, nil)
@@ -429,13 +430,24 @@ func TestPrefillStreamsSplitMoELayers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, split, _, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, true); err != nil || split != nil {
-		t.Errorf("split %v (%v) by default, want none until %s asks", split, err, EnvMoESplit)
+	if _, split, _, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, false); err != nil || split != nil {
+		t.Errorf("split %v (%v) on a path that cannot split", split, err)
+	}
+	t.Setenv(EnvMoESplit, "")
+	byDefault, splitByDefault, _, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, true)
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Setenv(EnvMoESplit, "auto")
 	stream, split, secs, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, true)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if d := cmp.Diff(byDefault, stream); d != "" {
+		t.Errorf("streamed units by default and with auto (-default +auto):\n%s", d)
+	}
+	if d := cmp.Diff(splitByDefault, split); d != "" {
+		t.Errorf("split units by default and with auto (-default +auto):\n%s", d)
 	}
 	on := map[string]bool{}
 	for _, n := range stream {

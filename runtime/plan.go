@@ -474,27 +474,28 @@ func prefillStreams(prof *plan.Profile, units []Unit, pl *Placement, b, size int
 	return stream, split, best.Time, nil
 }
 
-// EnvMoESplit turns on splitting the streamed MoE layers of prefill
-// batches with the CPU (prefillStreams): a fraction (0.125) splits each
-// at that share of its experts, "auto" lets the planner choose the share
-// by its cost model. Unset or "0", nothing is split: on the GPU machine
-// (PCIe 5, 16 cores) the CPU's quarter of a 30B-A3B layer took 11-17 ms in
-// a hybrid context against 4-5 ms standalone (repacked experts, cold
-// weights), and the layer's routing and sum wait for it, so no share
-// measured faster than streaming the whole stack (docs/bench/hybrid.md,
-// sixth and seventh passes).
+// EnvMoESplit sets how the streamed MoE layers of prefill batches are
+// split with the CPU (prefillStreams). Unset or "auto", the planner tries
+// giving the CPU shares of each layer's experts up to three eighths and
+// keeps the split its cost model finds fastest, none when none pays; a
+// fraction (0.125) splits every layer at that share; "0" splits nothing.
+// On the GPU machine the 30B-A3B at 6 GiB runs pp512 about 1.2 times,
+// pp256 1.6 times as fast split (docs/bench/hybrid.md, eighth pass). It
+// was off until the CPU's share ran at its standalone speed: its chunks
+// were cut by unit count, and a few hot experts held single threads
+// (runtime/cpu expertCosts).
 const EnvMoESplit = "ATS_MOE_SPLIT"
 
 // moeSplitFractions are the shares of each streamed MoE layer's experts
-// the planner tries giving the CPU (EnvMoESplit): none by default; with
-// "auto", up to three eighths (the CPU computes a 512-token batch's stack
-// several times slower than the link brings it).
+// the planner tries giving the CPU (EnvMoESplit): by default ("auto") none
+// and every thirty-second up to three eighths (the CPU computes a
+// 512-token batch's stack several times slower than the link brings it).
 func moeSplitFractions(splitsMoE bool) []float64 {
 	v := os.Getenv(EnvMoESplit)
-	if !splitsMoE || v == "" || v == "0" {
+	if !splitsMoE || v == "0" {
 		return []float64{0}
 	}
-	if v != "auto" {
+	if v != "" && v != "auto" {
 		if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 && f < 1 {
 			return []float64{f}
 		}
