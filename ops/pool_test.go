@@ -114,6 +114,18 @@ func TestPoolExpect(t *testing.T) {
 			t.Errorf("rep %d: %d workers parked within the expectation", rep, n)
 		}
 		run()
+		// A late helper within the expectation: the Run still waits for
+		// every chunk.
+		var sum atomic.Int64
+		p.RunChunks(2, 1, func(lo, hi int) {
+			if lo == 1 {
+				time.Sleep(time.Millisecond)
+				sum.Add(1)
+			}
+		})
+		if sum.Load() != 1 {
+			t.Fatalf("rep %d: Run returned before its late chunk finished", rep)
+		}
 		if rep == 4 {
 			p.Expect(0) // an expectation that has passed: they park as usual
 			waitFor("the workers to park after a passed expectation", func() bool { return parked() == len(p.workers) })

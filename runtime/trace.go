@@ -12,7 +12,7 @@ import (
 
 // Trace writes the timeline of every batch as Chrome trace events
 // (chrome://tracing, ui.perfetto.dev): the CPU segments on the worker
-// pool, the GPU segments on the compute stream and the weight uploads on
+// pool (and the CPU's share of split MoE layers), the GPU segments on the compute stream and the weight uploads on
 // the copy stream, so their overlap can be seen. Device times come from
 // events recorded on the streams, placed on the host's clock at the
 // batch's start.
@@ -97,6 +97,10 @@ func (t *Trace) batch(c *Context, s *schedule, n int, start time.Time, cpu []hos
 	for _, sp := range cpu {
 		t.emit(traceEvent{Name: name(sp.lo, sp.hi), Cat: kind, Ph: "X", TS: us(sp.start), Dur: float64(sp.end.Sub(sp.start).Nanoseconds()) / 1e3, PID: 1, TID: 1,
 			Args: map[string]any{"ops": fmt.Sprintf("%d-%d", sp.lo, sp.hi-1), "tokens": n}})
+	}
+	for _, sp := range dt.Host {
+		t.emit(traceEvent{Name: sp.Name, Cat: kind, Ph: "X", TS: us(sp.Start), Dur: float64(sp.End.Sub(sp.Start).Nanoseconds()) / 1e3, PID: 1, TID: 1,
+			Args: map[string]any{"tokens": n}})
 	}
 	for _, sp := range dt.Segments {
 		t.emit(traceEvent{Name: name(sp.Lo, sp.Hi), Cat: kind, Ph: "X", TS: base + sp.Start*1e6, Dur: (sp.End - sp.Start) * 1e6, PID: 1, TID: 2,

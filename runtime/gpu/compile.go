@@ -830,9 +830,15 @@ func (g *Exec) moeSplit(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *ma
 			sp.stats.HostSlots++
 		}
 	}
+	t2 := time.Now()
 	sp.stats.Wait += t1.Sub(t0)
-	sp.stats.Host += time.Since(t1)
+	sp.stats.Host += t2.Sub(t1)
 	sp.stats.HostCPU += processCPUTime() - cpu0
+	if g.measure {
+		g.host = append(g.host,
+			HostSpan{Name: fmt.Sprintf("layer %d: waiting for the routing", op.Layer), Start: t0, End: t1},
+			HostSpan{Name: fmt.Sprintf("layer %d: the CPU's experts 0-%d", op.Layer, ks-1), Start: t1, End: t2})
+	}
 	return d.moe.WeightedSumHost(s, out, m.down, m.weights, m.ids, sp.y.DevicePtr(), emb, k, n)
 }
 

@@ -73,6 +73,7 @@ type Exec struct {
 	marks   []*cudadrv.Event
 	nMarks  int
 	ran     []*Segment
+	host    []HostSpan // with measure: the batch's Times.Host
 
 	// split: the mapped host buffers of split MoE layers (SegmentSpec.Split),
 	// made by the first Compile that splits one, and the event the host
@@ -1123,7 +1124,7 @@ func (g *Exec) mark() error {
 		g.marks = append(g.marks, e)
 	}
 	if g.nMarks == 0 {
-		g.ran = g.ran[:0]
+		g.ran, g.host = g.ran[:0], g.host[:0]
 	}
 	err := g.marks[g.nMarks].Record(g.s)
 	g.nMarks++
@@ -1135,7 +1136,7 @@ type Span struct {
 	Name       string
 	Lo, Hi     int // segments: the ops
 	Start, End float64
-	Bytes      int64 // uploads: the weight's bytes
+	Bytes      int64 // uploads: the bytes copied (a split stack: the GPU's experts)
 	Streams    bool  // segments: whether it read streamed weights
 }
 
@@ -1144,6 +1145,15 @@ type Span struct {
 type Times struct {
 	Segments []Span
 	Uploads  []Span
+	// Host are the host's stretches inside the segments, on its own
+	// clock: each split MoE layer's wait for its routing and its share.
+	Host []HostSpan
+}
+
+// HostSpan is a stretch of the host's time inside a GPU segment.
+type HostSpan struct {
+	Name       string
+	Start, End time.Time
 }
 
 // Times reads the batch's events.
@@ -1160,6 +1170,7 @@ func (g *Exec) Times() (Times, error) {
 			return t, fmt.Errorf("gpu: %w", err)
 		}
 	}
+	t.Host = g.host
 	base := g.marks[0]
 	at := func(e *cudadrv.Event) (float64, error) {
 		d, err := cudadrv.Elapsed(base, e)
@@ -1185,7 +1196,7 @@ func (g *Exec) Times() (Times, error) {
 			var b float64
 			if b, err = at(ev.copied[j]); err == nil {
 				m := g.st.order[j]
-				t.Uploads = append(t.Uploads, Span{Name: m.W.Name, Start: a, End: b, Bytes: g.w.DeviceBytes(m.W)})
+				t.Uploads = append(t.Uploads, Span{Name: m.W.Name, Start: a, End: b, Bytes: g.w.DeviceBytes(m.W) - m.skip})
 				continue
 			}
 		}
