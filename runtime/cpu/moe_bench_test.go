@@ -70,7 +70,7 @@ func BenchmarkMoEDecode(b *testing.B) {
 // loop it replaced (moeLoop, after the same routing), and the batch path
 // over stacks in the file's layout (not repacked); and the CPU's quarter
 // of a split layer (MoEPartial), with the routing even or skewed, the
-// weights hot or cold.
+// weights hot or cold; and a whole layer with skewed routing.
 func BenchmarkMoEPrefill(b *testing.B) {
 	const emb = 2048
 	packed, inputs := moeBench(b, true)
@@ -83,7 +83,7 @@ func BenchmarkMoEPrefill(b *testing.B) {
 	}
 	for _, n := range []int{64, 512} {
 		for _, threads := range threads {
-			for _, path := range []string{"grouped", "loop", "grouped-orig", "quarter", "quarter-skewed", "quarter-cold", "quarter-cold-idle"} {
+			for _, path := range []string{"grouped", "loop", "grouped-orig", "quarter", "quarter-skewed", "all-skewed", "quarter-cold", "quarter-cold-idle"} {
 				p := packed(128)
 				if path == "grouped-orig" {
 					p = orig(128) // the file's layout, as a hybrid context runs the stacks it did not repack
@@ -110,7 +110,8 @@ func BenchmarkMoEPrefill(b *testing.B) {
 							host++
 						}
 					}
-					if path == "quarter-skewed" {
+					switch path {
+					case "quarter-skewed":
 						// The quarter's slots on Zipf-distributed experts: a
 						// few take most of them, as trained routers often do.
 						z := rand.NewZipf(rand.New(rand.NewPCG(5, 6)), 1.3, 1, 31)
@@ -118,6 +119,12 @@ func BenchmarkMoEPrefill(b *testing.B) {
 							if ids[i] < 32 {
 								ids[i] = int32(z.Uint64())
 							}
+						}
+					case "all-skewed":
+						// Every slot so (a CPU prefill's whole layer).
+						z := rand.NewZipf(rand.New(rand.NewPCG(5, 6)), 1.3, 1, 127)
+						for i := range ids {
+							ids[i] = int32(z.Uint64())
 						}
 					}
 					x, out := slices.Clone(be.Buf(0)[:n*emb]), make([]float32, n*emb)
@@ -137,6 +144,10 @@ func BenchmarkMoEPrefill(b *testing.B) {
 							be.moeLoop(op, n)
 						case "quarter", "quarter-skewed":
 							if err := be.MoEPartial(op, n, 0, 32, x, ids, w, out); err != nil {
+								b.Fatal(err)
+							}
+						case "all-skewed":
+							if err := be.MoEPartial(op, n, 0, 128, x, ids, w, out); err != nil {
 								b.Fatal(err)
 							}
 						case "quarter-cold", "quarter-cold-idle":
