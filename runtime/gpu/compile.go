@@ -823,21 +823,30 @@ func (g *Exec) moeSplit(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *ma
 	if err := g.hostMoE(op, n, ks, x, ids, w, y); err != nil {
 		return fmt.Errorf("the host's experts 0-%d: %w", ks-1, err)
 	}
+	t2 := time.Now()
 	sp.stats.Layers++
 	sp.stats.Slots += len(ids)
+	// The host's slots, and how many of its experts had any: a share's
+	// time follows its slots, which the routing spreads unevenly over the
+	// layers (the trace shows both).
+	slots, used := 0, 0
+	var routed [kernels.MaxExperts]bool // Route takes at most so many
 	for _, e := range ids {
-		if int(e) < ks {
-			sp.stats.HostSlots++
+		if e >= 0 && int(e) < ks {
+			slots++
+			if !routed[e] {
+				routed[e], used = true, used+1
+			}
 		}
 	}
-	t2 := time.Now()
+	sp.stats.HostSlots += slots
 	sp.stats.Wait += t1.Sub(t0)
 	sp.stats.Host += t2.Sub(t1)
 	sp.stats.HostCPU += processCPUTime() - cpu0
 	if g.measure {
 		g.host = append(g.host,
 			HostSpan{Name: fmt.Sprintf("layer %d: waiting for the routing", op.Layer), Start: t0, End: t1},
-			HostSpan{Name: fmt.Sprintf("layer %d: the CPU's experts 0-%d", op.Layer, ks-1), Start: t1, End: t2})
+			HostSpan{Name: fmt.Sprintf("layer %d: the CPU's experts 0-%d (%d of them routed, %d slots)", op.Layer, ks-1, used, slots), Start: t1, End: t2})
 	}
 	return d.moe.WeightedSumHost(s, out, m.down, m.weights, m.ids, sp.y.DevicePtr(), emb, k, n)
 }
