@@ -66,6 +66,15 @@ var (
 	envNote     string // why ATS_CPU was not honoured, if it was not
 )
 
+// CPUKernels names the kernels in use: the level, and "+amx" where the
+// products over repacked Q4_K weights of many tokens use AMX tiles.
+func CPUKernels() string {
+	if CPULevel() == LevelAVX512VNNI && amxTiles() {
+		return CPULevel().String() + "+amx"
+	}
+	return CPULevel().String()
+}
+
 // CPULevel is the level whose kernels are in use.
 func CPULevel() Level {
 	levelMu.Lock()

@@ -648,3 +648,8 @@ func cvtF16VNNI(dst *byte, src *float32, n int)
 //
 //go:noescape
 func scaleRoundF16VNNI(x *float32, n int, scale float32)
+
+// amxQ4K adds one group of 16 repacked Q4_K rows times the prepared activations into out, with AMX tiles (see ops/_asm/amx.go).
+//
+//go:noescape
+func amxQ4K(cfg *[64]byte, w *byte, nb int, x *byte, ab int, table *[4]int, passes int, out *float32, ldo int)

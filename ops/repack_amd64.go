@@ -30,11 +30,16 @@ func archPacked(l Level, t gguf.Type) packedMulFunc {
 	}
 	f := packFormats[t]
 	tokens := asmTokens[id]
+	tiles := l == LevelAVX512VNNI && t == gguf.TypeQ4_K && amxUsable()
 	return func(nb int, w []byte, groups int, x []byte, ab, nTok int, out []float32, ldOut int) {
 		if groups <= 0 || nTok <= 0 {
 			return
 		}
 		checkPacked(f, nb, w, groups, x, ab, nTok, out, ldOut)
+		if tiles && nTok >= amxMinTokens {
+			mulPackedQ4KAMX(nb, w, groups, x, ab, nTok, out, ldOut)
+			return
+		}
 		if nb == 0 {
 			for t := range nTok {
 				clear(out[t*ldOut : t*ldOut+groups*packRows])

@@ -85,7 +85,8 @@ type Hardware struct {
 	CPU     string `json:"cpu"`
 	Cores   int    `json:"cores"`
 	Threads int    `json:"threads"`
-	// CPULevel is the CPU kernels' instruction level (ATS_CPU may lower
+	// CPULevel is the CPU kernels' instruction level, "+amx" where AMX
+	// tiles compute the products of many tokens (ATS_CPU may lower
 	// it; a build without assembly has only the generic one).
 	CPULevel string `json:"cpu_level,omitempty"`
 	GPU      string `json:"gpu"`

@@ -81,7 +81,7 @@ func modelIdentity(m *Model) string {
 
 // hardware is the fingerprint a profile is keyed by.
 func hardware(dev *gpu.Device, threads int) plan.Hardware {
-	hw := plan.Hardware{CPU: strings.TrimSpace(cpuid.CPU.BrandName), Cores: cpuid.CPU.PhysicalCores, Threads: threads, CPULevel: ops.CPULevel().String()}
+	hw := plan.Hardware{CPU: strings.TrimSpace(cpuid.CPU.BrandName), Cores: cpuid.CPU.PhysicalCores, Threads: threads, CPULevel: ops.CPUKernels()}
 	if dev != nil {
 		info := dev.Info()
 		hw.GPU, hw.VRAM = info.Name, int64(info.TotalMem)

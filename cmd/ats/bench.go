@@ -264,7 +264,7 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 		return writeCSV(stdout, results)
 	}
 	if md {
-		fmt.Fprintf(stdout, "\nbuild: %s (%s), CPU kernels: %s\n", results0(results).Build, goVersion(), ops.CPULevel())
+		fmt.Fprintf(stdout, "\nbuild: %s (%s), CPU kernels: %s\n", results0(results).Build, goVersion(), ops.CPUKernels())
 	}
 	return nil
 }
@@ -337,7 +337,7 @@ func fileTypeName(v uint64) string {
 func fillCommon(r *benchResult, info modelInfo, threads, batch int) {
 	r.Build = buildCommit()
 	r.CPUInfo = cpuName()
-	r.CPULevel = ops.CPULevel().String()
+	r.CPULevel = ops.CPUKernels()
 	r.Backend = "CPU"
 	r.ModelFile = info.file
 	r.ModelType = info.typ

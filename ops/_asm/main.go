@@ -25,6 +25,11 @@
 // has no Go assembler mnemonic: avo emits a placeholder instruction
 // (vpdpbusdVEX) and fixVEX, after avo has allocated the registers, rewrites
 // each into its five raw bytes with the mnemonic as a comment.
+//
+// One kernel beside the levels, amxQ4K (amx.go), runs the products of
+// repacked Q4_K weights with 16 tokens or more on AMX tiles, which Go's
+// assembler does not know either: its tile instructions are raw bytes
+// (fixAMX puts each on one line, its mnemonic as a comment).
 package main
 
 //go:generate go run . -out ../dot_amd64.s -stubs ../dot_decl_amd64.go -pkg ops -dispatch ../dot_dispatch_amd64.go
@@ -87,9 +92,15 @@ func main() {
 		genCvtF16(s)
 		genScaleRoundF16(s)
 	}
+	if fam := os.Getenv("FAMILY"); fam == "" || fam == "AMX" {
+		genAMXQ4K()
+	}
 	Generate()
 	if out := flag.Lookup("out").Value.String(); out != "" {
 		if err := fixVEX(out); err != nil {
+			log.Fatal(err)
+		}
+		if err := fixAMX(out); err != nil {
 			log.Fatal(err)
 		}
 	}
