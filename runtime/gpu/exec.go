@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -1170,7 +1171,7 @@ func (g *Exec) Times() (Times, error) {
 			return t, fmt.Errorf("gpu: %w", err)
 		}
 	}
-	t.Host = g.host
+	t.Host = slices.Clone(g.host) // the next batch reuses g.host
 	base := g.marks[0]
 	at := func(e *cudadrv.Event) (float64, error) {
 		d, err := cudadrv.Elapsed(base, e)
