@@ -49,6 +49,14 @@ func forcedPlacement(t *testing.T, m *Model, ctxSize int, gpuAt func(i int, u Un
 	return pl
 }
 
+// promoteAll has decode promote every CPU unit it may for the rest of the
+// test (promoteEverything).
+func promoteAll(t *testing.T) {
+	was := promoteEverything
+	promoteEverything = true
+	t.Cleanup(func() { promoteEverything = was })
+}
+
 // splitPrefill has pl's prefill batches split every streamed MoE layer
 // with the CPU at frac of its experts (at least one, at most all but one);
 // nil when no MoE layer streams.
@@ -144,9 +152,8 @@ func checkOracleVariants(t *testing.T, dev *gpu.Device, ctx int, variantsOf func
 				if v.copies {
 					t.Setenv(gpu.EnvGPURegister, "0")
 				}
-				if v.promoteAll && !promoteEverything {
-					promoteEverything = true
-					defer func() { promoteEverything = false }()
+				if v.promoteAll {
+					promoteAll(t)
 				}
 				if v.hybridPlan {
 					planHybridAlways = true
@@ -257,8 +264,7 @@ func flatOracle(o *oracleLogits) []float32 {
 func TestKeptRingGraphMatchesEager(t *testing.T) {
 	needGPUDevice(t)
 	const ctx = 128
-	promoteEverything = true
-	defer func() { promoteEverything = false }()
+	promoteAll(t)
 	eachOracleModel(t, func(t *testing.T, _ string, m *Model, want *oracleLogits) {
 		// One streamable product on the CPU, which the least ring holds.
 		cpuUnit := -1
@@ -294,8 +300,7 @@ func TestKeptRingGraphMatchesEager(t *testing.T) {
 func TestPrefetchMatchesCold(t *testing.T) {
 	needGPUDevice(t)
 	const ctx = 128
-	promoteEverything = true
-	defer func() { promoteEverything = false }()
+	promoteAll(t)
 	eachOracleModel(t, func(t *testing.T, _ string, m *Model, want *oracleLogits) {
 		opt := ContextOptions{Backend: BackendAuto, CtxSize: ctx, Threads: 2,
 			Placement: forcedPlacement(t, m, ctx, func(i int, _ Unit) bool { return i%2 == 1 })}

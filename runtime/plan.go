@@ -405,12 +405,13 @@ func (m *Model) solvePrefillResidency(prof *plan.Profile, units []Unit, pr plan.
 // the batch gets shorter by what they would have cost the link.
 // Attention and the embedding of CPU layers stay on the CPU.
 //
-// A streamed MoE layer may also be split (when splitsMoE and EnvMoESplit
-// asks for it): the CPU computes its first experts while the GPU computes
-// the others, whose weights alone stream (gpu moeSplit). split maps those
-// units to the first expert the GPU computes. The fraction of experts the
-// CPU takes is the same for every layer: EnvMoESplit's, or with "auto"
-// the one whose plan the cost model finds fastest (moeSplitFractions).
+// A streamed MoE layer may also be split (when splitsMoE, unless
+// EnvMoESplit is "0"): the CPU computes its first experts while the GPU
+// computes the others, whose weights alone stream (gpu moeSplit). split
+// maps those units to the first expert the GPU computes. The fraction of
+// experts the CPU takes is the same for every layer: the one whose plan
+// the cost model finds fastest, none included, or EnvMoESplit's
+// (moeSplitFractions).
 func prefillStreams(prof *plan.Profile, units []Unit, pl *Placement, b, size int, h ir.Hyper, ring int64, splitsMoE bool) (stream []string, split map[string]int, secs float64, err error) {
 	sw := prof.Switch[b]
 	var largest int64

@@ -25,8 +25,7 @@ func TestTraceShowsEveryStream(t *testing.T) {
 	if pl == nil {
 		t.Fatal("no MoE layer streams in the alternating placement")
 	}
-	promoteEverything = true
-	defer func() { promoteEverything = false }()
+	promoteAll(t)
 	var buf bytes.Buffer
 	tr := NewTrace(&buf)
 	c, err := m.NewContext(ContextOptions{Backend: BackendAuto, Placement: pl, CtxSize: ctx, Threads: 2, Trace: tr})

@@ -703,7 +703,7 @@ func (g *Exec) moeStep(op *ir.Op, sum bool, ks int) (step, error) {
 	if ne > kernels.MaxExperts || k > kernels.MaxTopK {
 		return step{}, fmt.Errorf("top %d of %d experts: the routing kernel takes up to %d of %d", k, ne, kernels.MaxTopK, kernels.MaxExperts)
 	}
-	m, w, d, norm := &g.moe, g.w, g.dev, op.NormTopK
+	m, w, d := &g.moe, g.w, g.dev
 	grp := &group{in: op.In, x: in, cols: emb, moe: true,
 		members: []groupMember{{m: gate}, {m: up}, {m: down}}}
 	// Gate and up share a launch when both are resident.
@@ -721,16 +721,8 @@ func (g *Exec) moeStep(op *ir.Op, sum bool, ks int) (step, error) {
 		// Router logits, top-k ids and weights (they stay on the device),
 		// gate and up of the chosen experts per slot, SwiGLU, down per
 		// slot, and the weighted sum in slot order.
-		if err := g.with(s, router, func() error { return g.routerLogits(s, router, in, n, m.probs) }); err != nil {
+		if err := g.route(s, op, router, in, n); err != nil {
 			return err
-		}
-		if err := d.moe.Route(s, m.probs, ne, k, norm, m.ids, m.weights, n); err != nil {
-			return err
-		}
-		if g.routeInspector != nil {
-			if err := g.inspectRoute(s, op, n); err != nil {
-				return err
-			}
 		}
 		if g.format(grp, n) == actQ8_1 && ff%32 == 0 && emb%32 == 0 {
 			// Decode: one Q8_1 input for gate and up (written by the norm
@@ -784,17 +776,9 @@ func (g *Exec) moeStep(op *ir.Op, sum bool, ks int) (step, error) {
 // blocks here for its share: the layers after need the sum.
 func (g *Exec) moeSplit(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *mat, in, out cudadrv.DevicePtr, n, ks int) error {
 	m, d, sp := &g.moe, g.dev, &g.split
-	ne, k, ff, emb := router.Rows, op.TopK, gate.Rows, down.Rows
-	if err := g.with(s, router, func() error { return g.routerLogits(s, router, in, n, m.probs) }); err != nil {
+	k, ff, emb := op.TopK, gate.Rows, down.Rows
+	if err := g.route(s, op, router, in, n); err != nil {
 		return err
-	}
-	if err := d.moe.Route(s, m.probs, ne, k, op.NormTopK, m.ids, m.weights, n); err != nil {
-		return err
-	}
-	if g.routeInspector != nil {
-		if err := g.inspectRoute(s, op, n); err != nil {
-			return err
-		}
 	}
 	if err := d.moe.Split(s, m.ids, m.weights, ks, n*k, sp.ids.DevicePtr(), sp.weights.DevicePtr()); err != nil {
 		return err
@@ -849,6 +833,22 @@ func (g *Exec) moeSplit(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *ma
 			HostSpan{Name: fmt.Sprintf("layer %d: the CPU's experts 0-%d (%d of them routed, %d slots)", op.Layer, ks-1, used, slots), Start: t1, End: t2})
 	}
 	return d.moe.WeightedSumHost(s, out, m.down, m.weights, m.ids, sp.y.DevicePtr(), emb, k, n)
+}
+
+// route queues an MoE op's routing of n tokens: the router's logits, then
+// each token's top-k experts and their weights (g.moe.ids, weights).
+func (g *Exec) route(s *cudadrv.Stream, op *ir.Op, router *mat, in cudadrv.DevicePtr, n int) error {
+	m := &g.moe
+	if err := g.with(s, router, func() error { return g.routerLogits(s, router, in, n, m.probs) }); err != nil {
+		return err
+	}
+	if err := g.dev.moe.Route(s, m.probs, router.Rows, op.TopK, op.NormTopK, m.ids, m.weights, n); err != nil {
+		return err
+	}
+	if g.routeInspector != nil {
+		return g.inspectRoute(s, op, n)
+	}
+	return nil
 }
 
 // routerLogits queues the MoE router's product: the logits of n tokens

@@ -579,7 +579,7 @@ func (g *Exec) splitSkips(spec SegmentSpec) (map[*ir.Weight]int64, error) {
 	if len(spec.Split) == 0 {
 		return nil, nil
 	}
-	if _, ok := g.w.(*quantOps); !ok {
+	if !SplitsMoE(g.w) {
 		return nil, fmt.Errorf("gpu: a split MoE layer needs the quantized weight path (the experts in the file's layout), not %s", g.w.Name())
 	}
 	if g.hostMoE == nil {
@@ -929,7 +929,7 @@ func (g *Exec) ringLayout(streamed []*mat) (waitFor, lastUse []int, fits bool, e
 	cursor := int64(0)
 	fits = true
 	for j, m := range streamed {
-		b := align(g.w.DeviceBytes(m.W) - m.skip)
+		b := align(g.copied(m))
 		if b > g.st.bytes {
 			return nil, nil, false, fmt.Errorf("weight %q (%d bytes) does not fit the staging ring of %d", m.W.Name, b, g.st.bytes)
 		}
@@ -971,7 +971,7 @@ func (g *Exec) streamBegin(sch *Schedule) error {
 	st.preFor, st.pre, st.ahead = nil, 0, 0
 	st.sch, st.order, st.waitFor, st.issued, st.done, st.prefetched = sch, sch.streamed, sch.waitFor, pre, -1, pre
 	for _, m := range st.order[:pre] {
-		st.ahead += g.w.DeviceBytes(m.W) - m.skip
+		st.ahead += g.copied(m)
 	}
 	st.kept = len(sch.streamed) > 0 && sch.fits && st.holder == sch
 	if st.kept {
@@ -1076,9 +1076,13 @@ func (g *Exec) upload(m *mat, set *ringEvents, j int, wait *cudadrv.Event) error
 	if err := set.copied[j].Record(g.cs); err != nil {
 		return fmt.Errorf("gpu: streaming %s: %w", m.W.Name, err)
 	}
-	g.st.moved.Add(g.w.DeviceBytes(m.W) - m.skip)
+	g.st.moved.Add(g.copied(m))
 	return nil
 }
+
+// copied is the bytes an upload of streamed weight m copies: its device
+// bytes, less the host's experts of a split stack (mat.skip).
+func (g *Exec) copied(m *mat) int64 { return g.w.DeviceBytes(m.W) - m.skip }
 
 // acquire makes the compute stream wait for m's upload (resident weights:
 // nothing).
@@ -1197,7 +1201,7 @@ func (g *Exec) Times() (Times, error) {
 			var b float64
 			if b, err = at(ev.copied[j]); err == nil {
 				m := g.st.order[j]
-				t.Uploads = append(t.Uploads, Span{Name: m.W.Name, Start: a, End: b, Bytes: g.w.DeviceBytes(m.W) - m.skip})
+				t.Uploads = append(t.Uploads, Span{Name: m.W.Name, Start: a, End: b, Bytes: g.copied(m)})
 				continue
 			}
 		}

@@ -130,7 +130,6 @@ func (r *refWeightOps) Upload(s *cudadrv.Stream, w *ir.Weight, dst cudadrv.Devic
 	return matOf(w, dst), nil
 }
 
-// matOf describes w's shape for mat.
 // SplitsMoE says whether weight path w can split an MoE layer's experts
 // between the host and the GPU (SegmentSpec.Split): it streams a stack's
 // experts in the file's layout, so a range of them is a range of bytes.
@@ -139,6 +138,7 @@ func SplitsMoE(w WeightOps) bool {
 	return ok
 }
 
+// matOf describes w's shape for mat.
 func matOf(w *ir.Weight, p cudadrv.DevicePtr) mat {
 	g := mat{W: w, Ptr: p, Rows: w.Mat.Rows, Cols: w.Mat.Cols, Experts: 1, seq: -1}
 	if len(w.Stack) > 0 {
