@@ -55257,7 +55257,7 @@ scaleRoundF16VNNI_done:
 	RET
 
 // func amxQ4K(cfg *[64]byte, w *byte, nb int, x *byte, ab int, table *[4]int, passes int, out *float32, ldo int)
-// Requires: AVX, AVX2, AVX512BW, AVX512F, AVX512VL, CMOV
+// Requires: AVX, AVX2, AVX512BW, AVX512F, AVX512VL, AVX512_VNNI, CMOV
 TEXT ·amxQ4K(SB), $12880-72
 	MOVQ cfg+0(FP), AX
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x78; BYTE $0x49; BYTE $0x00 // LDTILECFG (AX)
@@ -55898,13 +55898,15 @@ amxQ4K_sums1:
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7a; BYTE $0x4b; BYTE $0x2c; BYTE $0x10 // TILESTORED (AX)(DX*1), tmm5
 	LEAQ 11264(R14), AX
 	BYTE $0xc4; BYTE $0xe2; BYTE $0x7a; BYTE $0x4b; BYTE $0x34; BYTE $0x10 // TILESTORED (AX)(DX*1), tmm6
+	CMPQ    R8, nb+16(FP)
+	JNE     amxQ4K_later
 	MOVQ    16(R10), SI
 	MOVQ    (R10), CX
 	ADDQ    $0x10, CX
 	CMPQ    24(R10), CX
 	CMOVQLT 24(R10), CX
 	SUBQ    SI, CX
-	JLE     amxQ4K_done0
+	JLE     amxQ4K_first_done0
 	MOVQ    SI, AX
 	SUBQ    (R10), AX
 	MOVQ    AX, R13
@@ -55920,26 +55922,20 @@ amxQ4K_sums1:
 	ADDQ    12800(R14), R15
 	ADDQ    CX, SI
 
-amxQ4K_token0:
+amxQ4K_first_token0:
 	VMOVDQU32        (AX), Z0
 	VPSLLD           $0x03, Z0, Z0
 	VPADDD           2048(AX), Z0, Z0
-	VPBROADCASTD     (R13), Z3
-	VPMADDWD         Z3, Z12, Z1
-	VPBROADCASTD     4(R13), Z3
-	VPMADDWD         Z3, Z13, Z2
-	VPADDD           Z2, Z1, Z1
-	VPBROADCASTD     8(R13), Z3
-	VPMADDWD         Z3, Z14, Z2
-	VPADDD           Z2, Z1, Z1
-	VPBROADCASTD     12(R13), Z3
-	VPMADDWD         Z3, Z15, Z2
-	VPADDD           Z2, Z1, Z1
+	VPXORD           Z1, Z1, Z1
+	VPDPWSSD.BCST    (R13), Z12, Z1
+	VPDPWSSD.BCST    4(R13), Z13, Z1
+	VPDPWSSD.BCST    8(R13), Z14, Z1
+	VPDPWSSD.BCST    12(R13), Z15, Z1
 	VCVTDQ2PS        Z0, Z0
 	VMULPS           Z10, Z0, Z0
 	VCVTDQ2PS        Z1, Z1
 	VFNMADD231PS     Z11, Z1, Z0
-	VMOVUPS          (R15), Z2
+	VPXORD           Z2, Z2, Z2
 	VFMADD231PS.BCST (R11), Z0, Z2
 	VMOVUPS          Z2, (R15)
 	ADDQ             $0x40, AX
@@ -55947,12 +55943,12 @@ amxQ4K_token0:
 	ADDQ             BX, R11
 	ADDQ             ldo+64(FP), R15
 	DECQ             CX
-	JNZ              amxQ4K_token0
+	JNZ              amxQ4K_first_token0
 
-amxQ4K_done0:
+amxQ4K_first_done0:
 	MOVQ  24(R10), CX
 	SUBQ  SI, CX
-	JLE   amxQ4K_done1
+	JLE   amxQ4K_first_done1
 	MOVQ  SI, AX
 	SUBQ  8(R10), AX
 	MOVQ  AX, R13
@@ -55968,21 +55964,64 @@ amxQ4K_done0:
 	ADDQ  12800(R14), R15
 	ADDQ  CX, SI
 
-amxQ4K_token1:
+amxQ4K_first_token1:
 	VMOVDQU32        (AX), Z0
 	VPSLLD           $0x03, Z0, Z0
 	VPADDD           2048(AX), Z0, Z0
-	VPBROADCASTD     (R13), Z3
-	VPMADDWD         Z3, Z12, Z1
-	VPBROADCASTD     4(R13), Z3
-	VPMADDWD         Z3, Z13, Z2
-	VPADDD           Z2, Z1, Z1
-	VPBROADCASTD     8(R13), Z3
-	VPMADDWD         Z3, Z14, Z2
-	VPADDD           Z2, Z1, Z1
-	VPBROADCASTD     12(R13), Z3
-	VPMADDWD         Z3, Z15, Z2
-	VPADDD           Z2, Z1, Z1
+	VPXORD           Z1, Z1, Z1
+	VPDPWSSD.BCST    (R13), Z12, Z1
+	VPDPWSSD.BCST    4(R13), Z13, Z1
+	VPDPWSSD.BCST    8(R13), Z14, Z1
+	VPDPWSSD.BCST    12(R13), Z15, Z1
+	VCVTDQ2PS        Z0, Z0
+	VMULPS           Z10, Z0, Z0
+	VCVTDQ2PS        Z1, Z1
+	VFNMADD231PS     Z11, Z1, Z0
+	VPXORD           Z2, Z2, Z2
+	VFMADD231PS.BCST (R11), Z0, Z2
+	VMOVUPS          Z2, (R15)
+	ADDQ             $0x40, AX
+	ADDQ             $0x10, R13
+	ADDQ             BX, R11
+	ADDQ             ldo+64(FP), R15
+	DECQ             CX
+	JNZ              amxQ4K_first_token1
+
+amxQ4K_first_done1:
+	JMP amxQ4K_finished
+
+amxQ4K_later:
+	MOVQ    16(R10), SI
+	MOVQ    (R10), CX
+	ADDQ    $0x10, CX
+	CMPQ    24(R10), CX
+	CMOVQLT 24(R10), CX
+	SUBQ    SI, CX
+	JLE     amxQ4K_later_done0
+	MOVQ    SI, AX
+	SUBQ    (R10), AX
+	MOVQ    AX, R13
+	SHLQ    $0x06, AX
+	SHLQ    $0x04, R13
+	LEAQ    8192(R14)(AX*1), AX
+	LEAQ    12288(R14)(R13*1), R13
+	MOVQ    SI, R11
+	IMULQ   BX, R11
+	ADDQ    R12, R11
+	MOVQ    SI, R15
+	IMULQ   ldo+64(FP), R15
+	ADDQ    12800(R14), R15
+	ADDQ    CX, SI
+
+amxQ4K_later_token0:
+	VMOVDQU32        (AX), Z0
+	VPSLLD           $0x03, Z0, Z0
+	VPADDD           2048(AX), Z0, Z0
+	VPXORD           Z1, Z1, Z1
+	VPDPWSSD.BCST    (R13), Z12, Z1
+	VPDPWSSD.BCST    4(R13), Z13, Z1
+	VPDPWSSD.BCST    8(R13), Z14, Z1
+	VPDPWSSD.BCST    12(R13), Z15, Z1
 	VCVTDQ2PS        Z0, Z0
 	VMULPS           Z10, Z0, Z0
 	VCVTDQ2PS        Z1, Z1
@@ -55995,9 +56034,52 @@ amxQ4K_token1:
 	ADDQ             BX, R11
 	ADDQ             ldo+64(FP), R15
 	DECQ             CX
-	JNZ              amxQ4K_token1
+	JNZ              amxQ4K_later_token0
 
-amxQ4K_done1:
+amxQ4K_later_done0:
+	MOVQ  24(R10), CX
+	SUBQ  SI, CX
+	JLE   amxQ4K_later_done1
+	MOVQ  SI, AX
+	SUBQ  8(R10), AX
+	MOVQ  AX, R13
+	SHLQ  $0x06, AX
+	SHLQ  $0x04, R13
+	LEAQ  9216(R14)(AX*1), AX
+	LEAQ  12544(R14)(R13*1), R13
+	MOVQ  SI, R11
+	IMULQ BX, R11
+	ADDQ  R12, R11
+	MOVQ  SI, R15
+	IMULQ ldo+64(FP), R15
+	ADDQ  12800(R14), R15
+	ADDQ  CX, SI
+
+amxQ4K_later_token1:
+	VMOVDQU32        (AX), Z0
+	VPSLLD           $0x03, Z0, Z0
+	VPADDD           2048(AX), Z0, Z0
+	VPXORD           Z1, Z1, Z1
+	VPDPWSSD.BCST    (R13), Z12, Z1
+	VPDPWSSD.BCST    4(R13), Z13, Z1
+	VPDPWSSD.BCST    8(R13), Z14, Z1
+	VPDPWSSD.BCST    12(R13), Z15, Z1
+	VCVTDQ2PS        Z0, Z0
+	VMULPS           Z10, Z0, Z0
+	VCVTDQ2PS        Z1, Z1
+	VFNMADD231PS     Z11, Z1, Z0
+	VMOVUPS          (R15), Z2
+	VFMADD231PS.BCST (R11), Z0, Z2
+	VMOVUPS          Z2, (R15)
+	ADDQ             $0x40, AX
+	ADDQ             $0x10, R13
+	ADDQ             BX, R11
+	ADDQ             ldo+64(FP), R15
+	DECQ             CX
+	JNZ              amxQ4K_later_token1
+
+amxQ4K_later_done1:
+amxQ4K_finished:
 	ADDQ $0x20, R10
 	DECQ R9
 	JNZ  amxQ4K_pass

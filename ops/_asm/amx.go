@@ -28,7 +28,7 @@ import (
 //
 // exactly: the integer the twin (mulPackedQ4K) defines. The mins' term
 // macc = Σ_j m_j·Σ_{i in j} a_i comes from the activations' sub-block
-// sums (Q8_K's bsums added pairwise) by VPMADDWD, and the float
+// sums (Q8_K's bsums added pairwise) by VPDPWSSD, and the float
 // steps are the VNNI kernel's (finishBlock), so the results are the VNNI
 // kernel's, bit for bit, whatever the token count.
 //
@@ -40,8 +40,8 @@ import (
 // overlaps them), so that no row past the last token is read. The A tiles
 // load the tokens' Q8_K rows where they are; for each pass and block the
 // kernel adds Q8_K's bsums pairwise into the sub-block sums, on its
-// scratch. The caller zeroes out's rows first: the kernel adds into them,
-// block by block, as the twin's accumulator.
+// scratch. The first block stores the tokens' rows of out, the others add
+// into them, as the twin's accumulator.
 //
 // Tiles: tmm0, tmm1 = A (the pass's two token tiles), tmm2 = B (q·h, then
 // q·l), tmm3-6 = C (q·h of tiles 0 and 1, then q·l of tiles 0 and 1).
@@ -235,13 +235,40 @@ func genAMXQ4K() {
 		LEAQ(Mem{Base: scr, Disp: amxC + 1024*i}, RAX)
 		tilestored(c, RAX, RDX)
 	}
-	// Finish tokens from to to: those before a0+16 from tile 0 (row
-	// t-a0), the others from tile 1 (row t-a1). A tile's q·h rows are at
-	// C + 1024·tile + 64·row, its q·l rows 2048 on, its sums at S +
-	// 256·tile + 16·row.
+	// The first block's sums are the tokens' first: they are stored,
+	// not added (the twin's accumulator starts at zero), so out needs no
+	// clearing.
+	nbArg, _ := Param("nb").Resolve()
+	CMPQ(R8, nbArg.Addr)
+	JNE(LabelRef("amxQ4K_later"))
+	amxFinish("first", ldoArg.Addr)
+	JMP(LabelRef("amxQ4K_finished"))
+	Label("amxQ4K_later")
+	amxFinish("later", ldoArg.Addr)
+	Label("amxQ4K_finished")
+	ADDQ(U8(32), R10) // the next pass
+	DECQ(R9)
+	JNZ(LabelRef("amxQ4K_pass"))
+	// The next block.
+	ADDQ(U32(2304), RDI)
+	ADDQ(U32(292), R12)
+	DECQ(R8)
+	JNZ(LabelRef("amxQ4K_block"))
+	tilerelease()
+	VZEROUPPER()
+	RET()
+}
+
+// amxFinish finishes tokens from to to of the pass (table at R10): those
+// before a0+16 from tile 0 (row t-a0), the others from tile 1 (row t-a1).
+// A tile's q·h rows are at C + 1024·tile + 64·row, its q·l rows 2048 on,
+// its sums at S + 256·tile + 16·row. A first block stores each token's
+// sum (fma onto zero: the twin's first step); the others add into out.
+func amxFinish(name string, ldo Mem) {
+	scr := R14
 	MOVQ(Mem{Base: R10, Disp: 16}, RSI) // t = from
 	for tile := 0; tile < 2; tile++ {
-		end := fmt.Sprintf("amxQ4K_done%d", tile)
+		end := fmt.Sprintf("amxQ4K_%s_done%d", name, tile)
 		if tile == 0 {
 			MOVQ(Mem{Base: R10}, RCX)
 			ADDQ(U8(16), RCX)
@@ -263,49 +290,37 @@ func genAMXQ4K() {
 		IMULQ(RBX, R11)
 		ADDQ(R12, R11) // token t's Q8_K block (its yd)
 		MOVQ(RSI, R15)
-		IMULQ(ldoArg.Addr, R15)
+		IMULQ(ldo, R15)
 		ADDQ(Mem{Base: scr, Disp: amxSave}, R15) // token t's out row
 		ADDQ(RCX, RSI)                           // t after this tile's
-		Label(fmt.Sprintf("amxQ4K_token%d", tile))
+		Label(fmt.Sprintf("amxQ4K_%s_token%d", name, tile))
 		VMOVDQU32(Mem{Base: RAX}, Z0)
 		VPSLLD(U8(3), Z0, Z0)
 		VPADDD(Mem{Base: RAX, Disp: 2048}, Z0, Z0) // iacc
+		VPXORD(Z1, Z1, Z1)
 		for p := 0; p < 4; p++ {
-			VPBROADCASTD(Mem{Base: R13, Disp: 4 * p}, Z3)
-			if p == 0 {
-				VPMADDWD(Z3, zreg(12), Z1)
-			} else {
-				VPMADDWD(Z3, zreg(12+p), Z2)
-				VPADDD(Z2, Z1, Z1) // macc
-			}
+			vpdpwssdBcst(Mem{Base: R13, Disp: 4 * p}, zreg(12+p), Z1) // macc
 		}
 		// finishBlock's float steps.
 		VCVTDQ2PS(Z0, Z0)
 		VMULPS(Z10, Z0, Z0)
 		VCVTDQ2PS(Z1, Z1)
 		VFNMADD231PS(Z11, Z1, Z0)
-		VMOVUPS(Mem{Base: R15}, Z2)
+		if name == "first" {
+			VPXORD(Z2, Z2, Z2)
+		} else {
+			VMOVUPS(Mem{Base: R15}, Z2)
+		}
 		VFMADD231PS_BCST(Mem{Base: R11}, Z0, Z2)
 		VMOVUPS(Z2, Mem{Base: R15})
 		ADDQ(U8(64), RAX)
 		ADDQ(U8(16), R13)
 		ADDQ(RBX, R11)
-		ADDQ(ldoArg.Addr, R15)
+		ADDQ(ldo, R15)
 		DECQ(RCX)
-		JNZ(LabelRef(fmt.Sprintf("amxQ4K_token%d", tile)))
+		JNZ(LabelRef(fmt.Sprintf("amxQ4K_%s_token%d", name, tile)))
 		Label(end)
 	}
-	ADDQ(U8(32), R10) // the next pass
-	DECQ(R9)
-	JNZ(LabelRef("amxQ4K_pass"))
-	// The next block.
-	ADDQ(U32(2304), RDI)
-	ADDQ(U32(292), R12)
-	DECQ(R8)
-	JNZ(LabelRef("amxQ4K_block"))
-	tilerelease()
-	VZEROUPPER()
-	RET()
 }
 
 // fixAMX joins each AMX instruction's BYTE lines (after its mnemonic's
