@@ -653,3 +653,8 @@ func scaleRoundF16VNNI(x *float32, n int, scale float32)
 //
 //go:noescape
 func amxQ4K(cfg *[64]byte, w *byte, nb int, x *byte, ab int, table *[4]int, passes int, out *float32, ldo int)
+
+// amxQ6K adds one group of 16 repacked Q6_K rows times the prepared activations into out, with AMX tiles (see ops/_asm/amx6.go).
+//
+//go:noescape
+func amxQ6K(cfg *[64]byte, w *byte, nb int, x *byte, ab int, table *[4]int, passes int, out *float32, ldo int)

@@ -24,20 +24,27 @@ const packedBlockBytes = 256 << 10
 // archPacked returns level l's product over repacked weights of type t
 // (nil: none).
 func archPacked(l Level, t gguf.Type) packedMulFunc {
+	return archPackedTiles(l, t, amxUsable())
+}
+
+// archPackedTiles is archPacked, with AMX tiles for 16 tokens or more
+// where amx is set and the level and type have them.
+func archPackedTiles(l Level, t gguf.Type, amx bool) packedMulFunc {
 	id, ok := packedIDs[l][t]
 	if !ok {
 		return nil
 	}
 	f := packFormats[t]
 	tokens := asmTokens[id]
-	tiles := l == LevelAVX512VNNI && t == gguf.TypeQ4_K && amxUsable()
+	amxK, tiles := amxKernels[t]
+	tiles = tiles && amx && l == LevelAVX512VNNI
 	return func(nb int, w []byte, groups int, x []byte, ab, nTok int, out []float32, ldOut int) {
 		if groups <= 0 || nTok <= 0 {
 			return
 		}
 		checkPacked(f, nb, w, groups, x, ab, nTok, out, ldOut)
-		if tiles && nTok >= amxMinTokens {
-			mulPackedQ4KAMX(nb, w, groups, x, ab, nTok, out, ldOut)
+		if tiles && nTok >= amxK.minTokens {
+			mulPackedAMX(amxK.f, amxK.blockBytes, nb, w, groups, x, ab, nTok, out, ldOut)
 			return
 		}
 		if nb == 0 {

@@ -174,6 +174,7 @@ func genAMXQ4K() {
 		// The piece's B tiles: row k (quad k's low nibbles, sub-block 2g)
 		// and row 8+k (its high nibbles, sub-block 2g+1).
 		for k := 0; k < 8; k++ {
+			amxPrefetch(2304, 8*g+k, 32)
 			VMOVDQU64(Mem{Base: RDI, Disp: 512*g + 64*k}, Z25)
 			VPANDD(Z31, Z25, Z26)
 			VPSRLW(U8(4), Z25, Z27)
@@ -320,6 +321,18 @@ func amxFinish(name string, ldo Mem) {
 		DECQ(RCX)
 		JNZ(LabelRef(fmt.Sprintf("amxQ4K_%s_token%d", name, tile)))
 		Label(end)
+	}
+}
+
+// amxPrefetch prefetches part i of n of the next weight block (RDI +
+// block on; the next group's first block after the last): in an MoE
+// layer's experts the weights come from memory, and the first loads of
+// each block would otherwise wait for it (the VNNI kernels do the same,
+// prefetchNext).
+func amxPrefetch(block, i, n int) {
+	lines := (block + 63) / 64
+	for l := i * lines / n; l < (i+1)*lines/n; l++ {
+		PREFETCHT0(Mem{Base: RDI, Disp: block + 64*l})
 	}
 }
 

@@ -94,6 +94,7 @@ func main() {
 	}
 	if fam := os.Getenv("FAMILY"); fam == "" || fam == "AMX" {
 		genAMXQ4K()
+		genAMXQ6K()
 	}
 	Generate()
 	if out := flag.Lookup("out").Value.String(); out != "" {
