@@ -259,8 +259,11 @@ func (c *Context) init() error {
 		// The CPU's share of MoE layers split with the GPU (prefill); the
 		// pool's workers spin from when a split is queued, through the
 		// wait for its routing (about 1 ms, rarely over 3 on the GPU
-		// machine), so that the share starts on every thread at once.
+		// machine), so that the share starts on every thread at once, and
+		// through the share, so that none parks between its dispatches
+		// (each parked worker took 0.1-0.8 ms to run again there).
 		c.gpu.SetHostMoE(func(op *ir.Op, n, ks int, x []float32, ids []int32, w []float32, out []float32) error {
+			c.pool.Expect(splitShareSpin)
 			return c.cpu.MoEPartial(op, n, 0, ks, x, ids, w, out)
 		}, func() { c.pool.Expect(splitRoutingWait) })
 	}
@@ -281,6 +284,11 @@ func (c *Context) init() error {
 // share of a split MoE layer (ops.Pool.Expect): past it they park, as
 // they would anyway.
 const splitRoutingWait = 5 * time.Millisecond
+
+// splitShareSpin bounds how long the pool's workers spin once the CPU's
+// share of a split layer starts: the shares take 1-12 ms on the GPU
+// machine.
+const splitShareSpin = 15 * time.Millisecond
 
 // crossingBuffers marks the buffers some schedule moves between backends:
 // the CPU backend keeps those in mapped pinned memory.

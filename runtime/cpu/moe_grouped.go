@@ -18,8 +18,9 @@ import (
 //   - routing, and the quantization of the inputs, spread over the pool;
 //     each slot's quantized input row is copied into its expert's group;
 //   - one dispatch for every expert's gate and up products, in row groups,
-//     expert after expert; the thread that computes an expert's last group
-//     applies SwiGLU to its rows and quantizes them for the down product;
+//     expert after expert (a hot expert's tokens in segments); the thread
+//     that computes a segment's last group applies SwiGLU to its rows and
+//     quantizes them for the down product;
 //   - one dispatch for every expert's down product, in row groups;
 //   - one dispatch over the tokens, adding each token's slots, weighted.
 //
@@ -80,28 +81,46 @@ func (b *Backend) moeGroupedRange(op *ir.Op, n int, x []float32, out func(t int)
 	})
 	t0 = b.lap(n, "moe > group", t0)
 
-	// Gate and up: expert e's units are its gate's row groups [0, g),
-	// then its up's [g, 2g), each over the expert's rows; the units of
-	// the range's experts are numbered from e0's, and handed out by their
-	// cost (expertCosts).
-	g := (ff + rg - 1) / rg
+	// Each expert's rows are cut into segments of at most moeSegRows
+	// tokens: a unit of work is a row group of one segment, so that no unit
+	// of a hot expert holds a thread far longer than the others' (a row
+	// group of an expert with a thousand tokens took 0.2 ms, and the last
+	// chunks of a dispatch left one thread on several while fifteen
+	// waited).
+	segs := s.segStart[:0]
+	segExpert := s.segExpert[:0]
 	for e := e0; e < e1; e++ {
-		s.expertLeft[e].Store(int32(2 * g))
+		r0, r1 := start[e], start[e+1]
+		if r0 == r1 {
+			continue
+		}
+		parts := (r1 - r0 + moeSegRows - 1) / moeSegRows
+		size := ((r1-r0+parts-1)/parts + 31) / 32 * 32 // whole AMX passes but the last
+		for r := r0; r < r1; r += size {
+			segs, segExpert = append(segs, r), append(segExpert, e)
+		}
+	}
+	nseg := len(segExpert)
+	segs = append(segs, start[e1])
+
+	// Gate and up: segment i's units are its expert's gate's row groups
+	// [0, g), then its up's [g, 2g), each over the segment's rows; they
+	// are handed out by their cost (expertCosts).
+	g := (ff + rg - 1) / rg
+	for i := range nseg {
+		s.segLeft[i].Store(int32(2 * g))
 	}
 	minUnits := max(1, moeChunkBytes/(rg*gate0.Kernel.RowBytes(emb)))
-	costs := expertCosts{per: 2 * g, cum: s.cum[:e1-e0+1]}
-	costs.weigh(start[e0 : e1+1])
+	costs := expertCosts{per: 2 * g, cum: s.cum[:nseg+1]}
+	costs.weigh(segs)
 	b.pool.RunChunks(costs.total(), minUnits*costs.mean(), func(lo, hi int) {
-		lo, hi = costs.unit(lo)+e0*2*g, costs.unit(hi)+e0*2*g
+		lo, hi = costs.unit(lo), costs.unit(hi)
 		if lo == hi {
-			return // an expert's countdown must not see an empty chunk
+			return // a segment's countdown must not see an empty chunk
 		}
-		for e := lo / (2 * g); e*2*g < hi; e++ {
-			r0, r1 := start[e], start[e+1]
-			if r0 == r1 {
-				continue
-			}
-			a, z := max(lo-e*2*g, 0), min(hi-e*2*g, 2*g)
+		for i := lo / (2 * g); i*2*g < hi; i++ {
+			e, r0, r1 := segExpert[i], segs[i], segs[i+1]
+			a, z := max(lo-i*2*g, 0), min(hi-i*2*g, 2*g)
 			x := xg[r0*ab : r1*ab]
 			gate, up := s.gate[r0*ff:r1*ff], s.up[r0*ff:r1*ff]
 			if a < g {
@@ -110,9 +129,9 @@ func (b *Backend) moeGroupedRange(op *ir.Op, n int, x []float32, out func(t int)
 			if z > g {
 				op.Up.Stack[e].MulRows((max(a, g)-g)*rg, min((z-g)*rg, ff), x, r1-r0, up, ff)
 			}
-			// The atomic orders the other threads' rows of this expert
+			// The atomic orders the other threads' rows of this segment
 			// before the last one's reading them.
-			if s.expertLeft[e].Add(-int32(z-a)) == 0 {
+			if s.segLeft[i].Add(-int32(z-a)) == 0 {
 				for r := r0; r < r1; r++ {
 					row := s.gate[r*ff : (r+1)*ff]
 					ops.SwiGLU(row, row, s.up[r*ff:(r+1)*ff])
@@ -123,23 +142,21 @@ func (b *Backend) moeGroupedRange(op *ir.Op, n int, x []float32, out func(t int)
 	})
 	t0 = b.lap(n, "moe > gate+up, swiglu", t0)
 
-	// Down: expert e's units are its down product's row groups [0, gd).
+	// Down: segment i's units are its expert's down product's row groups
+	// [0, gd).
 	gd := (emb + rg - 1) / rg
 	down := s.results[:slots*emb]
 	minUnits = max(1, moeChunkBytes/(rg*down0.Kernel.RowBytes(ff)))
-	costs = expertCosts{per: gd, cum: s.cum[:e1-e0+1]}
-	costs.weigh(start[e0 : e1+1])
+	costs = expertCosts{per: gd, cum: s.cum[:nseg+1]}
+	costs.weigh(segs)
 	b.pool.RunChunks(costs.total(), minUnits*costs.mean(), func(lo, hi int) {
-		lo, hi = costs.unit(lo)+e0*gd, costs.unit(hi)+e0*gd
+		lo, hi = costs.unit(lo), costs.unit(hi)
 		if lo == hi {
 			return
 		}
-		for e := lo / gd; e*gd < hi; e++ {
-			r0, r1 := start[e], start[e+1]
-			if r0 == r1 {
-				continue
-			}
-			a, z := max(lo-e*gd, 0), min(hi-e*gd, gd)
+		for i := lo / gd; i*gd < hi; i++ {
+			e, r0, r1 := segExpert[i], segs[i], segs[i+1]
+			a, z := max(lo-i*gd, 0), min(hi-i*gd, gd)
 			op.Down.Stack[e].MulRows(a*rg, min(z*rg, emb), xd[r0*db:r1*db], r1-r0, down[r0*emb:r1*emb], emb)
 		}
 	})
@@ -194,19 +211,20 @@ func (b *Backend) MoEPartial(op *ir.Op, n, e0, e1 int, x []float32, ids []int32,
 	return nil
 }
 
-// expertCosts weighs the units of a range of experts by their work, so
-// that the pool's guided chunks (RunChunks, over the costs) split the
-// work evenly, not the unit count: each of an expert's per units (row
-// groups) costs its rows (the tokens routed to it) plus unitOverhead (the
-// unit's weights to read), and nothing when no token chose it. Routing is
+// expertCosts weighs the units of a range of experts (or of their
+// segments) by their work, so that the pool's guided chunks (RunChunks,
+// over the costs) split the work evenly, not the unit count: each of an
+// expert's per units (row groups) costs its rows (the tokens routed to
+// it) plus unitOverhead (the unit's weights to read), and nothing when no
+// token chose it. Routing is
 // rarely even: when a few experts take many of a batch's tokens, chunks by
 // unit count left a thread on a hot expert's big first chunk for
 // milliseconds while the others waited (the CPU's quarter of a split
 // 30B-A3B layer took 11.5 ms with 5 threads busy on average, against 4-5
 // ms with even routing; docs/bench/hybrid.md, eighth pass).
 type expertCosts struct {
-	per  int   // units per expert
-	cum  []int // cum[i]: the cost of the units of the range's first i experts
+	per  int   // units per expert (or segment)
+	cum  []int // cum[i]: the cost of the units of the range's first i experts (segments)
 	paid int   // the units that cost something
 }
 
@@ -215,8 +233,8 @@ type expertCosts struct {
 // activation rows.
 const unitOverhead = 8
 
-// weigh sets the costs from the experts' first rows (start: the counting
-// sort's, one more than the experts).
+// weigh sets the costs from the experts' (segments') first rows (start:
+// one more than the experts, the last ending the last one's rows).
 func (c *expertCosts) weigh(start []int) {
 	c.cum[0], c.paid = 0, 0
 	for i := range len(start) - 1 {

@@ -440,3 +440,57 @@ func TestMoEPartialSkewedRouting(t *testing.T) {
 		}
 	}
 }
+
+// TestMoEPartialSegmentsHotExperts: an expert with several segments'
+// worth of tokens (moeSegRows each) gives every token what it gets
+// computed alone, bit for bit, at any thread count.
+func TestMoEPartialSegmentsHotExperts(t *testing.T) {
+	f, h := openTinyMoE(t)
+	p, _, _ := moeProgram(t, f, h, 0, h.NExpertUsed)
+	op, k, emb, ne := &p.Ops[0], h.NExpertUsed, h.NEmbd, h.NExpert
+	n := 3*moeSegRows + 17 // expert 0 takes every token: four segments
+	rng := rand.New(rand.NewPCG(15, 16))
+	x := make([]float32, n*emb)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	ids, w := make([]int32, n*k), make([]float32, n*k)
+	for i := range ids {
+		ids[i] = int32(rng.IntN(ne))
+		if i%k == 0 {
+			ids[i] = 0
+		} else if i%k == 1 && rng.IntN(3) > 0 {
+			ids[i] = 1 // two tokens in three: three segments
+		}
+		w[i] = rng.Float32()
+	}
+	pool := ops.NewPool(1)
+	be, err := New(p, pool, Options{Batch: n, CtxSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	alone := make([]float32, n*emb)
+	for tok := range n {
+		if err := be.MoEPartial(op, 1, 0, ne, x[tok*emb:(tok+1)*emb], ids[tok*k:(tok+1)*k], w[tok*k:(tok+1)*k], alone[tok*emb:(tok+1)*emb]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pool.Close()
+	for _, threads := range []int{1, 4} {
+		pool := ops.NewPool(threads)
+		be, err := New(p, pool, Options{Batch: n, CtxSize: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := make([]float32, n*emb)
+		if err := be.MoEPartial(op, n, 0, ne, x, ids, w, out); err != nil {
+			t.Fatal(err)
+		}
+		pool.Close()
+		for tok := range n {
+			if !slices.Equal(out[tok*emb:(tok+1)*emb], alone[tok*emb:(tok+1)*emb]) {
+				t.Fatalf("%d threads: token %d of %d differs from the token computed alone", threads, tok, n)
+			}
+		}
+	}
+}

@@ -182,8 +182,12 @@ type moeScratch struct {
 	// counting sort's cursors; groupAct the rows' quantized inputs.
 	start, pos, next []int
 	groupAct         []byte
-	cum              []int          // [nExpert+1] expertCosts' sums
-	expertLeft       []atomic.Int32 // per expert, its gate and up row groups not yet computed
+	// segStart[i] is segment i's first row (an expert's rows, cut at
+	// moeSegRows; the last entry ends the last segment), segExpert[i] its
+	// expert, segLeft[i] its gate and up row groups not yet computed.
+	segStart, segExpert []int
+	segLeft             []atomic.Int32
+	cum                 []int // [segments+1] expertCosts' sums
 	// moeSlots' countdowns: per slot, the row groups of its gate and up
 	// products not yet computed; per moeSumRows rows of the output, the
 	// row groups of the slots' down products not yet computed there.
@@ -194,6 +198,11 @@ type moeScratch struct {
 // maxMoESlots is the most (token, expert) pairs moeSlots takes: decode
 // and small batches, where each expert has one or two tokens.
 const maxMoESlots = 32
+
+// moeSegRows is the most tokens of one expert a unit of moeGrouped's
+// work takes: a row group of the expert's products over up to 128 tokens
+// is some tens of microseconds on the GPU machine's cores.
+const moeSegRows = 128
 
 // moeSumRows is how many output rows moeSlots adds up at a time, by the
 // thread that completes the last slot's down product there.
@@ -351,8 +360,11 @@ func (s *moeScratch) grow(batch int, op *ir.Op) {
 	}
 	{ // moeGrouped's, also for small batches: MoEPartial takes any batch
 		if len(s.start) < ne+1 {
-			s.start, s.next, s.cum = make([]int, ne+1), make([]int, ne), make([]int, ne+1)
-			s.expertLeft = make([]atomic.Int32, ne)
+			s.start, s.next = make([]int, ne+1), make([]int, ne)
+		}
+		if segs := ne + batch*k/moeSegRows + 1; len(s.segExpert) < segs {
+			s.segStart, s.segExpert, s.cum = make([]int, segs+1), make([]int, segs), make([]int, segs+1)
+			s.segLeft = make([]atomic.Int32, segs)
 		}
 		if len(s.pos) < batch*k {
 			s.pos = make([]int, batch*k)
