@@ -43,7 +43,8 @@ type Profile struct {
 // cached profiles are measured again. 3: the CPU's times from repacked
 // copies (UnitTimes.CPUPacked), the CPU's kernel level in the hardware.
 // 4: decode times on the CPU floored by the host memory's rate (HostRead).
-const ProfileVersion = 4
+// 5: the CPU's share of a split MoE layer (UnitTimes.CPUShare).
+const ProfileVersion = 5
 
 // UnitTimes are one unit's figures, by batch index (Profile.Batches).
 type UnitTimes struct {
@@ -64,6 +65,12 @@ type UnitTimes struct {
 	// the CPU's kernel level). CPU and CPUAlone are the file's layout.
 	CPUPacked      []float64 `json:"cpu_packed_s,omitempty"`
 	CPUPackedAlone []float64 `json:"cpu_packed_alone_s,omitempty"`
+	// CPUShare, for an MoE unit the CPU can split with the GPU, is the
+	// CPU's time for the first quarter of its experts from repacked
+	// copies, the routing given (a split prefill layer's CPU share,
+	// without the routing, the grouping of every slot and the sum that
+	// the whole op's times include); empty otherwise.
+	CPUShare []float64 `json:"cpu_share_s,omitempty"`
 }
 
 // Link is a measured transfer path: a fixed cost per transfer and a rate.

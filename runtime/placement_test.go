@@ -544,9 +544,9 @@ func TestFasterFresh(t *testing.T) {
 }
 
 // The CPU's share of a split MoE layer is timed at the repacked speed when
-// its experts are among the stacks' repacked first ones, at the file's
-// layout's for those beyond, and from the mixed time when nothing says
-// more.
+// its experts are among the stacks' repacked first ones (from the measured
+// quarter when the profile has it), at the file's layout's for those
+// beyond, and from the mixed time when nothing says more.
 func TestSplitCPUCountsRepackedExperts(t *testing.T) {
 	// Half the experts repacked: the mixed time 3 is half of 4 (plain)
 	// and half of 2 (repacked).
@@ -565,5 +565,19 @@ func TestSplitCPUCountsRepackedExperts(t *testing.T) {
 	}
 	if got := splitCPU(plan.UnitTimes{CPU: []float64{3}}, 0, 0.25, 0.5); got != 0.75 {
 		t.Errorf("no repacked time profiled: %g s, want the mix's 0.75", got)
+	}
+	// A measured quarter's share (0.3, against the whole op's 2 × 0.25)
+	// sets the repacked rate; the plain experts beyond keep the mix's.
+	ut.CPUShare = []float64{0.3}
+	for _, c := range []struct {
+		share, packed, want float64
+	}{
+		{0.25, 0.5, 0.3},
+		{0.75, 0.5, 1.2*0.5 + 4*0.25},
+		{0.25, 1, 0.3},
+	} {
+		if got := splitCPU(ut, 0, c.share, c.packed); math.Abs(got-c.want) > 1e-12 {
+			t.Errorf("quarter measured at 0.3 s: share %g with %g repacked: %g s, want %g", c.share, c.packed, got, c.want)
+		}
 	}
 }

@@ -548,18 +548,27 @@ func splitUnit(u *plan.PromoteUnit, f, cpu, cross float64) {
 
 // splitCPU is the CPU's time for the first share of an MoE unit's experts
 // at profile batch b, when its stacks' first packed of them read repacked
-// copies (Model.hybridChoice) and the others the file's blocks: t's CPU
-// time mixes the two layouts by packed (plan.Profile.Packed), CPUPacked
-// is the repacked one.
+// copies (Model.hybridChoice) and the others the file's blocks. The
+// repacked part is the measured quarter's (CPUShare) in proportion; the
+// rest, and all of it for a profile without CPUShare, comes from the whole
+// op's times: t's CPU time mixes the two layouts by packed
+// (plan.Profile.Packed), CPUPacked is the repacked one. The whole op's
+// times also route every token, group every slot and add them up, which
+// the GPU does for a split layer: on the GPU machine the repacked 30B-A3B
+// layer's 512-token op took 16.9 ms, a quarter of its experts' share 3.4
+// (docs/bench/hybrid.md, ninth pass).
 func splitCPU(t plan.UnitTimes, b int, share, packed float64) float64 {
 	if len(t.CPUPacked) <= b || packed <= 0 {
 		return t.CPU[b] * share
 	}
 	fast := t.CPUPacked[b]
+	if len(t.CPUShare) > b && t.CPUShare[b] > 0 {
+		fast = min(fast, 4*t.CPUShare[b])
+	}
 	if packed >= 1 {
 		return fast * share
 	}
-	plain := (t.CPU[b] - packed*fast) / (1 - packed) // t.CPU[b] is the mix
+	plain := max(t.CPU[b]-packed*t.CPUPacked[b], 0) / (1 - packed) // t.CPU[b] is the mix
 	return fast*min(share, packed) + plain*max(share-packed, 0)
 }
 

@@ -3,6 +3,7 @@ package runtime
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -381,7 +382,7 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 	}
 	// Each representative unit alone, on each backend, and on the CPU
 	// from repacked copies too.
-	type times struct{ cpu, gpu, packed []float64 }
+	type times struct{ cpu, gpu, packed, share []float64 }
 	alone := map[int]times{}
 	for _, i := range reps {
 		u := units[i]
@@ -424,6 +425,15 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 				a.packed = append(a.packed, tc)
 				r.step(u.Name + " repacked")
 			}
+			if moeExperts(u) > 0 && canSplitMoE(u) {
+				for _, n := range batches {
+					ts, err := r.timeShare(rot, n)
+					if err != nil {
+						return nil, fmt.Errorf("profile: %s, the CPU's share: %w", u.Name, err)
+					}
+					a.share = append(a.share, ts)
+				}
+			}
 		}
 		r.restore()
 		alone[i] = a
@@ -437,6 +447,7 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 		copy(t.GPU, a.gpu)
 		copy(t.CPUPackedAlone, a.packed)
 		copy(t.CPUPacked, a.packed)
+		t.CPUShare = slices.Clone(a.share)
 	}
 	// Each kind of layer whole: its fusion ratio scales its units, in
 	// each layout.
@@ -763,6 +774,46 @@ func (r *profileRun) timeCPU(rot *cpuRotation, n int) (float64, error) {
 		start := time.Now()
 		r.cb.Run(rg[0], rg[1], r.tokens[:n], n, pos0(n), ir.OutputLast)
 		return time.Since(start).Seconds(), nil
+	})
+}
+
+// timeShare is the median seconds of the CPU's share of a split MoE
+// layer (cpu.Backend.MoEPartial over the first quarter of the experts) for
+// the rotation's next MoE ops over n rows, with random routing (each token
+// top-k distinct experts): the random activations' routing, as a trained
+// router's over a prompt, reaches most experts.
+func (r *profileRun) timeShare(rot *cpuRotation, n int) (float64, error) {
+	var moes []*ir.Op
+	for _, rg := range rot.ranges {
+		for i := rg[0]; i < rg[1]; i++ {
+			if op := &r.cprog.Ops[i]; op.Kind == ir.OpMoE {
+				moes = append(moes, op)
+			}
+		}
+	}
+	if len(moes) == 0 {
+		return 0, errors.New("no MoE op in the rotation")
+	}
+	op := moes[0]
+	k, ne, emb := op.TopK, op.W.Mat.Rows, op.Gate.Stack[0].Cols
+	rng := rand.New(rand.NewPCG(uint64(n), 3))
+	x, out := make([]float32, n*emb), make([]float32, n*emb)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	ids, w := make([]int32, n*k), make([]float32, n*k)
+	for t := range n {
+		for j, e := range rng.Perm(ne)[:k] {
+			ids[t*k+j], w[t*k+j] = int32(e), rng.Float32()/float32(k)
+		}
+	}
+	next := 0
+	return medianOf(func() (float64, error) {
+		op := moes[next%len(moes)]
+		next++
+		start := time.Now()
+		err := r.cb.MoEPartial(op, n, 0, max(1, ne/4), x, ids, w, out)
+		return time.Since(start).Seconds(), err
 	})
 }
 

@@ -3,6 +3,7 @@ package runtime
 import (
 	"math"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/atsinfer/ats/ops"
@@ -153,7 +154,7 @@ func TestMeasureProfileCPUOnly(t *testing.T) {
 				}
 				return len(v) == len(batches)
 			}
-			packedUnits := 0
+			packedUnits, shares := 0, 0
 			for i, u := range units {
 				ut := prof.Units[i]
 				if !finite(ut.CPU) || !finite(ut.CPUAlone) {
@@ -171,6 +172,16 @@ func TestMeasureProfileCPUOnly(t *testing.T) {
 				case len(ut.CPUPacked) > 0 || len(ut.CPUPackedAlone) > 0:
 					t.Errorf("%s (%s) is never repacked, but has repacked times", u.Name, u.Op)
 				}
+				// An MoE unit the CPU may split has its share's times, below
+				// the whole op's (the quarter of the experts, no routing).
+				switch split := repackable(u) && moeExperts(u) > 0 && canSplitMoE(u); {
+				case split && (!finite(ut.CPUShare) || ut.CPUShare[len(batches)-1] >= ut.CPUPacked[len(batches)-1]):
+					t.Errorf("%s: the CPU's share %v against the whole op's %v", u.Name, ut.CPUShare, ut.CPUPacked)
+				case split:
+					shares++
+				case len(ut.CPUShare) > 0:
+					t.Errorf("%s (%s) is never split, but has share times", u.Name, u.Op)
+				}
 			}
 			switch {
 			case name == "tiny-llama-q8_0" && packedUnits > 0:
@@ -179,6 +190,9 @@ func TestMeasureProfileCPUOnly(t *testing.T) {
 				t.Error("no unit timed repacked")
 			case packedUnits == 0:
 				t.Logf("no unit timed repacked: no repacked layout for these types at level %s", prof.Hardware.CPULevel)
+			}
+			if strings.Contains(name, "moe") && packedUnits > 0 && shares == 0 {
+				t.Error("no MoE unit's share timed")
 			}
 			assertUnrepacked(t, m)
 		})
