@@ -555,8 +555,9 @@ func splitUnit(u *plan.PromoteUnit, f, cpu, cross float64) {
 // (plan.Profile.Packed), CPUPacked is the repacked one. The whole op's
 // times also route every token, group every slot and add them up, which
 // the GPU does for a split layer: on the GPU machine the repacked 30B-A3B
-// layer's 512-token op took 16.9 ms, a quarter of its experts' share 3.4
-// (docs/bench/hybrid.md, ninth pass).
+// layers' 512-token ops took 14.4 and 18.5 ms (Q4_K and Q6_K down
+// products), a quarter of their experts 3.4 and 4.2 (docs/bench/hybrid.md,
+// ninth pass).
 func splitCPU(t plan.UnitTimes, b int, share, packed float64) float64 {
 	if len(t.CPUPacked) <= b || packed <= 0 {
 		return t.CPU[b] * share

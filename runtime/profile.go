@@ -151,6 +151,7 @@ type profileRun struct {
 	units   []Unit
 	batches []int
 	cb      *cpu.Backend
+	pool    *ops.Pool   // cb's
 	cprog   *ir.Program // the CPU's program: m.Prog's ops with weights of the layout timed
 	copies  bool        // cprog reads repacked copies made for it
 	ge      *gpu.Exec
@@ -344,7 +345,7 @@ func (m *Model) MeasureProfile(dev *gpu.Device, units []Unit, opt ContextOptions
 			return nil, fmt.Errorf("profile: %w", err)
 		}
 	}
-	r := &profileRun{m: m, units: units, batches: batches, cb: cb, ge: ge, cprog: &cprog, note: opt.Progress}
+	r := &profileRun{m: m, units: units, batches: batches, cb: cb, pool: pool, ge: ge, cprog: &cprog, note: opt.Progress}
 	r.tokens = make([]int, maxB)
 	for i := range r.tokens {
 		r.tokens[i] = rng.IntN(p.Hyper.NVocab)
@@ -811,6 +812,13 @@ func (r *profileRun) timeShare(rot *cpuRotation, n int) (float64, error) {
 	return medianOf(func() (float64, error) {
 		op := moes[next%len(moes)]
 		next++
+		// As a split layer's share starts: the workers woken while the
+		// GPU routes (about a millisecond), spinning (Context's
+		// SetHostMoE), not parked as between two timings.
+		r.pool.Expect(splitRoutingWait)
+		for t := time.Now(); time.Since(t) < time.Millisecond; {
+		}
+		r.pool.Expect(splitShareSpin)
 		start := time.Now()
 		err := r.cb.MoEPartial(op, n, 0, max(1, ne/4), x, ids, w, out)
 		return time.Since(start).Seconds(), err
