@@ -3,7 +3,6 @@ package runtime
 import (
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"sync"
 	"time"
@@ -82,7 +81,6 @@ type Context struct {
 	scheds []*schedule                   // by ascending minBatch; scheds[0] has minBatch 1
 	hostOf map[ir.BufID]*cudadrv.HostMem // the mapped host memory of buffers that cross
 	prom   *promoter                     // dynamic promotion of decode steps (nil: off)
-	cal    splitCal                      // prefill's split MoE layers, calibrated (splitcal.go)
 	unitOf []int                         // by op: its unit (traces)
 	logits []float32                     // rows of logits read back from the GPU
 	pos    int
@@ -105,13 +103,6 @@ type ExecStats struct {
 	// Split counts the MoE layers of prefill batches split between the
 	// CPU and the GPU, and the CPU's time on them (gpu.SplitStats).
 	Split gpu.SplitStats
-	// SplitReplans counts the re-plans of prefill's split (splitcal.go),
-	// SplitScale is the CPU's shares' time against the profile's they
-	// assumed, SplitPredicted the re-planned seconds of a batch by its
-	// size.
-	SplitReplans   int
-	SplitScale     float64
-	SplitPredicted map[int]float64
 }
 
 // schedule is where every op runs for batches of at least minBatch tokens.
@@ -156,7 +147,7 @@ func (m *Model) NewContext(opt ContextOptions) (*Context, error) {
 	if err := checkContextOptions(m, opt); err != nil { // limits.go
 		return nil, fmt.Errorf("%s: %w", m.File.Path, err)
 	}
-	c := &Context{m: m, opt: opt, pool: ops.NewPool(opt.Threads), entered: true, cal: splitCal{scale: 1}}
+	c := &Context{m: m, opt: opt, pool: ops.NewPool(opt.Threads), entered: true}
 	m.enterContext()
 	if err := c.init(); err != nil {
 		c.Close()
@@ -494,7 +485,6 @@ func (c *Context) Stats() ExecStats {
 		s.StreamedBytes = c.gpu.StreamedBytes()
 		s.Split = c.gpu.SplitStats()
 	}
-	s.SplitReplans, s.SplitScale, s.SplitPredicted = c.cal.replans, c.cal.scale, maps.Clone(c.cal.predicted)
 	return s
 }
 
@@ -604,12 +594,11 @@ func (c *Context) run(tokens []int, mode ir.OutputMode) ([]float32, error) {
 	}
 	var streamed0 int64
 	var captures0 int
-	var split0 gpu.SplitStats
 	if s.gpu != nil {
 		if c.prom != nil && c.opt.Trace == nil {
 			c.gpu.Measure(n == 1 && c.prom.timeNext())
 		}
-		streamed0, captures0, split0 = c.gpu.StreamedBytes(), c.gpu.Captures(), c.gpu.SplitStats()
+		streamed0, captures0 = c.gpu.StreamedBytes(), c.gpu.Captures()
 		if err := c.gpu.Begin(s.gpu, tokens, pos0); err != nil {
 			return nil, err
 		}
@@ -665,14 +654,6 @@ func (c *Context) run(tokens []int, mode ir.OutputMode) ([]float32, error) {
 		c.stats.DecodeTime += wall
 		c.stats.DecodeCPU += onCPU
 		c.stats.DecodeGPU += wall - onCPU
-	}
-	if n > 1 && s.gpu != nil {
-		st := c.gpu.SplitStats()
-		st.Layers -= split0.Layers
-		st.Host -= split0.Host
-		if err := c.observeSplit(s, n, st); err != nil {
-			return nil, err
-		}
 	}
 	if c.gpu != nil && (c.prom != nil || c.opt.Trace != nil) && s.gpu != nil {
 		t, err := c.gpu.Times()

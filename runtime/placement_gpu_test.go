@@ -8,7 +8,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/atsinfer/ats/internal/testenv"
 	"github.com/atsinfer/ats/runtime/gpu"
 )
 
@@ -326,62 +325,4 @@ func TestPrefetchMatchesCold(t *testing.T) {
 		}
 		t.Logf("prefetched bytes by decode step: %v", ahead)
 	})
-}
-
-// A prefill schedule whose split is planned again (splitcal.go) computes
-// what the oracle says, before and after: the tiny MoE model's streamed
-// layers split at a quarter of their experts, then at a half.
-func TestSplitReplanMatchesOracle(t *testing.T) {
-	needGPUDevice(t)
-	const ctx = 128
-	const name = "tiny-qwen3moe-q4_k_m"
-	m := openOracle(t, name)
-	defer m.Close()
-	want := loadOracle(t, filepath.Join(testenv.SharedDir(t), "testdata", "oracle", name+".logits.json"))
-	pl := splitPrefill(forcedPlacement(t, m, ctx, func(int, Unit) bool { return false }), 0.25)
-	if pl == nil {
-		t.Skip("skipping: no MoE layer streams in the forced placement")
-	}
-	c, err := m.NewContext(ContextOptions{Backend: BackendAuto, Placement: pl, CtxSize: ctx, Threads: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	var ref []float32
-	for _, r := range want.PrefillLogits {
-		ref = append(ref, r...)
-	}
-	check := func(what string) {
-		t.Helper()
-		if err := c.Truncate(0); err != nil {
-			t.Fatal(err)
-		}
-		got, err := c.Eval(want.Prompt, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if e, tol := nmse(got[:len(ref)], ref), oracleTolerance(name); !(e <= tol) {
-			t.Errorf("%s: NMSE %.3g against the oracle's prompt logits (bound %g)", what, e, tol)
-		}
-	}
-	check("split at a quarter")
-	s := c.scheduleFor(len(want.Prompt)) // the prefill schedule (batches of 2+)
-	j := slices.Index(c.scheds, s)
-	next := slices.Clone(s.split)
-	moved := false
-	for i, ks := range next {
-		if ks > 0 {
-			next[i], moved = moeExperts(c.units[i])/2, true
-		}
-	}
-	if !moved {
-		t.Fatalf("the prefill schedule (batches of %d+) splits nothing", s.minBatch)
-	}
-	if err := c.withSplit(j, next); err != nil {
-		t.Fatal(err)
-	}
-	if c.scheds[j] == s || !slices.Equal(c.scheds[j].split, next) {
-		t.Fatal("the schedule was not replaced")
-	}
-	check("split again at a half")
 }

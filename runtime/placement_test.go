@@ -384,7 +384,7 @@ func TestPrefillStreamsUseTheCPUWhileTheLinkRuns(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			stream, split, secs, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, c.ring, false, 1)
+			stream, split, secs, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, c.ring, false)
 			if split != nil {
 				t.Errorf("split %v without a weight path that splits", split)
 			}
@@ -426,20 +426,20 @@ func TestPrefillStreamsSplitMoELayers(t *testing.T) {
 	units := programUnits(m.Prog, 64, nil)
 	pl := newPlacement(m, units, BackendCPU)
 	prof, copies := linkBoundPrefill(units, 2) // the CPU is twice as slow as the link on MoE layers
-	_, _, whole, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, false, 1)
+	_, _, whole, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, split, _, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, false, 1); err != nil || split != nil {
+	if _, split, _, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, false); err != nil || split != nil {
 		t.Errorf("split %v (%v) on a path that cannot split", split, err)
 	}
 	t.Setenv(EnvMoESplit, "")
-	byDefault, splitByDefault, _, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, true, 1)
+	byDefault, splitByDefault, _, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, true)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv(EnvMoESplit, "auto")
-	stream, split, secs, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, true, 1)
+	stream, split, secs, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -477,11 +477,11 @@ func TestPrefillStreamsSplitMoELayers(t *testing.T) {
 	t.Logf("split %v: %.4f s against %.4f s without, %.4f s of copies", split, secs, whole, copies)
 
 	t.Setenv(EnvMoESplit, "0")
-	if _, split, _, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, true, 1); err != nil || split != nil {
+	if _, split, _, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, true); err != nil || split != nil {
 		t.Errorf("%s=0: split %v (%v), want none", EnvMoESplit, split, err)
 	}
 	t.Setenv(EnvMoESplit, "0.25")
-	_, split, _, err = prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, true, 1)
+	_, split, _, err = prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -493,38 +493,6 @@ func TestPrefillStreamsSplitMoELayers(t *testing.T) {
 				}
 			}
 		}
-	}
-}
-
-// The split planned with the CPU's shares timed faster (shareScale below
-// 1, as a context calibrates it on batches that ran them) gives the CPU
-// at least as many experts and predicts the batch no slower; slower
-// shares, no more experts.
-func TestPrefillStreamsShareScale(t *testing.T) {
-	m := openOracle(t, "tiny-qwen3moe-q4_k_m")
-	units := programUnits(m.Prog, 64, nil)
-	pl := newPlacement(m, units, BackendCPU)
-	prof, _ := linkBoundPrefill(units, 2)
-	t.Setenv(EnvMoESplit, "auto")
-	ksAt := func(scale float64) (int, float64) {
-		_, split, secs, err := prefillStreams(prof, units, pl, 1, 64, m.Prog.Hyper, 0, true, scale)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ks := 0
-		for _, v := range split {
-			ks = max(ks, v)
-		}
-		return ks, secs
-	}
-	kFast, tFast := ksAt(0.5)
-	kProf, tProf := ksAt(1)
-	kSlow, tSlow := ksAt(2)
-	if !(kFast >= kProf && kProf >= kSlow) || !(tFast <= tProf && tProf <= tSlow) {
-		t.Errorf("shares ×0.5, ×1, ×2: split at %d, %d, %d experts, predicted %.4f, %.4f, %.4f s", kFast, kProf, kSlow, tFast, tProf, tSlow)
-	}
-	if kFast == kSlow {
-		t.Errorf("the split stays at %d experts whatever the shares' speed", kFast)
 	}
 }
 

@@ -310,7 +310,7 @@ func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOpti
 		if size <= 1 || size > opt.Batch {
 			continue
 		}
-		stream, split, t, err := prefillStreams(prof, units, pl, b, size, m.Prog.Hyper, max(pl.RingBytes, ring), splitsMoE, 1)
+		stream, split, t, err := prefillStreams(prof, units, pl, b, size, m.Prog.Hyper, max(pl.RingBytes, ring), splitsMoE)
 		if err != nil {
 			return nil, err
 		}
@@ -411,9 +411,8 @@ func (m *Model) solvePrefillResidency(prof *plan.Profile, units []Unit, pr plan.
 // maps those units to the first expert the GPU computes. The fraction of
 // experts the CPU takes is the same for every layer: the one whose plan
 // the cost model finds fastest, none included, or EnvMoESplit's
-// (moeSplitFractions). shareScale scales the CPU's share times (1: the
-// profile's; Context calibrates it on the batches that ran a split).
-func prefillStreams(prof *plan.Profile, units []Unit, pl *Placement, b, size int, h ir.Hyper, ring int64, splitsMoE bool, shareScale float64) (stream []string, split map[string]int, secs float64, err error) {
+// (moeSplitFractions).
+func prefillStreams(prof *plan.Profile, units []Unit, pl *Placement, b, size int, h ir.Hyper, ring int64, splitsMoE bool) (stream []string, split map[string]int, secs float64, err error) {
 	sw := prof.Switch[b]
 	var largest int64
 	for i, u := range units {
@@ -446,7 +445,7 @@ func prefillStreams(prof *plan.Profile, units []Unit, pl *Placement, b, size int
 				ks = min(int(math.Round(f*float64(ne))), ne-1)
 				if ks > 0 {
 					share := float64(ks) / float64(ne)
-					splitUnit(&pr.Units[i], share, shareScale*splitCPU(prof.Units[i], b, share, pl.packedAt(i)), sw.Time(2*u.InBytes*int64(size)))
+					splitUnit(&pr.Units[i], share, splitCPU(prof.Units[i], b, share, pl.packedAt(i)), sw.Time(2*u.InBytes*int64(size)))
 				}
 			}
 		}

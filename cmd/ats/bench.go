@@ -67,11 +67,6 @@ type benchResult struct {
 	SplitSlots   float64 `json:"split_slots,omitempty"`
 	SplitThreads float64 `json:"split_threads,omitempty"`
 	SplitWaitMs  float64 `json:"split_wait_ms,omitempty"`
-	// SplitReplans counts the re-plans of the split after batches whose
-	// shares ran off the profile's times; SplitScale is their measured
-	// time against the profile's (runtime.ExecStats).
-	SplitReplans int     `json:"split_replans,omitempty"`
-	SplitScale   float64 `json:"split_scale,omitempty"`
 	modelPretty  string
 }
 
@@ -230,9 +225,6 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 						fmt.Fprintf(stderr, "; a batch splits %d MoE layers with the CPU, its share (%.1f%% of the routed slots) %.2f ms each after %.2f ms waiting for the routing", r.SplitLayers, 100*r.SplitSlots, r.SplitHostMs, r.SplitWaitMs)
 						if r.SplitThreads > 0 {
 							fmt.Fprintf(stderr, ", %.1f threads busy on it", r.SplitThreads)
-						}
-						if r.SplitReplans > 0 {
-							fmt.Fprintf(stderr, " (split planned again %d times, the shares taking ×%.2f of the profile's time)", r.SplitReplans, r.SplitScale)
 						}
 					}
 					if r.Promotion != "" && r.NGen > 0 {
@@ -438,11 +430,6 @@ func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer
 			r.SplitSlots = float64(st.Split.HostSlots) / float64(max(st.Split.Slots, 1))
 			if st.Split.Host > 0 {
 				r.SplitThreads = st.Split.HostCPU.Seconds() / st.Split.Host.Seconds()
-			}
-			r.SplitReplans, r.SplitScale = st.SplitReplans, st.SplitScale
-			// The plan's prediction is the re-planned one's.
-			if secs := st.SplitPredicted[min(r.NPrompt, o.batch)]; secs > 0 && r.NPrompt > 0 {
-				r.PredictedTs = float64(min(r.NPrompt, o.batch)) / secs
 			}
 		}
 		if st := c.Stats(); st.DecodeSteps > 0 && c.Backend() == runtime.BackendHybrid {
