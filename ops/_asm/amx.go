@@ -260,41 +260,11 @@ func genAMXQ4K() {
 	RET()
 }
 
-// amxFinish finishes tokens from to to of the pass (table at R10): those
-// before a0+16 from tile 0 (row t-a0), the others from tile 1 (row t-a1).
-// A tile's q·h rows are at C + 1024·tile + 64·row, its q·l rows 2048 on,
-// its sums at S + 256·tile + 16·row. A first block stores each token's
-// sum (fma onto zero: the twin's first step); the others add into out.
+// amxFinish finishes tokens from to to of the pass (amxTokenLoop): a
+// tile's q·h rows are at C + 1024·tile + 64·row, its q·l rows 2048 on,
+// its sums at S + 256·tile + 16·row.
 func amxFinish(name string, ldo Mem) {
-	scr := R14
-	MOVQ(Mem{Base: R10, Disp: 16}, RSI) // t = from
-	for tile := 0; tile < 2; tile++ {
-		end := fmt.Sprintf("amxQ4K_%s_done%d", name, tile)
-		if tile == 0 {
-			MOVQ(Mem{Base: R10}, RCX)
-			ADDQ(U8(16), RCX)
-			CMPQ(Mem{Base: R10, Disp: 24}, RCX)
-			CMOVQLT(Mem{Base: R10, Disp: 24}, RCX) // the tile's end: min(a0+16, to)
-		} else {
-			MOVQ(Mem{Base: R10, Disp: 24}, RCX)
-		}
-		SUBQ(RSI, RCX) // tokens from this tile
-		JLE(LabelRef(end))
-		MOVQ(RSI, RAX)
-		SUBQ(Mem{Base: R10, Disp: 8 * tile}, RAX) // row = t - a
-		MOVQ(RAX, R13)
-		SHLQ(U8(6), RAX)
-		SHLQ(U8(4), R13)
-		LEAQ(Mem{Base: scr, Index: RAX, Scale: 1, Disp: amxC + 1024*tile}, RAX)
-		LEAQ(Mem{Base: scr, Index: R13, Scale: 1, Disp: amxS + 256*tile}, R13)
-		MOVQ(RSI, R11)
-		IMULQ(RBX, R11)
-		ADDQ(R12, R11) // token t's Q8_K block (its yd)
-		MOVQ(RSI, R15)
-		IMULQ(ldo, R15)
-		ADDQ(Mem{Base: scr, Disp: amxSave}, R15) // token t's out row
-		ADDQ(RCX, RSI)                           // t after this tile's
-		Label(fmt.Sprintf("amxQ4K_%s_token%d", name, tile))
+	amxTokenLoop("amxQ4K", name == "first", ldo, amxC, amxS, amxSave, func() {
 		VMOVDQU32(Mem{Base: RAX}, Z0)
 		VPSLLD(U8(3), Z0, Z0)
 		VPADDD(Mem{Base: RAX, Disp: 2048}, Z0, Z0) // iacc
@@ -307,7 +277,61 @@ func amxFinish(name string, ldo Mem) {
 		VMULPS(Z10, Z0, Z0)
 		VCVTDQ2PS(Z1, Z1)
 		VFNMADD231PS(Z11, Z1, Z0)
-		if name == "first" {
+	})
+}
+
+// amxTokenLoop emits the finishing of tokens from to to of a pass (its
+// table at R10) of an AMX kernel named prefix: those before a0+16 from
+// tile 0 (row t-a0), the others from tile 1 (row t-a1). For each token,
+// RAX points at its row of the tile's first C tile (c + 1024·tile +
+// 64·row, on the kernel's scratch at R14), R13 at its row of the tile's
+// sub-block sums when sums is not negative (sums + 256·tile + 16·row),
+// R11 at its Q8_K block (yd first) and R15 at its row of out (out saved at
+// save); value leaves the token's block in Z0 as floats, which the loop
+// adds into out times yd, or at the first block stores (the twin's
+// accumulator starts at zero).
+func amxTokenLoop(prefix string, first bool, ldo Mem, c, sums, save int, value func()) {
+	scr := R14
+	name := "later"
+	if first {
+		name = "first"
+	}
+	MOVQ(Mem{Base: R10, Disp: 16}, RSI) // t = from
+	for tile := 0; tile < 2; tile++ {
+		end := fmt.Sprintf("%s_%s_done%d", prefix, name, tile)
+		if tile == 0 {
+			MOVQ(Mem{Base: R10}, RCX)
+			ADDQ(U8(16), RCX)
+			CMPQ(Mem{Base: R10, Disp: 24}, RCX)
+			CMOVQLT(Mem{Base: R10, Disp: 24}, RCX) // the tile's end: min(a0+16, to)
+		} else {
+			MOVQ(Mem{Base: R10, Disp: 24}, RCX)
+		}
+		SUBQ(RSI, RCX) // tokens from this tile
+		JLE(LabelRef(end))
+		MOVQ(RSI, RAX)
+		SUBQ(Mem{Base: R10, Disp: 8 * tile}, RAX) // row = t - a
+		if sums >= 0 {
+			MOVQ(RAX, R13)
+		}
+		SHLQ(U8(6), RAX)
+		if sums >= 0 {
+			SHLQ(U8(4), R13)
+		}
+		LEAQ(Mem{Base: scr, Index: RAX, Scale: 1, Disp: c + 1024*tile}, RAX)
+		if sums >= 0 {
+			LEAQ(Mem{Base: scr, Index: R13, Scale: 1, Disp: sums + 256*tile}, R13)
+		}
+		MOVQ(RSI, R11)
+		IMULQ(RBX, R11)
+		ADDQ(R12, R11) // token t's Q8_K block
+		MOVQ(RSI, R15)
+		IMULQ(ldo, R15)
+		ADDQ(Mem{Base: scr, Disp: save}, R15) // token t's out row
+		ADDQ(RCX, RSI)                        // t after this tile's
+		Label(fmt.Sprintf("%s_%s_token%d", prefix, name, tile))
+		value()
+		if first {
 			VPXORD(Z2, Z2, Z2)
 		} else {
 			VMOVUPS(Mem{Base: R15}, Z2)
@@ -315,11 +339,13 @@ func amxFinish(name string, ldo Mem) {
 		VFMADD231PS_BCST(Mem{Base: R11}, Z0, Z2)
 		VMOVUPS(Z2, Mem{Base: R15})
 		ADDQ(U8(64), RAX)
-		ADDQ(U8(16), R13)
+		if sums >= 0 {
+			ADDQ(U8(16), R13)
+		}
 		ADDQ(RBX, R11)
 		ADDQ(ldo, R15)
 		DECQ(RCX)
-		JNZ(LabelRef(fmt.Sprintf("amxQ4K_%s_token%d", name, tile)))
+		JNZ(LabelRef(fmt.Sprintf("%s_%s_token%d", prefix, name, tile)))
 		Label(end)
 	}
 }

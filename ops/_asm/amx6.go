@@ -236,36 +236,11 @@ func genAMXQ6K() {
 	RET()
 }
 
-// amx6Finish finishes tokens from to to of the pass (table at R10), as
-// amxFinish does: a tile's C16 rows are at C + 1024·tile + 64·row, its C1
-// rows 2048 on; the scale pairs are in Z16-Z23, d in Z10.
+// amx6Finish finishes tokens from to to of the pass (amxTokenLoop): a
+// tile's C16 rows are at C + 1024·tile + 64·row, its C1 rows 2048 on; the
+// scale pairs are in Z16-Z23, d in Z10.
 func amx6Finish(name string, ldo Mem) {
-	scr := R14
-	MOVQ(Mem{Base: R10, Disp: 16}, RSI) // t = from
-	for tile := 0; tile < 2; tile++ {
-		end := fmt.Sprintf("amxQ6K_%s_done%d", name, tile)
-		if tile == 0 {
-			MOVQ(Mem{Base: R10}, RCX)
-			ADDQ(U8(16), RCX)
-			CMPQ(Mem{Base: R10, Disp: 24}, RCX)
-			CMOVQLT(Mem{Base: R10, Disp: 24}, RCX) // the tile's end: min(a0+16, to)
-		} else {
-			MOVQ(Mem{Base: R10, Disp: 24}, RCX)
-		}
-		SUBQ(RSI, RCX) // tokens from this tile
-		JLE(LabelRef(end))
-		MOVQ(RSI, RAX)
-		SUBQ(Mem{Base: R10, Disp: 8 * tile}, RAX) // row = t - a
-		SHLQ(U8(6), RAX)
-		LEAQ(Mem{Base: scr, Index: RAX, Scale: 1, Disp: amx6C + 1024*tile}, RAX)
-		MOVQ(RSI, R11)
-		IMULQ(RBX, R11)
-		ADDQ(R12, R11) // token t's Q8_K block (its yd, its bsums at 260)
-		MOVQ(RSI, R15)
-		IMULQ(ldo, R15)
-		ADDQ(Mem{Base: scr, Disp: amx6Save}, R15) // token t's out row
-		ADDQ(RCX, RSI)                            // t after this tile's
-		Label(fmt.Sprintf("amxQ6K_%s_token%d", name, tile))
+	amxTokenLoop("amxQ6K", name == "first", ldo, amx6C, -1, amx6Save, func() {
 		VMOVDQU32(Mem{Base: RAX}, Z0)
 		VPSLLD(U8(4), Z0, Z0)
 		VPADDD(Mem{Base: RAX, Disp: 2048}, Z0, Z0)
@@ -278,20 +253,7 @@ func amx6Finish(name string, ldo Mem) {
 		// finishBlock's float steps (no mins).
 		VCVTDQ2PS(Z0, Z0)
 		VMULPS(Z10, Z0, Z0)
-		if name == "first" {
-			VPXORD(Z2, Z2, Z2)
-		} else {
-			VMOVUPS(Mem{Base: R15}, Z2)
-		}
-		VFMADD231PS_BCST(Mem{Base: R11}, Z0, Z2)
-		VMOVUPS(Z2, Mem{Base: R15})
-		ADDQ(U8(64), RAX)
-		ADDQ(RBX, R11)
-		ADDQ(ldo, R15)
-		DECQ(RCX)
-		JNZ(LabelRef(fmt.Sprintf("amxQ6K_%s_token%d", name, tile)))
-		Label(end)
-	}
+	})
 }
 
 func zreg32(i int) VecPhysical {
