@@ -95,32 +95,21 @@ func tilestored(t int, base, index GPPhysical) {
 }
 
 // tdpbsud: c += a (signed bytes) · b (unsigned bytes).
-func tdpbsud(c, a, b int) {
-	amxRaw(fmt.Sprintf("TDPBSUD tmm%d, tmm%d, tmm%d", c, a, b),
-		0xC4, 0xE2, byte((^b&15)<<3|2), 0x5E, byte(0xC0|c<<3|a))
+func tdpbsud(c, a, b int) { tdp("TDPBSUD", 2, c, a, b) }
+
+// tdpbssd: c += a (signed bytes) · b (signed bytes).
+func tdpbssd(c, a, b int) { tdp("TDPBSSD", 3, c, a, b) }
+
+// tdp appends a tile dot product, its signedness by the VEX prefix's pp
+// field (2: F3, TDPBSUD; 3: F2, TDPBSSD): c in ModRM.reg, a in ModRM.rm,
+// b in VEX.vvvv.
+func tdp(mnemonic string, pp byte, c, a, b int) {
+	amxRaw(fmt.Sprintf("%s tmm%d, tmm%d, tmm%d", mnemonic, c, a, b),
+		0xC4, 0xE2, byte((^b&15)<<3)|pp, 0x5E, byte(0xC0|c<<3|a))
 }
 
 func genAMXQ4K() {
-	TEXT("amxQ4K", 0, "func(cfg *[64]byte, w *byte, nb int, x *byte, ab int, table *[4]int, passes int, out *float32, ldo int)")
-	Pragma("noescape")
-	Doc("amxQ4K adds one group of 16 repacked Q4_K rows times the prepared activations into out, with AMX tiles (see ops/_asm/amx.go).")
-	local := AllocLocal(amxFrame)
-	Load(Param("cfg"), RAX)
-	ldtilecfg(RAX)
-	scr := R14 // the aligned scratch
-	LEAQ(local.Offset(63), scr)
-	ANDQ(I32(^63), scr)
-	Load(Param("w"), RDI)
-	Load(Param("nb"), R8)
-	Load(Param("x"), R12)
-	MOVQ(U32(64), RDX)
-	Load(Param("ab"), RBX)
-	Load(Param("out"), RAX)
-	MOVQ(RAX, Mem{Base: scr, Disp: amxSave})
-	bcast := func(v uint32, z VecPhysical) {
-		MOVL(U32(v), R9L)
-		VPBROADCASTD(R9L, z)
-	}
+	scr := amxPrologue("amxQ4K", "Q4_K", "amx.go", amxFrame, amxSave)
 	bcast(0x0F0F0F0F, Z31)
 	bcast(0x3F3F3F3F, Z30)
 	bcast(0x03030303, Z29)
@@ -232,29 +221,67 @@ func genAMXQ4K() {
 		tdpbsud(5, 0, 2)
 		tdpbsud(6, 1, 2)
 	}
-	for i, c := range []int{3, 4, 5, 6} {
-		LEAQ(Mem{Base: scr, Disp: amxC + 1024*i}, RAX)
-		tilestored(c, RAX, RDX)
+	amxEpilogue("amxQ4K", amxC, 2304, func(first bool) { amxFinish(first, ldoArg.Addr) })
+}
+
+// amxPrologue starts the AMX kernel name over repacked weights of type
+// typ (its generator in file) with frame bytes of scratch: the tile
+// configuration loaded, the scratch 64-byte aligned at R14 (returned),
+// RDI = w, R8 = nb, R12 = x, RBX = ab, RDX = 64 (the scratch tiles'
+// stride), out saved on the scratch at save.
+func amxPrologue(name, typ, file string, frame, save int) GPPhysical {
+	TEXT(name, 0, "func(cfg *[64]byte, w *byte, nb int, x *byte, ab int, table *[4]int, passes int, out *float32, ldo int)")
+	Pragma("noescape")
+	Doc(fmt.Sprintf("%s adds one group of 16 repacked %s rows times the prepared activations into out, with AMX tiles (see ops/_asm/%s).", name, typ, file))
+	local := AllocLocal(frame)
+	Load(Param("cfg"), RAX)
+	ldtilecfg(RAX)
+	scr := R14 // the aligned scratch
+	LEAQ(local.Offset(63), scr)
+	ANDQ(I32(^63), scr)
+	Load(Param("w"), RDI)
+	Load(Param("nb"), R8)
+	Load(Param("x"), R12)
+	MOVQ(U32(64), RDX)
+	Load(Param("ab"), RBX)
+	Load(Param("out"), RAX)
+	MOVQ(RAX, Mem{Base: scr, Disp: save})
+	return scr
+}
+
+// bcast broadcasts the dword v into z.
+func bcast(v uint32, z VecPhysical) {
+	MOVL(U32(v), R9L)
+	VPBROADCASTD(R9L, z)
+}
+
+// amxEpilogue ends a pass of an AMX kernel named prefix: the C tiles 3-6
+// stored to the scratch at c, the pass's tokens finished (finish, at the
+// first block or a later one: the first block's sums are the tokens'
+// first, stored, not added, as the twin's accumulator starts at zero, so
+// out needs no clearing), then the next pass, the next block (block
+// bytes of weights on) and the return.
+func amxEpilogue(prefix string, c, block int, finish func(first bool)) {
+	for i, t := range []int{3, 4, 5, 6} {
+		LEAQ(Mem{Base: R14, Disp: c + 1024*i}, RAX)
+		tilestored(t, RAX, RDX)
 	}
-	// The first block's sums are the tokens' first: they are stored,
-	// not added (the twin's accumulator starts at zero), so out needs no
-	// clearing.
 	nbArg, _ := Param("nb").Resolve()
 	CMPQ(R8, nbArg.Addr)
-	JNE(LabelRef("amxQ4K_later"))
-	amxFinish("first", ldoArg.Addr)
-	JMP(LabelRef("amxQ4K_finished"))
-	Label("amxQ4K_later")
-	amxFinish("later", ldoArg.Addr)
-	Label("amxQ4K_finished")
+	JNE(LabelRef(prefix + "_later"))
+	finish(true)
+	JMP(LabelRef(prefix + "_finished"))
+	Label(prefix + "_later")
+	finish(false)
+	Label(prefix + "_finished")
 	ADDQ(U8(32), R10) // the next pass
 	DECQ(R9)
-	JNZ(LabelRef("amxQ4K_pass"))
+	JNZ(LabelRef(prefix + "_pass"))
 	// The next block.
-	ADDQ(U32(2304), RDI)
+	ADDQ(U32(block), RDI)
 	ADDQ(U32(292), R12)
 	DECQ(R8)
-	JNZ(LabelRef("amxQ4K_block"))
+	JNZ(LabelRef(prefix + "_block"))
 	tilerelease()
 	VZEROUPPER()
 	RET()
@@ -263,8 +290,8 @@ func genAMXQ4K() {
 // amxFinish finishes tokens from to to of the pass (amxTokenLoop): a
 // tile's q·h rows are at C + 1024·tile + 64·row, its q·l rows 2048 on,
 // its sums at S + 256·tile + 16·row.
-func amxFinish(name string, ldo Mem) {
-	amxTokenLoop("amxQ4K", name == "first", ldo, amxC, amxS, amxSave, func() {
+func amxFinish(first bool, ldo Mem) {
+	amxTokenLoop("amxQ4K", first, ldo, amxC, amxS, amxSave, func() {
 		VMOVDQU32(Mem{Base: RAX}, Z0)
 		VPSLLD(U8(3), Z0, Z0)
 		VPADDD(Mem{Base: RAX, Disp: 2048}, Z0, Z0) // iacc

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"fmt"
-
 	. "github.com/mmcloughlin/avo/build"
 	. "github.com/mmcloughlin/avo/operand"
 	. "github.com/mmcloughlin/avo/reg"
@@ -59,33 +57,8 @@ const (
 	p6Bytes = 3360
 )
 
-// tdpbssd: c += a (signed bytes) · b (signed bytes).
-func tdpbssd(c, a, b int) {
-	amxRaw(fmt.Sprintf("TDPBSSD tmm%d, tmm%d, tmm%d", c, a, b),
-		0xC4, 0xE2, byte((^b&15)<<3|3), 0x5E, byte(0xC0|c<<3|a))
-}
-
 func genAMXQ6K() {
-	TEXT("amxQ6K", 0, "func(cfg *[64]byte, w *byte, nb int, x *byte, ab int, table *[4]int, passes int, out *float32, ldo int)")
-	Pragma("noescape")
-	Doc("amxQ6K adds one group of 16 repacked Q6_K rows times the prepared activations into out, with AMX tiles (see ops/_asm/amx6.go).")
-	local := AllocLocal(amx6Fr)
-	Load(Param("cfg"), RAX)
-	ldtilecfg(RAX)
-	scr := R14
-	LEAQ(local.Offset(63), scr)
-	ANDQ(I32(^63), scr)
-	Load(Param("w"), RDI)
-	Load(Param("nb"), R8)
-	Load(Param("x"), R12)
-	MOVQ(U32(64), RDX)
-	Load(Param("ab"), RBX)
-	Load(Param("out"), RAX)
-	MOVQ(RAX, Mem{Base: scr, Disp: amx6Save})
-	bcast := func(v uint32, z VecPhysical) {
-		MOVL(U32(v), R9L)
-		VPBROADCASTD(R9L, z)
-	}
+	scr := amxPrologue("amxQ6K", "Q6_K", "amx6.go", amx6Fr, amx6Save)
 	bcast(0x0F0F0F0F, Z31)
 	bcast(8, Z29)
 	bcast(15, Z28)
@@ -211,36 +184,14 @@ func genAMXQ6K() {
 			}
 		}
 	}
-	for i, c := range []int{3, 4, 5, 6} {
-		LEAQ(Mem{Base: scr, Disp: amx6C + 1024*i}, RAX)
-		tilestored(c, RAX, RDX)
-	}
-	nbArg, _ := Param("nb").Resolve()
-	CMPQ(R8, nbArg.Addr)
-	JNE(LabelRef("amxQ6K_later"))
-	amx6Finish("first", ldoArg.Addr)
-	JMP(LabelRef("amxQ6K_finished"))
-	Label("amxQ6K_later")
-	amx6Finish("later", ldoArg.Addr)
-	Label("amxQ6K_finished")
-	ADDQ(U8(32), R10) // the next pass
-	DECQ(R9)
-	JNZ(LabelRef("amxQ6K_pass"))
-	// The next block.
-	ADDQ(U32(p6Bytes), RDI)
-	ADDQ(U32(292), R12)
-	DECQ(R8)
-	JNZ(LabelRef("amxQ6K_block"))
-	tilerelease()
-	VZEROUPPER()
-	RET()
+	amxEpilogue("amxQ6K", amx6C, p6Bytes, func(first bool) { amx6Finish(first, ldoArg.Addr) })
 }
 
 // amx6Finish finishes tokens from to to of the pass (amxTokenLoop): a
 // tile's C16 rows are at C + 1024·tile + 64·row, its C1 rows 2048 on; the
 // scale pairs are in Z16-Z23, d in Z10.
-func amx6Finish(name string, ldo Mem) {
-	amxTokenLoop("amxQ6K", name == "first", ldo, amx6C, -1, amx6Save, func() {
+func amx6Finish(first bool, ldo Mem) {
+	amxTokenLoop("amxQ6K", first, ldo, amx6C, -1, amx6Save, func() {
 		VMOVDQU32(Mem{Base: RAX}, Z0)
 		VPSLLD(U8(4), Z0, Z0)
 		VPADDD(Mem{Base: RAX, Disp: 2048}, Z0, Z0)
