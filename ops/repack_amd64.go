@@ -24,11 +24,12 @@ const packedBlockBytes = 256 << 10
 // archPacked returns level l's product over repacked weights of type t
 // (nil: none).
 func archPacked(l Level, t gguf.Type) packedMulFunc {
-	return archPackedTiles(l, t, amxUsable())
+	return archPackedTiles(l, t, l == LevelAVX512VNNI && amxUsable())
 }
 
-// archPackedTiles is archPacked, with AMX tiles for 16 tokens or more
-// where amx is set and the level and type have them.
+// archPackedTiles is archPacked, with AMX tiles (amxKernels) for the
+// token counts they take where amx is set and the level and type have
+// them.
 func archPackedTiles(l Level, t gguf.Type, amx bool) packedMulFunc {
 	id, ok := packedIDs[l][t]
 	if !ok {

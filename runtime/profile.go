@@ -779,10 +779,11 @@ func (r *profileRun) timeCPU(rot *cpuRotation, n int) (float64, error) {
 }
 
 // timeShare is the median seconds of the CPU's share of a split MoE
-// layer (cpu.Backend.MoEPartial over the first quarter of the experts) for
-// the rotation's next MoE ops over n rows, with random routing (each token
-// top-k distinct experts): the random activations' routing, as a trained
-// router's over a prompt, reaches most experts.
+// layer (cpu.Backend.MoEPartial over the first quarter of the experts:
+// every MoE model's expert count so far is a multiple of four) for the
+// rotation's next MoE ops over n rows, with random routing (each token
+// top-k distinct experts), which a prompt's routing resembles in that it
+// reaches most experts.
 func (r *profileRun) timeShare(rot *cpuRotation, n int) (float64, error) {
 	var moes []*ir.Op
 	for _, rg := range rot.ranges {

@@ -216,12 +216,12 @@ func (b *Backend) MoEPartial(op *ir.Op, n, e0, e1 int, x []float32, ids []int32,
 // over the costs) split the work evenly, not the unit count: each of an
 // expert's per units (row groups) costs its rows (the tokens routed to
 // it) plus unitOverhead (the unit's weights to read), and nothing when no
-// token chose it. Routing is
-// rarely even: when a few experts take many of a batch's tokens, chunks by
-// unit count left a thread on a hot expert's big first chunk for
-// milliseconds while the others waited (the CPU's quarter of a split
-// 30B-A3B layer took 11.5 ms with 5 threads busy on average, against 4-5
-// ms with even routing; docs/bench/hybrid.md, eighth pass).
+// token chose it. Routing is rarely even: when a few experts take many of
+// a batch's tokens, chunks by unit count left a thread on a hot expert's
+// big first chunk for milliseconds while the others waited (the CPU's
+// quarter of a split 30B-A3B layer took 11.5 ms with 5 threads busy on
+// average, against 4-5 ms with even routing; docs/bench/hybrid.md, eighth
+// pass).
 type expertCosts struct {
 	per  int   // units per expert (or segment)
 	cum  []int // cum[i]: the cost of the units of the range's first i experts (segments)
