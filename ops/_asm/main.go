@@ -26,10 +26,11 @@
 // (vpdpbusdVEX) and fixVEX, after avo has allocated the registers, rewrites
 // each into its five raw bytes with the mnemonic as a comment.
 //
-// One kernel beside the levels, amxQ4K (amx.go), runs the products of
-// repacked Q4_K weights with 16 tokens or more on AMX tiles, which Go's
-// assembler does not know either: its tile instructions are raw bytes
-// (fixAMX puts each on one line, its mnemonic as a comment).
+// Two kernels beside the levels, amxQ4K (amx.go) and amxQ6K (amx6.go),
+// run the products of repacked Q4_K and Q6_K weights of many tokens on AMX
+// tiles, which Go's assembler does not know either: their tile
+// instructions are raw bytes (fixAMX puts each on one line, its mnemonic
+// as a comment).
 package main
 
 //go:generate go run . -out ../dot_amd64.s -stubs ../dot_decl_amd64.go -pkg ops -dispatch ../dot_dispatch_amd64.go
