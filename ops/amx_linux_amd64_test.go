@@ -29,7 +29,7 @@ func TestPackedAMXMatchesVNNI(t *testing.T) {
 				for _, realistic := range []bool{false, true} {
 					groups := 1 + rng.IntN(3)
 					c := newPackCase(typ, nb*qkK, groups*packRows, nTok, realistic, rng.IntN(64), rng)
-					got := c.runPacked(t, packed) // the tiles: nTok >= amxMinTokens
+					got := c.runPacked(t, packed) // the tiles, where the type takes nTok tokens (amxKernels)
 					want := c.runPacked(t, func(nb int, w []byte, groups int, x []byte, ab, nTok int, out []float32, ldOut int) {
 						for t := range nTok {
 							packed(nb, w, groups, x[t*ab:], ab, 1, out[t*ldOut:], ldOut)
