@@ -67,7 +67,8 @@ var (
 )
 
 // CPUKernels names the kernels in use: the level, and "+amx" where the
-// products over repacked Q4_K weights of many tokens use AMX tiles.
+// products over repacked Q4_K and Q6_K weights of many tokens use AMX
+// tiles.
 func CPUKernels() string {
 	if CPULevel() == LevelAVX512VNNI && amxTiles() {
 		return CPULevel().String() + "+amx"

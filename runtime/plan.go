@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync"
 
 	"github.com/atsinfer/ats/plan"
 	"github.com/atsinfer/ats/runtime/gpu"
@@ -314,7 +315,7 @@ func (m *Model) placeByProfile(prof *plan.Profile, units []Unit, opt ContextOpti
 		if err != nil {
 			return nil, err
 		}
-		if len(stream) > 0 && (!equalStrings(stream, last) || !maps.Equal(split, lastSplit)) {
+		if len(stream) > 0 && (!slices.Equal(stream, last) || !maps.Equal(split, lastSplit)) {
 			pl.Prefill = append(pl.Prefill, PrefillSchedule{MinBatch: size, Stream: stream, Split: split})
 			last, lastSplit = stream, split
 		} else if len(stream) == 0 && len(last) > 0 {
@@ -500,7 +501,9 @@ func moeSplitFractions(splitsMoE bool) []float64 {
 		if f, err := strconv.ParseFloat(v, 64); err == nil && f >= 0 && f < 1 {
 			return []float64{f}
 		}
-		fmt.Fprintf(os.Stderr, "ats: %s=%q is neither a fraction in [0, 1) nor auto: ignored\n", EnvMoESplit, v)
+		badSplitNote.Do(func() {
+			fmt.Fprintf(os.Stderr, "ats: %s=%q is neither a fraction in [0, 1) nor auto: ignored\n", EnvMoESplit, v)
+		})
 		return []float64{0}
 	}
 	out := make([]float64, 0, 13)
@@ -509,6 +512,10 @@ func moeSplitFractions(splitsMoE bool) []float64 {
 	}
 	return out
 }
+
+// badSplitNote says once that EnvMoESplit was not understood (each
+// prefill batch size's plan reads it).
+var badSplitNote sync.Once
 
 // moeExperts is the expert count of an MoE unit (0 for other units).
 func moeExperts(u Unit) int {
@@ -571,16 +578,4 @@ func splitCPU(t plan.UnitTimes, b int, share, packed float64) float64 {
 	}
 	plain := max(t.CPU[b]-packed*t.CPUPacked[b], 0) / (1 - packed) // t.CPU[b] is the mix
 	return fast*min(share, packed) + plain*max(share-packed, 0)
-}
-
-func equalStrings(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }

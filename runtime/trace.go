@@ -12,8 +12,9 @@ import (
 
 // Trace writes the timeline of every batch as Chrome trace events
 // (chrome://tracing, ui.perfetto.dev): the CPU segments on the worker
-// pool (and the CPU's share of split MoE layers), the GPU segments on the compute stream and the weight uploads on
-// the copy stream, so their overlap can be seen. Device times come from
+// pool (and the CPU's share of split MoE layers), the GPU segments on the
+// compute stream and the weight uploads on the copy stream, so their
+// overlap can be seen. Device times come from
 // events recorded on the streams, placed on the host's clock at the
 // batch's start.
 type Trace struct {

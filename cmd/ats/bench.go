@@ -422,7 +422,8 @@ func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer
 		if pr := c.Promotion(); pr.On {
 			r.Promotion = describePromotion(pr)
 		}
-		if st := c.Stats(); st.Split.Layers > 0 && st.Steps > st.DecodeSteps {
+		st := c.Stats()
+		if st.Split.Layers > 0 && st.Steps > st.DecodeSteps {
 			batches := float64(st.Steps - st.DecodeSteps)
 			r.SplitLayers = int(math.Round(float64(st.Split.Layers) / batches))
 			r.SplitHostMs = float64(st.Split.Host.Microseconds()) / 1e3 / float64(st.Split.Layers)
@@ -432,7 +433,7 @@ func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer
 				r.SplitThreads = st.Split.HostCPU.Seconds() / st.Split.Host.Seconds()
 			}
 		}
-		if st := c.Stats(); st.DecodeSteps > 0 && c.Backend() == runtime.BackendHybrid {
+		if st.DecodeSteps > 0 && c.Backend() == runtime.BackendHybrid {
 			r.DecodeCPUMs = float64(st.DecodeCPU.Microseconds()) / 1e3 / float64(st.DecodeSteps)
 			r.DecodeGPUMs = float64(st.DecodeGPU.Microseconds()) / 1e3 / float64(st.DecodeSteps)
 		}

@@ -204,14 +204,7 @@ func genAMXQ4K() {
 		DECQ(RCX)
 		JNZ(LabelRef(fmt.Sprintf("amxQ4K_sums%d", tile)))
 	}
-	for c := 3; c <= 6; c++ {
-		tilezero(c)
-	}
-	for g := 0; g < 4; g++ {
-		LEAQ(Mem{Base: R11, Disp: 4 + 64*g}, RAX) // tile 0's tokens' K values 64g-64g+63
-		tileloadd(0, RAX, RBX)
-		LEAQ(Mem{Base: R13, Disp: 4 + 64*g}, RAX) // tile 1's
-		tileloadd(1, RAX, RBX)
+	amxProducts(func(g int) {
 		LEAQ(Mem{Base: scr, Disp: amxBHi + 1024*g}, RAX)
 		tileloadd(2, RAX, RDX)
 		tdpbsud(3, 0, 2)
@@ -220,8 +213,25 @@ func genAMXQ4K() {
 		tileloadd(2, RAX, RDX)
 		tdpbsud(5, 0, 2)
 		tdpbsud(6, 1, 2)
-	}
+	})
 	amxEpilogue("amxQ4K", amxC, 2304, func(first bool) { amxFinish(first, ldoArg.Addr) })
+}
+
+// amxProducts emits a pass's tile products: the C tiles 3-6 zeroed, then
+// for each 64-element piece g of the block the pass's two token tiles
+// loaded (tmm0 from the rows at R11, tmm1 from those at R13, RBX apart)
+// and piece(g), which loads the piece's B tiles and multiplies.
+func amxProducts(piece func(g int)) {
+	for c := 3; c <= 6; c++ {
+		tilezero(c)
+	}
+	for g := 0; g < 4; g++ {
+		LEAQ(Mem{Base: R11, Disp: 4 + 64*g}, RAX) // tile 0's tokens' K values 64g-64g+63
+		tileloadd(0, RAX, RBX)
+		LEAQ(Mem{Base: R13, Disp: 4 + 64*g}, RAX) // tile 1's
+		tileloadd(1, RAX, RBX)
+		piece(g)
+	}
 }
 
 // amxPrologue starts the AMX kernel name over repacked weights of type

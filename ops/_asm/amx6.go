@@ -158,14 +158,7 @@ func genAMXQ6K() {
 		ADDQ(R12, RAX)
 		MOVQ(RAX, []GPPhysical{R11, R13}[tile]) // the tile's first row
 	}
-	for c := 3; c <= 6; c++ {
-		tilezero(c)
-	}
-	for pc := 0; pc < 4; pc++ {
-		LEAQ(Mem{Base: R11, Disp: 4 + 64*pc}, RAX) // tile 0's tokens' K values 64pc-64pc+63
-		tileloadd(0, RAX, RBX)
-		LEAQ(Mem{Base: R13, Disp: 4 + 64*pc}, RAX) // tile 1's
-		tileloadd(1, RAX, RBX)
+	amxProducts(func(pc int) {
 		for bt := 0; bt < 4; bt++ {
 			LEAQ(Mem{Base: scr, Disp: amx6B + 4096*pc + 1024*bt}, RAX)
 			tileloadd(2, RAX, RDX)
@@ -183,7 +176,7 @@ func genAMXQ6K() {
 				tdpbsud(6, 1, 2)
 			}
 		}
-	}
+	})
 	amxEpilogue("amxQ6K", amx6C, p6Bytes, func(first bool) { amx6Finish(first, ldoArg.Addr) })
 }
 

@@ -398,19 +398,12 @@ func TestMoEPartialSkewedRouting(t *testing.T) {
 	p, _, _ := moeProgram(t, f, h, 0, h.NExpertUsed)
 	op, k, emb, ne := &p.Ops[0], h.NExpertUsed, h.NEmbd, h.NExpert
 	const n = 48
-	rng := rand.New(rand.NewPCG(9, 10))
-	x := make([]float32, n*emb)
-	for i := range x {
-		x[i] = float32(rng.NormFloat64())
-	}
-	ids, w := make([]int32, n*k), make([]float32, n*k)
-	for i := range ids {
-		ids[i] = int32(rng.IntN(ne))
+	x, ids, w := skewedBatch(rand.New(rand.NewPCG(9, 10)), n, emb, k, ne, func(rng *rand.Rand, i int) int {
 		if rng.IntN(4) > 0 {
-			ids[i] = int32(i % k % 2) // three slots in four on experts 0 and 1
+			return i % k % 2 // three slots in four on experts 0 and 1
 		}
-		w[i] = rng.Float32()
-	}
+		return -1
+	})
 	var first []float32
 	for _, threads := range []int{1, 3, 8} {
 		pool := ops.NewPool(threads)
@@ -449,21 +442,15 @@ func TestMoEPartialSegmentsHotExperts(t *testing.T) {
 	p, _, _ := moeProgram(t, f, h, 0, h.NExpertUsed)
 	op, k, emb, ne := &p.Ops[0], h.NExpertUsed, h.NEmbd, h.NExpert
 	n := 3*moeSegRows + 17 // expert 0 takes every token: four segments
-	rng := rand.New(rand.NewPCG(15, 16))
-	x := make([]float32, n*emb)
-	for i := range x {
-		x[i] = float32(rng.NormFloat64())
-	}
-	ids, w := make([]int32, n*k), make([]float32, n*k)
-	for i := range ids {
-		ids[i] = int32(rng.IntN(ne))
-		if i%k == 0 {
-			ids[i] = 0
-		} else if i%k == 1 && rng.IntN(3) > 0 {
-			ids[i] = 1 // two tokens in three: three segments
+	x, ids, w := skewedBatch(rand.New(rand.NewPCG(15, 16)), n, emb, k, ne, func(rng *rand.Rand, i int) int {
+		switch {
+		case i%k == 0:
+			return 0
+		case i%k == 1 && rng.IntN(3) > 0:
+			return 1 // two tokens in three: three segments
 		}
-		w[i] = rng.Float32()
-	}
+		return -1
+	})
 	pool := ops.NewPool(1)
 	be, err := New(p, pool, Options{Batch: n, CtxSize: 4})
 	if err != nil {
@@ -493,4 +480,23 @@ func TestMoEPartialSegmentsHotExperts(t *testing.T) {
 			}
 		}
 	}
+}
+
+// skewedBatch is the input of n tokens ([n][emb], N(0, 1)) and a routing
+// of k slots each over ne experts with random weights: slot i's expert is
+// hot(rng, i), or a random one where that is negative.
+func skewedBatch(rng *rand.Rand, n, emb, k, ne int, hot func(rng *rand.Rand, i int) int) (x []float32, ids []int32, w []float32) {
+	x = make([]float32, n*emb)
+	for i := range x {
+		x[i] = float32(rng.NormFloat64())
+	}
+	ids, w = make([]int32, n*k), make([]float32, n*k)
+	for i := range ids {
+		ids[i] = int32(rng.IntN(ne))
+		if e := hot(rng, i); e >= 0 {
+			ids[i] = int32(e)
+		}
+		w[i] = rng.Float32()
+	}
+	return x, ids, w
 }
