@@ -67,6 +67,10 @@ type benchResult struct {
 	SplitSlots   float64 `json:"split_slots,omitempty"`
 	SplitThreads float64 `json:"split_threads,omitempty"`
 	SplitWaitMs  float64 `json:"split_wait_ms,omitempty"`
+	// SplitExperts is the CPU's experts of a split layer, SplitRouted how
+	// many of them the batch's routing used, on average over the layers.
+	SplitExperts float64 `json:"split_experts,omitempty"`
+	SplitRouted  float64 `json:"split_routed,omitempty"`
 	modelPretty  string
 }
 
@@ -222,7 +226,7 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 						fmt.Fprintf(stderr, "; a decode step: %.2f ms in CPU segments, %.2f ms in GPU segments and waits", r.DecodeCPUMs, r.DecodeGPUMs)
 					}
 					if r.SplitLayers > 0 {
-						fmt.Fprintf(stderr, "; a batch splits %d MoE layers with the CPU, its share (%.1f%% of the routed slots) %.2f ms each after %.2f ms waiting for the routing", r.SplitLayers, 100*r.SplitSlots, r.SplitHostMs, r.SplitWaitMs)
+						fmt.Fprintf(stderr, "; a batch splits %d MoE layers with the CPU, its share (%.1f%% of the routed slots, %.1f of its %.0f experts used) %.2f ms each after %.2f ms waiting for the routing", r.SplitLayers, 100*r.SplitSlots, r.SplitRouted, r.SplitExperts, r.SplitHostMs, r.SplitWaitMs)
 						if r.SplitThreads > 0 {
 							fmt.Fprintf(stderr, ", %.1f threads busy on it", r.SplitThreads)
 						}
@@ -429,6 +433,8 @@ func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer
 			r.SplitHostMs = float64(st.Split.Host.Microseconds()) / 1e3 / float64(st.Split.Layers)
 			r.SplitWaitMs = float64(st.Split.Wait.Microseconds()) / 1e3 / float64(st.Split.Layers)
 			r.SplitSlots = float64(st.Split.HostSlots) / float64(max(st.Split.Slots, 1))
+			r.SplitExperts = float64(st.Split.HostExperts) / float64(st.Split.Layers)
+			r.SplitRouted = float64(st.Split.HostRouted) / float64(st.Split.Layers)
 			if st.Split.Host > 0 {
 				r.SplitThreads = st.Split.HostCPU.Seconds() / st.Split.Host.Seconds()
 			}

@@ -25,7 +25,7 @@ func init() {
 			list, verbose, force bool
 		)
 		cmd := &cobra.Command{
-			Use:   "synth --preset NAME [--layout q4_k_m] [--seed N] [--vocab FILE.gguf] -o OUT.gguf",
+			Use:   "synth --preset NAME [--layout q4_k_m] [--routing random|balanced] [--seed N] [--vocab FILE.gguf] -o OUT.gguf",
 			Short: "Write a synthetic model: random weights in the exact shapes of a real one",
 			Long: `synth writes a GGUF file with random weights in the exact shapes, tensor
 names, types and metadata of a real model (Qwen3, Qwen3-MoE, GLM-4,
@@ -37,7 +37,13 @@ Layouts: f32, f16, q8_0, and q4_k_m (Q4_K with Q6_K for the output and for
 the attn_v / ffn_down tensors llama.cpp's Q4_K_M picks). The same seed gives
 the same file. --vocab copies the tokenizer (and chat template) of a real
 GGUF file instead of the made-up one. --list shows the presets. An
-existing file is only replaced with --force.`,
+existing file is only replaced with --force.
+
+--routing balanced (MoE presets) makes the routers spread a prompt over the
+experts in every layer, as a trained router does. With the default,
+random, a random model's tokens grow alike with depth and crowd onto a few
+experts per layer, which flatters any runtime that computes or streams
+only the experts a batch uses.`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				if list {
@@ -77,6 +83,7 @@ existing file is only replaced with --force.`,
 		f.Uint64Var(&opt.Seed, "seed", 0, "random seed; the same seed writes the same file")
 		f.StringVar(&opt.Vocab, "vocab", "", "copy the tokenizer metadata of this GGUF file (e.g. a vocab-only file)")
 		f.IntVar(&opt.Layers, "layers", 0, "write only the first N blocks of the preset (0: all), to study a layer's speed on a small machine")
+		f.StringVar(&opt.Routing, "routing", synth.RoutingRandom, "MoE routing: "+strings.Join(synth.Routings(), ", ")+" (balanced: spread over the experts in every layer, as a trained router)")
 		f.IntVar(&opt.Threads, "threads", 0, "generator threads (0: all cores)")
 		f.StringVarP(&out, "output", "o", "", "file to write")
 		f.BoolVar(&list, "list", false, "list the presets with their parameter counts and sizes")

@@ -485,13 +485,16 @@ type HostMoE func(op *ir.Op, n, ks int, x []float32, ids []int32, weights []floa
 // share (while the GPU computes the rest and the copy stream streams);
 // the slots (token, expert) they routed, and how many the host's experts
 // took: its share of the work, which follows the routing, not the share
-// of the experts; and the process's CPU time during the host's shares
-// (over Host, how many threads were busy; 0 where not measured).
+// of the experts; the host's experts, and how many of them had a slot (a
+// trained router uses nearly all; a random model's routing crowds onto a
+// few); and the process's CPU time during the host's shares (over Host,
+// how many threads were busy; 0 where not measured).
 type SplitStats struct {
-	Layers           int
-	Wait, Host       time.Duration
-	Slots, HostSlots int
-	HostCPU          time.Duration
+	Layers                  int
+	Wait, Host              time.Duration
+	Slots, HostSlots        int
+	HostExperts, HostRouted int
+	HostCPU                 time.Duration
 }
 
 // SplitStats reports the MoE layers split with the host so far.

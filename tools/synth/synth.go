@@ -35,7 +35,10 @@ type Options struct {
 	// (the same shapes, block_count set to it): a model small enough to
 	// study one layer's speed on a laptop. The Q4_K_M layout's choice of
 	// which attn_v/ffn_down take Q6_K counts these layers.
-	Layers  int
+	Layers int
+	// Routing is how the MoE routers route (routing.go): RoutingRandom
+	// (the default, also "") or RoutingBalanced.
+	Routing string
 	Threads int // generator goroutines; 0 means GOMAXPROCS
 	// Progress, when set, is called from one goroutine after each chunk is
 	// written, with bytes written so far and the file size.
@@ -116,6 +119,9 @@ func plan(opt Options) (*model, error) {
 	if err := p.validate(); err != nil {
 		return nil, err
 	}
+	if err := checkRouting(opt.Routing, p); err != nil {
+		return nil, err
+	}
 	m.preset = p
 	m.kvs = metadata(p, vocab, ftype)
 
@@ -130,6 +136,9 @@ func plan(opt Options) (*model, error) {
 		g, err := newGenerator(t, typ, p)
 		if err != nil {
 			return nil, fmt.Errorf("synth: preset %s, tensor %s: %w", p.Name, t.name, err)
+		}
+		if opt.Routing == RoutingBalanced {
+			g = balanced(t, typ, g)
 		}
 		m.infos = append(m.infos, tensorInfo{name: t.name, typ: typ, dims: t.dims, offset: off, size: size})
 		m.gens = append(m.gens, g)

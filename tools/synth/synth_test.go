@@ -2,6 +2,7 @@ package synth
 
 import (
 	"bytes"
+	"cmp"
 	"fmt"
 	"io"
 	"math"
@@ -727,6 +728,123 @@ func TestLayers(t *testing.T) {
 	for _, n := range []int{-1, 49} {
 		if _, err := plan(Options{Preset: "qwen3-30b-a3b", Layers: n}); err == nil || !strings.Contains(err.Error(), "--layers") {
 			t.Errorf("--layers %d: %v", n, err)
+		}
+	}
+}
+
+// --routing balanced: the routers read only the token's subspace, which
+// nothing after the embedding writes, so every layer routes a token by its
+// embedding, and random tokens spread over all the experts in every layer.
+// Every other byte is the default file's.
+func TestBalancedRouting(t *testing.T) {
+	tmp := t.TempDir()
+	p := mustLookup(t, "tiny-qwen3moe")
+	for _, layout := range Layouts() {
+		open := func(routing string) *gguf.File {
+			path := filepath.Join(tmp, layout+"-"+routing+".gguf")
+			if _, err := Write(path, Options{Preset: p.Name, Layout: layout, Seed: 3, Routing: routing}); err != nil {
+				t.Fatal(err)
+			}
+			f, err := gguf.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { f.Close() })
+			return f
+		}
+		def, bal := open(RoutingRandom), open(RoutingBalanced)
+		masked := 0
+		for _, tn := range bal.Tensors {
+			want, ok := def.Tensor(tn.Name)
+			if !ok {
+				t.Fatalf("%s: %s missing from the default file", layout, tn.Name)
+			}
+			kind := tn.Name[strings.LastIndexByte(strings.TrimSuffix(tn.Name, ".weight"), '.')+1 : len(tn.Name)-len(".weight")]
+			rowBytes, _ := tn.Type.RowBytes(tn.Dims[0])
+			switch kind {
+			case "ffn_gate_inp": // F32 [hidden, experts]: columns past the subspace zero
+				masked++
+				for e := range int(tn.Dims[1]) {
+					for d := range int(tn.Dims[0]) {
+						got := tn.Data[(e*int(tn.Dims[0])+d)*4:][:4]
+						if d < routeDims && !bytes.Equal(got, want.Data[(e*int(tn.Dims[0])+d)*4:][:4]) || d >= routeDims && !bytes.Equal(got, make([]byte, 4)) {
+							t.Fatalf("%s %s: expert %d, column %d: % x", layout, tn.Name, e, d, got)
+						}
+					}
+				}
+			case "attn_output", "ffn_down_exps": // rows writing the subspace zero
+				masked++
+				vals := dequantize(t, tn)
+				for r := range int(tn.Rows()) {
+					row := tn.Data[uint64(r)*rowBytes:][:rowBytes]
+					if r%int(tn.Dims[1]) >= routeDims {
+						if !bytes.Equal(row, want.Data[uint64(r)*rowBytes:][:rowBytes]) {
+							t.Fatalf("%s %s: row %d differs from the default file's", layout, tn.Name, r)
+						}
+						continue
+					}
+					for _, v := range vals[r*int(tn.Dims[0]):][:tn.Dims[0]] {
+						if v != 0 {
+							t.Fatalf("%s %s: row %d writes the token's subspace: %v", layout, tn.Name, r, v)
+						}
+					}
+				}
+			default:
+				if !bytes.Equal(tn.Data, want.Data) {
+					t.Fatalf("%s %s differs from the default file's", layout, tn.Name)
+				}
+			}
+		}
+		if masked != 3*p.Layers {
+			t.Fatalf("%s: %d tensors masked, want %d", layout, masked, 3*p.Layers)
+		}
+
+		// A layer's routing: the top ExpertsUsed of router·(norm ⊙ x) over
+		// the subspace, x the token's embedding there (the RMS norm's
+		// positive factor changes no ranking).
+		tensor := func(name string) *gguf.Tensor {
+			tn, ok := bal.Tensor(name)
+			if !ok {
+				t.Fatalf("%s: no %s", layout, name)
+			}
+			return tn
+		}
+		emb := dequantize(t, tensor("token_embd.weight"))
+		r := rng{s: 11}
+		const tokens = 512
+		for l := range p.Layers {
+			router := dequantize(t, tensor(fmt.Sprintf("blk.%d.ffn_gate_inp.weight", l)))
+			norm := dequantize(t, tensor(fmt.Sprintf("blk.%d.ffn_norm.weight", l)))
+			counts := make([]int, p.Experts)
+			for range tokens {
+				x := emb[int(r.next()%uint64(p.Vocab))*p.Hidden:][:routeDims]
+				logits := make([]float64, p.Experts)
+				for e := range logits {
+					for d, v := range x {
+						logits[e] += float64(router[e*p.Hidden+d]) * float64(norm[d]) * float64(v)
+					}
+				}
+				order := make([]int, p.Experts)
+				for i := range order {
+					order[i] = i
+				}
+				slices.SortFunc(order, func(a, b int) int { return cmp.Compare(logits[b], logits[a]) })
+				for _, e := range order[:p.ExpertsUsed] {
+					counts[e]++
+				}
+			}
+			mean := tokens * p.ExpertsUsed / p.Experts
+			for e, c := range counts {
+				if c < mean/2 || c > 3*mean/2 {
+					t.Errorf("%s layer %d: expert %d takes %d of %d slots (mean %d): %v", layout, l, e, c, tokens*p.ExpertsUsed, mean, counts)
+					break
+				}
+			}
+		}
+	}
+	for _, bad := range []Options{{Preset: "tiny-qwen3", Routing: RoutingBalanced}, {Preset: "tiny-qwen3moe", Routing: "even"}} {
+		if _, err := plan(bad); err == nil || !strings.Contains(err.Error(), "--routing") {
+			t.Errorf("%+v: %v", bad, err)
 		}
 	}
 }
