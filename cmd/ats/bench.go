@@ -247,6 +247,9 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 						fmt.Fprint(stderr, ")")
 					}
 					fmt.Fprintln(stderr)
+					if note := routingNote(&r); note != "" {
+						fmt.Fprintln(stderr, "ats: note:", note)
+					}
 				}
 				if md {
 					printMarkdownRow(stdout, &r)
@@ -271,6 +274,19 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 		fmt.Fprintf(stdout, "\nbuild: %s (%s), CPU kernels: %s\n", results0(results).Build, goVersion(), ops.CPUKernels())
 	}
 	return nil
+}
+
+// routingNote warns when a prompt of many tokens used under half of the
+// CPU's experts of its split layers: a trained router spreads such a
+// prompt over nearly all of them (with 8 of 128 experts a token, 128
+// evenly routed tokens leave a given expert without a slot with a chance
+// of 3e-4), a random model's crowds onto a few, and the split's figures
+// then say little about a real model's.
+func routingNote(r *benchResult) string {
+	if r.NPrompt < 128 || r.SplitExperts == 0 || r.SplitRouted >= r.SplitExperts/2 {
+		return ""
+	}
+	return fmt.Sprintf("the routing used %.1f of the CPU's %.0f experts a split layer: it crowds onto a few, as a random model's does, where a trained model's spreads over nearly all (ats synth --routing balanced writes a model whose does)", r.SplitRouted, r.SplitExperts)
 }
 
 func results0(r []benchResult) benchResult {

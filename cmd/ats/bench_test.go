@@ -102,3 +102,25 @@ func TestBenchErrors(t *testing.T) {
 		}
 	}
 }
+
+// The bench warns when a long prompt's routing used under half of the
+// CPU's experts of the split layers (a random model's routing), and only
+// then.
+func TestRoutingNote(t *testing.T) {
+	for _, c := range []struct {
+		prompt          int
+		experts, routed float64
+		want            bool
+	}{
+		{512, 32, 9.7, true},
+		{512, 32, 32, false},
+		{512, 32, 16, false},
+		{64, 32, 4, false}, // a short prompt reaches few experts anyway
+		{512, 0, 0, false}, // nothing split
+	} {
+		r := benchResult{NPrompt: c.prompt, SplitExperts: c.experts, SplitRouted: c.routed}
+		if got := routingNote(&r); (got != "") != c.want || c.want && !strings.Contains(got, "--routing balanced") {
+			t.Errorf("%+v: %q", c, got)
+		}
+	}
+}
