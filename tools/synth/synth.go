@@ -124,6 +124,11 @@ func plan(opt Options) (*model, error) {
 	}
 	m.preset = p
 	m.kvs = metadata(p, vocab, ftype)
+	for i, kv := range m.kvs {
+		if kv.Key == "general.name" && opt.Routing == RoutingBalanced {
+			m.kvs[i].Value = gguf.String("synthetic " + p.Name + ", balanced routing") // ats inspect shows it
+		}
+	}
 
 	m.defs = p.tensors()
 	var off uint64

@@ -753,6 +753,9 @@ func TestBalancedRouting(t *testing.T) {
 			return f
 		}
 		def, bal := open(RoutingRandom), open(RoutingBalanced)
+		if name, _ := bal.Get("general.name"); name.String() != "synthetic tiny-qwen3moe, balanced routing" {
+			t.Errorf("%s: general.name %s", layout, name)
+		}
 		masked := 0
 		for _, tn := range bal.Tensors {
 			want, ok := def.Tensor(tn.Name)
