@@ -140,7 +140,7 @@ func BenchmarkMulPacked(b *testing.B) {
 			for g := range rows / packRows {
 				f.pack(packed[g*nb*f.blockBytes:], m.Data[g*packRows*rb:], rb, nb)
 			}
-			for _, nTok := range []int{1, 2, 4, 16, 64} {
+			for _, nTok := range []int{1, 2, 3, 4, 7, 16, 64} {
 				ab := k.ActRowBytes(n)
 				xq := make([]byte, nTok*ab)
 				for t := range nTok {
