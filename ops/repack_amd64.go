@@ -112,7 +112,9 @@ func tokenStep(tokens uint32, r int) int {
 // (VNNI, 768×2048 Q4_K on the development machine: 27 µs for four tokens
 // against 33 for three, 49 for eight against 60 for seven; Q6_K 2048×768
 // 43 against 49 and 74 against 92). Two rows of padding do not pay (six
-// tokens: 45 µs as 4+2, 49 as eight).
+// tokens: 45 µs as 4+2, 49 as eight), nor does padding the file-layout
+// kernels (asmMul), whose calls unpack little: 21.9 µs for three tokens
+// against 20.8 for four (BenchmarkMulPacked's orig).
 func paddedTail(tokens uint32, r int) int {
 	if (r == 3 || r == 7 || r == 15) && tokens&(1<<(r+1)) != 0 {
 		return r + 1

@@ -571,7 +571,7 @@ func splitCPU(t plan.UnitTimes, b int, share, packed float64) float64 {
 	}
 	fast := t.CPUPacked[b]
 	if len(t.CPUShare) > b && t.CPUShare[b] > 0 {
-		fast = min(fast, 4*t.CPUShare[b])
+		fast = min(fast, shareProfiled*t.CPUShare[b])
 	}
 	if packed >= 1 {
 		return fast * share

@@ -778,9 +778,15 @@ func (r *profileRun) timeCPU(rot *cpuRotation, n int) (float64, error) {
 	})
 }
 
+// shareProfiled: the profile times the CPU's share of a split MoE layer
+// over the first 1/shareProfiled of its experts (plan.UnitTimes.CPUShare;
+// every MoE model's expert count so far is a multiple of it), and
+// splitCPU scales that time by the share the planner tries.
+const shareProfiled = 4
+
 // timeShare is the median seconds of the CPU's share of a split MoE
-// layer (cpu.Backend.MoEPartial over the first quarter of the experts:
-// every MoE model's expert count so far is a multiple of four) for the
+// layer (cpu.Backend.MoEPartial over the first 1/shareProfiled of the
+// experts) for the
 // rotation's next MoE ops over n rows, with random routing (each token
 // top-k distinct experts), which a prompt's routing resembles in that it
 // reaches most experts.
@@ -821,7 +827,7 @@ func (r *profileRun) timeShare(rot *cpuRotation, n int) (float64, error) {
 		}
 		r.pool.Expect(splitShareSpin)
 		start := time.Now()
-		err := r.cb.MoEPartial(op, n, 0, max(1, ne/4), x, ids, w, out)
+		err := r.cb.MoEPartial(op, n, 0, max(1, ne/shareProfiled), x, ids, w, out)
 		return time.Since(start).Seconds(), err
 	})
 }
