@@ -786,9 +786,9 @@ const shareProfiled = 4
 
 // timeShare is the median seconds of the CPU's share of a split MoE
 // layer (cpu.Backend.MoEPartial over the first 1/shareProfiled of the
-// experts) for the rotation's next MoE ops over n rows, with random routing (each token
-// top-k distinct experts), which a prompt's routing resembles in that it
-// reaches most experts.
+// experts) for the rotation's next MoE ops over n rows, with random
+// routing (each token top-k distinct experts), which a prompt's routing
+// resembles in that it reaches most experts.
 func (r *profileRun) timeShare(rot *cpuRotation, n int) (float64, error) {
 	var moes []*ir.Op
 	for _, rg := range rot.ranges {
