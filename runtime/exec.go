@@ -478,6 +478,15 @@ func (c *Context) StreamedBytes() int64 {
 	return c.gpu.StreamedBytes()
 }
 
+// LinkRate is the rate at which the placement's profile measured weight
+// copies into the staging ring (bytes/s; 0: not planned from a profile).
+func (c *Context) LinkRate() float64 {
+	if c.place == nil || c.place.prof == nil {
+		return 0
+	}
+	return c.place.prof.Stream.BytesPerSec
+}
+
 // Stats are the executor's counters.
 func (c *Context) Stats() ExecStats {
 	s := c.stats

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/atsinfer/ats/runtime/gpu"
+	"github.com/atsinfer/ats/runtime/ir"
 )
 
 // Whole-model tests of the hybrid executor: every oracle under forced
@@ -195,6 +196,19 @@ func checkOracleVariants(t *testing.T, dev *gpu.Device, ctx int, variantsOf func
 				last, err := c.Eval(want.Prompt, false)
 				if err != nil {
 					t.Fatal(err)
+				}
+				if sp := c.Stats().Split; sp.Layers > 0 {
+					// The bytes of the host's experts that had a slot: some
+					// when any did, at most every expert of every split layer.
+					var most int64
+					for i := range m.Prog.Ops {
+						if op := &m.Prog.Ops[i]; op.Kind == ir.OpMoE {
+							most = max(most, op.Gate.Bytes()+op.Up.Bytes()+op.Down.Bytes())
+						}
+					}
+					if (sp.HostRouted > 0) != (sp.HostBytes > 0) || sp.HostBytes > int64(sp.Layers)*most {
+						t.Errorf("split stats: %d of the host's experts routed over %d layers, %d bytes of them", sp.HostRouted, sp.Layers, sp.HostBytes)
+					}
 				}
 				e, tol := nmse(flatLogits(prefill, decode), ref), oracleTolerance(name)
 				nv := want.NVocab

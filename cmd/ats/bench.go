@@ -71,7 +71,17 @@ type benchResult struct {
 	// many of them the batch's routing used, on average over the layers.
 	SplitExperts float64 `json:"split_experts,omitempty"`
 	SplitRouted  float64 `json:"split_routed,omitempty"`
-	modelPretty  string
+	// The floor of a hybrid prompt whose batches stream (pp): per prompt,
+	// the host-resident weights the link carried (StreamedGB, at LinkGBps,
+	// the profile's copy rate) and the CPU's shares of split MoE layers
+	// read (ShareGB, at ShareGBps, measured); FloorTs is the speed no
+	// prompt of the same bytes can beat with those two rates (prefillFloor).
+	StreamedGB  float64 `json:"streamed_gb,omitempty"`
+	ShareGB     float64 `json:"share_gb,omitempty"`
+	LinkGBps    float64 `json:"link_gbps,omitempty"`
+	ShareGBps   float64 `json:"share_gbps,omitempty"`
+	FloorTs     float64 `json:"floor_ts,omitempty"`
+	modelPretty string
 }
 
 // benchOptions are the flags of `ats bench`.
@@ -231,6 +241,13 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 							fmt.Fprintf(stderr, ", %.1f threads busy on it", r.SplitThreads)
 						}
 					}
+					if r.FloorTs > 0 {
+						fmt.Fprintf(stderr, "; a prompt moved %.2f GB of host-resident weights over the link (%.1f GB/s in the profile)", r.StreamedGB, r.LinkGBps)
+						if r.ShareGB > 0 {
+							fmt.Fprintf(stderr, " and the CPU's shares read %.2f GB (at %.1f GB/s)", r.ShareGB, r.ShareGBps)
+						}
+						fmt.Fprintf(stderr, ": with those rates no prompt of these bytes beats %.0f t/s", r.FloorTs)
+					}
 					if r.Promotion != "" && r.NGen > 0 {
 						fmt.Fprintf(stderr, "; %s", r.Promotion)
 					}
@@ -274,6 +291,25 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 		fmt.Fprintf(stdout, "\nbuild: %s (%s), CPU kernels: %s\n", results0(results).Build, goVersion(), ops.CPUKernels())
 	}
 	return nil
+}
+
+// prefillFloor is the least time a prompt can take whose batches stream
+// streamed bytes of host-resident weights to the GPU over a link of link
+// bytes/s while the CPU's shares read share bytes in shareTime: every
+// such byte goes over the link or through the CPU, and at best the two
+// split them in proportion to their rates, both busy throughout. It
+// leaves out the GPU's compute, the waits between them and the first
+// copies, so a measured prompt lies above it; 0 when there is no link
+// rate or nothing to move.
+func prefillFloor(streamed, share int64, link float64, shareTime time.Duration) time.Duration {
+	if link <= 0 || streamed+share <= 0 {
+		return 0
+	}
+	rate := link
+	if share > 0 && shareTime > 0 {
+		rate += float64(share) / shareTime.Seconds()
+	}
+	return time.Duration(float64(streamed+share) / rate * float64(time.Second))
 }
 
 // routingNote warns when a prompt of many tokens used under half of the
@@ -453,6 +489,20 @@ func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer
 			r.SplitRouted = float64(st.Split.HostRouted) / float64(st.Split.Layers)
 			if st.Split.Host > 0 {
 				r.SplitThreads = st.Split.HostCPU.Seconds() / st.Split.Host.Seconds()
+			}
+		}
+		if prompts := int64(o.reps); r.NPrompt > 0 && st.DecodeSteps == 0 && c.Backend() == runtime.BackendHybrid && prompts > 0 {
+			if !o.noWarmup {
+				prompts++
+			}
+			streamed, share := st.StreamedBytes/prompts, st.Split.HostBytes/prompts
+			shareTime := st.Split.Host / time.Duration(prompts)
+			if floor := prefillFloor(streamed, share, c.LinkRate(), shareTime); floor > 0 {
+				r.StreamedGB, r.ShareGB, r.LinkGBps = float64(streamed)/1e9, float64(share)/1e9, c.LinkRate()/1e9
+				if shareTime > 0 {
+					r.ShareGBps = float64(share) / 1e9 / shareTime.Seconds()
+				}
+				r.FloorTs = float64(r.NPrompt) / floor.Seconds()
 			}
 		}
 		if st.DecodeSteps > 0 && c.Backend() == runtime.BackendHybrid {

@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/atsinfer/ats/tools/synth"
 )
@@ -121,6 +122,32 @@ func TestRoutingNote(t *testing.T) {
 		r := benchResult{NPrompt: c.prompt, SplitExperts: c.experts, SplitRouted: c.routed}
 		if got := routingNote(&r); (got != "") != c.want || c.want && !strings.Contains(got, "--routing balanced") {
 			t.Errorf("%+v: %q", c, got)
+		}
+	}
+}
+
+// TestPrefillFloor checks the floor of a streamed prompt against sums
+// done by hand: the bytes over the two rates together.
+func TestPrefillFloor(t *testing.T) {
+	for _, c := range []struct {
+		name            string
+		streamed, share int64
+		link            float64
+		shareTime       time.Duration
+		want            time.Duration
+	}{
+		// 9.6 GB over 50 GB/s and 2.4 GB read in 120 ms (20 GB/s): 12 GB at 70 GB/s.
+		{"split", 9_600_000_000, 2_400_000_000, 50e9, 120 * time.Millisecond, 171428571 * time.Nanosecond},
+		// No split: the link alone.
+		{"stream only", 5_000_000_000, 0, 50e9, 0, 100 * time.Millisecond},
+		{"no link rate", 5_000_000_000, 0, 0, 0, 0},
+		{"nothing moved", 0, 0, 50e9, 0, 0},
+		// A share whose time was not measured adds its bytes, not its rate.
+		{"share untimed", 4_000_000_000, 1_000_000_000, 50e9, 0, 100 * time.Millisecond},
+	} {
+		got := prefillFloor(c.streamed, c.share, c.link, c.shareTime)
+		if d := got - c.want; d < -time.Microsecond || d > time.Microsecond {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
 	}
 }

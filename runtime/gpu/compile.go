@@ -826,6 +826,7 @@ func (g *Exec) moeSplit(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *ma
 	sp.stats.HostSlots += slots
 	sp.stats.HostExperts += ks
 	sp.stats.HostRouted += used
+	sp.stats.HostBytes += (op.Gate.Bytes() + op.Up.Bytes() + op.Down.Bytes()) / int64(len(op.Gate.Stack)) * int64(used)
 	sp.stats.Wait += t1.Sub(t0)
 	sp.stats.Host += t2.Sub(t1)
 	sp.stats.HostCPU += processCPUTime() - cpu0

@@ -488,13 +488,16 @@ type HostMoE func(op *ir.Op, n, ks int, x []float32, ids []int32, weights []floa
 // of the experts; the host's experts, and how many of them had a slot (a
 // trained router uses nearly all; a random model's routing crowds onto a
 // few); and the process's CPU time during the host's shares (over Host,
-// how many threads were busy; 0 where not measured).
+// how many threads were busy; 0 where not measured); and the bytes of
+// the weights (in the file) of the host's experts that had a slot, which
+// its shares read in Host while the link carries the GPU's.
 type SplitStats struct {
 	Layers                  int
 	Wait, Host              time.Duration
 	Slots, HostSlots        int
 	HostExperts, HostRouted int
 	HostCPU                 time.Duration
+	HostBytes               int64
 }
 
 // SplitStats reports the MoE layers split with the host so far.
