@@ -41,6 +41,11 @@ func stressChild(load string) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
+	// Ignored from the load's end on (deferred after stop, so it runs
+	// first): the parent closes stdin and then signals, and a SIGTERM
+	// that arrived after stop had restored the default action would kill
+	// the exiting process (the race detector holds an exit for a second).
+	defer signal.Ignore(syscall.SIGTERM, os.Interrupt)
 	ctx, cancel := context.WithCancel(ctx)
 	go func() { _, _ = io.Copy(io.Discard, os.Stdin); cancel() }()
 	cpu, gpu := 0, 0
