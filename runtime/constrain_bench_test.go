@@ -10,9 +10,9 @@ import (
 	"time"
 
 	"github.com/atsinfer/ats/internal/testenv"
-	"github.com/atsinfer/ats/runtime/chat"
-	"github.com/atsinfer/ats/runtime/constrain"
-	"github.com/atsinfer/ats/runtime/sampler"
+	"github.com/atsinfer/ats/runtime/text/chat"
+	"github.com/atsinfer/ats/runtime/text/constrain"
+	"github.com/atsinfer/ats/runtime/text/sampler"
 	"github.com/atsinfer/ats/tools/synth"
 )
 

@@ -7,9 +7,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/atsinfer/ats/runtime/chat"
-	"github.com/atsinfer/ats/runtime/sampler"
-	"github.com/atsinfer/ats/runtime/tokenizer"
+	"github.com/atsinfer/ats/runtime/text/chat"
+	"github.com/atsinfer/ats/runtime/text/sampler"
+	"github.com/atsinfer/ats/runtime/text/tokenizer"
 )
 
 // Session is one conversation with a model: a context whose KV cache holds
@@ -136,7 +136,7 @@ type GenerateOptions struct {
 }
 
 // TokenConstraint decides which tokens may come next
-// (runtime/constrain's Matcher is one).
+// (runtime/text/constrain's Matcher is one).
 type TokenConstraint interface {
 	// Allowed returns the tokens allowed now as a bit set over the
 	// vocabulary (token t is bit t%64 of word t/64). The caller only reads

@@ -10,7 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/atsinfer/ats/internal/testenv"
-	"github.com/atsinfer/ats/runtime/sampler"
+	"github.com/atsinfer/ats/runtime/text/sampler"
 )
 
 func oracleSession(t *testing.T, name string) (*Session, *oracleLogits) {

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/atsinfer/ats/internal/testenv"
-	"github.com/atsinfer/ats/runtime/chat"
+	"github.com/atsinfer/ats/runtime/text/chat"
 )
 
 // TestContextLimits: sizes from flags are checked before anything is

@@ -16,9 +16,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/atsinfer/ats/runtime"
-	"github.com/atsinfer/ats/runtime/chat"
-	"github.com/atsinfer/ats/runtime/sampler"
 	"github.com/atsinfer/ats/runtime/server"
+	"github.com/atsinfer/ats/runtime/text/chat"
+	"github.com/atsinfer/ats/runtime/text/sampler"
 )
 
 func init() {

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/atsinfer/ats/runtime/sampler"
+	"github.com/atsinfer/ats/runtime/text/sampler"
 )
 
 const chatHelp = `Commands:

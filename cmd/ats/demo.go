@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/atsinfer/ats/runtime"
-	"github.com/atsinfer/ats/runtime/sampler"
+	"github.com/atsinfer/ats/runtime/text/sampler"
 	"github.com/atsinfer/ats/tools/synth"
 )
 

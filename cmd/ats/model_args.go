@@ -13,7 +13,7 @@ import (
 
 	"github.com/atsinfer/ats/runtime"
 	"github.com/atsinfer/ats/runtime/gpu"
-	"github.com/atsinfer/ats/runtime/models"
+	"github.com/atsinfer/ats/runtime/hub"
 )
 
 // The commands that run a model share habits, added here to every command
@@ -130,7 +130,7 @@ func resolveModel(arg string) (string, error) {
 	if _, err := os.Stat(arg); err == nil || looksLikePath(arg) {
 		return arg, nil
 	}
-	st, err := models.OpenStore()
+	st, err := hub.OpenStore()
 	if err != nil {
 		return "", err
 	}
@@ -138,12 +138,12 @@ func resolveModel(arg string) (string, error) {
 	if err == nil {
 		return m.Path(), nil
 	}
-	var nf *models.NotFoundError
+	var nf *hub.NotFoundError
 	if !errors.As(err, &nf) {
 		return "", err
 	}
 	hint := "ats list shows the pulled models"
-	if ref, perr := models.ParseRef(arg); perr == nil && ref.URL == "" {
+	if ref, perr := hub.ParseRef(arg); perr == nil && ref.URL == "" {
 		hint = "ats pull " + arg + " downloads it"
 	}
 	return "", fmt.Errorf("%s: no such file, and no pulled model of that name in %s (%s)", arg, st.Dir, hint)
@@ -211,7 +211,7 @@ func applyGPULayers(cmd *cobra.Command) error {
 
 // pulledNames are the names and aliases of the pulled models.
 func pulledNames() []string {
-	st, err := models.OpenStore()
+	st, err := hub.OpenStore()
 	if err != nil {
 		return nil
 	}

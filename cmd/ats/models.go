@@ -16,11 +16,11 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/atsinfer/ats/gguf"
-	"github.com/atsinfer/ats/runtime/models"
+	"github.com/atsinfer/ats/runtime/hub"
 )
 
 // The commands for models by name: pull, list, rm, show. The logic is in
-// runtime/models; these print.
+// runtime/hub; these print.
 
 func init() {
 	register(newPullCmd)
@@ -30,7 +30,7 @@ func init() {
 }
 
 func newPullCmd() *cobra.Command {
-	var opt models.PullOptions
+	var opt hub.PullOptions
 	cmd := &cobra.Command{
 		Use:   "pull hf.co/ORG/REPO[:QUANT] | URL",
 		Short: "Download a model from Hugging Face or a URL into the models directory",
@@ -55,11 +55,11 @@ names a mirror of the hub.`,
   ats pull https://example.com/models/my-model-q8_0.gguf --sha256 3f5a...`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ref, err := models.ParseRef(args[0])
+			ref, err := hub.ParseRef(args[0])
 			if err != nil {
 				return fmt.Errorf("pull: %w", err)
 			}
-			st, err := models.OpenStore()
+			st, err := hub.OpenStore()
 			if err != nil {
 				return fmt.Errorf("pull: %w", err)
 			}
@@ -67,9 +67,9 @@ names a mirror of the hub.`,
 			opt.Progress = newPullProgress(stderr)
 			ctx, stop := signal.NotifyContext(commandContext(cmd), os.Interrupt)
 			defer stop()
-			res, err := st.Pull(ctx, models.NewClient(), ref, opt)
+			res, err := st.Pull(ctx, hub.NewClient(), ref, opt)
 			if err != nil {
-				var ue *models.UnreachableError
+				var ue *hub.UnreachableError
 				if errors.As(err, &ue) {
 					return fmt.Errorf("pull: %w\n(no network? pull needs to reach %s; HF_ENDPOINT names a mirror of the hub)", err, ue.Host)
 				}
@@ -180,7 +180,7 @@ func (p *pullProgress) Retry(err error, wait time.Duration) {
 	fmt.Fprintf(p.w, "ats: pull: %v; %s\n", err, when)
 }
 
-func (p *pullProgress) Done(f models.File) {
+func (p *pullProgress) Done(f hub.File) {
 	if p.bar != nil {
 		p.bar.Finish()
 		p.bar = nil
@@ -220,7 +220,7 @@ func completePulled(_ *cobra.Command, _ []string, toComplete string) ([]string, 
 
 // listedModel is a model as ats list --json prints it.
 type listedModel struct {
-	*models.Manifest
+	*hub.Manifest
 	Path      string `json:"path"`
 	SizeBytes int64  `json:"size_bytes"`
 }
@@ -236,7 +236,7 @@ quantization, size, when it was pulled and its other names. Any of the
 names works wherever a model file does (ats run NAME, -m NAME).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := models.OpenStore()
+			st, err := hub.OpenStore()
 			if err != nil {
 				return fmt.Errorf("list: %w", err)
 			}
@@ -287,7 +287,7 @@ func newRmCmd() *cobra.Command {
 		Args:              cobra.MinimumNArgs(1),
 		ValidArgsFunction: completePulled,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := models.OpenStore()
+			st, err := hub.OpenStore()
 			if err != nil {
 				return fmt.Errorf("rm: %w", err)
 			}
@@ -319,8 +319,8 @@ name or a file.`,
 			if err != nil {
 				return fmt.Errorf("show: %w", err)
 			}
-			var m *models.Manifest
-			if st, err := models.OpenStore(); err == nil {
+			var m *hub.Manifest
+			if st, err := hub.OpenStore(); err == nil {
 				if mm, err := st.Find(args[0]); err == nil && mm.Path() == path {
 					m = mm
 				}
@@ -341,7 +341,7 @@ name or a file.`,
 				enc.SetIndent("", "  ")
 				enc.SetEscapeHTML(false)
 				return enc.Encode(struct {
-					Model *models.Manifest `json:"model"` // null for a file that was not pulled
+					Model *hub.Manifest `json:"model"` // null for a file that was not pulled
 					*inspectReport
 				}{m, r})
 			}
@@ -360,7 +360,7 @@ name or a file.`,
 }
 
 // writeManifest prints what the models directory knows of a model.
-func writeManifest(out io.Writer, m *models.Manifest) {
+func writeManifest(out io.Writer, m *hub.Manifest) {
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "model:\t%s\n", m.Name)
 	if len(m.Aliases) > 0 {

@@ -10,7 +10,7 @@ import (
 
 	"github.com/atsinfer/ats/gguf"
 	"github.com/atsinfer/ats/internal/testenv"
-	"github.com/atsinfer/ats/runtime/models/hubtest"
+	"github.com/atsinfer/ats/runtime/hub/hubtest"
 	"github.com/atsinfer/ats/tools/synth"
 )
 

@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/atsinfer/ats/runtime"
-	"github.com/atsinfer/ats/runtime/chat"
+	"github.com/atsinfer/ats/runtime/text/chat"
 )
 
 func init() {

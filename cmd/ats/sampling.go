@@ -8,7 +8,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/atsinfer/ats/runtime/sampler"
+	"github.com/atsinfer/ats/runtime/text/sampler"
 )
 
 // samplingFlags are the sampling options shared by run and chat, named as

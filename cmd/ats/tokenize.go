@@ -11,7 +11,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/atsinfer/ats/gguf"
-	"github.com/atsinfer/ats/runtime/tokenizer"
+	"github.com/atsinfer/ats/runtime/text/tokenizer"
 )
 
 // vocabTestSeparator separates the cases of a tokenizer test file, the

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/atsinfer/ats/runtime"
-	"github.com/atsinfer/ats/runtime/sampler"
+	"github.com/atsinfer/ats/runtime/text/sampler"
 )
 
 // FuzzRequest sends arbitrary bodies to /v1/chat/completions and

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	"github.com/atsinfer/ats/runtime"
-	"github.com/atsinfer/ats/runtime/chat"
-	"github.com/atsinfer/ats/runtime/sampler"
+	"github.com/atsinfer/ats/runtime/text/chat"
+	"github.com/atsinfer/ats/runtime/text/sampler"
 )
 
 // writeJSON sends v as the whole response.

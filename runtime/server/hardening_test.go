@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/atsinfer/ats/runtime/chat"
+	"github.com/atsinfer/ats/runtime/text/chat"
 )
 
 // The repros of issue 13, each now a clear 400 (or a correct result).

@@ -8,8 +8,8 @@ import (
 	"runtime/debug"
 	"sync/atomic"
 
-	"github.com/atsinfer/ats/runtime/chat"
-	"github.com/atsinfer/ats/runtime/sampler"
+	"github.com/atsinfer/ats/runtime/text/chat"
+	"github.com/atsinfer/ats/runtime/text/sampler"
 )
 
 // Bounds on what one request may make the server do (issue 13). Each is

@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"math"
 
-	"github.com/atsinfer/ats/runtime/tokenizer"
+	"github.com/atsinfer/ats/runtime/text/tokenizer"
 )
 
 // Log-probabilities (logprobs, top_logprobs) are those of the model's own

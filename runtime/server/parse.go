@@ -8,7 +8,7 @@ import (
 	"strings"
 	"unicode"
 
-	"github.com/atsinfer/ats/runtime/chat"
+	"github.com/atsinfer/ats/runtime/text/chat"
 )
 
 // ToolFormat is the way a model family writes tool calls in its reply.

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/atsinfer/ats/runtime/chat"
+	"github.com/atsinfer/ats/runtime/text/chat"
 )
 
 type call struct{ name, args string }

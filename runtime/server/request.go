@@ -12,8 +12,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/atsinfer/ats/runtime/chat"
-	"github.com/atsinfer/ats/runtime/sampler"
+	"github.com/atsinfer/ats/runtime/text/chat"
+	"github.com/atsinfer/ats/runtime/text/sampler"
 )
 
 // samplingParams are the request fields that configure sampling: OpenAI's,

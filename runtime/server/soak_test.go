@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/atsinfer/ats/runtime/chat"
+	"github.com/atsinfer/ats/runtime/text/chat"
 )
 
 // TestSoak sends a few hundred mixed requests from several clients at once:

@@ -9,13 +9,13 @@ import (
 	"sync"
 	"unicode"
 
-	"github.com/atsinfer/ats/runtime/chat"
-	"github.com/atsinfer/ats/runtime/constrain"
+	"github.com/atsinfer/ats/runtime/text/chat"
+	"github.com/atsinfer/ats/runtime/text/constrain"
 )
 
 // Structured output: response_format json_object / json_schema and forced
 // tool calls (tool_choice "required" or a named function) are constrained
-// decoding with runtime/constrain. The grammar is compiled on the
+// decoding with runtime/text/constrain. The grammar is compiled on the
 // request's goroutine, so a schema outside the supported subset is a 400
 // before the request waits for the model; compiled grammars (with their
 // cached masks) are kept for the next request with the same schema, as

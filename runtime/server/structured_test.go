@@ -16,7 +16,7 @@ import (
 
 	"github.com/atsinfer/ats/internal/testenv"
 	"github.com/atsinfer/ats/runtime"
-	"github.com/atsinfer/ats/runtime/constrain"
+	"github.com/atsinfer/ats/runtime/text/constrain"
 	"github.com/atsinfer/ats/tools/synth"
 )
 

@@ -167,7 +167,7 @@ func (s *Server) handleProps(w http.ResponseWriter, r *http.Request) {
 		"ignore_eos":        false,
 		"stream":            false,
 		"n_probs":           0,
-		// ats's chain, in its order (runtime/sampler).
+		// ats's chain, in its order (runtime/text/sampler).
 		"samplers": []string{"penalties", "logit_bias", "top_k", "top_p", "min_p", "temperature"},
 	}
 	writeJSON(w, http.StatusOK, map[string]any{

@@ -1,6 +1,6 @@
 //go:build !unix && !windows
 
-package models
+package hub
 
 import "os"
 

@@ -1,6 +1,6 @@
 //go:build unix
 
-package models
+package hub
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-// Package models keeps GGUF models by name: a models directory, `ats pull`
+// Package hub keeps GGUF models by name: a models directory, `ats pull`
 // from the Hugging Face hub or a URL (resumable, verified, placed
 // atomically), and the lookups behind `ats list`, `ats rm`, `ats show` and
 // every -m NAME.
@@ -7,7 +7,7 @@
 // under their own names (so the parts of a split model find each other)
 // and a manifest, model.json, written last: a folder without a manifest is
 // a pull in progress, and only models with one are listed or found.
-package models
+package hub
 
 import (
 	"context"

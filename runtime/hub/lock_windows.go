@@ -1,6 +1,6 @@
 //go:build windows
 
-package models
+package hub
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package models
+package hub
 
 import (
 	"bytes"
@@ -15,7 +15,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	"github.com/atsinfer/ats/runtime/models/hubtest"
+	"github.com/atsinfer/ats/runtime/hub/hubtest"
 )
 
 func randomBytes(seed uint64, n int) []byte {

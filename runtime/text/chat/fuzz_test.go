@@ -20,7 +20,7 @@ import (
 // within its time budget, with a prompt no larger than the output limit or
 // an error, and never panic.
 //
-//	go test ./runtime/chat -run '^$' -fuzz FuzzRender -fuzztime 10m
+//	go test ./runtime/text/chat -run '^$' -fuzz FuzzRender -fuzztime 10m
 func FuzzRender(f *testing.F) {
 	for _, seed := range []string{
 		`{% macro f(n) %}{{ f(n+1) }}{% endmacro %}{{ f(0) }}`,

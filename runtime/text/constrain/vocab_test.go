@@ -10,7 +10,7 @@ import (
 
 	"github.com/atsinfer/ats/gguf"
 	"github.com/atsinfer/ats/internal/testenv"
-	"github.com/atsinfer/ats/runtime/tokenizer"
+	"github.com/atsinfer/ats/runtime/text/tokenizer"
 )
 
 var (
