@@ -17,7 +17,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/atsinfer/ats/ops"
-	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/backend/cpu"
+	"github.com/atsinfer/ats/runtime/executor"
+	"github.com/atsinfer/ats/runtime/model"
+	"github.com/atsinfer/ats/runtime/session"
 )
 
 // benchResult is one test of `ats bench`, with llama-bench's JSON field
@@ -189,11 +192,16 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 		printMarkdownHeader(stdout)
 	}
 	for _, path := range o.models {
-		m, err := runtime.Open(path)
+		m, err := model.Open(path)
 		if err != nil {
 			return err
 		}
 		info := describeModel(m, path)
+		weights, err := cpu.NewWeights(m.Prog) // kept across the tests: their repacked copies too
+		if err != nil {
+			m.Close()
+			return err
+		}
 		if o.stress != "" {
 			kind, pct, err := parseStress(o.stress)
 			if err != nil {
@@ -223,7 +231,7 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 			}
 			for _, r := range tests {
 				fillCommon(&r, info, th, o.batch)
-				if err := benchOne(m, &r, o, stderr); err != nil {
+				if err := benchOne(m, weights, &r, o, stderr); err != nil {
 					m.Close()
 					return err
 				}
@@ -253,12 +261,12 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 					}
 					if r.VRAMUsed > 0 {
 						fmt.Fprintf(stderr, "; VRAM in use %s of the budget %s (CUDA context %s apart)",
-							runtime.FormatBytes(r.VRAMUsed), runtime.FormatBytes(r.VRAMBudget), runtime.FormatBytes(r.VRAMContext))
+							executor.FormatBytes(r.VRAMUsed), executor.FormatBytes(r.VRAMBudget), executor.FormatBytes(r.VRAMContext))
 					}
 					if r.HostRSS > 0 {
 						fmt.Fprintf(stderr, "; host RSS %s (weights %s; repacked CPU copies %s",
-							runtime.FormatBytes(r.HostRSS), runtime.FormatBytes(m.WeightBytes()), runtime.FormatBytes(r.Repacked))
-						if lo, hi := m.RepackedExperts(); hi > 0 {
+							executor.FormatBytes(r.HostRSS), executor.FormatBytes(m.WeightBytes()), executor.FormatBytes(r.Repacked))
+						if lo, hi := weights.RepackedExperts(); hi > 0 {
 							fmt.Fprintf(stderr, ", of MoE stacks the first %d-%d experts", lo, hi)
 						}
 						fmt.Fprint(stderr, ")")
@@ -339,7 +347,7 @@ type modelInfo struct {
 	weightBytes       int64
 }
 
-func describeModel(m *runtime.Model, path string) modelInfo {
+func describeModel(m *model.Model, path string) modelInfo {
 	var size, params int64
 	for _, t := range m.File.Tensors {
 		size += int64(t.Size)
@@ -365,7 +373,7 @@ func describeModel(m *runtime.Model, path string) modelInfo {
 // general.size_label when the file has one, else the parameter count in
 // billions, whole ones rounded down (llama.cpp names by architecture size
 // class, which rounding down matches for the usual models).
-func sizeLabel(m *runtime.Model, params int64) string {
+func sizeLabel(m *model.Model, params int64) string {
 	if s, err := m.File.String("general.size_label"); err == nil && s != "" {
 		return s
 	}
@@ -410,25 +418,27 @@ func fillCommon(r *benchResult, info modelInfo, threads, batch int) {
 
 // benchOne runs one test: a warm-up, then o.reps timed runs, each from an
 // empty cache with fresh random tokens.
-func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer) error {
+func benchOne(m *model.Model, weights *cpu.Weights, r *benchResult, o benchOptions, stderr io.Writer) error {
 	h := m.Hyper()
 	ctxSize := r.NPrompt + r.NGen
-	copt := runtime.ContextOptions{Threads: r.NThreads, CtxSize: ctxSize, Batch: o.batch}
+	copt := session.Options{Threads: r.NThreads, CtxSize: ctxSize, Batch: o.batch, Weights: weights}
 	if err := o.place.apply(&copt, stderr); err != nil {
 		return err
 	}
-	c, err := m.NewContext(copt)
+	c, err := session.NewEngine(m, copt)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
+	seq := c.Ctx.KV().NewSeq()
+	defer seq.Close()
 	switch c.Backend() {
-	case runtime.BackendGPU:
+	case executor.BackendGPU:
 		r.Backend = "CUDA" // llama-bench's name for it
-	case runtime.BackendHybrid:
+	case executor.BackendHybrid:
 		r.Backend = "CPU+CUDA"
 	}
-	if pl := c.Placement(); c.Backend() != runtime.BackendCPU {
+	if pl := c.Placement; c.Backend() != executor.BackendCPU {
 		r.Placement = pl.Describe()
 		if p := pl.Predicted; p != nil {
 			r.PredictedTs = p.DecodeTokensPerS
@@ -446,13 +456,11 @@ func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer
 		return t
 	}
 	run := func(warm bool) (time.Duration, error) {
-		if err := c.Truncate(0); err != nil {
-			return 0, err
-		}
+		seq.Truncate(0)
 		if r.NPrompt > 0 {
 			toks := tokens(r.NPrompt)
 			start := time.Now()
-			if _, err := c.EvalView(toks, false); err != nil {
+			if _, err := c.Eval(seq, toks, false); err != nil {
 				return 0, err
 			}
 			return time.Since(start), nil
@@ -464,7 +472,7 @@ func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer
 		toks := tokens(n)
 		start := time.Now()
 		for _, t := range toks {
-			if _, err := c.EvalView([]int{t}, false); err != nil {
+			if _, err := c.Eval(seq, []int{t}, false); err != nil {
 				return 0, err
 			}
 		}
@@ -474,11 +482,11 @@ func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer
 		if v := c.VRAM(); v.Allocated > 0 {
 			r.VRAMBudget, r.VRAMUsed, r.VRAMContext = v.Budget, v.Process, v.Context
 		}
-		r.HostRSS, r.Repacked = residentBytes(), m.RepackedBytes()
-		if pr := c.Promotion(); pr.On {
+		r.HostRSS, r.Repacked = residentBytes(), weights.RepackedBytes()
+		if pr := c.Promoter.Stats(); pr.On {
 			r.Promotion = describePromotion(pr)
 		}
-		st := c.Stats()
+		st := c.Ctx.Stats()
 		if st.Split.Layers > 0 && st.Steps > st.DecodeSteps {
 			batches := float64(st.Steps - st.DecodeSteps)
 			r.SplitLayers = int(math.Round(float64(st.Split.Layers) / batches))
@@ -491,23 +499,23 @@ func benchOne(m *runtime.Model, r *benchResult, o benchOptions, stderr io.Writer
 				r.SplitThreads = st.Split.HostCPU.Seconds() / st.Split.Host.Seconds()
 			}
 		}
-		if prompts := int64(o.reps); r.NPrompt > 0 && st.DecodeSteps == 0 && c.Backend() == runtime.BackendHybrid && prompts > 0 {
+		if prompts := int64(o.reps); r.NPrompt > 0 && st.DecodeSteps == 0 && c.Backend() == executor.BackendHybrid && prompts > 0 {
 			if !o.noWarmup {
 				prompts++
 			}
-			streamed, share := st.StreamedBytes/prompts, st.Split.HostBytes/prompts
+			streamed, share := st.Streamed/prompts, st.Split.HostBytes/prompts
 			shareTime := st.Split.Host / time.Duration(prompts)
-			if floor := prefillFloor(streamed, share, c.LinkRate(), shareTime); floor > 0 {
-				r.StreamedGB, r.ShareGB, r.LinkGBps = float64(streamed)/1e9, float64(share)/1e9, c.LinkRate()/1e9
+			if floor := prefillFloor(streamed, share, c.Placement.LinkRate(), shareTime); floor > 0 {
+				r.StreamedGB, r.ShareGB, r.LinkGBps = float64(streamed)/1e9, float64(share)/1e9, c.Placement.LinkRate()/1e9
 				if shareTime > 0 {
 					r.ShareGBps = float64(share) / 1e9 / shareTime.Seconds()
 				}
 				r.FloorTs = float64(r.NPrompt) / floor.Seconds()
 			}
 		}
-		if st.DecodeSteps > 0 && c.Backend() == runtime.BackendHybrid {
-			r.DecodeCPUMs = float64(st.DecodeCPU.Microseconds()) / 1e3 / float64(st.DecodeSteps)
-			r.DecodeGPUMs = float64(st.DecodeGPU.Microseconds()) / 1e3 / float64(st.DecodeSteps)
+		if st.DecodeSteps > 0 && c.Backend() == executor.BackendHybrid {
+			r.DecodeCPUMs = float64(st.DecodeHost.Microseconds()) / 1e3 / float64(st.DecodeSteps)
+			r.DecodeGPUMs = float64(st.DecodeDevice.Microseconds()) / 1e3 / float64(st.DecodeSteps)
 		}
 	}()
 	if !o.noWarmup {

@@ -15,8 +15,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/atsinfer/ats/runtime"
 	"github.com/atsinfer/ats/runtime/server"
+	"github.com/atsinfer/ats/runtime/session"
 	"github.com/atsinfer/ats/runtime/text/chat"
 	"github.com/atsinfer/ats/runtime/text/sampler"
 )
@@ -59,7 +59,7 @@ same syntax, commands too), prints the answers and exits at the end.`,
 				stdin := cmd.InOrStdin()
 				interactive := stdin == io.Reader(os.Stdin) && isTerminal(os.Stdin) && isTerminal(stdout)
 				warn := func(s string) { fmt.Fprintln(stderr, "ats: warning:", s) }
-				copt := runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds}
+				copt := session.Options{CtxSize: ctxSize, Threads: thrds}
 				if err := pf.apply(&copt, stderr); err != nil {
 					return err
 				}
@@ -85,7 +85,7 @@ same syntax, commands too), prints the answers and exits at the end.`,
 				if _, err := sampler.New(cfg, sess.Model.Hyper().NVocab); err != nil {
 					return fmt.Errorf("chat: %w", err)
 				}
-				if err := checkRepeatWindow(cfg.RepeatLastN, sess.Ctx.CtxSize()); err != nil {
+				if err := checkRepeatWindow(cfg.RepeatLastN, sess.CtxSize()); err != nil {
 					return fmt.Errorf("chat: --repeat-last-n: %w", err)
 				}
 				if cmd.Flags().Changed("think") {
@@ -181,7 +181,7 @@ func defaultHistoryFile() string {
 
 // chatSession is one conversation and its settings.
 type chatSession struct {
-	sess      *runtime.Session
+	sess      *session.Session
 	modelPath string
 	out, info io.Writer // answers; notes and speeds
 	color     bool      // dim the reasoning and the notes
@@ -198,7 +198,7 @@ type chatSession struct {
 	mu     sync.Mutex
 	cancel context.CancelFunc // of the answer being generated
 
-	last     *runtime.GenerateResult
+	last     *session.GenerateResult
 	lastTTFT time.Duration
 	lastTime time.Duration
 }
@@ -243,7 +243,7 @@ func (c *chatSession) note(format string, args ...any) {
 
 // answer sends a user message and streams the reply.
 func (c *chatSession) answer(parent context.Context, user string) error {
-	ctxSize := c.sess.Ctx.CtxSize()
+	ctxSize := c.sess.CtxSize()
 	// Room to leave for the answer when deciding whether the conversation
 	// still fits: the answer's limit, or an eighth of the context.
 	reserve := c.maxTokens
@@ -297,7 +297,7 @@ func (c *chatSession) answer(parent context.Context, user string) error {
 	d := &display{w: c.out, color: c.color, terminal: c.terminal}
 	start := time.Now()
 	var first time.Duration
-	res, err := c.sess.Generate(ctx, ids, runtime.GenerateOptions{
+	res, err := c.sess.Generate(ctx, ids, session.GenerateOptions{
 		Sampler:   c.cfg,
 		MaxTokens: c.maxTokens,
 		Stop:      c.stop,
@@ -325,9 +325,9 @@ func (c *chatSession) answer(parent context.Context, user string) error {
 		switch {
 		case stopped:
 			why = " · stopped"
-		case res.StopReason == runtime.StopLength && res.ContextTokens >= ctxSize:
+		case res.StopReason == session.StopLength && res.ContextTokens >= ctxSize:
 			why = " · the context is full: /clear to start over"
-		case res.StopReason == runtime.StopLength:
+		case res.StopReason == session.StopLength:
 			why = " · max_tokens reached"
 		}
 		c.note("[%d tokens, %.1f tokens/s · prompt %d tokens (%d cached), %.0f tokens/s%s]",

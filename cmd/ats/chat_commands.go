@@ -152,7 +152,7 @@ func (c *chatSession) set(key, value string) error {
 	if _, err := sampler.New(cfg, c.sess.Model.Hyper().NVocab); err != nil {
 		return err
 	}
-	if err := checkRepeatWindow(cfg.RepeatLastN, c.sess.Ctx.CtxSize()); err != nil {
+	if err := checkRepeatWindow(cfg.RepeatLastN, c.sess.CtxSize()); err != nil {
 		return err
 	}
 	c.cfg = cfg
@@ -191,7 +191,7 @@ func (c *chatSession) stats() string {
 	fmt.Fprintf(&b, "model:    %s (%s), %.1f MiB of weights on the CPU; chat template: %s\n",
 		filepath.Base(c.modelPath), m, float64(m.WeightBytes())/(1<<20), tmpl)
 	fmt.Fprintf(&b, "context:  %d of %d tokens in the KV cache; %s in the conversation; %d threads\n",
-		c.sess.Cached(), c.sess.Ctx.CtxSize(), plural(len(c.history)/2, "exchange", "exchanges"), c.sess.Ctx.Threads())
+		c.sess.Cached(), c.sess.CtxSize(), plural(len(c.history)/2, "exchange", "exchanges"), c.sess.Ctx.Threads())
 	if r := c.last; r != nil {
 		fmt.Fprintf(&b, "last:     %d tokens at %.1f tokens/s, first after %s, %s in all (stop: %s)\n",
 			len(r.Tokens), r.DecodeRate(), c.lastTTFT.Round(100_000), c.lastTime.Round(100_000), r.StopReason)

@@ -8,10 +8,10 @@ import (
 	goruntime "runtime"
 	"time"
 
+	"github.com/atsinfer/ats/runtime/model"
+	"github.com/atsinfer/ats/runtime/session"
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
-
-	"github.com/atsinfer/ats/runtime"
 )
 
 // isTerminal reports whether w is a terminal (a progress bar or colours
@@ -27,9 +27,9 @@ func isTerminal(w any) bool {
 // reading every page now moves the disk time to load time, where the bar
 // shows it, instead of the first answer. Later load steps (profiling for
 // the GPU placement) report to the same bar.
-func loadSession(path string, copt runtime.ContextOptions, stderr io.Writer, warn func(string)) (*runtime.Session, error) {
+func loadSession(path string, copt session.Options, stderr io.Writer, warn func(string)) (*session.Session, error) {
 	start := time.Now()
-	m, err := runtime.Open(path)
+	m, err := model.Open(path)
 	if err != nil {
 		return nil, err
 	}
@@ -72,7 +72,7 @@ func loadSession(path string, copt runtime.ContextOptions, stderr io.Writer, war
 	if bar != nil {
 		bar.Describe("allocating the context")
 	}
-	sess, err := runtime.NewSession(m, copt, warn)
+	sess, err := session.NewSession(m, copt, warn)
 	if bar != nil {
 		bar.Finish()
 	}
@@ -81,7 +81,7 @@ func loadSession(path string, copt runtime.ContextOptions, stderr io.Writer, war
 		return nil, err
 	}
 	fmt.Fprintf(stderr, "ats: loaded %s (%s, %.0f MiB of weights, context %d, %d threads) in %.1fs\n",
-		filepath.Base(path), m.Hyper().Arch, float64(m.WeightBytes())/(1<<20), sess.Ctx.CtxSize(), sess.Ctx.Threads(),
+		filepath.Base(path), m.Hyper().Arch, float64(m.WeightBytes())/(1<<20), sess.CtxSize(), sess.Ctx.Threads(),
 		time.Since(start).Seconds())
 	return sess, nil
 }

@@ -3,7 +3,7 @@ package main
 import (
 	"github.com/spf13/cobra"
 
-	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/executor"
 	"github.com/atsinfer/ats/tools/synth"
 )
 
@@ -19,9 +19,9 @@ func registerCompletions(c *cobra.Command) {
 	}
 	comps := map[string]cobra.CompletionFunc{
 		"backend": values(
-			runtime.BackendAuto+"\tthe GPU when one is usable, else the CPU",
-			runtime.BackendCPU+"\tthe CPU only",
-			runtime.BackendGPU+"\tevery op on the GPU"),
+			executor.BackendAuto+"\tthe GPU when one is usable, else the CPU",
+			executor.BackendCPU+"\tthe CPU only",
+			executor.BackendGPU+"\tevery op on the GPU"),
 		"model": completeModel,
 		"preset": func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
 			var out []string

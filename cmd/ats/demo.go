@@ -10,7 +10,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/model"
+	"github.com/atsinfer/ats/runtime/session"
 	"github.com/atsinfer/ats/runtime/text/sampler"
 	"github.com/atsinfer/ats/tools/synth"
 )
@@ -62,12 +63,12 @@ is gibberish (the weights are random); the point is the whole path working.`,
 				}
 
 				fmt.Fprintf(out, "\n== 3. generate (CPU; random weights, so the text is noise)\n")
-				m, err := runtime.Open(path)
+				m, err := model.Open(path)
 				if err != nil {
 					return err
 				}
 				defer m.Close()
-				s, err := runtime.NewSession(m, runtime.ContextOptions{Threads: threads, CtxSize: 512}, func(w string) { fmt.Fprintln(cmd.ErrOrStderr(), "ats: warning:", w) })
+				s, err := session.NewSession(m, session.Options{Threads: threads, CtxSize: 512}, func(w string) { fmt.Fprintln(cmd.ErrOrStderr(), "ats: warning:", w) })
 				if err != nil {
 					return err
 				}
@@ -76,8 +77,8 @@ is gibberish (the weights are random); the point is the whole path working.`,
 				cfg := sampler.DefaultConfig()
 				cfg.Seed = 42
 				fmt.Fprintf(out, "prompt %q -> %d tokens\n", prompt, len(ids))
-				res, err := s.Generate(context.Background(), ids, runtime.GenerateOptions{Sampler: cfg, MaxTokens: nGen})
-				if err != nil && !errors.Is(err, runtime.ErrContextFull) {
+				res, err := s.Generate(context.Background(), ids, session.GenerateOptions{Sampler: cfg, MaxTokens: nGen})
+				if err != nil && !errors.Is(err, session.ErrContextFull) {
 					return err
 				}
 				fmt.Fprintf(out, "generated %d tokens: %q\n", len(res.Tokens), res.Text)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -11,7 +12,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/atsinfer/ats/ops"
-	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/executor"
+	"github.com/atsinfer/ats/runtime/kvcache"
+	"github.com/atsinfer/ats/runtime/model"
+	"github.com/atsinfer/ats/runtime/session"
 )
 
 // evalResult is the layout of the oracle logits files, so that ats's
@@ -65,18 +69,16 @@ ats's numerics are checked against llama.cpp's.`,
 				if nGen < 0 {
 					return fmt.Errorf("eval: --n-gen %d is negative", nGen)
 				}
-				opt := runtime.ContextOptions{Threads: threads, CtxSize: ctxSize}
+				opt := session.Options{Threads: threads, CtxSize: ctxSize}
 				if err := pf.apply(&opt, cmd.ErrOrStderr()); err != nil {
 					return fmt.Errorf("eval: %w", err)
 				}
-				switch kvType {
-				case "f16":
-				case "f32":
-					opt.KVF32 = true
-				default:
-					return fmt.Errorf("eval: --kv-type %q: want f16 or f32", kvType)
+				kt, err := kvcache.ParseType(kvType)
+				if err != nil {
+					return fmt.Errorf("eval: --kv-type: %w", err)
 				}
-				m, err := runtime.Open(modelPath)
+				opt.KVType = kt
+				m, err := model.Open(modelPath)
 				if err != nil {
 					return err
 				}
@@ -84,18 +86,21 @@ ats's numerics are checked against llama.cpp's.`,
 				if opt.CtxSize == 0 {
 					opt.CtxSize = min(m.Hyper().NCtxTrain, max(4096, len(prompt)+nGen))
 				}
-				c, err := m.NewContext(opt)
+				c, err := session.NewEngine(m, opt)
 				if err != nil {
 					return err
 				}
 				defer c.Close()
+				seq := c.Ctx.KV().NewSeq()
+				defer seq.Close()
 				nv := m.Hyper().NVocab
 				res := evalResult{Prompt: prompt, NVocab: nv, Generated: []int{}, DecodeLogits: [][]float32{}}
 				start := time.Now()
-				logits, err := c.Eval(prompt, true)
+				logits, err := c.Eval(seq, prompt, true)
 				if err != nil {
 					return err
 				}
+				logits = slices.Clone(logits) // the next step reuses the executor's memory
 				tPrefill := time.Since(start)
 				for i := range prompt {
 					res.PrefillLogits = append(res.PrefillLogits, logits[i*nv:(i+1)*nv])
@@ -104,16 +109,16 @@ ats's numerics are checked against llama.cpp's.`,
 				start = time.Now()
 				for s := 0; s < nGen; s++ {
 					res.Generated = append(res.Generated, next)
-					l, err := c.Eval([]int{next}, false)
+					l, err := c.Eval(seq, []int{next}, false)
 					if err != nil {
 						return fmt.Errorf("eval: decode step %d: %w", s, err)
 					}
-					res.DecodeLogits = append(res.DecodeLogits, l)
+					res.DecodeLogits = append(res.DecodeLogits, slices.Clone(l))
 					next = ops.Argmax(l)
 				}
 				tDecode := time.Since(start)
 				where := fmt.Sprintf("%d threads", c.Threads())
-				if c.Backend() == runtime.BackendGPU {
+				if c.Backend() == executor.BackendGPU {
 					where = "on the GPU"
 				}
 				fmt.Fprintf(cmd.ErrOrStderr(), "%s\nprefill: %d tokens in %v (%.1f t/s); decode: %d tokens in %v; %s\n",
@@ -144,7 +149,7 @@ ats's numerics are checked against llama.cpp's.`,
 		pf.register(f)
 		f.IntVarP(&threads, "threads", "t", 0, "CPU threads (0: all cores)")
 		f.IntVarP(&ctxSize, "ctx-size", "c", 0, "context size in tokens (0: enough for the prompt and n-gen)")
-		f.StringVar(&kvType, "kv-type", "f16", "KV cache type: f16 or f32")
+		f.StringVar(&kvType, "kv-type", "f16", "KV cache type: f16, q8_0, q4_0 or f32")
 		return cmd
 	})
 }

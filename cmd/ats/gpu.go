@@ -3,7 +3,7 @@ package main
 import (
 	"github.com/spf13/cobra"
 
-	"github.com/atsinfer/ats/runtime/gpu"
+	"github.com/atsinfer/ats/runtime/backend/cuda"
 )
 
 func init() {
@@ -18,7 +18,7 @@ figures where NVML is installed. It only queries: no context is created and
 no memory is allocated.`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
-				return gpu.Report(cmd.OutOrStdout())
+				return cuda.Report(cmd.OutOrStdout())
 			},
 		}
 	})

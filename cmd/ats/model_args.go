@@ -11,8 +11,8 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/atsinfer/ats/runtime"
-	"github.com/atsinfer/ats/runtime/gpu"
+	"github.com/atsinfer/ats/runtime/backend/cuda"
+	"github.com/atsinfer/ats/runtime/executor"
 	"github.com/atsinfer/ats/runtime/hub"
 )
 
@@ -69,7 +69,7 @@ func adaptModelCommands(root *cobra.Command) {
 				return err
 			}
 			if v, _ := cmd.Flags().GetBool("verbose"); v && cmd.Flags().Lookup("backend") != nil {
-				if err := gpu.Report(cmd.ErrOrStderr()); err != nil {
+				if err := cuda.Report(cmd.ErrOrStderr()); err != nil {
 					fmt.Fprintln(cmd.ErrOrStderr(), "ats: GPU report:", err)
 				}
 			}
@@ -198,10 +198,10 @@ func applyGPULayers(cmd *cobra.Command) error {
 		return nil
 	}
 	b := cmd.Flags().Lookup("backend")
-	if b.Changed && b.Value.String() != runtime.BackendCPU {
+	if b.Changed && b.Value.String() != executor.BackendCPU {
 		return fmt.Errorf("%s: -ngl 0 means the CPU only, but --backend is %s", cmd.Name(), b.Value.String())
 	}
-	if err := b.Value.Set(runtime.BackendCPU); err != nil {
+	if err := b.Value.Set(executor.BackendCPU); err != nil {
 		return err
 	}
 	b.Changed = true

@@ -11,10 +11,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/atsinfer/ats/runtime/executor"
+	"github.com/atsinfer/ats/runtime/placement"
+	"github.com/atsinfer/ats/runtime/session"
 	"github.com/schollz/progressbar/v3"
 	"github.com/spf13/pflag"
-
-	"github.com/atsinfer/ats/runtime"
 )
 
 // placementFlags are the flags of every command that runs a model: where
@@ -30,7 +31,7 @@ type placementFlags struct {
 }
 
 func (p *placementFlags) register(f *pflag.FlagSet) {
-	f.StringVar(&p.backend, "backend", runtime.BackendAuto,
+	f.StringVar(&p.backend, "backend", executor.BackendAuto,
 		"cpu, gpu (every op on the GPU) or auto (the GPU when usable: the whole model when it fits --vram-budget, else a measured CPU+GPU placement)")
 	f.StringVar(&p.budget, "vram-budget", "",
 		"GPU memory ats may use for weights, KV cache and buffers, e.g. 4.5GiB or 800MiB (default: the free memory less a margin; 0: CPU only)")
@@ -40,11 +41,19 @@ func (p *placementFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&p.trace, "trace", "", "write a Chrome/Perfetto trace of the CPU work, the GPU compute stream and the copy stream of every batch to this file")
 }
 
-// apply sets the placement fields of o; progress (when not nil) receives
-// the profiling run that planning may need.
-func (p *placementFlags) apply(o *runtime.ContextOptions, stderr io.Writer) error {
+// apply sets the placement fields of o, the environment's switches, the
+// notes (to stderr) and the GPU (opened here, once, when the backend may
+// use it); stderr (when not nil) also shows the profiling run that
+// planning may need.
+func (p *placementFlags) apply(o *session.Options, stderr io.Writer) error {
+	envOptions(o)
+	if stderr != nil {
+		o.Notes = notes(stderr)
+	} else {
+		o.Notes = notes(os.Stderr)
+	}
 	switch p.backend {
-	case runtime.BackendCPU, runtime.BackendGPU, runtime.BackendAuto:
+	case executor.BackendCPU, executor.BackendGPU, executor.BackendAuto:
 	default:
 		return fmt.Errorf("--backend %q: want cpu, gpu or auto", p.backend)
 	}
@@ -61,19 +70,19 @@ func (p *placementFlags) apply(o *runtime.ContextOptions, stderr io.Writer) erro
 			return fmt.Errorf("--vram-budget: %w", err)
 		}
 		if b == 0 {
-			if p.backend == runtime.BackendGPU || p.placement != "" {
+			if p.backend == executor.BackendGPU || p.placement != "" {
 				return fmt.Errorf("--vram-budget 0 leaves nothing for the GPU, but --backend gpu or --placement asks for it")
 			}
-			o.Backend = runtime.BackendCPU
+			o.Backend = executor.BackendCPU
 		}
 		o.VRAMBudget = b
 	}
 	if p.placement != "" {
-		pl, err := runtime.ReadPlacement(p.placement)
+		pl, err := placement.ReadPlacement(p.placement)
 		if err != nil {
 			return fmt.Errorf("--placement: %w", err)
 		}
-		if p.backend == runtime.BackendCPU {
+		if p.backend == executor.BackendCPU {
 			return fmt.Errorf("--placement needs the GPU; --backend cpu runs without it")
 		}
 		o.Placement = pl
@@ -89,6 +98,11 @@ func (p *placementFlags) apply(o *runtime.ContextOptions, stderr io.Writer) erro
 	if stderr != nil {
 		o.Progress = profileProgress(stderr)
 	}
+	dev, err := openDevice(o.Backend, o.Notes)
+	if err != nil {
+		return err
+	}
+	o.Device = dev
 	return nil
 }
 
@@ -156,9 +170,9 @@ func progressSaying(w io.Writer, first string) func(done, total int, what string
 
 // traces are the trace files of this run by path: every context of a
 // command (bench makes several) writes into the same one.
-var traces = map[string]*runtime.Trace{}
+var traces = map[string]*executor.Trace{}
 
-func openTrace(path string) (*runtime.Trace, error) {
+func openTrace(path string) (*executor.Trace, error) {
 	if t := traces[path]; t != nil {
 		return t, nil
 	}
@@ -166,7 +180,7 @@ func openTrace(path string) (*runtime.Trace, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--trace: %w", err)
 	}
-	t := runtime.NewTrace(f)
+	t := executor.NewTrace(f)
 	traces[path] = t
 	atExit(func() {
 		if err := errors.Join(t.Close(), f.Close()); err != nil {

@@ -15,7 +15,10 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/atsinfer/ats/plan"
-	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/executor"
+	"github.com/atsinfer/ats/runtime/model"
+	"github.com/atsinfer/ats/runtime/placement"
+	"github.com/atsinfer/ats/runtime/session"
 )
 
 func init() {
@@ -46,16 +49,20 @@ ranking with the budget line.`,
 					return fmt.Errorf("plan: -m MODEL is required")
 				}
 				stderr := cmd.ErrOrStderr()
-				opt := runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds, Batch: batch}
+				opt := session.Options{CtxSize: ctxSize, Threads: thrds, Batch: batch}
 				if err := pf.apply(&opt, stderr); err != nil {
 					return fmt.Errorf("plan: %w", err)
 				}
-				m, err := runtime.Open(modelPath)
+				m, err := model.Open(modelPath)
 				if err != nil {
 					return err
 				}
 				defer m.Close()
-				pl, prof, err := m.Plan(runtime.PlanOptions{ContextOptions: opt, Fresh: fresh})
+				pln, po, err := session.NewPlanner(m, opt)
+				if err != nil {
+					return fmt.Errorf("plan: %w", err)
+				}
+				pl, prof, err := pln.Plan(po, fresh)
 				if err != nil {
 					return fmt.Errorf("plan: %w", err)
 				}
@@ -113,18 +120,29 @@ from it).`,
 				if modelPath == "" {
 					return fmt.Errorf("profile: -m MODEL is required")
 				}
-				m, err := runtime.Open(modelPath)
+				m, err := model.Open(modelPath)
 				if err != nil {
 					return err
 				}
 				defer m.Close()
-				opt := runtime.ContextOptions{Threads: thrds, Progress: profileProgress(cmd.ErrOrStderr())}
+				opt := session.Options{Threads: thrds, Progress: profileProgress(cmd.ErrOrStderr())}
+				envOptions(&opt)
+				opt.Notes = notes(cmd.ErrOrStderr())
+				if !cpuOnly {
+					if opt.Device, err = openDevice(executor.BackendGPU, opt.Notes); err != nil {
+						return fmt.Errorf("profile: %w", err)
+					}
+				}
+				pln, po, err := session.NewPlanner(m, opt)
+				if err != nil {
+					return fmt.Errorf("profile: %w", err)
+				}
 				var prof *plan.Profile
 				if cpuOnly {
-					opt.Progress = progressSaying(cmd.ErrOrStderr(), "ats: measuring this model's units on the CPU (not cached)")
-					prof, err = m.ProfileCPU(opt)
+					po.Progress = progressSaying(cmd.ErrOrStderr(), "ats: measuring this model's units on the CPU (not cached)")
+					prof, err = pln.ProfileHost(po)
 				} else {
-					prof, err = m.Profile(opt, fresh)
+					prof, err = pln.Profile(po, fresh)
 				}
 				if err != nil {
 					return fmt.Errorf("profile: %w", err)
@@ -155,16 +173,16 @@ func usPerMiB(d float64) float64 { return d * (1 << 20) * 1e6 }
 
 // printPlacement writes the placement for people: totals, the prediction,
 // then a table of layers × roles.
-func printPlacement(w io.Writer, pl *runtime.Placement, prof *plan.Profile, m *runtime.Model) {
-	fmt.Fprintf(w, "model: %s (%s, %d layers), %s of weights\n", filepath.Base(pl.Model), pl.Arch, pl.Layers, runtime.FormatBytes(m.WeightBytes()))
-	fmt.Fprintf(w, "budget: %s; fixed %s (activations, scratch, staging ring, norms)", runtime.FormatBytes(pl.Budget), runtime.FormatBytes(pl.FixedBytes))
+func printPlacement(w io.Writer, pl *placement.Placement, prof *plan.Profile, m *model.Model) {
+	fmt.Fprintf(w, "model: %s (%s, %d layers), %s of weights\n", filepath.Base(pl.Model), pl.Arch, pl.Layers, executor.FormatBytes(m.WeightBytes()))
+	fmt.Fprintf(w, "budget: %s; fixed %s (activations, scratch, staging ring, norms)", executor.FormatBytes(pl.Budget), executor.FormatBytes(pl.FixedBytes))
 	if pl.ContextBytes > 0 {
-		fmt.Fprintf(w, "; in use before ats (CUDA context, other processes, not counted): %s", runtime.FormatBytes(pl.ContextBytes))
+		fmt.Fprintf(w, "; in use before ats (CUDA context, other processes, not counted): %s", executor.FormatBytes(pl.ContextBytes))
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "placement: %s\n", pl.Describe())
 	if pl.RepackedBytes > 0 {
-		fmt.Fprintf(w, "repacked for the CPU: %s of its weights (timed so; the rest runs from the file's blocks)\n", runtime.FormatBytes(pl.RepackedBytes))
+		fmt.Fprintf(w, "repacked for the CPU: %s of its weights (timed so; the rest runs from the file's blocks)\n", executor.FormatBytes(pl.RepackedBytes))
 	}
 	var kept int
 	var keptBytes int64
@@ -175,7 +193,7 @@ func printPlacement(w io.Writer, pl *runtime.Placement, prof *plan.Profile, m *r
 	}
 	if kept > 0 {
 		fmt.Fprintf(w, "dynamic promotion: staging ring %s; on an idle machine it should keep %d CPU units (%s) there (CPU* below)\n",
-			runtime.FormatBytes(pl.RingBytes), kept, runtime.FormatBytes(keptBytes))
+			executor.FormatBytes(pl.RingBytes), kept, executor.FormatBytes(keptBytes))
 	}
 	if pl.Note != "" {
 		fmt.Fprintf(w, "note: %s\n", pl.Note)
@@ -230,7 +248,7 @@ func printPlacement(w io.Writer, pl *runtime.Placement, prof *plan.Profile, m *r
 	fmt.Fprintf(w, "\n(GPU/CPU: where the unit lives; the number: decode time it saves on the GPU per MiB of VRAM, in µs/MiB)\n")
 }
 
-func cell(u runtime.UnitPlacement) string {
+func cell(u placement.UnitPlacement) string {
 	b := strings.ToUpper(u.Backend)
 	if u.KeptInRing {
 		b += "*"
@@ -243,8 +261,8 @@ func cell(u runtime.UnitPlacement) string {
 
 // placementGrid arranges the units by layer and role (roles in order of
 // first appearance); units outside the layers come apart.
-func placementGrid(pl *runtime.Placement) (roles []string, byLayer []map[string]runtime.UnitPlacement, other []runtime.UnitPlacement) {
-	byLayer = make([]map[string]runtime.UnitPlacement, pl.Layers)
+func placementGrid(pl *placement.Placement) (roles []string, byLayer []map[string]placement.UnitPlacement, other []placement.UnitPlacement) {
+	byLayer = make([]map[string]placement.UnitPlacement, pl.Layers)
 	seen := map[string]bool{}
 	for _, u := range pl.Units {
 		if u.Layer < 0 || u.Layer >= pl.Layers {
@@ -252,7 +270,7 @@ func placementGrid(pl *runtime.Placement) (roles []string, byLayer []map[string]
 			continue
 		}
 		if byLayer[u.Layer] == nil {
-			byLayer[u.Layer] = map[string]runtime.UnitPlacement{}
+			byLayer[u.Layer] = map[string]placement.UnitPlacement{}
 		}
 		byLayer[u.Layer][u.Role] = u
 		if !seen[u.Role] {
@@ -317,7 +335,7 @@ func printProfile(w io.Writer, p *plan.Profile) {
 // placementSVG draws the placement map (layers × roles, coloured by
 // backend) and the density ranking (units by decreasing density, as wide
 // as their bytes, with the budget line).
-func placementSVG(pl *runtime.Placement) string {
+func placementSVG(pl *placement.Placement) string {
 	roles, byLayer, other := placementGrid(pl)
 	const cw, ch, left, top = 70, 12, 60, 60
 	mapW := left + cw*len(roles) + 20
@@ -330,7 +348,7 @@ func placementSVG(pl *runtime.Placement) string {
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
 	fmt.Fprintf(&b, `<text x="10" y="18" font-size="14">%s: %s</text>`+"\n", html.EscapeString(filepath.Base(pl.Model)), html.EscapeString(pl.Describe()))
 	color := func(backend string) string {
-		if backend == runtime.BackendGPU {
+		if backend == executor.BackendGPU {
 			return "#2e8b57"
 		}
 		return "#c8c8c8"
@@ -349,7 +367,7 @@ func placementSVG(pl *runtime.Placement) string {
 				continue
 			}
 			fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%d" height="%d" fill="%s" stroke="white"><title>%s: %s, %s</title></rect>`+"\n",
-				left+cw*j, y, cw, ch, color(u.Backend), html.EscapeString(u.Name), u.Backend, runtime.FormatBytes(u.Bytes))
+				left+cw*j, y, cw, ch, color(u.Backend), html.EscapeString(u.Name), u.Backend, executor.FormatBytes(u.Bytes))
 		}
 	}
 	y := top + ch*pl.Layers + 16
@@ -361,7 +379,7 @@ func placementSVG(pl *runtime.Placement) string {
 	fmt.Fprintf(&b, `<text x="%d" y="%d">layer</text>`+"\n", 10, top-8)
 	// Density ranking.
 	x0, y0 := mapW+30, top
-	units := append([]runtime.UnitPlacement(nil), pl.Units...)
+	units := append([]placement.UnitPlacement(nil), pl.Units...)
 	sort.SliceStable(units, func(i, j int) bool { return units[i].Density > units[j].Density })
 	var total int64
 	maxD := 0.0
@@ -379,16 +397,16 @@ func placementSVG(pl *runtime.Placement) string {
 			wd := math.Max(float64(rankW)*float64(u.Bytes)/float64(total), 0.5)
 			hgt := float64(rankH) * d / maxD
 			fmt.Fprintf(&b, `<rect x="%.2f" y="%.2f" width="%.2f" height="%.2f" fill="%s"><title>%s: %.2f µs/MiB, %s</title></rect>`+"\n",
-				x, float64(y0+rankH)-hgt, wd, hgt, color(u.Backend), html.EscapeString(u.Name), usPerMiB(u.Density), runtime.FormatBytes(u.Bytes))
+				x, float64(y0+rankH)-hgt, wd, hgt, color(u.Backend), html.EscapeString(u.Name), usPerMiB(u.Density), executor.FormatBytes(u.Bytes))
 			acc += u.Bytes
 		}
 		if avail := pl.Budget - pl.FixedBytes; avail > 0 && avail < total {
 			bx := float64(x0) + float64(rankW)*float64(avail)/float64(total)
 			fmt.Fprintf(&b, `<line x1="%.2f" y1="%d" x2="%.2f" y2="%d" stroke="#d22" stroke-width="2" stroke-dasharray="6,3"/>`+"\n", bx, y0-4, bx, y0+rankH+4)
-			fmt.Fprintf(&b, `<text x="%.2f" y="%d" fill="#d22">budget for units: %s</text>`+"\n", bx+4, y0+12, runtime.FormatBytes(avail))
+			fmt.Fprintf(&b, `<text x="%.2f" y="%d" fill="#d22">budget for units: %s</text>`+"\n", bx+4, y0+12, executor.FormatBytes(avail))
 		}
 		fmt.Fprintf(&b, `<text x="%d" y="%d">0</text><text x="%d" y="%d" text-anchor="end">%s</text>`+"\n",
-			x0, y0+rankH+14, x0+rankW, y0+rankH+14, runtime.FormatBytes(total))
+			x0, y0+rankH+14, x0+rankW, y0+rankH+14, executor.FormatBytes(total))
 		fmt.Fprintf(&b, `<text x="%d" y="%d" text-anchor="end">%.1f</text>`+"\n", x0-4, y0+10, maxD)
 	} else {
 		fmt.Fprintf(&b, `<text x="%d" y="%d">no profile: %s</text>`+"\n", x0+10, y0+20, html.EscapeString(pl.Note))

@@ -11,7 +11,9 @@ import (
 	"testing"
 
 	"github.com/atsinfer/ats/plan"
-	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/executor"
+	"github.com/atsinfer/ats/runtime/placement"
+	"github.com/atsinfer/ats/runtime/session"
 )
 
 func TestParseSize(t *testing.T) {
@@ -32,9 +34,9 @@ func TestParseSize(t *testing.T) {
 }
 
 func TestPlacementFlags(t *testing.T) {
-	var o runtime.ContextOptions
+	var o session.Options
 	pf := placementFlags{backend: "auto", budget: "0", planFor: "decode"}
-	if err := pf.apply(&o, nil); err != nil || o.Backend != runtime.BackendCPU {
+	if err := pf.apply(&o, nil); err != nil || o.Backend != executor.BackendCPU {
 		t.Errorf("--vram-budget 0: backend %q, %v; want the CPU", o.Backend, err)
 	}
 	for _, bad := range []placementFlags{
@@ -44,7 +46,7 @@ func TestPlacementFlags(t *testing.T) {
 		{backend: "auto", budget: "lots", planFor: "decode"},
 		{backend: "auto", placement: "/nonexistent/placement.json", planFor: "decode"},
 	} {
-		if err := bad.apply(&runtime.ContextOptions{}, nil); err == nil {
+		if err := bad.apply(&session.Options{}, nil); err == nil {
 			t.Errorf("%+v accepted", bad)
 		}
 	}
@@ -53,17 +55,17 @@ func TestPlacementFlags(t *testing.T) {
 // TestPlacementSVG draws a made-up placement and checks the SVG parses and
 // shows both backends.
 func TestPlacementSVG(t *testing.T) {
-	pl := &runtime.Placement{Model: "m.gguf", Arch: "qwen3", Layers: 2, Budget: 300 << 20, FixedBytes: 100 << 20, Note: "test"}
+	pl := &placement.Placement{Model: "m.gguf", Arch: "qwen3", Layers: 2, Budget: 300 << 20, FixedBytes: 100 << 20, Note: "test"}
 	for l := 0; l < 2; l++ {
 		for j, role := range []string{"attn_q", "attention", "ffn_down"} {
 			b := "cpu"
 			if (l+j)%2 == 0 {
 				b = "gpu"
 			}
-			pl.Units = append(pl.Units, runtime.UnitPlacement{Name: role, Layer: l, Role: role, Bytes: 100 << 20, Backend: b, Density: float64(j+1) * 1e-12})
+			pl.Units = append(pl.Units, placement.UnitPlacement{Name: role, Layer: l, Role: role, Bytes: 100 << 20, Backend: b, Density: float64(j+1) * 1e-12})
 		}
 	}
-	pl.Units = append(pl.Units, runtime.UnitPlacement{Name: "output.weight", Layer: -1, Role: "output", Bytes: 50 << 20, Backend: "gpu"})
+	pl.Units = append(pl.Units, placement.UnitPlacement{Name: "output.weight", Layer: -1, Role: "output", Bytes: 50 << 20, Backend: "gpu"})
 	svg := placementSVG(pl)
 	d := xml.NewDecoder(strings.NewReader(svg))
 	for {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/session"
 	"github.com/atsinfer/ats/runtime/text/chat"
 )
 
@@ -68,7 +68,7 @@ MODEL (or -m MODEL) is a GGUF file or the name of a pulled model.`,
 				warn := func(s string) { fmt.Fprintln(stderr, "ats: warning:", s) }
 				// Loading shows its progress and time, so the prompt speed
 				// below is the prompt's alone.
-				copt := runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds}
+				copt := session.Options{CtxSize: ctxSize, Threads: thrds}
 				if err := pf.apply(&copt, stderr); err != nil {
 					return err
 				}
@@ -78,7 +78,7 @@ MODEL (or -m MODEL) is a GGUF file or the name of a pulled model.`,
 				}
 				defer s.Model.Close()
 				defer s.Close()
-				if err := checkRepeatWindow(cfg.RepeatLastN, s.Ctx.CtxSize()); err != nil {
+				if err := checkRepeatWindow(cfg.RepeatLastN, s.CtxSize()); err != nil {
 					return fmt.Errorf("run: --repeat-last-n: %w", err)
 				}
 				text := prompt
@@ -107,7 +107,7 @@ MODEL (or -m MODEL) is a GGUF file or the name of a pulled model.`,
 				ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 				defer stop()
 				out := cmd.OutOrStdout()
-				opt := runtime.GenerateOptions{Sampler: cfg, MaxTokens: nPredict, Stop: sf.stop, Special: special,
+				opt := session.GenerateOptions{Sampler: cfg, MaxTokens: nPredict, Stop: sf.stop, Special: special,
 					OnText: func(t string) error {
 						if printTokens {
 							return nil

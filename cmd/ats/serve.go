@@ -16,8 +16,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/backend/cuda"
+	"github.com/atsinfer/ats/runtime/executor"
 	"github.com/atsinfer/ats/runtime/server"
+	"github.com/atsinfer/ats/runtime/session"
 )
 
 func init() {
@@ -82,7 +84,7 @@ once.`,
 				}
 				log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 				warn := func(s string) { fmt.Fprintln(stderr, "ats: warning:", s) }
-				copt := runtime.ContextOptions{CtxSize: ctxSize, Threads: thrds}
+				copt := session.Options{CtxSize: ctxSize, Threads: thrds}
 				if err := pf.apply(&copt, stderr); err != nil {
 					return err
 				}
@@ -97,7 +99,7 @@ once.`,
 				if alias == "" {
 					alias = strings.TrimSuffix(filepath.Base(modelPath), ".gguf")
 				}
-				scfg := server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: server.NVMLStats, PProf: pprof, CORS: cors}
+				scfg := server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: nvmlStats, PProf: pprof, CORS: cors}
 				starting := server.Listen(ln, scfg)
 				url, remote := serveURLs(ln.Addr())
 				fmt.Fprintf(stderr, "ats: listening on %s; loading the model (/health answers 503 until it is ready)\n", url)
@@ -108,12 +110,12 @@ once.`,
 				}
 				defer sess.Model.Close()
 				defer sess.Close()
-				if err := checkRepeatWindow(cfg.RepeatLastN, sess.Ctx.CtxSize()); err != nil {
+				if err := checkRepeatWindow(cfg.RepeatLastN, sess.CtxSize()); err != nil {
 					starting.Close()
 					return fmt.Errorf("serve: --repeat-last-n: %w", err)
 				}
-				if sess.Ctx.Backend() != runtime.BackendCPU {
-					scfg.PlacementMap = sess.Ctx.Placement().JSON
+				if sess.Backend() != executor.BackendCPU {
+					scfg.PlacementMap = sess.Placement.JSON
 				}
 				srv, err := server.New(sess, scfg)
 				if err != nil {
@@ -192,4 +194,14 @@ func loopback(host string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// nvmlStats reads every GPU's figures through NVML (none without it).
+func nvmlStats() []server.GPUStat {
+	var out []server.GPUStat
+	for _, g := range cuda.Stats() {
+		out = append(out, server.GPUStat{Index: g.Index, Name: g.Name, MemoryUsedBytes: int64(g.MemUsed), MemoryTotalBytes: int64(g.MemTotal),
+			Utilization: g.Util, PCIeRxBytesPerS: g.PCIeRX, PCIeTxBytesPerS: g.PCIeTX})
+	}
+	return out
 }

@@ -12,9 +12,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/atsinfer/ats/runtime/executor"
+	"github.com/atsinfer/ats/runtime/model"
+	"github.com/atsinfer/ats/runtime/placement"
+	"github.com/atsinfer/ats/runtime/session"
+	"github.com/atsinfer/ats/runtime/stress"
 	"github.com/spf13/cobra"
-
-	"github.com/atsinfer/ats/runtime"
 )
 
 // The load experiments of `ats bench --stress`: a competing program that
@@ -32,10 +35,10 @@ func init() {
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 				defer stop()
-				res, err := runtime.Stress(ctx, cpuPct, gpuPct, cmd.OutOrStdout())
+				res, err := stress.Stress(ctx, cpuPct, gpuPct, cmd.OutOrStdout())
 				if res.LinkBytes > 0 {
 					fmt.Fprintf(cmd.ErrOrStderr(), "stress: %s host to device in %.1f s: %.1f GB/s on average\n",
-						runtime.FormatBytes(res.LinkBytes), res.Elapsed.Seconds(), res.LinkGBps())
+						executor.FormatBytes(res.LinkBytes), res.Elapsed.Seconds(), res.LinkGBps())
 				}
 				return err
 			},
@@ -64,7 +67,7 @@ func startStress(kind string, pct int) (stop func(), err error) {
 	}
 	c := exec.Command(self, "stress", fmt.Sprintf("--%s=%d", kind, pct))
 	c.Stderr = os.Stderr
-	end, err := runtime.StartLoad(c, 5*time.Second)
+	end, err := stress.StartLoad(c, 5*time.Second)
 	if err != nil {
 		return nil, fmt.Errorf("the %s stress: %w", kind, err)
 	}
@@ -78,11 +81,11 @@ func startStress(kind string, pct int) (stop func(), err error) {
 // stressBench measures decode (tg of n tokens, reps runs) static and with
 // dynamic promotion, each without and under the competing load, and writes
 // the time per output token and the degradations.
-func stressBench(stdout, stderr io.Writer, m *runtime.Model, o benchOptions, threads, nGen int, kind string, pct int) error {
+func stressBench(stdout, stderr io.Writer, m *model.Model, o benchOptions, threads, nGen int, kind string, pct int) error {
 	type result struct {
 		dynamic, stressed bool
 		tpot              float64
-		promo             runtime.PromotionStats
+		promo             placement.PromotionStats
 	}
 	var rs []result
 	for _, stressed := range []bool{false, true} {
@@ -94,29 +97,27 @@ func stressBench(stdout, stderr io.Writer, m *runtime.Model, o benchOptions, thr
 			}
 		}
 		for _, dynamic := range []bool{false, true} {
-			copt := runtime.ContextOptions{Threads: threads, CtxSize: nGen + 8, Batch: o.batch}
+			copt := session.Options{Threads: threads, CtxSize: nGen + 8, Batch: o.batch}
 			pf := o.place
 			pf.dynamic = dynamic
 			if err := pf.apply(&copt, stderr); err != nil {
 				return err
 			}
-			c, err := m.NewContext(copt)
+			c, err := session.NewEngine(m, copt)
 			if err != nil {
 				if stop != nil {
 					stop()
 				}
 				return err
 			}
+			seq := c.Ctx.KV().NewSeq()
 			var total time.Duration
 			for r := 0; r <= o.reps; r++ { // the first run warms up
-				if err := c.Truncate(0); err != nil {
-					c.Close()
-					return err
-				}
+				seq.Truncate(0)
 				start := time.Now()
 				tok := 1
 				for i := 0; i < nGen; i++ {
-					l, err := c.EvalView([]int{tok}, false)
+					l, err := c.Eval(seq, []int{tok}, false)
 					if err != nil {
 						c.Close()
 						return err
@@ -128,8 +129,8 @@ func stressBench(stdout, stderr io.Writer, m *runtime.Model, o benchOptions, thr
 				}
 			}
 			tpot := total.Seconds() / float64(o.reps*nGen)
-			rs = append(rs, result{dynamic: dynamic, stressed: stressed, tpot: tpot, promo: c.Promotion()})
-			fmt.Fprintf(stderr, "ats: stress %s=%d%% %v, dynamic %v: %.2f ms a token; %s\n", kind, pct, stressed, dynamic, 1e3*tpot, describePromotion(c.Promotion()))
+			rs = append(rs, result{dynamic: dynamic, stressed: stressed, tpot: tpot, promo: c.Promoter.Stats()})
+			fmt.Fprintf(stderr, "ats: stress %s=%d%% %v, dynamic %v: %.2f ms a token; %s\n", kind, pct, stressed, dynamic, 1e3*tpot, describePromotion(c.Promoter.Stats()))
 			c.Close()
 		}
 		if stop != nil {
@@ -173,7 +174,7 @@ func argmaxIn(l []float32, n int) int {
 }
 
 // describePromotion says what dynamic promotion did in a line.
-func describePromotion(p runtime.PromotionStats) string {
+func describePromotion(p placement.PromotionStats) string {
 	if !p.On {
 		return "no promotion"
 	}
@@ -182,6 +183,6 @@ func describePromotion(p runtime.PromotionStats) string {
 		how = "kept in the ring"
 	}
 	return fmt.Sprintf("promotes %d units (%s, %s) a step, copies %s a step on average; %d re-plans, the last took %v (its DPs %v; all %v); estimates: CPU ×%.2f, GPU ×%.2f, link %.1f GB/s, overlap ×%.2f, hand-over %v",
-		p.PromotedUnits, runtime.FormatBytes(p.PromotedBytes), how, runtime.FormatBytes(p.CopiedPerStep), p.Replans, p.LastPlanCost.Round(time.Microsecond), p.LastDPCost.Round(time.Microsecond), p.PlanCost.Round(time.Microsecond),
+		p.PromotedUnits, executor.FormatBytes(p.PromotedBytes), how, executor.FormatBytes(p.CopiedPerStep), p.Replans, p.LastPlanCost.Round(time.Microsecond), p.LastDPCost.Round(time.Microsecond), p.PlanCost.Round(time.Microsecond),
 		p.Estimates.CPU, p.Estimates.GPU, p.Estimates.Link/1e9, p.Estimates.Overlap, p.Switch.Round(100*time.Nanosecond))
 }

@@ -8,7 +8,7 @@ import (
 	"net/http/httptest"
 	"testing"
 
-	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/session"
 	"github.com/atsinfer/ats/runtime/text/sampler"
 )
 
@@ -42,7 +42,7 @@ func FuzzRequest(f *testing.F) {
 	}
 	f.Cleanup(func() { s.Close() })
 	nVocab := s.nVocab
-	s.gen = func(ctx context.Context, prompt []int, opt runtime.GenerateOptions) (*runtime.GenerateResult, error) {
+	s.gen = func(ctx context.Context, prompt []int, opt session.GenerateOptions) (*session.GenerateResult, error) {
 		smp, err := sampler.New(opt.Sampler, nVocab)
 		if err != nil {
 			return nil, err // a 500: the server accepted a config the sampler refuses
@@ -55,7 +55,7 @@ func FuzzRequest(f *testing.F) {
 		for i := range logits {
 			logits[i] = float32(rng.NormFloat64())
 		}
-		res := &runtime.GenerateResult{PromptTokens: len(prompt), StopReason: runtime.StopLength}
+		res := &session.GenerateResult{PromptTokens: len(prompt), StopReason: session.StopLength}
 		n := 4
 		if opt.MaxTokens > 0 {
 			n = min(n, opt.MaxTokens)

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/session"
 	"github.com/atsinfer/ats/runtime/text/chat"
 	"github.com/atsinfer/ats/runtime/text/sampler"
 )
@@ -91,7 +91,7 @@ type generation struct {
 	endpoint string
 	received time.Time
 	prompt   []int
-	opt      runtime.GenerateOptions
+	opt      session.GenerateOptions
 	out      output
 	// prepare, when set, does the work that grows with the request
 	// (rendering the template, tokenizing): it runs once the request is
@@ -99,7 +99,7 @@ type generation struct {
 	prepare func(ctx context.Context) *apiError
 
 	// Set by the worker.
-	res *runtime.GenerateResult
+	res *session.GenerateResult
 	err error
 }
 
@@ -110,7 +110,7 @@ type generation struct {
 type output interface {
 	begin() error
 	text(piece string) error
-	end(res *runtime.GenerateResult, err error)
+	end(res *session.GenerateResult, err error)
 }
 
 // generate queues g and writes its response. It returns when the response
@@ -223,7 +223,7 @@ func (s *Server) errorFor(err error) *apiError {
 	switch {
 	case s.base.Err() != nil:
 		return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Message: "the server is shutting down; the request was cancelled"}
-	case errors.Is(err, runtime.ErrContextFull):
+	case errors.Is(err, session.ErrContextFull):
 		return withCode(badRequest("messages", "%v", err), "context_length_exceeded")
 	case errors.Is(err, sampler.ErrNoCandidates):
 		// Penalties and logit_bias together left no token to draw.
@@ -232,14 +232,14 @@ func (s *Server) errorFor(err error) *apiError {
 	return asAPIError(err)
 }
 
-func usageOf(res *runtime.GenerateResult) *usage {
+func usageOf(res *session.GenerateResult) *usage {
 	u := &usage{PromptTokens: res.PromptTokens, CompletionTokens: len(res.Tokens)}
 	u.TotalTokens = u.PromptTokens + u.CompletionTokens
 	u.PromptTokensDetails.CachedTokens = res.CachedTokens
 	return u
 }
 
-func timingsOf(res *runtime.GenerateResult) *timings {
+func timingsOf(res *session.GenerateResult) *timings {
 	return &timings{
 		CacheN:             res.CachedTokens,
 		PromptN:            res.PromptTokens - res.CachedTokens,
@@ -254,7 +254,7 @@ func timingsOf(res *runtime.GenerateResult) *timings {
 // checkLength rejects a prompt the context cannot hold, or a max_tokens
 // it cannot hold with the prompt.
 func (s *Server) checkLength(prompt []int, max int, maxParam string) *apiError {
-	n, ctx := len(prompt), s.sess.Ctx.CtxSize()
+	n, ctx := len(prompt), s.sess.CtxSize()
 	if n >= ctx {
 		return withCode(badRequest("messages", "the prompt has %d tokens, but the context holds %d (and needs room for at least one generated token); shorten the prompt or start the server with a larger --ctx-size", n, ctx), "context_length_exceeded")
 	}
@@ -399,7 +399,7 @@ func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, receive
 		out.sse = newSSE(w, s.cfg.WriteTimeout)
 	}
 	g := &generation{endpoint: "chat", received: received, out: out,
-		opt: runtime.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop}}
+		opt: session.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop}}
 	if lp.on {
 		g.opt.OnLogits = out.onLogits
 	}
@@ -522,8 +522,8 @@ func (o *chatOutput) sendDelta(d Delta) error {
 	return nil
 }
 
-func finishReason(res *runtime.GenerateResult, toolCalls int) string {
-	if res.StopReason == runtime.StopLength {
+func finishReason(res *session.GenerateResult, toolCalls int) string {
+	if res.StopReason == session.StopLength {
 		return "length"
 	}
 	if toolCalls > 0 {
@@ -532,7 +532,7 @@ func finishReason(res *runtime.GenerateResult, toolCalls int) string {
 	return "stop"
 }
 
-func (o *chatOutput) end(res *runtime.GenerateResult, err error) {
+func (o *chatOutput) end(res *session.GenerateResult, err error) {
 	if !o.stream {
 		if err != nil {
 			if o.s.base.Err() == nil && errors.Is(err, context.Canceled) {
@@ -676,7 +676,7 @@ func (s *Server) completionGeneration(w http.ResponseWriter, req *completionRequ
 		out.sse = newSSE(w, s.cfg.WriteTimeout)
 	}
 	g := &generation{endpoint: "completion", received: received, out: out,
-		opt: runtime.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop}}
+		opt: session.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop}}
 	if lp.on {
 		g.opt.OnLogits = out.onLogits
 	}
@@ -779,7 +779,7 @@ func (o *completionOutput) text(piece string) error {
 	return nil
 }
 
-func (o *completionOutput) end(res *runtime.GenerateResult, err error) {
+func (o *completionOutput) end(res *session.GenerateResult, err error) {
 	if err != nil {
 		if isWriteError(err) || o.s.base.Err() == nil && errors.Is(err, context.Canceled) {
 			return

@@ -73,7 +73,7 @@ func (s *Server) idle() {
 // ask for: a penalty window beyond the context (every token the sequence
 // can hold is "all": use -1), and a logit_bias that bans every token.
 func (s *Server) checkSampling(cfg sampler.Config) *apiError {
-	ctx := s.sess.Ctx.CtxSize()
+	ctx := s.sess.CtxSize()
 	if cfg.RepeatLastN > ctx {
 		return badRequest("repeat_last_n", "repeat_last_n is %d, but the context holds only %d tokens; use at most %d (or -1 for all of them)", cfg.RepeatLastN, ctx, ctx)
 	}

@@ -4,11 +4,11 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/atsinfer/ats/runtime/executor"
+	"github.com/atsinfer/ats/runtime/model"
+	"github.com/atsinfer/ats/runtime/session"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-
-	"github.com/atsinfer/ats/runtime"
-	"github.com/atsinfer/ats/runtime/gpu"
 )
 
 // Placement says where the model's weights live, for /metrics. The engine
@@ -47,7 +47,7 @@ type GPUStat struct {
 }
 
 // CPUPlacement is the placement of a model run wholly on the CPU.
-func CPUPlacement(m *runtime.Model) func() Placement {
+func CPUPlacement(m *model.Model) func() Placement {
 	bytes := m.WeightBytes()
 	return func() Placement {
 		return Placement{Backend: "cpu", WeightBytes: map[string]int64{"cpu": bytes, "gpu": 0}}
@@ -56,28 +56,18 @@ func CPUPlacement(m *runtime.Model) func() Placement {
 
 // SessionPlacement reports where the session's context computes and
 // where its weights (and KV caches) live under its placement.
-func SessionPlacement(s *runtime.Session) func() Placement {
-	pl := s.Ctx.Placement()
-	backend := map[string]string{runtime.BackendCPU: "cpu", runtime.BackendGPU: "cuda", runtime.BackendHybrid: "cpu+cuda"}[s.Ctx.Backend()]
+func SessionPlacement(s *session.Session) func() Placement {
+	pl := s.Placement
+	backend := map[string]string{executor.BackendCPU: "cpu", executor.BackendGPU: "cuda", executor.BackendHybrid: "cpu+cuda"}[s.Backend()]
 	cpuBytes, gpuBytes := pl.WeightBytes()
-	vram := s.Ctx.VRAM()
-	ctx := s.Ctx
+	vram := s.VRAM()
+	ctx, prom := s.Ctx, s.Promoter
 	return func() Placement {
-		promoted, replans, link := ctx.PromotionLive()
+		promoted, replans, link := prom.Live()
 		return Placement{Backend: backend, WeightBytes: map[string]int64{"cpu": cpuBytes, "gpu": gpuBytes},
-			StreamedBytes: ctx.StreamedBytes(), VRAMBudget: vram.Budget, VRAMUsed: vram.Allocated,
+			StreamedBytes: ctx.Streamed(), VRAMBudget: vram.Budget, VRAMUsed: vram.Allocated,
 			PromotedBytes: promoted, Replans: replans, LinkBytesPerS: link}
 	}
-}
-
-// NVMLStats reads every GPU's figures through NVML (none without it).
-func NVMLStats() []GPUStat {
-	var out []GPUStat
-	for _, g := range gpu.Stats() {
-		out = append(out, GPUStat{Index: g.Index, Name: g.Name, MemoryUsedBytes: int64(g.MemUsed), MemoryTotalBytes: int64(g.MemTotal),
-			Utilization: g.Util, PCIeRxBytesPerS: g.PCIeRX, PCIeTxBytesPerS: g.PCIeTX})
-	}
-	return out
 }
 
 // metrics are the server's Prometheus series, on a registry of its own so
@@ -149,7 +139,7 @@ func newMetrics(cfg *Config, ctxSize int) *metrics {
 }
 
 // observeGeneration records one finished (or stopped) generation.
-func (m *metrics) observeGeneration(res *runtime.GenerateResult, received time.Time, firstToken time.Time) {
+func (m *metrics) observeGeneration(res *session.GenerateResult, received time.Time, firstToken time.Time) {
 	m.promptTokens.Add(float64(res.PromptTokens))
 	m.cachedTokens.Add(float64(res.CachedTokens))
 	m.genTokens.Add(float64(len(res.Tokens)))

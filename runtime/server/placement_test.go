@@ -12,7 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/atsinfer/ats/plan"
-	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/placement"
 )
 
 // modelShape is what testPlacementMap needs of a model's architecture.
@@ -35,14 +35,14 @@ func testPlacementMap(t testing.TB, m modelShape, budget int64) []byte {
 	t.Helper()
 	q4k := func(rows, cols int) int64 { return int64(rows) * int64(cols) / 256 * 144 }
 	q6k := func(rows, cols int) int64 { return int64(rows) * int64(cols) / 256 * 210 }
-	var units []runtime.UnitPlacement
+	var units []placement.UnitPlacement
 	add := func(name string, layer int, role, op, typ string, bytes int64) {
 		cpu := float64(bytes) / 60e9
 		gpu := float64(bytes)/3e12 + 4e-6
 		if op == "embed" { // a row lookup: nothing to gain on the GPU
 			cpu, gpu = 2e-6, 4e-6
 		}
-		units = append(units, runtime.UnitPlacement{Index: len(units), Name: name, Layer: layer, Role: role, Op: op, Type: typ,
+		units = append(units, placement.UnitPlacement{Index: len(units), Name: name, Layer: layer, Role: role, Op: op, Type: typ,
 			Bytes: bytes, CPU: cpu, GPU: gpu, Density: (cpu - gpu) / float64(bytes)})
 	}
 	q, kv := m.heads*m.headDim, m.kvHeads*m.headDim
@@ -78,9 +78,9 @@ func testPlacementMap(t testing.TB, m modelShape, budget int64) []byte {
 			cpuBytes += units[i].Bytes
 		}
 	}
-	b, err := json.Marshal(&runtime.Placement{Model: m.name, Arch: m.arch, Layers: m.layers, OptimizedFor: "decode",
+	b, err := json.Marshal(&placement.Placement{Model: m.name, Arch: m.arch, Layers: m.layers, OptimizedFor: "decode",
 		Budget: budget, FixedBytes: fixed, GPUBytes: gpuBytes, CPUBytes: cpuBytes,
-		Predicted: &runtime.Prediction{DecodeTokensPerS: 1 / sol.Time, PrefillTokensPerS: 1400, PrefillBatch: 512},
+		Predicted: &placement.Prediction{DecodeTokensPerS: 1 / sol.Time, PrefillTokensPerS: 1400, PrefillBatch: 512},
 		Units:     units})
 	if err != nil {
 		t.Fatal(err)

@@ -31,7 +31,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/model"
+	"github.com/atsinfer/ats/runtime/session"
 	"github.com/atsinfer/ats/runtime/text/chat"
 	"github.com/atsinfer/ats/runtime/text/sampler"
 )
@@ -61,7 +62,7 @@ type Config struct {
 	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 	// Placement and GPUStats feed the placement and GPU series of
 	// /metrics; they are called at scrape time. Placement defaults to
-	// the session's backend; GPUStats to none (serve passes NVMLStats).
+	// the session's backend; GPUStats to none (serve passes NVML's).
 	Placement func() Placement
 	GPUStats  func() []GPUStat
 	// PlacementMap gives the JSON placement map of GET /v1/ats/placement
@@ -101,7 +102,7 @@ func (cfg *Config) setDefaults() {
 // Server is an OpenAI-compatible HTTP server for one Session.
 type Server struct {
 	cfg     Config
-	sess    *runtime.Session
+	sess    *session.Session
 	tmpl    *chat.Template
 	format  ToolFormat
 	nVocab  int
@@ -129,7 +130,7 @@ type Server struct {
 
 	// gen is the session's Generate; tests replace it to make the model
 	// say something in particular (a tool call, reasoning).
-	gen func(context.Context, []int, runtime.GenerateOptions) (*runtime.GenerateResult, error)
+	gen func(context.Context, []int, session.GenerateOptions) (*session.GenerateResult, error)
 	// testHookToken, when set, runs on the worker after each sampled
 	// token; tests use it to slow generation down or watch it.
 	testHookToken func()
@@ -140,7 +141,7 @@ type Server struct {
 // New makes a server for sess, which it owns from now on: nothing else
 // may use the session until Close. It loads the chat template now, so a
 // model without a usable one fails here rather than on the first request.
-func New(sess *runtime.Session, cfg Config) (*Server, error) {
+func New(sess *session.Session, cfg Config) (*Server, error) {
 	if cfg.ModelName == "" {
 		cfg.ModelName = strings.TrimSuffix(filepath.Base(sess.Model.File.Path), ".gguf")
 	}
@@ -187,7 +188,7 @@ func New(sess *runtime.Session, cfg Config) (*Server, error) {
 	}
 	s.gen = sess.Generate
 	s.base, s.cancelAll = context.WithCancel(context.Background())
-	s.met = newMetrics(&cfg, sess.Ctx.CtxSize())
+	s.met = newMetrics(&cfg, sess.CtxSize())
 	s.prep = newPreparation()
 	s.q = newQueue(cfg.QueueLimit, func(waiting int, busy bool) {
 		s.met.queueLength.Set(float64(waiting))
@@ -209,7 +210,7 @@ func New(sess *runtime.Session, cfg Config) (*Server, error) {
 
 // fingerprint is the system_fingerprint of responses: what produced them
 // (ats and the architecture; the placement will join it once it varies).
-func fingerprint(m *runtime.Model) string {
+func fingerprint(m *model.Model) string {
 	return "ats-" + m.Hyper().Arch
 }
 
@@ -472,7 +473,7 @@ func (s *Server) modelInfo() modelOut {
 	return modelOut{ID: s.cfg.ModelName, Object: "model", Created: s.created, OwnedBy: "ats",
 		Meta: map[string]any{
 			"arch":        h.Arch,
-			"n_ctx":       s.sess.Ctx.CtxSize(),
+			"n_ctx":       s.sess.CtxSize(),
 			"n_ctx_train": h.NCtxTrain,
 			"n_vocab":     h.NVocab,
 			"size":        s.sess.Model.WeightBytes(),

@@ -18,26 +18,27 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"github.com/atsinfer/ats/internal/testenv"
-	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/model"
+	"github.com/atsinfer/ats/runtime/session"
 )
 
 const testCtx = 256 // tokens: small, so "too long" is easy to reach
 
 // oracleSession opens an oracle model (made-up vocabulary, no chat
 // template: the built-in ChatML one is used).
-func oracleSession(t testing.TB, name string) *runtime.Session {
+func oracleSession(t testing.TB, name string) *session.Session {
 	return oracleSessionCtx(t, name, testCtx)
 }
 
-func oracleSessionCtx(t testing.TB, name string, ctxSize int) *runtime.Session {
+func oracleSessionCtx(t testing.TB, name string, ctxSize int) *session.Session {
 	t.Helper()
 	dir := testenv.SharedDir(t)
-	m, err := runtime.Open(filepath.Join(dir, "testdata", "oracle", name))
+	m, err := model.Open(filepath.Join(dir, "testdata", "oracle", name))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	s, err := runtime.NewSession(m, runtime.ContextOptions{CtxSize: ctxSize, Threads: 2}, func(string) {})
+	s, err := session.NewSession(m, session.Options{CtxSize: ctxSize, Threads: 2}, func(string) {})
 	if err != nil {
 		t.Fatal(err)
 	}

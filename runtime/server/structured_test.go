@@ -15,7 +15,8 @@ import (
 	"github.com/santhosh-tekuri/jsonschema/v6"
 
 	"github.com/atsinfer/ats/internal/testenv"
-	"github.com/atsinfer/ats/runtime"
+	"github.com/atsinfer/ats/runtime/model"
+	"github.com/atsinfer/ats/runtime/session"
 	"github.com/atsinfer/ats/runtime/text/constrain"
 	"github.com/atsinfer/ats/tools/synth"
 )
@@ -281,7 +282,7 @@ func TestToolCallGrammars(t *testing.T) {
 }
 
 // startModel serves a session on a loopback server.
-func startModel(t testing.TB, sess *runtime.Session) *testServer {
+func startModel(t testing.TB, sess *session.Session) *testServer {
 	t.Helper()
 	s, err := New(sess, Config{ModelName: "tiny"})
 	if err != nil {
@@ -450,12 +451,12 @@ func realVocabModel(t *testing.T) *testServer {
 		Vocab: filepath.Join(shared, "testdata", "vocab", "vocab-qwen3.gguf")}); err != nil {
 		t.Fatal(err)
 	}
-	m, err := runtime.Open(path)
+	m, err := model.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { m.Close() })
-	sess, err := runtime.NewSession(m, runtime.ContextOptions{CtxSize: 2048, Threads: 2}, func(string) {})
+	sess, err := session.NewSession(m, session.Options{CtxSize: 2048, Threads: 2}, func(string) {})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -174,7 +174,7 @@ func (s *Server) handleProps(w http.ResponseWriter, r *http.Request) {
 		"default_generation_settings": map[string]any{
 			"id":            0,
 			"id_task":       -1,
-			"n_ctx":         s.sess.Ctx.CtxSize(),
+			"n_ctx":         s.sess.CtxSize(),
 			"speculative":   false,
 			"is_processing": busy,
 			"params":        params,

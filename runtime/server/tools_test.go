@@ -6,10 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/atsinfer/ats/runtime/session"
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/shared"
-
-	"github.com/atsinfer/ats/runtime"
 )
 
 // say makes the server's model "generate" text, in small pieces, through
@@ -20,8 +19,8 @@ func say(s *Server, text string, prompt *string) {
 			*prompt = p
 		}
 	}
-	s.gen = func(ctx context.Context, ids []int, opt runtime.GenerateOptions) (*runtime.GenerateResult, error) {
-		res := &runtime.GenerateResult{PromptTokens: len(ids), StopReason: runtime.StopEOG}
+	s.gen = func(ctx context.Context, ids []int, opt session.GenerateOptions) (*session.GenerateResult, error) {
+		res := &session.GenerateResult{PromptTokens: len(ids), StopReason: session.StopEOG}
 		for rest := text; rest != ""; {
 			n := min(len(rest), 3)
 			if opt.OnToken != nil {

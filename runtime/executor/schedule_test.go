@@ -1,0 +1,106 @@
+package executor
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/atsinfer/ats/internal/testenv"
+	"github.com/atsinfer/ats/plan"
+	"github.com/atsinfer/ats/runtime/ir"
+	"github.com/atsinfer/ats/runtime/kvcache"
+	"github.com/atsinfer/ats/runtime/model"
+)
+
+func openOracle(t *testing.T, name string) *model.Model {
+	t.Helper()
+	path := filepath.Join(testenv.SharedDir(t), "testdata", "oracle", name+".gguf")
+	if _, err := os.Stat(path); err != nil {
+		t.Skip(err)
+	}
+	m, err := model.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
+func programUnits(p *ir.Program, ctx int) []model.Unit {
+	return model.Units(p, model.KV{Rows: ctx, Type: kvcache.F16}, nil)
+}
+
+// TestTransfers checks the executor's coherence walk: with units
+// alternating between the backends, every read sees the rows written last,
+// on its own backend or moved there just before.
+func TestTransfers(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	units := programUnits(m.Prog, 64)
+	p := m.Prog
+	dev := make([]plan.Backend, len(p.Ops))
+	for _, u := range units {
+		for i := u.Lo; i < u.Hi; i++ {
+			dev[i] = plan.Backend(u.Index % 2)
+		}
+	}
+	moves := transfers(p, dev)
+	if len(moves) == 0 {
+		t.Fatal("no transfers for alternating units")
+	}
+	// Replay: where is each buffer valid?
+	valid := map[ir.BufID]map[plan.Backend]bool{}
+	k := 0
+	for i := range p.Ops {
+		for k < len(moves) && moves[k].before == i {
+			mv := moves[k]
+			if valid[mv.buf] == nil || valid[mv.buf][mv.to] {
+				t.Fatalf("op %d: move of %s to %s, which is unwritten or already there", i, p.Bufs[mv.buf].Name, mv.to)
+			}
+			valid[mv.buf][mv.to] = true
+			k++
+		}
+		op := &p.Ops[i]
+		for _, r := range op.Reads() {
+			if !valid[r][dev[i]] {
+				t.Fatalf("op %d (%s on %s) reads %s, not valid there", i, op.Kind, dev[i], p.Bufs[r].Name)
+			}
+		}
+		for _, w := range op.Writes() {
+			valid[w] = map[plan.Backend]bool{dev[i]: true}
+		}
+	}
+	// All on one backend: nothing moves.
+	for i := range dev {
+		dev[i] = plan.GPU
+	}
+	if moves := transfers(p, dev); len(moves) != 0 {
+		t.Errorf("all on the GPU: %d transfers", len(moves))
+	}
+}
+
+// TestSchedules checks that a layout's schedules run resident units on
+// the device, streamed ones on the device from their batch size on, and
+// the rest on the host.
+func TestSchedules(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	units := programUnits(m.Prog, 64)
+	l := HostOnly(units)
+	l.Resident[1] = true
+	stream := make([]bool, len(units))
+	stream[2] = true
+	l.Prefill = []PrefillLayout{{MinBatch: 32, Stream: stream}, {MinBatch: 128, Stream: make([]bool, len(units))}}
+	ss := l.schedules(512)
+	if len(ss) != 3 || ss[0].minBatch != 1 || ss[1].minBatch != 32 || ss[2].minBatch != 128 {
+		t.Fatalf("schedules %+v", ss)
+	}
+	at := func(s *Schedule, u int) plan.Backend { return s.dev[units[u].Lo] }
+	if at(ss[0], 1) != plan.GPU || at(ss[0], 2) != plan.CPU || at(ss[1], 2) != plan.GPU || at(ss[2], 2) != plan.CPU {
+		t.Errorf("unit 1 (resident) and 2 (streamed at 32..127) on %v %v %v %v", at(ss[0], 1), at(ss[0], 2), at(ss[1], 2), at(ss[2], 2))
+	}
+	if !ss[1].stream[2] || ss[0].stream[2] || !ss[1].streamed(units)[units[2].Mats[0]] {
+		t.Error("unit 2 should stream in the second schedule only")
+	}
+	if got := l.schedules(64); len(got) != 2 {
+		t.Errorf("batches of 64: %d schedules, want 2", len(got))
+	}
+}

@@ -1,8 +1,0 @@
-//go:build !unix
-
-package gpu
-
-import "time"
-
-// processCPUTime is not measured here (SplitStats.HostCPU stays 0).
-func processCPUTime() time.Duration { return 0 }
