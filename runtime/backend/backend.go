@@ -39,6 +39,9 @@ type Accelerator interface {
 	// SupportsKV says whether the device's attention reads a KV cache of
 	// type t.
 	SupportsKV(t kvcache.Type) bool
+	// MultiSequence says whether a step may hold tokens of several
+	// sequences, and sequences whose cache blocks are out of order.
+	MultiSequence() bool
 	// DeviceBytes is the device memory weight w takes when resident.
 	DeviceBytes(w *ir.Weight) int64
 	// SplitsMoE says whether an expert layer can be split with the host

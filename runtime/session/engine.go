@@ -185,6 +185,12 @@ func (e *Engine) Threads() int { return e.Ctx.Threads() }
 // Backend says where the engine computes: "cpu", "gpu" or "cpu+gpu".
 func (e *Engine) Backend() string { return e.Ctx.Backend() }
 
+// MultiSequence says whether a step may hold tokens of several sequences
+// (the host always takes them; a device when its kernels do).
+func (e *Engine) MultiSequence() bool {
+	return e.Ctx.Device() == nil || e.opt.Device.MultiSequence()
+}
+
 // Options are the engine's options, defaults filled in.
 func (e *Engine) Options() Options { return e.opt }
 

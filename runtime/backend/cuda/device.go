@@ -169,6 +169,11 @@ func (d *Device) SplitsMoE() bool { return SplitsMoE(d.Weights(backend.Options{}
 // of type t.
 func (d *Device) SupportsKV(t kvcache.Type) bool { return t == kvcache.F16 }
 
+// MultiSequence says whether a step may hold several sequences (and
+// sequences whose cache blocks are out of order): not with this build's
+// attention kernels, which read one sequence's positions in order.
+func (d *Device) MultiSequence() bool { return false }
+
 // ContextBytes is the device memory of the CUDA context and kernel modules
 // (NVML, before ats allocated anything; 0 without NVML).
 func (d *Device) ContextBytes() int64 { return d.contextBytes }

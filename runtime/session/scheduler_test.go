@@ -1,0 +1,253 @@
+package session
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/atsinfer/ats/runtime/text/sampler"
+)
+
+// forced is a constraint that allows one token at each step: the tokens of
+// a run to compare with (teacher forcing), so that a near-tie can not send
+// two runs down different paths.
+type forced struct {
+	toks []int
+	at   int
+	mask []uint64
+}
+
+func (f *forced) Allowed() ([]uint64, error) {
+	clear(f.mask)
+	if f.at < len(f.toks) {
+		t := f.toks[f.at]
+		f.mask[t/64] |= 1 << (t % 64)
+	}
+	return f.mask, nil
+}
+
+func (f *forced) Accept(tok int) error {
+	if f.at >= len(f.toks) || tok != f.toks[f.at] {
+		return fmt.Errorf("token %d at step %d, forced %v", tok, f.at, f.toks)
+	}
+	f.at++
+	return nil
+}
+
+// schedPrompts are distinct prompts of the oracle's vocabulary, some
+// sharing a prefix (a system prompt), of several lengths.
+func schedPrompts(nvocab, n int) [][]int {
+	rng := rand.New(rand.NewPCG(11, 12))
+	shared := make([]int, 40)
+	for i := range shared {
+		shared[i] = 1 + rng.IntN(nvocab-1)
+	}
+	var out [][]int
+	for i := range n {
+		var p []int
+		if i%2 == 0 {
+			p = append(p, shared...)
+		}
+		for range 3 + rng.IntN(60) {
+			p = append(p, 1+rng.IntN(nvocab-1))
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// recordLogits collects a run's logits, step by step.
+func recordLogits(into *[][]float32) func(int, []float32) {
+	return func(_ int, l []float32) { *into = append(*into, slices.Clone(l)) }
+}
+
+// TestSchedulerMatchesAlone runs several requests at once, batched, each
+// forced along the tokens it produced alone, and checks that every step's
+// logits are those of the request run alone: no request sees another's
+// keys and values, and batching changes nothing beyond rounding.
+func TestSchedulerMatchesAlone(t *testing.T) {
+	for _, name := range []string{"tiny-qwen3-q4_k_m", "tiny-qwen3moe-q4_k_m", "tiny-llama-q8_0"} {
+		t.Run(name, func(t *testing.T) {
+			m := openOracle(t, name)
+			nv := m.Hyper().NVocab
+			prompts := schedPrompts(nv, 6)
+			const gen = 8
+			greedy := greedyConfig()
+			alone := make([][][]float32, len(prompts))
+			toks := make([][]int, len(prompts))
+			for i, p := range prompts {
+				s, err := NewSession(m, Options{CtxSize: 512, Threads: 2}, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				res, err := s.Generate(context.Background(), p, GenerateOptions{Sampler: greedy, MaxTokens: gen, OnLogits: recordLogits(&alone[i])})
+				s.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				toks[i] = res.Tokens
+			}
+			e, err := NewEngine(m, Options{CtxSize: 1024, Threads: 2, Batch: 64})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			tok, err := LoadTokenizer(m, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sched := NewScheduler(e, tok, 4)
+			defer sched.Close()
+			var steps, batched int
+			var mu sync.Mutex
+			sched.Observe(func(si StepInfo) {
+				mu.Lock()
+				steps++
+				if si.Requests > 1 {
+					batched++
+				}
+				mu.Unlock()
+			})
+			got := make([][][]float32, len(prompts))
+			var wg sync.WaitGroup
+			for i, p := range prompts {
+				wg.Go(func() {
+					f := &forced{toks: toks[i], mask: make([]uint64, (nv+63)/64)}
+					res, err := sched.Generate(context.Background(), p, GenerateOptions{Sampler: greedy, MaxTokens: len(toks[i]), Constraint: f, OnLogits: recordLogits(&got[i])})
+					if err != nil {
+						t.Errorf("request %d: %v", i, err)
+						return
+					}
+					if !slices.Equal(res.Tokens, toks[i]) {
+						t.Errorf("request %d: tokens %v, alone %v", i, res.Tokens, toks[i])
+					}
+				})
+			}
+			wg.Wait()
+			for i := range prompts {
+				if len(got[i]) != len(alone[i]) {
+					t.Fatalf("request %d: %d steps, alone %d", i, len(got[i]), len(alone[i]))
+				}
+				for s := range got[i] {
+					if e := nmse(got[i][s], alone[i][s]); e > 1e-4 {
+						t.Errorf("request %d, step %d: NMSE %.3g against the request alone", i, s, e)
+					}
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			if batched == 0 {
+				t.Errorf("no step held more than one request (%d steps)", steps)
+			}
+			t.Logf("%d steps, %d of them batched", steps, batched)
+		})
+	}
+}
+
+// TestSchedulerCancellations runs 64 clients on 4 slots, cancelling some
+// at random moments: every request that is not cancelled completes with
+// its tokens, a cancelled one ends promptly, and the slots end idle.
+func TestSchedulerCancellations(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	nv := m.Hyper().NVocab
+	e, err := NewEngine(m, Options{CtxSize: 2048, Threads: 2, Batch: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	tok, err := LoadTokenizer(m, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sched := NewScheduler(e, tok, 4)
+	defer sched.Close()
+	prompts := schedPrompts(nv, 64)
+	rng := rand.New(rand.NewPCG(21, 22))
+	cancelAt := make([]time.Duration, len(prompts))
+	for i := range cancelAt {
+		if rng.IntN(3) == 0 {
+			cancelAt[i] = time.Duration(rng.IntN(40)) * time.Millisecond
+		}
+	}
+	const gen = 6
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	completed, cancelled := 0, 0
+	for i, p := range prompts {
+		wg.Go(func() {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			if d := cancelAt[i]; d > 0 {
+				time.AfterFunc(d, cancel)
+			}
+			var text []string
+			res, err := sched.Generate(ctx, p, GenerateOptions{Sampler: greedyConfig(), MaxTokens: gen,
+				OnText: func(s string) error { text = append(text, s); return nil }})
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case errors.Is(err, context.Canceled):
+				cancelled++
+				if cancelAt[i] == 0 {
+					t.Errorf("request %d: cancelled, but nobody cancelled it", i)
+				}
+			case err != nil:
+				t.Errorf("request %d: %v", i, err)
+			default:
+				completed++
+				if len(res.Tokens) == 0 || len(res.Tokens) > gen || (res.StopReason != StopLength && res.StopReason != StopEOG) {
+					t.Errorf("request %d: %d tokens, stop %q", i, len(res.Tokens), res.StopReason)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	for _, si := range sched.Slots() {
+		if si.Busy {
+			t.Errorf("slot %d still busy", si.ID)
+		}
+	}
+	t.Logf("%d completed, %d cancelled", completed, cancelled)
+	if completed == 0 {
+		t.Fatal("nothing completed")
+	}
+}
+
+// A prompt longer than the context is an error; a request on a closed
+// scheduler too.
+func TestSchedulerErrors(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	e, err := NewEngine(m, Options{CtxSize: 64, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	tok, _ := LoadTokenizer(m, nil)
+	sched := NewScheduler(e, tok, 2)
+	long := make([]int, 100)
+	for i := range long {
+		long[i] = 1
+	}
+	if _, err := sched.Generate(context.Background(), long, GenerateOptions{MaxTokens: 1}); !errors.Is(err, ErrContextFull) {
+		t.Errorf("a prompt past the context: %v", err)
+	}
+	if _, err := sched.Generate(context.Background(), nil, GenerateOptions{MaxTokens: 1}); err == nil {
+		t.Error("an empty prompt was taken")
+	}
+	sched.Close()
+	if _, err := sched.Generate(context.Background(), []int{1, 2}, GenerateOptions{MaxTokens: 1}); !errors.Is(err, ErrClosed) {
+		t.Errorf("after Close: %v", err)
+	}
+}
+
+// greedyConfig samples the most likely token.
+func greedyConfig() sampler.Config {
+	c := sampler.DefaultConfig()
+	c.Temperature = 0
+	return c
+}
