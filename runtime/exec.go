@@ -558,6 +558,39 @@ func (c *Context) EvalView(tokens []int, all bool) ([]float32, error) {
 	return c.run(tokens, mode)
 }
 
+// EvalHidden feeds tokens at the current position and returns each one's
+// final hidden state (after the output norm, before the output matrix):
+// NEmbd floats a token, for embeddings.
+func (c *Context) EvalHidden(tokens []int) ([]float32, error) {
+	if err := c.checkTokens(tokens); err != nil {
+		return nil, err
+	}
+	var out []float32
+	for start := 0; start < len(tokens); start += c.opt.Batch {
+		h, err := c.run(tokens[start:min(len(tokens), start+c.opt.Batch)], ir.OutputHidden)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, h...)
+	}
+	return out, nil
+}
+
+// hiddenRows reads the hidden rows of an OutputHidden batch from the
+// backend that ran the output matrix's op (the one that reads them).
+func (c *Context) hiddenRows(s *schedule, rows int) ([]float32, error) {
+	hid := c.m.Prog.Hidden()
+	n := rows * c.m.Prog.Bufs[hid].Width
+	if last := s.segs[len(s.segs)-1]; !last.onGPU {
+		return c.cpu.Buf(hid)[:n], nil
+	}
+	out := make([]float32, n)
+	if err := c.gpu.ReadBuf(hid, out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // checkTokens validates a batch for Eval: non-empty, in the vocabulary,
 // and room in the cache.
 func (c *Context) checkTokens(tokens []int) error {
@@ -678,6 +711,9 @@ func (c *Context) run(tokens []int, mode ir.OutputMode) ([]float32, error) {
 	}
 	if mode == ir.OutputNone || rows == 0 {
 		return nil, nil
+	}
+	if mode == ir.OutputHidden {
+		return c.hiddenRows(s, rows)
 	}
 	nv := c.m.Prog.Hyper.NVocab
 	if last := s.segs[len(s.segs)-1]; !last.onGPU {

@@ -160,6 +160,7 @@ type GenerateResult struct {
 	PromptTokens  int
 	CachedTokens  int // prompt tokens whose cache was reused
 	StopReason    string
+	StopString    string // the stop string that ended the text, if one did
 	Prefill       time.Duration
 	Decode        time.Duration
 	FirstToken    time.Duration // from the call to the first sampled token
@@ -233,6 +234,7 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opt GenerateOption
 		}
 		if stopped {
 			res.StopReason = StopEOG
+			res.StopString = stops.Matched()
 		}
 		return nil
 	}

@@ -121,6 +121,9 @@ func (b *Backend) Run(lo, hi int, tokens []int, n, pos0 int, mode ir.OutputMode)
 		if op.Output && mode == ir.OutputNone {
 			return 0 // the head is the program's tail
 		}
+		if mode == ir.OutputHidden && op.Out == b.prog.Logits {
+			return n // the hidden rows are wanted, not the logits
+		}
 		if op.Output && mode == ir.OutputLast && n > 1 {
 			// Only the last token's logits are wanted: move its row first.
 			w := b.prog.Bufs[op.In].Width

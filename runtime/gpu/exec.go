@@ -676,7 +676,7 @@ func (g *Exec) Run(seg *Segment, rows int, mode ir.OutputMode) (int, error) {
 		defer func() { _ = g.mark() }()
 		g.ran = append(g.ran, seg)
 	}
-	if rows == 1 && mode != ir.OutputNone && (seg.graphable || g.st.kept) && g.prof == nil && g.routeInspector == nil && os.Getenv(EnvGPUGraphs) != "0" {
+	if rows == 1 && mode != ir.OutputNone && mode != ir.OutputHidden && (seg.graphable || g.st.kept) && g.prof == nil && g.routeInspector == nil && os.Getenv(EnvGPUGraphs) != "0" {
 		if seg.graph == nil {
 			if err := g.capture(seg); err != nil {
 				return 0, err
@@ -766,6 +766,18 @@ func (g *Exec) LogitsRow() []float32 {
 	return unsafe.Slice((*float32)(g.logits.Pointer()), g.prog.Hyper.NVocab)
 }
 
+// ReadBuf copies the first len(dst) floats of buffer id from the device
+// (after Sync): the hidden rows of an ir.OutputHidden batch.
+func (g *Exec) ReadBuf(id ir.BufID, dst []float32) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	if err := g.dev.ctx.CopyDtoH(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*len(dst)), g.bufs[id]); err != nil {
+		return fmt.Errorf("gpu: reading buffer %s: %w", g.prog.Bufs[id].Name, err)
+	}
+	return nil
+}
+
 // ReadLogits copies rows rows of logits from the device (after Sync).
 func (g *Exec) ReadLogits(dst []float32) error {
 	if len(dst) == 0 {
@@ -805,6 +817,9 @@ func (g *Exec) queue(seg *Segment, rows int, mode ir.OutputMode) (int, error) {
 			if mode == ir.OutputNone {
 				return 0, nil // the output head is the program's tail
 			}
+			if mode == ir.OutputHidden && g.prog.Ops[st.op].Out == g.prog.Logits {
+				break // the hidden rows are wanted, not the logits
+			}
 			if mode == ir.OutputLast && rows > 1 {
 				// Only the last token's logits are wanted: move its row first.
 				in := g.prog.Ops[st.op].In
@@ -834,7 +849,7 @@ func (g *Exec) queue(seg *Segment, rows int, mode ir.OutputMode) (int, error) {
 			return 0, fmt.Errorf("gpu: buffer %s to the host: %w", g.prog.Bufs[t.Buf].Name, err)
 		}
 	}
-	if seg.Logits && rows == 1 {
+	if seg.Logits && rows == 1 && mode != ir.OutputHidden {
 		nv := g.prog.Hyper.NVocab
 		if err := s.CopyDtoH(g.logits.Bytes()[:4*nv], g.bufs[g.prog.Logits]); err != nil {
 			return 0, fmt.Errorf("gpu: logits: %w", err)

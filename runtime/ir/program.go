@@ -377,7 +377,19 @@ func (op *Op) Weights() []*Weight {
 type OutputMode uint8
 
 const (
-	OutputNone OutputMode = iota // none: a prompt chunk before the last
-	OutputLast                   // the last token's
-	OutputAll                    // every token's
+	OutputNone   OutputMode = iota // none: a prompt chunk before the last
+	OutputLast                     // the last token's
+	OutputAll                      // every token's
+	OutputHidden                   // every token's final hidden state (Program.Hidden), not the logits: embeddings
 )
+
+// Hidden is the buffer the output matrix reads: the final hidden state,
+// after the output norm. An OutputHidden batch stops before that product.
+func (p *Program) Hidden() BufID {
+	for i := len(p.Ops) - 1; i >= 0; i-- {
+		if p.Ops[i].Out == p.Logits {
+			return p.Ops[i].In
+		}
+	}
+	return p.Logits
+}

@@ -97,6 +97,9 @@ type generation struct {
 	// (rendering the template, tokenizing): it runs once the request is
 	// admitted to the queue, and sets prompt.
 	prepare func(ctx context.Context) *apiError
+	// fail, when set, writes an error response in the endpoint's API's
+	// shape (Anthropic's, ollama's) instead of OpenAI's.
+	fail func(http.ResponseWriter, *apiError)
 
 	// Set by the worker.
 	res *runtime.GenerateResult
@@ -118,6 +121,10 @@ type output interface {
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *generation) {
 	// The job's context ends when the client goes or the server gives up
 	// on running requests (shutdown past its grace period).
+	writeError := writeError
+	if g.fail != nil {
+		writeError = g.fail
+	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	stop := context.AfterFunc(s.base, cancel)
