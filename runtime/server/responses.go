@@ -46,10 +46,14 @@ func (r *responsesRequest) checkRaw(body []byte) *apiError {
 }
 
 var responsesFields = map[string]unsupportedField{
-	"background":   {isBool(false), "ats answers while the request is open"},
-	"conversation": {isNull, "use previous_response_id"},
-	"prompt":       {isNull, "ats has no stored prompts; send input and instructions"},
-	"top_logprobs": {isNumber(0), "use /v1/chat/completions for log-probabilities"},
+	"background":     {isBool(false), "ats answers while the request is open"},
+	"conversation":   {isNull, "use previous_response_id"},
+	"prompt":         {isNull, "ats has no stored prompts; send input and instructions"},
+	"top_logprobs":   {isNumber(0), "use /v1/chat/completions for log-probabilities"},
+	"max_tool_calls": {isNull, "ats does not cap the calls of a reply"},
+	"truncation": {func(raw json.RawMessage) bool {
+		return isNull(raw) || string(bytes.TrimSpace(raw)) == `"disabled"`
+	}, "ats refuses a conversation longer than the context instead of cutting it"},
 }
 
 type responsesTool struct {
