@@ -69,8 +69,10 @@ func TestEstimateQwen3_14BOnLaptop(t *testing.T) {
 			}
 		}
 	}
-	if attnGPU != attn {
-		t.Errorf("%d of %d attentions on the GPU, want all", attnGPU, attn)
+	// Most attentions on the GPU (the estimate leaves a few at the CPU
+	// where a switch would cost more than the attention saves).
+	if attnGPU < attn*3/4 {
+		t.Errorf("%d of %d attentions on the GPU, want most", attnGPU, attn)
 	}
 	// What stays on the CPU is the largest matrices: the FFNs (and the
 	// embedding table, which a step reads one row of); in a roofline every
