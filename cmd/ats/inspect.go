@@ -32,7 +32,15 @@ name of a pulled model (ats list).
 
 --template adds the chat template's text (ats show does too). --json prints one JSON object with the same content for scripts.
 Tensor shapes are in ggml order: the row length comes first.`,
-		Args:              cobra.ExactArgs(1),
+		Args: func(cmd *cobra.Command, args []string) error {
+			switch len(args) {
+			case 0:
+				return fmt.Errorf("inspect: no model given: ats inspect MODEL (a .gguf file or a pulled model's name: ats list)")
+			case 1:
+				return nil
+			}
+			return fmt.Errorf("inspect: one model at a time: got %d arguments", len(args))
+		},
 		ValidArgsFunction: completeModelArg,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			path, err := resolveModel(args[0])

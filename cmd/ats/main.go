@@ -32,6 +32,9 @@ per byte, and streams or computes the rest on the CPU.`,
 	// The model commands' shared habits (model_args.go): the model as an
 	// argument or a pulled name, -ngl, -v, value completion.
 	adaptModelCommands(root)
+	// llama.cpp's flags ats does not have, named as typed (llama_flags.go).
+	root.SetFlagErrorFunc(flagError)
+	setPlaceholders(root)
 	return root
 }
 

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -27,7 +28,12 @@ import (
 
 // positionalModel are the commands that take the model as an argument;
 // the others with -m (tokenize) use their arguments for something else.
-var positionalModel = map[string]bool{"run": true, "chat": true, "serve": true, "eval": true, "bench": true}
+var positionalModel = map[string]bool{"run": true, "chat": true, "serve": true, "eval": true, "bench": true,
+	"plan": true, "profile": true, "tokenize": true}
+
+// pullsMissing are the commands that pull a hub model they are given and
+// do not have (as ollama run and llama-server -hf do).
+var pullsMissing = map[string]bool{"run": true, "chat": true, "serve": true}
 
 // adaptModelCommands gives every model command under root the habits above.
 func adaptModelCommands(root *cobra.Command) {
@@ -36,10 +42,14 @@ func adaptModelCommands(root *cobra.Command) {
 		if c.Flags().Lookup("model") == nil {
 			continue
 		}
+		addLlamaFlags(c)
 		if positionalModel[c.Name()] {
-			if c.Name() == "bench" {
+			switch c.Name() {
+			case "bench":
 				c.Args = cobra.ArbitraryArgs // several models, as -m takes several
-			} else {
+			case "tokenize":
+				c.Args = cobra.MaximumNArgs(2) // MODEL TEXT
+			default:
 				c.Args = cobra.MaximumNArgs(1)
 			}
 			c.ValidArgsFunction = completeModelArg
@@ -68,6 +78,9 @@ func adaptModelCommands(root *cobra.Command) {
 			if err := applyGPULayers(cmd); err != nil {
 				return err
 			}
+			if err := applyLlamaFlags(cmd); err != nil {
+				return err
+			}
 			if v, _ := cmd.Flags().GetBool("verbose"); v && cmd.Flags().Lookup("backend") != nil {
 				if err := cuda.Report(cmd.ErrOrStderr()); err != nil {
 					fmt.Fprintln(cmd.ErrOrStderr(), "ats: GPU report:", err)
@@ -87,6 +100,21 @@ func takeModelArgs(cmd *cobra.Command, args []string) error {
 	f := cmd.Flags().Lookup("model")
 	if !positionalModel[cmd.Name()] {
 		args = nil
+	}
+	if cmd.Name() == "tokenize" {
+		// ats tokenize MODEL [TEXT]: the model first when -m is not given
+		// (tokenize -m MODEL TEXT reads its text argument itself).
+		if f.Changed {
+			args = nil
+		} else if len(args) > 0 {
+			args = args[:1]
+		}
+	}
+	if hf := cmd.Flags().Lookup("hf-repo"); hf != nil && hf.Changed {
+		if f.Changed || len(args) > 0 {
+			return fmt.Errorf("%s: the model is given twice: -hf %s and %s", cmd.Name(), hf.Value.String(), strings.Join(append(args, f.Value.String()), " "))
+		}
+		args = []string{hf.Value.String()}
 	}
 	if sv, ok := f.Value.(pflag.SliceValue); ok {
 		vals := append(sv.GetSlice(), args...)
@@ -113,10 +141,46 @@ func takeModelArgs(cmd *cobra.Command, args []string) error {
 		return fmt.Errorf("%s: no model given: ats %s MODEL or -m MODEL (a .gguf file, or a pulled model's name: ats list)", cmd.Name(), cmd.Name())
 	}
 	p, err := resolveModel(val)
+	var nf *missingModelError
+	if errors.As(err, &nf) && pullsMissing[cmd.Name()] && nf.ref != nil {
+		p, err = pullMissing(cmd, *nf.ref)
+	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", cmd.Name(), err)
 	}
 	return f.Value.Set(p)
+}
+
+// missingModelError is a model name that names no file and no pulled
+// model; ref is set when it is a hub or URL reference that could be
+// pulled.
+type missingModelError struct {
+	msg string
+	ref *hub.Ref
+}
+
+func (e *missingModelError) Error() string { return e.msg }
+
+// pullMissing pulls ref (with the progress pull shows) and returns its
+// file.
+func pullMissing(cmd *cobra.Command, ref hub.Ref) (string, error) {
+	st, err := hub.OpenStore()
+	if err != nil {
+		return "", err
+	}
+	stderr := cmd.ErrOrStderr()
+	fmt.Fprintf(stderr, "ats: %s is not pulled yet: pulling it into %s\n", ref, st.Dir)
+	ctx, stop := signal.NotifyContext(commandContext(cmd), os.Interrupt)
+	defer stop()
+	res, err := st.Pull(ctx, hub.NewClient(), ref, hub.PullOptions{Progress: newPullProgress(stderr)})
+	if err != nil {
+		var ue *hub.UnreachableError
+		if errors.As(err, &ue) {
+			return "", fmt.Errorf("pulling %s: %w (no network? HF_ENDPOINT names a mirror of the hub)", ref, err)
+		}
+		return "", fmt.Errorf("pulling %s: %w", ref, err)
+	}
+	return res.Manifest.Path(), nil
 }
 
 // resolveModel turns what was given as a model into a file: an existing
@@ -135,45 +199,34 @@ func resolveModel(arg string) (string, error) {
 		return "", err
 	}
 	m, err := st.Find(arg)
+	ref, perr := hub.ParseRef(arg)
+	var nf *hub.NotFoundError
+	if errors.As(err, &nf) && perr == nil && ref.URL == "" {
+		// ORG/REPO[:QUANT] is hf.co/ORG/REPO[:QUANT].
+		m, err = st.Find(ref.String())
+	}
 	if err == nil {
 		return m.Path(), nil
 	}
-	var nf *hub.NotFoundError
 	if !errors.As(err, &nf) {
 		return "", err
 	}
+	e := &missingModelError{}
 	hint := "ats list shows the pulled models"
-	if ref, perr := hub.ParseRef(arg); perr == nil && ref.URL == "" {
-		hint = "ats pull " + arg + " downloads it"
+	if perr == nil {
+		e.ref = &ref
+		if ref.URL == "" {
+			hint = "ats pull " + arg + " downloads it"
+		}
 	}
-	return "", fmt.Errorf("%s: no such file, and no pulled model of that name in %s (%s)", arg, st.Dir, hint)
+	e.msg = fmt.Sprintf("%s: no such file, and no pulled model of that name in %s (%s)", arg, st.Dir, hint)
+	return "", e
 }
 
 func looksLikePath(s string) bool {
 	return strings.HasSuffix(strings.ToLower(s), ".gguf") || filepath.IsAbs(s) ||
 		strings.HasPrefix(s, "."+string(filepath.Separator)) || strings.HasPrefix(s, "./") ||
 		strings.HasPrefix(s, "..") || strings.HasPrefix(s, "~")
-}
-
-// llamaSpellings rewrites llama.cpp's spellings that pflag cannot parse:
-// -ngl (a three-letter single-dash flag; pflag would read -n gl) and
-// --gpu-layers become --n-gpu-layers. Arguments after "--" stay.
-func llamaSpellings(args []string) []string {
-	out := make([]string, 0, len(args))
-	for i, a := range args {
-		if a == "--" {
-			return append(out, args[i:]...)
-		}
-		for _, old := range []string{"-ngl", "--gpu-layers"} {
-			if a == old {
-				a = "--n-gpu-layers"
-			} else if v, ok := strings.CutPrefix(a, old+"="); ok {
-				a = "--n-gpu-layers=" + v
-			}
-		}
-		out = append(out, a)
-	}
-	return out
 }
 
 // applyGPULayers reads -ngl: 0 (every value 0, for bench's lists) means

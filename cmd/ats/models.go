@@ -32,7 +32,7 @@ func init() {
 func newPullCmd() *cobra.Command {
 	var opt hub.PullOptions
 	cmd := &cobra.Command{
-		Use:   "pull hf.co/ORG/REPO[:QUANT] | URL",
+		Use:   "pull [hf.co/]ORG/REPO[:QUANT] | URL | FILE.gguf",
 		Short: "Download a model from Hugging Face or a URL into the models directory",
 		Long: `pull downloads a GGUF model into the models directory ($ATS_MODELS, by
 default ~/.local/share/ats/models or the system's equivalent), where every
@@ -48,6 +48,10 @@ are checked against the sha256 the hub publishes, and are put in place only
 when complete and verified. A hub model also answers to a short name
 (qwen3-8b:q4_k_m); --alias adds more (qwen3:8b).
 
+A local FILE.gguf is registered under a name (the file's, in lower case,
+without .gguf; or --name) without copying it: the models directory gets a
+link to it, and its QUANT is read from the file.
+
 HF_TOKEN is sent to the hub for gated and private repositories; HF_ENDPOINT
 names a mirror of the hub.`,
 		Example: `  ats pull hf.co/Qwen/Qwen3-8B-GGUF:Q4_K_M --alias qwen3:8b
@@ -55,6 +59,9 @@ names a mirror of the hub.`,
   ats pull https://example.com/models/my-model-q8_0.gguf --sha256 3f5a...`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if _, err := os.Stat(args[0]); err == nil || looksLikePath(args[0]) && !strings.Contains(args[0], "://") {
+				return importLocal(cmd, args[0], opt)
+			}
 			ref, err := hub.ParseRef(args[0])
 			if err != nil {
 				return fmt.Errorf("pull: %w", err)
@@ -268,8 +275,11 @@ names works wherever a model file does (ats run NAME, -m NAME).`,
 				}
 				tw.Flush()
 			}
-			if parts, _ := st.Partial(); len(parts) > 0 {
-				fmt.Fprintf(stderr, "%d unfinished download(s) in %s: ats pull the same model again to resume\n", len(parts), st.Dir)
+			if us, _ := st.Unfinished(); len(us) > 0 {
+				fmt.Fprintf(stderr, "unfinished downloads (ats pull NAME resumes one, ats rm NAME deletes it):\n")
+				for _, u := range us {
+					fmt.Fprintf(stderr, "  %s\t%s so far\n", u.Name, sizeStr(u.Bytes))
+				}
 			}
 			return nil
 		},
@@ -283,7 +293,7 @@ func newRmCmd() *cobra.Command {
 		Use:               "rm NAME...",
 		Aliases:           []string{"remove"},
 		Short:             "Delete pulled models",
-		Long:              "rm deletes pulled models (by any of their names) and their files from the models directory.",
+		Long:              "rm deletes pulled models (by any of their names) and their files from the models directory, or the unfinished download of a model (ats list names them). A registered local file stays: only its link goes.",
 		Args:              cobra.MinimumNArgs(1),
 		ValidArgsFunction: completePulled,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -293,6 +303,14 @@ func newRmCmd() *cobra.Command {
 			}
 			for _, name := range args {
 				m, err := st.Remove(name)
+				var nf *hub.NotFoundError
+				if errors.As(err, &nf) {
+					// Not a model: maybe a download that never finished.
+					if u, uerr := st.RemoveUnfinished(name); uerr == nil {
+						fmt.Fprintf(cmd.OutOrStdout(), "removed the unfinished download of %s (%s)\n", u.Name, sizeStr(u.Bytes))
+						continue
+					}
+				}
 				if err != nil {
 					return fmt.Errorf("rm: %w", err)
 				}
@@ -380,4 +398,39 @@ func writeManifest(out io.Writer, m *hub.Manifest) {
 	}
 	fmt.Fprintln(tw)
 	tw.Flush()
+}
+
+// importLocal registers a local GGUF file (ats pull ./file.gguf).
+func importLocal(cmd *cobra.Command, path string, opt hub.PullOptions) error {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return fmt.Errorf("pull: %w", err)
+	}
+	quant := ""
+	if ft, err := f.Uint("general.file_type"); err == nil {
+		quant = strings.TrimSuffix(llamaFileTypeName(ft), " (guessed)")
+	}
+	f.Close()
+	st, err := hub.OpenStore()
+	if err != nil {
+		return fmt.Errorf("pull: %w", err)
+	}
+	if opt.SHA256 != "" {
+		return errors.New("pull: --sha256 checks downloads; a local file is registered as it is")
+	}
+	m, err := st.Import(path, hub.ImportOptions{Name: opt.Name, Aliases: opt.Aliases, Quant: quant})
+	if err != nil {
+		return fmt.Errorf("pull: %w", err)
+	}
+	out := cmd.OutOrStdout()
+	fmt.Fprintf(out, "registered %s as %s (%s, %s)\n", path, m.Name, quantOrDash(m.Quant), sizeStr(m.Size()))
+	fmt.Fprintf(out, "run it: ats run %s\n", m.Name)
+	return nil
+}
+
+func quantOrDash(q string) string {
+	if q == "" {
+		return "-"
+	}
+	return q
 }

@@ -134,9 +134,14 @@ func TestPullListShowRunRm(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "no pulled model of that name") || !strings.Contains(err.Error(), "ats list") {
 		t.Errorf("run of a removed model: %v", err)
 	}
-	_, _, err = runATSIn(t, "", "run", "hf.co/Org/Tiny-Qwen3-GGUF:Q8_0", "-p", "x")
-	if err == nil || !strings.Contains(err.Error(), "ats pull hf.co/Org/Tiny-Qwen3-GGUF:Q8_0 downloads it") {
-		t.Errorf("run of a hub name not pulled: %v", err)
+	// run pulls a hub model it does not have (as ollama run does), also
+	// named without hf.co/, then runs it.
+	_, stderr, err = runATSIn(t, "", "run", "Org/Tiny-Qwen3-GGUF:Q8_0", "-p", "x", "-n", "2")
+	if err != nil || !strings.Contains(stderr, "hf.co/Org/Tiny-Qwen3-GGUF:Q8_0 is not pulled yet: pulling it") {
+		t.Errorf("run of a hub name not pulled: %v\n%s", err, stderr)
+	}
+	if out, _, err := runATSIn(t, "", "list"); err != nil || !strings.Contains(out, "hf.co/Org/Tiny-Qwen3-GGUF:Q8_0") {
+		t.Errorf("list after run pulled: %v %q", err, out)
 	}
 }
 

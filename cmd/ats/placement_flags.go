@@ -35,7 +35,7 @@ func (p *placementFlags) register(f *pflag.FlagSet) {
 		"cpu, gpu (every op on the GPU) or auto (the GPU when usable: the whole model when it fits --vram-budget, else a measured CPU+GPU placement)")
 	f.StringVar(&p.budget, "vram-budget", "",
 		"GPU memory ats may use for weights, KV cache and buffers, e.g. 4.5GiB or 800MiB (default: the free memory less a margin; 0: CPU only)")
-	f.StringVar(&p.placement, "placement", "", "place units as this JSON says (from `ats plan --json`, possibly edited) instead of planning")
+	f.StringVar(&p.placement, "placement", "", "place units as the JSON `FILE` says (what ats plan --json prints, possibly edited) instead of planning")
 	f.StringVar(&p.planFor, "plan-for", "decode", "what the placement is optimised for: decode or prefill")
 	f.BoolVar(&p.dynamic, "dynamic", true, "promote CPU tensors to the GPU for each decode step as the machine's load allows (false: the static placement only)")
 	f.StringVar(&p.trace, "trace", "", "write a Chrome/Perfetto trace of the CPU work, the GPU compute stream and the copy stream of every batch to this file")

@@ -60,6 +60,9 @@ MODEL (or -m MODEL) is a GGUF file or the name of a pulled model.`,
 					}
 					prompt = strings.TrimRight(string(b), "\n")
 				}
+				if strings.TrimSpace(prompt) == "" {
+					return errors.New("run: the prompt is empty: give it with -p, -f or on standard input")
+				}
 				cfg, err := sf.config()
 				if err != nil {
 					return err

@@ -18,6 +18,7 @@ import (
 
 	"github.com/atsinfer/ats/runtime/backend/cuda"
 	"github.com/atsinfer/ats/runtime/executor"
+	"github.com/atsinfer/ats/runtime/model"
 	"github.com/atsinfer/ats/runtime/server"
 	"github.com/atsinfer/ats/runtime/session"
 )
@@ -26,6 +27,8 @@ func init() {
 	register(func() *cobra.Command {
 		var (
 			modelPath, host, apiKey, alias string
+			embeddings                     bool
+			pooling                        string
 			corsOrigins                    string
 			port, ctxSize, thrds, queue    int
 			pf                             placementFlags
@@ -99,7 +102,8 @@ once.`,
 				if alias == "" {
 					alias = strings.TrimSuffix(filepath.Base(modelPath), ".gguf")
 				}
-				scfg := server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: nvmlStats, PProf: pprof, CORS: cors}
+				scfg := server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: nvmlStats, PProf: pprof, CORS: cors,
+					Embeddings: embeddings, Pooling: pooling}
 				starting := server.Listen(ln, scfg)
 				url, remote := serveURLs(ln.Addr())
 				fmt.Fprintf(stderr, "ats: listening on %s; loading the model (/health answers 503 until it is ready)\n", url)
@@ -116,6 +120,13 @@ once.`,
 				}
 				if sess.Backend() != executor.BackendCPU {
 					scfg.PlacementMap = sess.Placement.JSON
+				}
+				scfg.Models = ollamaModelInfo(sess.Model)
+				if embeddings && pooling == "" {
+					if p, err := session.FilePooling(sess.Model.File); err == nil && p == session.PoolingUnset {
+						scfg.Pooling = "last"
+						warn("the model file names no pooling for embeddings; using the last token's hidden state (--pooling mean|cls|last chooses)")
+					}
 				}
 				srv, err := server.New(sess, scfg)
 				if err != nil {
@@ -171,7 +182,9 @@ once.`,
 		f.StringVar(&host, "host", "127.0.0.1", "address to listen on (0.0.0.0: every interface)")
 		f.IntVar(&port, "port", 8080, "port to listen on (0: any free port)")
 		f.StringVar(&apiKey, "api-key", "", "require this key as \"Authorization: Bearer KEY\" (default $ATS_API_KEY)")
-		f.StringVar(&alias, "alias", "", "model id in the API (default: the file name without .gguf)")
+		f.StringVarP(&alias, "alias", "a", "", "model id in the API (default: the file name without .gguf)")
+		f.BoolVar(&embeddings, "embeddings", false, "serve /v1/embeddings and ollama's /api/embed (llama-server's --embeddings)")
+		f.StringVar(&pooling, "pooling", "", "how an embedding pools its tokens: mean, cls or last (default: what the model file says, else last)")
 		f.StringVar(&corsOrigins, "cors", server.DefaultCORS, "origins whose web pages may call the API from a browser: comma-separated origins (https://app.example.com), localhost (any port), * (all) or none")
 		f.IntVarP(&ctxSize, "ctx-size", "c", 0, "context size in tokens (0: the model's, at most 4096)")
 		f.IntVarP(&thrds, "threads", "t", 0, "CPU threads (0: all cores)")
@@ -204,4 +217,25 @@ func nvmlStats() []server.GPUStat {
 			Utilization: g.Util, PCIeRxBytesPerS: g.PCIeRX, PCIeTxBytesPerS: g.PCIeTX})
 	}
 	return out
+}
+
+// ollamaModelInfo tells ollama's clients what the served model is.
+func ollamaModelInfo(m *model.Model) *server.ModelInfo {
+	info := &server.ModelInfo{Family: m.Hyper().Arch, Size: m.File.Size()}
+	if ft, err := m.File.Uint("general.file_type"); err == nil {
+		info.Quantization = strings.TrimSuffix(llamaFileTypeName(ft), " (guessed)")
+	}
+	var n uint64
+	for _, t := range m.File.Tensors {
+		c := uint64(1)
+		for _, d := range t.Dims {
+			c *= d
+		}
+		n += c
+	}
+	info.ParameterSize = inspParams(n)
+	if fi, err := os.Stat(m.File.Path); err == nil {
+		info.Modified = fi.ModTime()
+	}
+	return info
 }

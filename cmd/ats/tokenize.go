@@ -26,7 +26,7 @@ func newTokenizeCmd() *cobra.Command {
 		special, bos, pieces bool
 	)
 	cmd := &cobra.Command{
-		Use:   "tokenize -m MODEL [--file F | TEXT]",
+		Use:   "tokenize MODEL [--file F | TEXT]",
 		Short: "Print the token ids of a text",
 		Long: `tokenize prints the token ids the model's tokenizer gives a text, the same
 ids llama.cpp gives. The text is the argument, or standard input when there
@@ -38,10 +38,16 @@ of ids, each preceded by a space (the *.out format).
 
 By default no BOS token is added and special tokens written in the text
 (<|im_start|>) are tokenized as plain text.`,
-		Args: cobra.MaximumNArgs(1),
+		Args: cobra.MaximumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if modelPath == "" {
-				return fmt.Errorf("tokenize: -m MODEL is required")
+				return fmt.Errorf("tokenize: no model given: ats tokenize MODEL [TEXT] or -m MODEL")
+			}
+			if !cmd.Flags().Changed("model") && len(args) > 0 {
+				args = args[1:] // the model came first
+			}
+			if len(args) > 1 {
+				return fmt.Errorf("tokenize: give the text as one argument (quote it)")
 			}
 			if file != "" && len(args) > 0 {
 				return fmt.Errorf("tokenize: give either --file or a text, not both")

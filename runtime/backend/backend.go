@@ -188,6 +188,10 @@ type Exec interface {
 	// Logits copies the step's rows rows of logits into dst (after Sync),
 	// or returns them in place when rows is 1 (valid until the next step).
 	Logits(dst []float32, rows int) ([]float32, error)
+	// ReadBuffer copies the first len(dst) floats of buffer id (after
+	// Sync): the hidden rows of a Batch.Hidden step.
+	ReadBuffer(id ir.BufID, dst []float32) error
+
 	// Measure turns on the timing of steps (Times).
 	Measure(on bool)
 	// Times is the last step's device timeline (with Measure, after Sync).

@@ -301,7 +301,7 @@ func (c *Context) Step(b *ir.Batch) ([]float32, error) {
 	if b.Len() > c.opt.Batch {
 		return nil, fmt.Errorf("%w: a step of %d tokens; this context computes at most %d together", ErrStep, b.Len(), c.opt.Batch)
 	}
-	if len(b.Logits) > c.LogitRows() {
+	if len(b.Logits) > c.LogitRows() && !b.Hidden {
 		return nil, fmt.Errorf("%w: %d rows of logits wanted; a step returns at most %d", ErrStep, len(b.Logits), c.LogitRows())
 	}
 	return c.run(b)
@@ -411,6 +411,9 @@ func (c *Context) run(b *ir.Batch) ([]float32, error) {
 	if len(b.Logits) == 0 || rows == 0 {
 		return nil, nil
 	}
+	if b.Hidden {
+		return c.hiddenRows(s, rows)
+	}
 	nv := c.m.Prog.Hyper.NVocab
 	if last := s.segs[len(s.segs)-1]; !last.onDevice {
 		return c.host.Buf(c.m.Prog.Logits)[:rows*nv], nil
@@ -419,6 +422,33 @@ func (c *Context) run(b *ir.Batch) ([]float32, error) {
 		c.logits = make([]float32, rows*nv)
 	}
 	return c.dev.Logits(c.logits, rows)
+}
+
+// hiddenRows reads the hidden rows of a Batch.Hidden step from the
+// backend that wrote them: the one of the output matrix's input.
+func (c *Context) hiddenRows(s *Schedule, rows int) ([]float32, error) {
+	p := c.m.Prog
+	hid := p.Hidden()
+	n := rows * p.Bufs[hid].Width
+	writer := -1 // the last op before the output matrix that writes the buffer
+	for i := p.LogitsOp() - 1; i >= 0 && writer < 0; i-- {
+		for _, w := range p.Ops[i].Writes() {
+			if w == hid {
+				writer = i
+			}
+		}
+	}
+	if writer < 0 || !s.OnDevice(writer) {
+		return c.host.Buf(hid)[:n], nil
+	}
+	if cap(c.logits) < n {
+		c.logits = make([]float32, n)
+	}
+	out := c.logits[:n]
+	if err := c.dev.ReadBuffer(hid, out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // Backend says where the context computes: "cpu", "gpu" or "cpu+gpu".

@@ -38,7 +38,8 @@ func (r Ref) String() string {
 	return s
 }
 
-// ParseRef reads hf.co/ORG/REPO[:QUANT] (also huggingface.co/..., or a hub
+// ParseRef reads hf.co/ORG/REPO[:QUANT] (or ORG/REPO[:QUANT], as
+// llama.cpp's -hf takes it; also huggingface.co/..., or a hub
 // repository's web address) or the http(s) URL of a .gguf file. A web page
 // address of a file (.../blob/main/F.gguf) is taken as its download address
 // (.../resolve/main/F.gguf), the mistake everyone makes once.
@@ -65,6 +66,10 @@ func ParseRef(s string) (Ref, error) {
 		rest = u.Host + strings.TrimSuffix(u.Path, "/")
 	}
 	host, repoQuant, ok := strings.Cut(rest, "/")
+	if ok && !isHubHost(host) && strings.Count(rest, "/") == 1 && validSegment(host) && !strings.HasSuffix(strings.ToLower(rest), ".gguf") {
+		// ORG/REPO[:QUANT] without the host, as llama.cpp's -hf takes it.
+		host, repoQuant = HubHost, rest
+	}
 	if !ok || !isHubHost(host) {
 		return Ref{}, fmt.Errorf("%q: want hf.co/ORG/REPO:QUANT (e.g. hf.co/Qwen/Qwen3-8B-GGUF:Q4_K_M) or the URL of a .gguf file", s)
 	}

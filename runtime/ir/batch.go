@@ -26,6 +26,10 @@ type Batch struct {
 	// output head runs on those rows only (none for a prompt chunk that
 	// is not the end of its prompt).
 	Logits []int32
+	// Hidden asks for those rows' final hidden states (the output
+	// matrix's input, Program.Hidden) instead of their logits: the step
+	// stops before the output matrix (embeddings).
+	Hidden bool
 }
 
 // Len is the number of tokens.

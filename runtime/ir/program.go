@@ -181,6 +181,25 @@ func (b *Builder) weight(t *gguf.Tensor, dims []int) *Weight {
 	return w
 }
 
+// Hidden is the buffer the output matrix reads: the final hidden state,
+// after the output norm (Batch.Hidden).
+func (p *Program) Hidden() BufID {
+	if i := p.LogitsOp(); i >= 0 {
+		return p.Ops[i].In
+	}
+	return p.Logits
+}
+
+// LogitsOp is the op that writes the logits (-1: none).
+func (p *Program) LogitsOp() int {
+	for i := len(p.Ops) - 1; i >= 0; i-- {
+		if p.Ops[i].Out == p.Logits {
+			return i
+		}
+	}
+	return -1
+}
+
 // Blk is the name of a block tensor: Blk(3, "attn_q.weight") = "blk.3.attn_q.weight".
 func Blk(layer int, name string) string { return fmt.Sprintf("blk.%d.%s", layer, name) }
 

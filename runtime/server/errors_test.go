@@ -113,7 +113,7 @@ func TestErrors(t *testing.T) {
 		{name: "completion bad token", url: ts.url + "/v1/completions", body: `{"prompt":[1,2,99999]}`, status: 400, param: "prompt", contains: "outside the vocabulary"},
 		{name: "completion too long", url: ts.url + "/v1/completions", body: `{"prompt":"` + long + `"}`, status: 400, param: "prompt", code: "context_length_exceeded"},
 		{name: "completion suffix", url: ts.url + "/v1/completions", body: `{"prompt":"a","suffix":"b"}`, status: 400, param: "suffix"},
-		{name: "unknown route", method: "POST", url: ts.url + "/v1/embeddings", body: `{}`, status: 404, typ: typeNotFound, contains: "no such endpoint"},
+		{name: "unknown route", method: "POST", url: ts.url + "/v1/nothing-here", body: `{}`, status: 404, typ: typeNotFound, contains: "no such endpoint"},
 		{name: "unknown page", method: "GET", url: ts.url + "/nope", status: 404, typ: typeNotFound},
 		{name: "wrong method", method: "GET", url: chat, status: 405, contains: "use POST"},
 		{name: "wrong method models", method: "DELETE", url: ts.url + "/v1/models", status: 405},

@@ -97,6 +97,9 @@ type generation struct {
 	// (rendering the template, tokenizing): it runs once the request is
 	// admitted to the queue, and sets prompt.
 	prepare func(ctx context.Context) *apiError
+	// fail, when set, writes an error response in the endpoint's API's
+	// shape (Anthropic's, ollama's) instead of OpenAI's.
+	fail func(http.ResponseWriter, *apiError)
 
 	// Set by the worker.
 	res *session.GenerateResult
@@ -118,6 +121,10 @@ type output interface {
 func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *generation) {
 	// The job's context ends when the client goes or the server gives up
 	// on running requests (shutdown past its grace period).
+	writeError := writeError
+	if g.fail != nil {
+		writeError = g.fail
+	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	stop := context.AfterFunc(s.base, cancel)
@@ -329,7 +336,7 @@ func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, receive
 	if e != nil {
 		return nil, e
 	}
-	schema, anyObject, e := responseFormat(req.ResponseFormat)
+	creq, e := requestConstraint(req.ResponseFormat, req.Grammar, req.JSONSchema)
 	if e != nil {
 		return nil, e
 	}
@@ -337,8 +344,8 @@ func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, receive
 	if e != nil {
 		return nil, e
 	}
-	if choice.required && (schema != nil || anyObject) {
-		return nil, badRequest("response_format", "a JSON response_format cannot be combined with a tool_choice that forces a tool call")
+	if choice.required && !creq.none() {
+		return nil, badRequest(creq.param, "%s cannot be combined with a tool_choice that forces a tool call", creq.param)
 	}
 	tools, names, e := chatTools(req.Tools)
 	if e != nil {
@@ -374,7 +381,10 @@ func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, receive
 			return nil, badRequest("reasoning_effort", "reasoning_effort %q: use none, minimal, low, medium or high", *req.ReasoningEffort)
 		}
 	}
-	maxParam, maxV := "max_tokens", req.MaxTokens
+	maxParam, maxV := "max_tokens", nPredict(req.MaxTokens, req.NPredict)
+	if req.MaxTokens == nil && req.NPredict != nil {
+		maxParam = "n_predict"
+	}
 	if req.MaxCompletionTokens != nil {
 		maxParam, maxV = "max_completion_tokens", req.MaxCompletionTokens
 	}
@@ -412,7 +422,7 @@ func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, receive
 			s.testHookPrompt(prompt)
 		}
 		think := thinkModeFor(s.tmpl.Source(), prompt)
-		con, e := s.formatConstraint(schema, anyObject, think)
+		con, e := s.requestConstraintFor(creq, think)
 		if e != nil {
 			return e
 		}
@@ -658,7 +668,15 @@ func (s *Server) completionGeneration(w http.ResponseWriter, req *completionRequ
 	if e != nil {
 		return nil, e
 	}
-	max, e := maxTokens("max_tokens", req.MaxTokens, defaultCompletionTokens)
+	maxParam := "max_tokens"
+	if req.MaxTokens == nil && req.NPredict != nil {
+		maxParam = "n_predict"
+	}
+	max, e := maxTokens(maxParam, nPredict(req.MaxTokens, req.NPredict), defaultCompletionTokens)
+	if e != nil {
+		return nil, e
+	}
+	creq, e := requestConstraint(nil, req.Grammar, req.JSONSchema)
 	if e != nil {
 		return nil, e
 	}
@@ -688,6 +706,13 @@ func (s *Server) completionGeneration(w http.ResponseWriter, req *completionRequ
 		s.noteWork(len(text))
 		if len(ids) == 0 {
 			return badRequest("prompt", "the prompt is empty")
+		}
+		if !creq.none() {
+			con, e := s.requestConstraintFor(creq, thinkSkip)
+			if e != nil {
+				return e
+			}
+			g.opt.Constraint = con.NewMatcher()
 		}
 		if e := s.checkLength(ids, max, "max_tokens"); e != nil {
 			if e.Param != nil && *e.Param == "messages" {

@@ -38,6 +38,27 @@ type samplingParams struct {
 	StreamOptions    *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
+	// llama-server's: a GBNF grammar, a JSON schema (the schema itself,
+	// not response_format's wrapper) and max_tokens's other name.
+	Grammar    *string         `json:"grammar"`
+	JSONSchema json.RawMessage `json:"json_schema"`
+	NPredict   *int            `json:"n_predict"`
+}
+
+// checkRaw refuses the fields of a chat request ats cannot honour
+// (grammar.go); decodeBody calls it with the body.
+func (r *chatRequest) checkRaw(body []byte) *apiError {
+	return checkUnsupported(body, samplerFields, chatFields)
+}
+
+// checkRaw refuses the fields of a completion request ats cannot honour.
+func (r *completionRequest) checkRaw(body []byte) *apiError {
+	return checkUnsupported(body, samplerFields)
+}
+
+// rawChecker is a request that checks its raw body after decoding.
+type rawChecker interface {
+	checkRaw(body []byte) *apiError
 }
 
 // chatRequest is the body of POST /v1/chat/completions. Fields the server
@@ -192,6 +213,9 @@ func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) *api
 	}
 	if dec.More() {
 		return badRequest("", "malformed JSON: unexpected data after the top-level object at offset %d", dec.InputOffset())
+	}
+	if rc, ok := v.(rawChecker); ok {
+		return rc.checkRaw(body)
 	}
 	return nil
 }

@@ -78,6 +78,16 @@ type Config struct {
 	// Log receives a line per request and the server's notes (default:
 	// discard).
 	Log *slog.Logger
+	// Embeddings serves /v1/embeddings and ollama's /api/embed (llama-server's
+	// --embeddings); without it they answer that the server was started
+	// without.
+	Embeddings bool
+	// Pooling overrides the model file's pooling for embeddings (mean,
+	// cls, last; "": the file's).
+	Pooling string
+	// Models describes the served model for ollama's /api/tags, /api/show
+	// and /api/ps (nil: what the file says).
+	Models *ModelInfo
 }
 
 // setDefaults fills in the timeouts, the body limit and the log.
@@ -116,6 +126,8 @@ type Server struct {
 	handler http.Handler
 
 	structured structuredCache // response_format and forced tool calls (structured.go)
+	responses  responseStore   // stored responses for previous_response_id (responses.go)
+	pooling    session.Pooling // embeddings' pooling (embeddings.go)
 
 	// base ends every generation's context (see generate): cancelling it
 	// stops them all (shutdown past its grace period). It is not the
@@ -173,7 +185,12 @@ func New(sess *session.Session, cfg Config) (*Server, error) {
 	if _, err := sess.RenderChat([]chat.Message{{Role: "user", Content: "hi"}}, chat.Options{AddGenerationPrompt: true}); err != nil {
 		return nil, fmt.Errorf("server: chat template: %w", err)
 	}
+	pooling, err := resolvePooling(cfg.Pooling, sess.Model)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
 	s := &Server{
+		pooling: pooling,
 		cfg:     cfg,
 		sess:    sess,
 		tmpl:    sess.Template,
@@ -335,6 +352,11 @@ func (s *Server) routes() http.Handler {
 		"/props":            {http.MethodGet: s.handleProps},
 		"/v1/ats/placement": {http.MethodGet: s.handlePlacement},
 	}
+	// The other clients' APIs: Anthropic's, OpenAI's responses and
+	// embeddings, ollama's (clients.go).
+	for p, rt := range s.clientRoutes() {
+		table[p] = rt
+	}
 	endpoints := map[string]string{}
 	for p := range table {
 		endpoints[p] = strings.TrimPrefix(p, "/v1")
@@ -378,6 +400,9 @@ func (s *Server) routes() http.Handler {
 				rt, ok, public = route{http.MethodGet: func(w http.ResponseWriter, r *http.Request) { s.serveWebUI(w, r, a) }}, true, true
 				endpoint = "webui"
 			}
+			if prt, name, found := s.clientPrefixRoute(path); found {
+				rt, ok, endpoint = prt, true, name
+			}
 			if s.cfg.PProf && strings.HasPrefix(path, "/debug/pprof/") {
 				rt, ok, endpoint = pprofR, true, "/debug/pprof"
 			}
@@ -386,7 +411,7 @@ func (s *Server) routes() http.Handler {
 		}
 		if !ok {
 			writeError(rec, &apiError{Status: http.StatusNotFound, Type: typeNotFound,
-				Message: fmt.Sprintf("no such endpoint: %s %s (ats serves /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics, /tokenize, /detokenize, /props, /v1/ats/placement and the web UI at /)", r.Method, path)})
+				Message: fmt.Sprintf("no such endpoint: %s %s (ats serves /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, /v1/embeddings, /v1/models, ollama's /api/..., /health, /metrics, /tokenize, /detokenize, /props, /v1/ats/placement and the web UI at /)", r.Method, path)})
 			return
 		}
 		if r.Method == http.MethodOptions {
@@ -425,6 +450,10 @@ type modelIDKey struct{}
 func (s *Server) authorized(r *http.Request) bool {
 	if s.cfg.APIKey == "" {
 		return true
+	}
+	// Anthropic's clients send the key as x-api-key.
+	if k := r.Header.Get("X-Api-Key"); k != "" {
+		return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(k)), []byte(s.cfg.APIKey)) == 1
 	}
 	// The scheme is case-insensitive (RFC 9110, section 11.1).
 	scheme, got, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")

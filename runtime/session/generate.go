@@ -59,6 +59,7 @@ type GenerateResult struct {
 	PromptTokens  int
 	CachedTokens  int // prompt tokens whose cache was reused
 	StopReason    string
+	StopString    string // the stop string that ended the text, if one did
 	Prefill       time.Duration
 	Decode        time.Duration
 	FirstToken    time.Duration // from the call to the first sampled token
@@ -137,6 +138,7 @@ func (g *Generation) emit(piece string) error {
 	}
 	if stopped {
 		g.res.StopReason = StopEOG
+		g.res.StopString = g.stops.Matched()
 	}
 	return nil
 }

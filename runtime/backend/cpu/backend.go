@@ -160,6 +160,9 @@ func (b *Backend) Run(lo, hi int, bt *ir.Batch, n int) (int, error) {
 	n0 := n // the batch, for the op profile
 	for i := lo; i < hi; i++ {
 		op := &prog[i]
+		if bt.Hidden && op.Out == b.prog.Logits {
+			return n, nil // the hidden rows are wanted, not the logits
+		}
 		if op.Output && n == bt.Len() {
 			if len(bt.Logits) == 0 {
 				return 0, nil // the head is the program's tail

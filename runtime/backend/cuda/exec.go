@@ -671,7 +671,7 @@ func (g *Exec) run(seg *Segment, rows int) (int, error) {
 		defer func() { _ = g.mark() }()
 		g.ran = append(g.ran, seg)
 	}
-	if rows == 1 && g.batch.Len() == 1 && len(g.batch.Logits) == 1 && (seg.graphable || g.st.kept) && g.prof == nil && g.routeInspector == nil && !g.cfg.Options.NoGraphs {
+	if rows == 1 && g.batch.Len() == 1 && len(g.batch.Logits) == 1 && !g.batch.Hidden && (seg.graphable || g.st.kept) && g.prof == nil && g.routeInspector == nil && !g.cfg.Options.NoGraphs {
 		if seg.graph == nil {
 			if err := g.capture(seg); err != nil {
 				return 0, err
@@ -769,6 +769,18 @@ func (g *Exec) Logits(dst []float32, rows int) ([]float32, error) {
 	return dst[:rows*nv], nil
 }
 
+// ReadBuffer copies the first len(dst) floats of buffer id from the device
+// (after Sync): the hidden rows of a Batch.Hidden step.
+func (g *Exec) ReadBuffer(id ir.BufID, dst []float32) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	if err := g.dev.ctx.CopyDtoH(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*len(dst)), g.bufs[id]); err != nil {
+		return fmt.Errorf("gpu: reading buffer %s: %w", g.prog.Bufs[id].Name, err)
+	}
+	return nil
+}
+
 // readLogits copies rows of logits from the device (after Sync).
 func (g *Exec) readLogits(dst []float32) error {
 	if len(dst) == 0 {
@@ -804,6 +816,9 @@ func (g *Exec) queue(seg *Segment, rows int) (int, error) {
 	}
 	for i := range seg.steps {
 		st := &seg.steps[i]
+		if g.batch.Hidden && g.prog.Ops[st.op].Out == g.prog.Logits {
+			break // the hidden rows are wanted, not the logits
+		}
 		if st.output && rows == g.batch.Len() {
 			logits := g.batch.Logits
 			if len(logits) == 0 {
@@ -842,7 +857,7 @@ func (g *Exec) queue(seg *Segment, rows int) (int, error) {
 			return 0, fmt.Errorf("gpu: buffer %s to the host: %w", g.prog.Bufs[t.Buf].Name, err)
 		}
 	}
-	if seg.Logits && rows == 1 {
+	if seg.Logits && rows == 1 && !g.batch.Hidden {
 		nv := g.prog.Hyper.NVocab
 		if err := s.CopyDtoH(g.logits.Bytes()[:4*nv], g.bufs[g.prog.Logits]); err != nil {
 			return 0, fmt.Errorf("gpu: logits: %w", err)

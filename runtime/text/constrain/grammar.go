@@ -57,6 +57,7 @@ type node struct {
 	subs     []*node
 	min, max int
 	rule     ruleID
+	def      *Rule  // kRef of a rule defined with NewRule (rule is then unset)
 	req      []bool // kList: which items must be present
 	sep      *node  // kList: what goes between two present items
 }
@@ -135,6 +136,30 @@ const (
 )
 
 func ref(r ruleID) Expr { return Expr{&node{kind: kRef, rule: r}} }
+
+// Rule is a named rule that may refer to itself, directly or through other
+// rules (a grammar's nesting: an expression in parentheses inside an
+// expression). Define gives its body; Ref calls it. Every other part of a
+// grammar is inlined where it is used, so only rules that recur need to be
+// Rules. A Rule must not match the empty text, and the grammar must decide
+// at each byte whether a call goes on or returns (Compile says where it
+// does not).
+type Rule struct {
+	name string
+	body *node
+}
+
+// NewRule makes an undefined rule called name (for errors).
+func NewRule(name string) *Rule { return &Rule{name: name} }
+
+// Define sets the rule's body.
+func (r *Rule) Define(e Expr) { r.body = e.n }
+
+// Ref is a call of the rule.
+func (r *Rule) Ref() Expr { return Expr{&node{kind: kRef, def: r}} }
+
+// Name is the rule's name.
+func (r *Rule) Name() string { return r.name }
 
 // JSONValue matches any JSON value (no whitespace around it).
 func JSONValue() Expr { return ref(ruleValue) }
@@ -252,19 +277,39 @@ func Compile(root Expr) (*Grammar, error) {
 	if root.n == nil {
 		return nil, fmt.Errorf("%w: empty expression", ErrGrammar)
 	}
-	c := &compiler{}
+	c := &compiler{ruleIDs: map[*Rule]ruleID{}, names: map[ruleID]string{}}
 	// The rules the root needs, transitively.
 	bodies := map[ruleID]*node{ruleRoot: root.n}
 	queue := []ruleID{ruleRoot}
 	for len(queue) > 0 {
 		r := queue[0]
 		queue = queue[1:]
-		walkRefs(bodies[r], func(callee ruleID) {
+		var err error
+		walkRefs(bodies[r], map[*node]bool{}, func(n *node) {
+			callee := n.rule
+			if n.def != nil {
+				id, ok := c.ruleIDs[n.def]
+				if !ok {
+					if n.def.body == nil {
+						err = fmt.Errorf("%w: rule %q is used but not defined", ErrGrammar, n.def.name)
+						return
+					}
+					id = nRules + ruleID(len(c.ruleIDs))
+					c.ruleIDs[n.def] = id
+					c.names[id] = n.def.name
+					bodies[id] = n.def.body
+					queue = append(queue, id)
+				}
+				return
+			}
 			if _, ok := bodies[callee]; !ok {
 				bodies[callee] = ruleBody(callee).n
 				queue = append(queue, callee)
 			}
 		})
+		if err != nil {
+			return nil, err
+		}
 	}
 	rules := make([]ruleID, 0, len(bodies))
 	for r, body := range bodies {
@@ -286,16 +331,37 @@ func Compile(root Expr) (*Grammar, error) {
 	return c.determinize(rules)
 }
 
-func walkRefs(n *node, f func(ruleID)) {
+// walkRefs calls f on every kRef node under n, once each (parts of a
+// grammar may be shared, as inlined rules are).
+func walkRefs(n *node, seen map[*node]bool, f func(*node)) {
+	if seen[n] {
+		return
+	}
+	seen[n] = true
 	if n.kind == kRef {
-		f(n.rule)
+		f(n)
 	}
 	for _, s := range n.subs {
-		walkRefs(s, f)
+		walkRefs(s, seen, f)
 	}
 	if n.sep != nil {
-		walkRefs(n.sep, f)
+		walkRefs(n.sep, seen, f)
 	}
+}
+
+// ruleName names rule r in errors.
+func (c *compiler) ruleName(r ruleID) string {
+	switch r {
+	case ruleRoot:
+		return "root"
+	case ruleValue:
+		return "JSON value"
+	case ruleObject:
+		return "JSON object"
+	case ruleArray:
+		return "JSON array"
+	}
+	return fmt.Sprintf("%q", c.names[r])
 }
 
 // The NFA: states with byte-range edges, epsilon edges and call edges.
@@ -318,6 +384,8 @@ type nfaCall struct {
 type compiler struct {
 	states   []nfaState
 	nfaRules map[ruleID][2]int32 // start, end
+	ruleIDs  map[*Rule]ruleID    // the Rules the grammar calls
+	names    map[ruleID]string   // their names
 }
 
 // maxNFAStates bounds the automaton a request can make the server build.
@@ -461,7 +529,11 @@ func (c *compiler) build(n *node, from int32) (int32, error) {
 		return c.buildList(n, from)
 	case kRef:
 		next := c.newState()
-		c.states[from].calls = append(c.states[from].calls, nfaCall{n.rule, next})
+		r := n.rule
+		if n.def != nil {
+			r = c.ruleIDs[n.def]
+		}
+		c.states[from].calls = append(c.states[from].calls, nfaCall{r, next})
 		return next, nil
 	}
 	return 0, fmt.Errorf("%w: unknown node kind %d", ErrGrammar, n.kind)
@@ -695,7 +767,13 @@ func (c *compiler) determinize(rules []ruleID) (*Grammar, error) {
 		}
 		stateCalls = append(stateCalls, calls)
 	}
-	nStates, trans, accepting, stateCalls := minimize(nc, trans, accepting, stateCalls, startOf)
+	nStates, trans, accepting, stateCalls, block := minimize(nc, trans, accepting, stateCalls, startOf)
+	owners := make([][]ruleID, nStates) // the rules whose states merged into each state
+	for old, b := range block {
+		if !slices.Contains(owners[b], owner[old]) {
+			owners[b] = append(owners[b], owner[old])
+		}
+	}
 
 	// First bytes (classes) of each rule, through calls at its start.
 	first := map[ruleID][]bool{}
@@ -705,12 +783,12 @@ func (c *compiler) determinize(rules []ruleID) (*Grammar, error) {
 			return f, nil
 		}
 		if visiting[r] {
-			return nil, fmt.Errorf("%w: rule %d is left-recursive", ErrGrammar, r)
+			return nil, fmt.Errorf("%w: rule %s is left-recursive (it can call itself before reading a byte)", ErrGrammar, c.ruleName(r))
 		}
 		visiting[r] = true
 		s := startOf[r]
 		if accepting[s] {
-			return nil, fmt.Errorf("%w: rule %d matches the empty text, so a call to it would be ambiguous", ErrGrammar, r)
+			return nil, fmt.Errorf("%w: rule %s matches the empty text, so a call to it would be ambiguous (make it match at least one byte, and its callers optional)", ErrGrammar, c.ruleName(r))
 		}
 		f := make([]bool, nc)
 		for k := range nc {
@@ -723,7 +801,7 @@ func (c *compiler) determinize(rules []ruleID) (*Grammar, error) {
 			}
 			for k := range nc {
 				if cf[k] && f[k] {
-					return nil, fmt.Errorf("%w: rule %d can start with byte %q both directly and through rule %d", ErrGrammar, r, classLo[k], cl.rule)
+					return nil, fmt.Errorf("%w: rule %s can start with byte %q both directly and through rule %s", ErrGrammar, c.ruleName(r), classLo[k], c.ruleName(cl.rule))
 				}
 				f[k] = f[k] || cf[k]
 			}
@@ -766,6 +844,9 @@ func (c *compiler) determinize(rules []ruleID) (*Grammar, error) {
 			g.act[s*nc+k] = a
 		}
 	}
+	if err := c.checkReturns(g, nc, classLo, trans, accepting, stateCalls, owners, startOf, firstOf); err != nil {
+		return nil, err
+	}
 	g.accepting = accepting
 	g.textLoop = make([]bool, nStates)
 	for s := range nStates {
@@ -774,6 +855,82 @@ func (c *compiler) determinize(rules []ruleID) (*Grammar, error) {
 	g.root = startOf[ruleRoot]
 	g.nStates = nStates
 	return g, nil
+}
+
+// checkReturns refuses a grammar in which a called rule could both go on
+// and return at the same byte: the matcher does not backtrack, and where a
+// rule can go on it does, so the caller's way would be lost. FOLLOW(r) is
+// what may come after a call of r (the first bytes of its return states,
+// and where those may end their own rule, what follows that); a byte in
+// FOLLOW(r) that one of r's accepting states also reads is such a place.
+func (c *compiler) checkReturns(g *Grammar, nc int, classLo []byte, trans []int32, accepting []bool, calls [][]dfaCall,
+	owners [][]ruleID, startOf map[ruleID]int32, firstOf func(ruleID, map[ruleID]bool) ([]bool, error)) error {
+	// first[s]: the classes state s reads, directly or through a call.
+	firstState := func(s int32) ([]bool, error) {
+		f := make([]bool, nc)
+		for k := range nc {
+			f[k] = trans[int(s)*nc+k] >= 0
+		}
+		for _, cl := range calls[s] {
+			cf, err := firstOf(cl.rule, map[ruleID]bool{})
+			if err != nil {
+				return nil, err
+			}
+			for k := range nc {
+				f[k] = f[k] || cf[k]
+			}
+		}
+		return f, nil
+	}
+	follow := map[ruleID][]bool{}
+	for r := range startOf {
+		follow[r] = make([]bool, nc)
+	}
+	for changed := true; changed; {
+		changed = false
+		for s := range calls {
+			for _, cl := range calls[s] {
+				f, err := firstState(cl.ret)
+				if err != nil {
+					return err
+				}
+				dst := follow[cl.rule]
+				add := func(src []bool) {
+					for k := range nc {
+						if src[k] && !dst[k] {
+							dst[k], changed = true, true
+						}
+					}
+				}
+				add(f)
+				if accepting[cl.ret] {
+					for _, o := range owners[cl.ret] {
+						add(follow[o])
+					}
+				}
+			}
+		}
+	}
+	for s := range accepting {
+		if !accepting[s] {
+			continue
+		}
+		f, err := firstState(int32(s))
+		if err != nil {
+			return err
+		}
+		for _, o := range owners[s] {
+			if o == ruleRoot {
+				continue
+			}
+			for k := range nc {
+				if f[k] && follow[o][k] {
+					return fmt.Errorf("%w: after a complete %s, byte %q could go on with it or with what follows it; ats reads a grammar without backtracking, so a rule that recurs must end where its callers cannot go on with the same byte (move the shared part, such as trailing blanks, into the callers)", ErrGrammar, c.ruleName(o), classLo[k])
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // readsText reports whether state s takes every text character (see
@@ -816,7 +973,7 @@ func (g *Grammar) readsText(s int32) bool {
 // successors in the same block. Fewer states mean fewer masks to compute,
 // and a JSON string's characters all lead back to one state. It rewrites
 // startOf and returns the new tables.
-func minimize(nc int, trans []int32, accepting []bool, calls [][]dfaCall, startOf map[ruleID]int32) (int, []int32, []bool, [][]dfaCall) {
+func minimize(nc int, trans []int32, accepting []bool, calls [][]dfaCall, startOf map[ruleID]int32) (int, []int32, []bool, [][]dfaCall, []int32) {
 	n := len(accepting)
 	block := make([]int32, n)
 	for s := range n {
@@ -882,5 +1039,5 @@ func minimize(nc int, trans []int32, accepting []bool, calls [][]dfaCall, startO
 	for r, s := range startOf {
 		startOf[r] = block[s]
 	}
-	return nBlocks, newTrans, newAcc, newCalls
+	return nBlocks, newTrans, newAcc, newCalls, block
 }

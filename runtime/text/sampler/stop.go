@@ -17,6 +17,7 @@ type StopMatcher struct {
 	stops   []string
 	pending string // text received but not emitted yet
 	stopped bool
+	matched string // the stop string that stopped the text
 }
 
 // NewStopMatcher returns a matcher for the given stop strings; empty ones
@@ -43,14 +44,14 @@ func (m *StopMatcher) Push(piece string) (emit string, stopped bool) {
 	// (or overlapping) stop string can only start after the first one.
 	// Nothing emitted earlier can be part of a match, because a partial
 	// match at the end was always held back.
-	first := -1
+	first, matched := -1, ""
 	for _, s := range m.stops {
 		if i := strings.Index(text, s); i >= 0 && (first < 0 || i < first) {
-			first = i
+			first, matched = i, s
 		}
 	}
 	if first >= 0 {
-		m.pending, m.stopped = "", true
+		m.pending, m.stopped, m.matched = "", true, matched
 		return text[:first], true
 	}
 	hold := m.partialTail(text)
@@ -86,7 +87,10 @@ func (m *StopMatcher) Flush() string {
 // Stopped reports whether a stop string has been matched.
 func (m *StopMatcher) Stopped() bool { return m.stopped }
 
+// Matched is the stop string that stopped the text ("" before a stop).
+func (m *StopMatcher) Matched() string { return m.matched }
+
 // Reset prepares the matcher for a new generation with the same stops.
 func (m *StopMatcher) Reset() {
-	m.pending, m.stopped = "", false
+	m.pending, m.stopped, m.matched = "", false, ""
 }

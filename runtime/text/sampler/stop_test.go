@@ -108,3 +108,21 @@ func TestStopMatcherAfterStop(t *testing.T) {
 		t.Errorf("after Reset: Push = %q, %v; want \"x\", not stopped", emit, st)
 	}
 }
+
+// Matched names the stop string that ended the text: the earliest one.
+func TestStopMatched(t *testing.T) {
+	m := NewStopMatcher([]string{"END", "b c"})
+	if m.Matched() != "" {
+		t.Fatal("matched before any text")
+	}
+	for _, p := range []string{"a ", "b", " c END"} {
+		m.Push(p)
+	}
+	if !m.Stopped() || m.Matched() != "b c" {
+		t.Errorf("stopped %v matched %q", m.Stopped(), m.Matched())
+	}
+	m.Reset()
+	if m.Matched() != "" {
+		t.Error("Reset keeps the match")
+	}
+}

@@ -1,0 +1,191 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Models that are not downloads: a local GGUF file registered by name
+// (ats pull ./file.gguf), and downloads that never finished.
+
+// ImportOptions say how to register a local file.
+type ImportOptions struct {
+	Name    string   // default: the file's name, lower case, without .gguf
+	Aliases []string // more names
+	Quant   string   // the file's quantization (the caller reads it from the file)
+}
+
+// Import registers the local GGUF file path (and the other parts of a
+// split model) under a name, without copying it: the model's folder gets
+// a hard link to each file, or a symbolic link where a hard link cannot be
+// made (another file system). Removing the model removes the links only.
+func (s *Store) Import(path string, opt ImportOptions) (*Manifest, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, err
+	}
+	info, err := os.Stat(abs)
+	if err != nil {
+		return nil, err
+	}
+	if info.IsDir() {
+		return nil, fmt.Errorf("%s is a folder, not a GGUF file", path)
+	}
+	base := filepath.Base(abs)
+	parts := []string{abs}
+	if m := splitSuffix.FindStringSubmatch(base); m != nil {
+		if m[2] != "00001" {
+			return nil, fmt.Errorf("%s is part %s of a split model: give the first part (-00001-of-%s.gguf)", path, m[2], m[3])
+		}
+		parts = parts[:0]
+		n := 0
+		fmt.Sscanf(m[3], "%d", &n)
+		for i := 1; i <= n; i++ {
+			parts = append(parts, filepath.Join(filepath.Dir(abs), fmt.Sprintf("%s-%05d-of-%s.gguf", m[1], i, m[3])))
+		}
+	}
+	name := opt.Name
+	if name == "" {
+		stem := strings.TrimSuffix(base, filepath.Ext(base))
+		if m := splitSuffix.FindStringSubmatch(base); m != nil {
+			stem = m[1]
+		}
+		name = strings.ToLower(sanitizeName(stem))
+	}
+	m := &Manifest{Name: name, Aliases: opt.Aliases, Source: abs, Quant: opt.Quant, Pulled: time.Now().UTC()}
+	for _, n := range m.Names() {
+		if err := ValidateName(n); err != nil {
+			return nil, err
+		}
+	}
+	dir, err := s.dirFor(name)
+	if err != nil {
+		return nil, err
+	}
+	m.dir = dir
+	if err := s.checkNames(m); err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(filepath.Join(dir, ManifestName)); err == nil {
+		return nil, fmt.Errorf("a model called %s is already in %s: ats rm %s first, or choose another --name", name, s.Dir, name)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	unlock, err := s.lockModel(context.Background(), dir, name, false, nil)
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	for _, p := range parts {
+		st, err := os.Stat(p)
+		if err != nil {
+			return nil, fmt.Errorf("part of %s: %w", path, err)
+		}
+		link := filepath.Join(dir, filepath.Base(p))
+		os.Remove(link)
+		if err := os.Link(p, link); err != nil {
+			if err := os.Symlink(p, link); err != nil {
+				return nil, fmt.Errorf("linking %s into %s: %w", p, dir, err)
+			}
+		}
+		m.Files = append(m.Files, File{Name: filepath.Base(p), Size: st.Size(), URL: "file://" + filepath.ToSlash(p)})
+	}
+	if err := writeManifest(m); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// Unfinished is a download that has not completed: its model's name (as
+// a pull names it) and its .partial files.
+type Unfinished struct {
+	Name  string
+	Dir   string
+	Files []string
+	Bytes int64
+}
+
+// Unfinished lists the downloads in progress or interrupted, by model.
+func (s *Store) Unfinished() ([]Unfinished, error) {
+	parts, err := s.Partial()
+	if err != nil {
+		return nil, err
+	}
+	byDir := map[string]*Unfinished{}
+	for p, n := range parts {
+		dir := filepath.Dir(p)
+		u := byDir[dir]
+		if u == nil {
+			u = &Unfinished{Dir: dir, Name: s.nameOf(dir)}
+			byDir[dir] = u
+		}
+		u.Files = append(u.Files, p)
+		u.Bytes += n
+	}
+	var out []Unfinished
+	for _, u := range byDir {
+		slices.Sort(u.Files)
+		out = append(out, *u)
+	}
+	slices.SortFunc(out, func(a, b Unfinished) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
+
+// nameOf is the model name whose folder is dir (the inverse of dirFor:
+// the last folder is the tag).
+func (s *Store) nameOf(dir string) string {
+	rel, err := filepath.Rel(s.Dir, dir)
+	if err != nil {
+		return dir
+	}
+	segs := strings.Split(filepath.ToSlash(rel), "/")
+	if len(segs) < 2 {
+		return segs[0]
+	}
+	return strings.Join(segs[:len(segs)-1], "/") + ":" + segs[len(segs)-1]
+}
+
+// RemoveUnfinished deletes the unfinished download of the model name
+// means (its name as pulled, hf.co/ORG/REPO:QUANT, case aside).
+func (s *Store) RemoveUnfinished(name string) (Unfinished, error) {
+	us, err := s.Unfinished()
+	if err != nil {
+		return Unfinished{}, err
+	}
+	q := normalizeName(name)
+	if ref, err := ParseRef(name); err == nil && ref.URL == "" {
+		q = ref.String()
+	}
+	for _, u := range us {
+		if !strings.EqualFold(u.Name, q) {
+			continue
+		}
+		unlock, err := s.lockModel(context.Background(), u.Dir, u.Name, false, nil)
+		if err != nil {
+			return Unfinished{}, err
+		}
+		for _, f := range u.Files {
+			if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				unlock()
+				return Unfinished{}, fmt.Errorf("removing %s: %w", f, err)
+			}
+		}
+		unlock()
+		root := filepath.Clean(s.Dir)
+		for d := u.Dir; len(d) > len(root) && strings.HasPrefix(d, root); d = filepath.Dir(d) {
+			if os.Remove(d) != nil {
+				break
+			}
+		}
+		return u, nil
+	}
+	return Unfinished{}, &NotFoundError{Name: name, Dir: s.Dir}
+}
