@@ -429,6 +429,12 @@ func newPaged(g *kvT, t KVType, width, block int, lens []int, share, spare int) 
 		}
 	}
 	kv, vv := g.randRows(len(cells), width), g.randRows(len(cells), width)
+	for i := range kv {
+		// Scores of about unit size with unit queries: a softmax spread
+		// over many positions, where a position missed or read twice
+		// shows.
+		kv[i] /= 3
+	}
 	for i, r := range cells {
 		copy(p.k[r*rb:], refEncode(t, kv[i*width:(i+1)*width]))
 		copy(p.v[r*rb:], refEncode(t, vv[i*width:(i+1)*width]))
