@@ -63,19 +63,98 @@ __device__ __forceinline__ unsigned short f2h(float f)
     return h;
 }
 
+// ---------------------------------------------------------------- cache rows
+//
+// Where a token's key and value rows live. A layer's cache is two arrays of
+// rows (cells), K and V, each row the NKV*hs values of one token in the
+// cache's type: f16 (2 bytes a value) or q8_0 (ggml's blocks of 32 values,
+// {f16 d; int8 q[32]}, 34 bytes). Two addressings:
+//   - contiguous (tables == 0): token t's row is its position, pos[0] + t
+//     (perToken == 0, the prefill and decode of one sequence) or pos[t];
+//   - paged (the batch of several sequences): token t of sequence seq[t] at
+//     position pos[t] sits in cell tables[seq[t]*maxBlocks + pos/B]*B +
+//     pos%B, B = 1 << blockShift positions a block. Sequences may share
+//     blocks (a common prefix); the tables are read on the device, so a
+//     captured graph replays at any positions and tables.
+
+// kv_token_pos is token t's position.
+__device__ __forceinline__ int kv_token_pos(const int *pos, int perToken, int t)
+{
+    return perToken ? pos[t] : pos[0] + t;
+}
+
+// kv_cell is the cache row of position p of sequence s (the position itself
+// without tables).
+__device__ __forceinline__ long long kv_cell(const int *tables, int maxBlocks, int blockShift, int s, int p)
+{
+    if (!tables)
+        return p;
+    const long long blk = tables[(long long)s * maxBlocks + (p >> blockShift)];
+    return (blk << blockShift) | (p & ((1 << blockShift) - 1));
+}
+
 // kv_store_f16 writes the keys and values of nTok tokens (k, v: [nTok][width]
-// float) as f16 into rows pos0[0] .. pos0[0]+nTok-1 of the caches.
+// float) as f16 into their cache rows ([rows][width] f16 each).
 extern "C" __global__ void kv_store_f16(unsigned short *kc, unsigned short *vc,
-                                        const float *k, const float *v,
-                                        int width, const int *pos0, int nTok)
+                                        const float *k, const float *v, int width,
+                                        const int *pos, int perToken, const int *seq,
+                                        const int *tables, int maxBlocks, int blockShift, int nTok)
 {
     PDL_ENTRY();
     const long long n = (long long)nTok * width;
-    const long long base = (long long)pos0[0] * width;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
-        kc[base + i] = f2h(k[i]);
-        vc[base + i] = f2h(v[i]);
+        const int t = (int)(i / width);
+        const long long e = i - (long long)t * width;
+        const int p = kv_token_pos(pos, perToken, t);
+        const long long dst = kv_cell(tables, maxBlocks, blockShift, tables ? seq[t] : 0, p) * width + e;
+        kc[dst] = f2h(k[i]);
+        vc[dst] = f2h(v[i]);
+    }
+}
+
+// q8_0_block quantizes the 32 values x of a warp (lane j holds value j) into
+// the Q8_0 block at dst ({f16 d; int8 q[32]}) as ggml's
+// quantize_row_q8_0_ref does: d = amax/127, q = roundf(x/d) computed as
+// x*(1/d), halves away from zero; d rounded to f16 to nearest even.
+// Division is IEEE (nvcc's default -prec-div=true), and __fmul_rn keeps the
+// product from being fused into anything.
+__device__ __forceinline__ void q8_0_block(float x, unsigned char *dst)
+{
+    float amax = fabsf(x);
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int q = max(-128, min(127, (int)roundf(__fmul_rn(x, id))));
+    const int lane = threadIdx.x & 31;
+    dst[2 + lane] = (unsigned char)q;
+    if (lane == 0)
+        *(unsigned short *)dst = f2h(d);
+}
+
+// kv_store_q8_0 writes the keys and values of nTok tokens (k, v: [nTok][width]
+// float, width % 32 == 0) as Q8_0 into their cache rows ([rows][width/32*34]
+// bytes each): a warp per block of 32 values, the block of K then of V.
+extern "C" __global__ void kv_store_q8_0(unsigned char *kc, unsigned char *vc,
+                                         const float *k, const float *v, int width,
+                                         const int *pos, int perToken, const int *seq,
+                                         const int *tables, int maxBlocks, int blockShift, int nTok)
+{
+    PDL_ENTRY();
+    const int bpr = width / 32; // blocks a row
+    const long long rowBytes = (long long)bpr * 34;
+    const long long n = (long long)nTok * bpr;
+    const int lane = threadIdx.x & 31;
+    const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long w = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); w < n; w += warps) {
+        const int t = (int)(w / bpr);
+        const int b = (int)(w - (long long)t * bpr);
+        const int p = kv_token_pos(pos, perToken, t);
+        const long long dst = kv_cell(tables, maxBlocks, blockShift, tables ? seq[t] : 0, p) * rowBytes + 34LL * b;
+        const long long src = (long long)t * width + 32LL * b + lane;
+        q8_0_block(k[src], kc + dst);
+        q8_0_block(v[src], vc + dst);
     }
 }
 
@@ -862,6 +941,495 @@ __device__ __forceinline__ void attn_mma(const AttnParams p)
 
 extern "C" __global__ void __launch_bounds__(AM_THREADS) attn_mma_d64(const AttnParams p) { PDL_ENTRY(); attn_mma<64>(p); }
 extern "C" __global__ void __launch_bounds__(AM_THREADS, AM_MIN_BLOCKS_128) attn_mma_d128(const AttnParams p) { PDL_ENTRY(); attn_mma<128>(p); }
+
+// ---------------------------------------------------------------- paged decode
+//
+// attn_dec_<type>_d<hs> (type f16 or q8_0, hs 32, 64, 128, 256): decode over
+// the paged cache: nTok query rows, each token t its own sequence seq[t] and
+// position pos[t], attending to positions 0..pos[t] of its sequence through
+// the block tables (see "cache rows" above), split-K as attn_dec: grid
+// (nTok, nKV * ceil(group/16), nsplit).
+//
+// A block takes one token and up to 16 query heads of one KV group (the
+// group's heads share each K and V row it reads: GQA), so each row is read
+// once per block, not once per head. Its warps (1, 2 or 4: the launcher's
+// fit) walk the split's positions in runs of 16 (warp w: runs w, w+nwarps,
+// ...); a run lies in one block of the table (the block size is a multiple
+// of 16, a split's chunk of 64), so it is 16 consecutive cells. A warp
+// streams its runs through `stages` shared-memory buffers with cp.async
+// (the next runs load while it computes one; zero-filled past the token's
+// position) and computes on the tensor cores as attn_mma does: S = Q·Kᵀ for
+// its 16 heads (rows, zero past the group's) by 16 positions, an online
+// softmax in registers (base 2), O += P·V with P rounded to f16. No barrier
+// until the warps' states merge through shared memory at the end; one
+// split writes out (and its Q8_1 form), several write their unnormalised O
+// and (max, sum) for attn_combine, as attn_dec.
+//
+// f16 rows load straight into the [16][hs+8] tiles ldmatrix reads. q8_0
+// rows (hs/32 blocks of 34 bytes a head, 2-byte aligned at best) load raw,
+// in the widest copies their alignment allows (hs 64: 4 bytes, 128: 8, 256:
+// 16; hs 32: 2, synchronous), and each warp dequantizes its run into f16
+// tiles: f16(d*q), the value llama.cpp's conversion of a q8_0 cache to f16
+// gives, before the same mma path. Numerics: Q is rounded to f16 for both
+// types (not quantized to q8_0 as the CPU's flash attention does: f16 keeps
+// 11 bits where q8_0 keeps 8); scores accumulate in f32 on the tensor cores.
+//
+// Shared memory: Q [16][hs+8] f16, then per warp a region of `region`
+// bytes: `stages` buffers of K and V runs ([16][rowStage] bytes each), for
+// q8_0 followed by the dequantized K and V tiles ([16][hs+8] f16 each); at
+// the end the region holds the warp's O [16][hs+8] float, m[16], l[16].
+// attention.go's planDecodeKV computes the same sizes.
+
+#define DK_RUN 16    // positions a run
+#define DK_MAX_WARPS 4
+
+struct DecKVParams {
+    float *out;                // [nTok][nHeads*hs], written when nsplit == 1
+    float *part;               // [nsplit][nTok*nHeads][hs], when nsplit > 1
+    float *ml;                 // [nsplit][nTok*nHeads][2] max (natural log units) and sum
+    const float *q;            // [nTok][nHeads*hs]
+    const unsigned char *kc;   // paged caches [rows][rowBytes]
+    const unsigned char *vc;
+    const int *pos;            // [nTok]
+    const int *seq;            // [nTok]
+    const int *tables;         // [nSeq][maxBlocks]
+    signed char *q8;           // optional: out in ats's GPU Q8_1 layout as well
+    float2 *q8ds;
+    float scale;
+    int nTok, nHeads, nKV;
+    int maxBlocks, blockShift;
+    int chunk, nsplit;         // chunk % 64 == 0
+    int rowBytes;              // bytes of a cache row
+    int stages;                // 1..4 buffers a warp
+    int region;                // shared bytes a warp
+};
+
+// dk_copy copies G bytes global -> shared (G = 16, 8 or 4 with cp.async on
+// CC 8.0+, a plain copy before; G = 2 always plain), zeros when !valid (src
+// is then not read).
+template <int G>
+__device__ __forceinline__ void dk_copy(void *dst, const void *src, bool valid)
+{
+#if __CUDA_ARCH__ >= 800
+    if (G == 16) {
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(am_smem_addr(dst)), "l"(src), "r"(valid ? 16 : 0));
+        return;
+    }
+    if (G == 8 || G == 4) {
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(am_smem_addr(dst)), "l"(src), "n"(G),
+                     "r"(valid ? G : 0));
+        return;
+    }
+#endif
+    if (G == 16)
+        *(uint4 *)dst = valid ? *(const uint4 *)src : make_uint4(0, 0, 0, 0);
+    else if (G == 8)
+        *(uint2 *)dst = valid ? *(const uint2 *)src : make_uint2(0, 0);
+    else if (G == 4)
+        *(unsigned int *)dst = valid ? *(const unsigned int *)src : 0u;
+    else
+        *(unsigned short *)dst = valid ? *(const unsigned short *)src : (unsigned short)0;
+}
+
+// dk_wait waits until at most n of this thread's cp.async groups are pending.
+__device__ __forceinline__ void dk_wait(int n)
+{
+#if __CUDA_ARCH__ >= 800
+    switch (n) {
+    case 0: asm volatile("cp.async.wait_group 0;" ::: "memory"); break;
+    case 1: asm volatile("cp.async.wait_group 1;" ::: "memory"); break;
+    case 2: asm volatile("cp.async.wait_group 2;" ::: "memory"); break;
+    default: asm volatile("cp.async.wait_group 3;" ::: "memory"); break;
+    }
+#endif
+}
+
+// q8_0_dequant8 turns eight int8 values (lo: q0..q3, hi: q4..q7, low byte
+// first) and a block scale dd (f16 d in both halves) into eight f16
+// f16(d*q), packed in pairs. Exact: (q ^ 0x80) in the low mantissa bits of
+// 1024.0 is 1024 + q + 128, and subtracting 1152 leaves q exactly; the f16
+// product, rounded once to nearest (subnormals kept), is f16(float(q)*d).
+__device__ __forceinline__ uint4 q8_0_dequant8(unsigned int lo, unsigned int hi, unsigned int dd)
+{
+    const unsigned int bias = 0x64806480u; // 1152, 1152
+    const unsigned int xl = lo ^ 0x80808080u, xh = hi ^ 0x80808080u;
+    unsigned int h[4] = {__byte_perm(xl, 0x64646464u, 0x4140), __byte_perm(xl, 0x64646464u, 0x4342),
+                         __byte_perm(xh, 0x64646464u, 0x4140), __byte_perm(xh, 0x64646464u, 0x4342)};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(h[i]) : "r"(bias));
+        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(h[i]) : "r"(dd));
+    }
+    return make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+// q8_0_load8 reads values 8j..8j+7 of the Q8_0 block at b (2-byte aligned)
+// and its scale, dequantized as q8_0_dequant8.
+__device__ __forceinline__ uint4 q8_0_load8(const unsigned char *b, int j)
+{
+    const unsigned short *w = (const unsigned short *)(b + 2 + 8 * j);
+    const unsigned int d = *(const unsigned short *)b;
+    const unsigned int lo = (unsigned int)w[0] | ((unsigned int)w[1] << 16);
+    const unsigned int hi = (unsigned int)w[2] | ((unsigned int)w[3] << 16);
+    return q8_0_dequant8(lo, hi, d | (d << 16));
+}
+
+// dk_dequant turns a buffer of q8_0 rows (16 K rows, then 16 V rows, ROW
+// bytes apart, ROW/4 odd) into f16 tiles (16 K rows, then 16 V rows, of
+// D+8 halves): lane l takes row l%16 of K (l < 16) or V, block by block:
+// the 9 aligned words holding a block's 34 bytes, then its 16 pairs. All
+// lanes read the same word of 32 rows that start in 32 different banks,
+// and write 16 bytes of 8 rows that start 4 banks apart: no conflicts.
+template <int D, int ROW>
+__device__ __forceinline__ void dk_dequant(const unsigned char *raw, unsigned short *tile, int lane)
+{
+    constexpr int LD = D + 8;
+    const unsigned int *r = (const unsigned int *)(raw + (lane >> 4) * DK_RUN * ROW + (lane & 15) * ROW);
+    unsigned short *t = tile + ((lane >> 4) * DK_RUN + (lane & 15)) * LD;
+#pragma unroll
+    for (int b = 0; b < D / 32; b++) {
+        const int wb = 34 * b / 4, o = 34 * b % 4; // block b's first word; its offset in it, 0 or 2
+        unsigned int w[9];
+#pragma unroll
+        for (int i = 0; i < 9; i++)
+            w[i] = r[wb + i] ^ 0x80808080u;
+        const unsigned int d = (o ? (w[0] >> 16) : (w[0] & 0xffffu)) ^ 0x8080u; // undo the flip
+        const unsigned int dd = d | (d << 16);
+        unsigned int h[16];
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            // Pair k (values 2k, 2k+1) is bytes o+2+2k and o+3+2k: half of one word.
+            const int at = o + 2 + 2 * k;
+            h[k] = __byte_perm(w[at / 4], 0x64646464u, (at % 4) ? 0x4342 : 0x4140);
+            asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(h[k]) : "r"(0x64806480u));
+            asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(h[k]) : "r"(dd));
+        }
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            *(uint4 *)(t + 32 * b + 8 * q) = make_uint4(h[4 * q], h[4 * q + 1], h[4 * q + 2], h[4 * q + 3]);
+    }
+}
+
+// KVT: 0 f16, 1 q8_0.
+template <int D, int KVT>
+__device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
+{
+    constexpr int LD = D + 8;                                  // halves a tile row
+    constexpr int SEG = KVT == 0 ? 2 * D : D / 32 * 34;        // bytes of a head's row
+    // A staged q8_0 row is an odd number of words: the 16 K and 16 V rows
+    // of a buffer then start in 32 different banks (dk_dequant).
+    constexpr int ROWW = (SEG + 3) / 4;                        // words of a q8_0 row, rounded up
+    constexpr int ROW = KVT == 0 ? 2 * LD : 4 * (ROWW | 1);    // bytes a staged row
+    constexpr int GRAN = KVT == 0 ? 16 : (SEG % 4 == 0 ? 4 : 2); // bytes a copy
+    constexpr int NCH = SEG / GRAN;                            // copies a row
+    constexpr int STAGE = 2 * DK_RUN * ROW;                    // a buffer: K run, then V run
+    constexpr bool QREG = D <= 128;                            // Q fragments in registers
+    extern __shared__ __align__(16) unsigned char dk_smem[];
+
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, c = lane & 3;
+    const int nwarps = blockDim.x >> 5;
+    const int t = blockIdx.x;
+    const int group = p.nHeads / p.nKV;
+    const int subs = (group + 15) >> 4;
+    const int kvh = blockIdx.y / subs;
+    const int h0 = kvh * group + (blockIdx.y % subs) * 16;
+    const int hb = min(16, (kvh + 1) * group - h0); // heads of this block
+    const int split = blockIdx.z;
+    const int qpos = p.pos[t];
+    const int sq = p.seq[t];
+    const long long begin = (long long)split * p.chunk;
+    const int end = (int)min(begin + p.chunk, (long long)qpos + 1);
+    const long long row0 = (long long)t * p.nHeads + h0; // output row of head h0
+
+    if (begin >= end) {
+        // An empty split: (max, sum) = (-inf, 0) drops out of attn_combine,
+        // which then reads none of its partial output.
+        if (p.nsplit > 1 && tid < hb) {
+            const long long prow = ((long long)split * p.nTok) * p.nHeads + row0 + tid;
+            p.ml[2 * prow] = -INFINITY;
+            p.ml[2 * prow + 1] = 0.0f;
+        }
+        return;
+    }
+
+    // Q rounded to f16, rows past the block's heads zero.
+    unsigned short *Qs = (unsigned short *)dk_smem;
+    for (int i = tid; i < 16 * (D / 4); i += blockDim.x) {
+        const int r = i / (D / 4), d = (i % (D / 4)) * 4;
+        uint2 v = make_uint2(0, 0);
+        if (r < hb) {
+            const float4 f = *(const float4 *)(p.q + (row0 + r) * D + d);
+            v = make_uint2(am_pack_h2(f.x, f.y), am_pack_h2(f.z, f.w));
+        }
+        *(uint2 *)(Qs + r * LD + d) = v;
+    }
+    __syncthreads();
+
+    am_u32 qf[QREG ? D / 16 : 1][4];
+    if (QREG) {
+#pragma unroll
+        for (int kk = 0; kk < (QREG ? D / 16 : 1); kk++)
+            am_ldmatrix_x4(qf[kk], Qs + (lane & 15) * LD + 16 * kk + (lane >> 4) * 8);
+    }
+
+    unsigned char *wbase = dk_smem + 32 * LD + warp * p.region;
+    const int S = p.stages;
+    const int total = (int)((end - begin + DK_RUN - 1) / DK_RUN); // runs of the split
+    const int my = total > warp ? (total - warp + nwarps - 1) / nwarps : 0;
+    const long long kvOff = (long long)kvh * SEG;
+
+    // load queues run i of this warp into buffer b.
+    auto load = [&](int i, int b) {
+        const int start = (int)begin + DK_RUN * (warp + nwarps * i);
+        const long long cell = kv_cell(p.tables, p.maxBlocks, p.blockShift, sq, start);
+        const unsigned char *sk = p.kc + cell * p.rowBytes + kvOff;
+        const unsigned char *sv = p.vc + cell * p.rowBytes + kvOff;
+        unsigned char *dk = wbase + b * STAGE, *dv = dk + DK_RUN * ROW;
+        for (int x = lane; x < DK_RUN * NCH; x += 32) {
+            const int j = x / NCH, ch = x % NCH;
+            const bool valid = start + j < end;
+            const long long off = (valid ? (long long)j * p.rowBytes : 0) + ch * GRAN;
+            dk_copy<GRAN>(dk + j * ROW + ch * GRAN, sk + off, valid);
+            dk_copy<GRAN>(dv + j * ROW + ch * GRAN, sv + off, valid);
+        }
+    };
+
+    const float sl2 = p.scale * 1.4426950408889634f;
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+    for (int i = 0; i < S - 1; i++) {
+        if (i < my)
+            load(i, i);
+        am_cp_commit();
+    }
+    for (int i = 0; i < my; i++) {
+        if (i + S - 1 < my)
+            load(i + S - 1, (i + S - 1) % S);
+        am_cp_commit();
+        dk_wait(S - 1); // run i's group is complete
+        __syncwarp();
+
+        const unsigned short *Ks, *Vs;
+        if (KVT == 0) {
+            Ks = (const unsigned short *)(wbase + (i % S) * STAGE);
+            Vs = Ks + DK_RUN * LD;
+        } else {
+            unsigned short *tk = (unsigned short *)(wbase + S * STAGE);
+            dk_dequant<D, ROW>(wbase + (i % S) * STAGE, tk, lane);
+            __syncwarp();
+            Ks = tk;
+            Vs = tk + DK_RUN * LD;
+        }
+
+        // S = Q·Kᵀ: rows g, g+8; positions 2c, 2c+1 of each n8 block.
+        float s[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            am_u32 b[4], qa[4];
+            am_ldmatrix_x4(b, Ks + ((lane & 7) + ((lane >> 4) << 3)) * LD + 16 * kk + ((lane >> 3) & 1) * 8);
+            if (QREG) {
+                qa[0] = qf[QREG ? kk : 0][0], qa[1] = qf[QREG ? kk : 0][1];
+                qa[2] = qf[QREG ? kk : 0][2], qa[3] = qf[QREG ? kk : 0][3];
+            } else {
+                am_ldmatrix_x4(qa, Qs + (lane & 15) * LD + 16 * kk + (lane >> 4) * 8);
+            }
+            am_mma16816(s[0], qa, b);
+            am_mma16816(s[1], qa, b + 2);
+        }
+        const int start = (int)begin + DK_RUN * (warp + nwarps * i);
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int col = start + 8 * j + 2 * c;
+            s[j][0] = col < end ? s[j][0] * sl2 : -INFINITY;
+            s[j][1] = col + 1 < end ? s[j][1] * sl2 : -INFINITY;
+            s[j][2] = col < end ? s[j][2] * sl2 : -INFINITY;
+            s[j][3] = col + 1 < end ? s[j][3] * sl2 : -INFINITY;
+            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+        }
+#pragma unroll
+        for (int off = 1; off <= 2; off <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+        }
+        // The run's first position is valid: the maxima are finite.
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float a0 = exp2f(m0 - mn0), a1 = exp2f(m1 - mn1); // 0 on the first run
+        m0 = mn0;
+        m1 = mn1;
+        float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            s[j][0] = exp2f(s[j][0] - mn0);
+            s[j][1] = exp2f(s[j][1] - mn0);
+            s[j][2] = exp2f(s[j][2] - mn1);
+            s[j][3] = exp2f(s[j][3] - mn1);
+            sum0 += s[j][0] + s[j][1];
+            sum1 += s[j][2] + s[j][3];
+        }
+        l0 = l0 * a0 + sum0;
+        l1 = l1 * a1 + sum1;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            o[n][0] *= a0;
+            o[n][1] *= a0;
+            o[n][2] *= a1;
+            o[n][3] *= a1;
+        }
+        // O += P·V over the run's 16 positions.
+        const am_u32 a[4] = {am_pack_h2(s[0][0], s[0][1]), am_pack_h2(s[0][2], s[0][3]),
+                             am_pack_h2(s[1][0], s[1][1]), am_pack_h2(s[1][2], s[1][3])};
+#pragma unroll
+        for (int jd = 0; jd < D / 16; jd++) {
+            am_u32 b[4];
+            am_ldmatrix_x4_trans(b, Vs + (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + 16 * jd + (lane >> 4) * 8);
+            am_mma16816(o[2 * jd], a, b);
+            am_mma16816(o[2 * jd + 1], a, b + 2);
+        }
+        __syncwarp(); // the buffer and tiles are read before the next loads land in them
+    }
+    dk_wait(0);
+    __syncwarp();
+
+    // The warp's state into its region: O rows g, g+8 (stride hs+8 floats),
+    // then m and the quad-reduced l.
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    }
+    constexpr int OLD = D + 8;
+    float *Mo = (float *)wbase;
+    float *Mm = Mo + 16 * OLD, *Ml = Mm + 16;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) {
+        const int d = 8 * n + 2 * c;
+        *(float2 *)(Mo + g * OLD + d) = make_float2(o[n][0], o[n][1]);
+        *(float2 *)(Mo + (g + 8) * OLD + d) = make_float2(o[n][2], o[n][3]);
+    }
+    if (c == 0) {
+        Mm[g] = m0;
+        Mm[g + 8] = m1;
+        Ml[g] = l0;
+        Ml[g + 8] = l1;
+    }
+    __syncthreads();
+
+    // Merge: thread e takes value d of head row r; a warp's 32 lanes are 32
+    // consecutive values of one row (hs % 32 == 0): one Q8_1 block, and
+    // every lane of a warp runs the same iterations.
+    for (int e = tid; e < hb * D; e += blockDim.x) {
+        const int r = e / D, d = e % D;
+        float M = -INFINITY;
+        for (int w = 0; w < nwarps; w++)
+            M = fmaxf(M, ((const float *)(dk_smem + 32 * LD + w * p.region))[16 * OLD + r]);
+        float L = 0.0f, acc = 0.0f;
+        for (int w = 0; w < nwarps; w++) {
+            const float *R = (const float *)(dk_smem + 32 * LD + w * p.region);
+            const float m = R[16 * OLD + r];
+            if (m != -INFINITY) {
+                const float wt = exp2f(m - M);
+                L += wt * R[16 * OLD + 16 + r];
+                acc += wt * R[r * OLD + d];
+            }
+        }
+        const long long row = row0 + r;
+        if (p.nsplit == 1) {
+            const float v = acc * (1.0f / L);
+            p.out[row * D + d] = v;
+            if (p.q8)
+                q8_1_block(v, p.q8 + row * D + d, p.q8ds + (row * D + d) / 32);
+        } else {
+            const long long prow = (long long)split * p.nTok * p.nHeads + row;
+            p.part[prow * D + d] = acc;
+            if (d == 0) {
+                p.ml[2 * prow] = M * 0.6931471805599453f; // attn_combine's natural units
+                p.ml[2 * prow + 1] = L;
+            }
+        }
+    }
+}
+
+#define DEC_KV(T, KVT, D)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(DK_MAX_WARPS * 32) attn_dec_##T##_d##D(const DecKVParams p) \
+    {                                                                                                               \
+        PDL_ENTRY();                                                                                                \
+        attn_dec_kv<D, KVT>(p);                                                                                     \
+    }
+DEC_KV(f16, 0, 32)
+DEC_KV(f16, 0, 64)
+DEC_KV(f16, 0, 128)
+DEC_KV(f16, 0, 256)
+DEC_KV(q8_0, 1, 32)
+DEC_KV(q8_0, 1, 64)
+DEC_KV(q8_0, 1, 128)
+DEC_KV(q8_0, 1, 256)
+
+// ---------------------------------------------------------------- gather
+//
+// kv_gather_f16, kv_gather_q8_0: positions 0..min(pos[tok]+1, maxLen)-1 of
+// sequence seq[tok] from the paged cache into contiguous f16 rows
+// ko, vo [maxLen][width], so that the prefill kernels (attn_mma, attn_f16)
+// run on them as on a contiguous cache. q8_0 is dequantized to f16(d*q),
+// as in attn_dec_q8_0. Grid-stride, so any grid covers any length.
+
+extern "C" __global__ void kv_gather_f16(unsigned short *ko, unsigned short *vo,
+                                         const unsigned short *kc, const unsigned short *vc, int width,
+                                         const int *pos, const int *seq, int tok,
+                                         const int *tables, int maxBlocks, int blockShift, int maxLen)
+{
+    PDL_ENTRY();
+    const int len = min(pos[tok] + 1, maxLen);
+    const int s = seq[tok];
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    const long long i0 = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (width % 8 == 0) {
+        // 16 bytes a copy (the launcher checks the alignment).
+        const int cpr = width / 8;
+        for (long long i = i0; i < (long long)len * cpr; i += stride) {
+            const int j = (int)(i / cpr), ch = (int)(i - (long long)j * cpr);
+            const long long src = kv_cell(tables, maxBlocks, blockShift, s, j) * cpr + ch;
+            ((uint4 *)ko)[i] = ((const uint4 *)kc)[src];
+            ((uint4 *)vo)[i] = ((const uint4 *)vc)[src];
+        }
+        return;
+    }
+    for (long long i = i0; i < (long long)len * width; i += stride) {
+        const int j = (int)(i / width);
+        const long long src = kv_cell(tables, maxBlocks, blockShift, s, j) * width + (i - (long long)j * width);
+        ko[i] = kc[src];
+        vo[i] = vc[src];
+    }
+}
+
+// A thread per 8 values: (position, block, eighth).
+extern "C" __global__ void kv_gather_q8_0(unsigned short *ko, unsigned short *vo,
+                                          const unsigned char *kc, const unsigned char *vc, int width,
+                                          const int *pos, const int *seq, int tok,
+                                          const int *tables, int maxBlocks, int blockShift, int maxLen)
+{
+    PDL_ENTRY();
+    const int len = min(pos[tok] + 1, maxLen);
+    const int s = seq[tok];
+    const int tpr = width / 8; // tasks a row
+    const long long rowBytes = (long long)width / 32 * 34;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (long long)len * tpr; i += stride) {
+        const int j = (int)(i / tpr), x = (int)(i - (long long)j * tpr);
+        const long long src = kv_cell(tables, maxBlocks, blockShift, s, j) * rowBytes + 34LL * (x >> 2);
+        ((uint4 *)ko)[i] = q8_0_load8(kc + src, x & 3);
+        ((uint4 *)vo)[i] = q8_0_load8(vc + src, x & 3);
+    }
+}
 
 // attn_combine merges the nsplit partial results of each (token, head) row:
 // out = Σ_s O_s·exp(m_s − M) / Σ_s l_s·exp(m_s − M), M = max_s m_s. Splits

@@ -1,9 +1,77 @@
+// Attention over the KV cache on the GPU: the cache writes, decode and
+// prefill attention, and the gather of a paged cache for prefill.
+//
+// # How the engine calls these kernels (the paged cache and the batch)
+//
+// A layer's cache is a KVCache: two arrays K and V of Rows cells, each cell
+// one token's row of Width = NKV*HeadSize values in the cache's KVType
+// (KVF16: 2 bytes a value; KVQ8_0: ggml's Q8_0 blocks, Width/32*34 bytes a
+// row, bit-identical to llama.cpp's -ctk q8_0). Rows = NBlocks*Block;
+// position p of a sequence is cell table[p/Block]*Block + p%Block of its
+// block table.
+//
+// Per step (n query tokens of nSeq sequences), before the first layer, the
+// engine uploads three int32 arrays to device memory, described by a Batch:
+//
+//	Pos[n]                 token t's position
+//	Seq[n]                 token t's sequence, an index 0..nSeq-1 into Tables
+//	Tables[nSeq*MaxBlocks] sequence s's block table at s*MaxBlocks
+//
+// (MaxBlocks = Rows/Block, the longest table; unused entries are never
+// read). Every launcher reads them on the device, so a graph captured for
+// a batch size replays at any positions and tables. Tokens of one sequence
+// are contiguous in the step with consecutive positions (a prompt chunk),
+// or one token (decode).
+//
+// Per layer, in this order:
+//
+//  1. Store the step's K and V rows: Rope.Run with RopeArgs.Batch set and
+//     RopeKV.Cache set (the rotation fused with the write, f16 or q8_0; q8_0
+//     needs HeadSize % 32 == 0), or Attention.StoreKV after a separate
+//     rotation. Every token's row is written before any attention of the
+//     layer reads the cache.
+//  2. Attention, by rows of the step:
+//     - decode rows (one token of a sequence in this step): DecodeKV over
+//     all of them in one launch. They must be consecutive tokens of the
+//     step, First..First+NTok-1 (put the decode tokens first, then the
+//     prompt chunks), Q and Out pointing at their rows. Splits and Chunk
+//     from DecodeSplits over the longest sequence the cache can hold
+//     (Splits*Chunk must exceed every position, so a captured graph fits
+//     any step); Part and ML sized by AttnScratch(NTok, NHeads, HeadSize,
+//     Splits).
+//     - each prompt chunk (tokens i..j of one sequence, positions
+//     Pos[i]..Pos[j]): GatherKV with Tok = j copies positions 0..Pos[j] of
+//     its sequence into contiguous f16 scratch [MaxLen][Width] (K and V),
+//     then Run (AttnArgs) on that scratch with Pos0 = Pos + 4*i (the
+//     device address of Pos[i]) and NTok = j-i+1: the tensor-core or
+//     CUDA-core prefill kernels, unchanged. The gather can be skipped
+//     when the type is f16 and the sequence's blocks are consecutive
+//     cells from 0 (pass the cache itself, offset to its first cell).
+//  3. The output head: Elementwise.GatherRows picks the rows whose logits
+//     are wanted (an int32 index array on the device) before the final
+//     norm and the output matmul.
+//
+// Numerics: writes round to f16 to nearest, or quantize as ggml's
+// quantize_row_q8_0_ref (the CPU's KVLayer.Store bits). Decode attention
+// rounds Q to f16 for both cache types (the CPU's q8_0 flash attention
+// quantizes Q to q8_0 instead: f16 keeps more of it), reads q8_0 as
+// f16(d*q), accumulates scores in f32 on the tensor cores and rounds the
+// unnormalised probabilities to f16 before P·V, as the prefill kernel
+// does; TestKVBatch bounds the normalised squared error per token by 1e-6
+// against a float64 attention over the values the kernels read (q8_0:
+// f16(d*q), which differs from d*q by at most 2^-11 relative, far less
+// than the CPU's q8_0 rounding of Q).
+//
+// The contiguous launchers (Store, Run's decode with AttnArgs, RopeArgs.Pos0)
+// keep working on a contiguous cache at pos0 + t, for one sequence.
+
 package kernels
 
 import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 	"os"
 
 	"github.com/atsinfer/ats/cudadrv"
@@ -18,6 +86,11 @@ type Attention struct {
 	attn    map[int]*cudadrv.Function // by values per lane: ceil(headSize/32)
 	mma     map[int]*cudadrv.Function // tensor-core prefill kernels by head size
 	dec     map[int]*cudadrv.Function // decode kernels by head size
+	// decKV are the paged decode kernels by cache type and head size;
+	// storeQ8 and gather the paged cache writes and the prefill gathers.
+	decKV   [kvTypes]map[int]*cudadrv.Function
+	storeQ8 *cudadrv.Function
+	gather  [kvTypes]*cudadrv.Function
 	// optin is the shared memory a block of the attention kernels may use
 	// (the device's opt-in limit, granted at load): decode takes larger
 	// tiles with it.
@@ -41,6 +114,7 @@ func NewAttention(ctx *cudadrv.Context) (*Attention, error) {
 	}
 	env := os.Getenv(EnvAttention)
 	k := &Attention{attn: map[int]*cudadrv.Function{}, mma: map[int]*cudadrv.Function{}, dec: map[int]*cudadrv.Function{},
+		decKV: [kvTypes]map[int]*cudadrv.Function{{}, {}},
 		optin: max(attnShared, optin), simt: env == "simt", tiled: env == "tile"}
 	if err := k.prepare(ctx, "attention", k.bind); err != nil {
 		return nil, err
@@ -55,8 +129,21 @@ func LoadAttention(ctx *cudadrv.Context) (*Attention, error) { return loadNow(Ne
 // opt-in shared memory: once, at load, so that the launches stay
 // capturable.
 func (k *Attention) bind(m *cudadrv.Module) error {
-	if err := lookup(m, map[string]**cudadrv.Function{"kv_store_f16": &k.store, "attn_combine": &k.combine}); err != nil {
+	if err := lookup(m, map[string]**cudadrv.Function{"kv_store_f16": &k.store, "kv_store_q8_0": &k.storeQ8,
+		"kv_gather_f16": &k.gather[KVF16], "kv_gather_q8_0": &k.gather[KVQ8_0], "attn_combine": &k.combine}); err != nil {
 		return err
+	}
+	for t := KVType(0); t < kvTypes; t++ {
+		for _, hs := range attnDecHeadSizes {
+			f, err := m.Function(fmt.Sprintf("attn_dec_%s_d%d", t, hs))
+			if err == nil && k.optin > attnShared {
+				err = f.SetAttribute(cudadrv.FuncMaxDynamicSharedSizeBytes, k.optin)
+			}
+			if err != nil {
+				return err
+			}
+			k.decKV[t][hs] = f
+		}
 	}
 	for _, d := range attnDPL {
 		f, err := m.Function(fmt.Sprintf("attn_f16_d%d", d))
@@ -111,7 +198,8 @@ func (k *Attention) Store(s *cudadrv.Stream, kc, vc, kSrc, vSrc cudadrv.DevicePt
 		return err
 	}
 	return launch(k.store, s, grid1(n, 256), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
-		a.Ptr(kc).Ptr(vc).Ptr(kSrc).Ptr(vSrc).I32(int32(width)).Ptr(pos0).I32(int32(nTok))
+		a.Ptr(kc).Ptr(vc).Ptr(kSrc).Ptr(vSrc).I32(int32(width)).
+			Ptr(pos0).I32(0).Ptr(0).Ptr(0).I32(0).I32(0).I32(int32(nTok))
 	})
 }
 
@@ -433,4 +521,315 @@ func attnParams(a *AttnArgs, hb, bk, tpr, chunk, splits int, q8, q8ds cudadrv.De
 	binary.LittleEndian.PutUint64(b[96:], uint64(q8))
 	binary.LittleEndian.PutUint64(b[104:], uint64(q8ds))
 	return b
+}
+
+// ---- the paged cache (see the top of this file)
+
+// KVType is the type of a KV cache's cells.
+type KVType uint8
+
+const (
+	KVF16  KVType = iota // binary16, 2 bytes a value
+	KVQ8_0               // ggml's Q8_0: {f16 d; int8 q[32]} per 32 values, 34 bytes
+
+	kvTypes = 2
+)
+
+func (t KVType) String() string {
+	switch t {
+	case KVF16:
+		return "f16"
+	case KVQ8_0:
+		return "q8_0"
+	}
+	return fmt.Sprintf("KVType(%d)", uint8(t))
+}
+
+// RowBytes is the bytes of a cache row of width values.
+func (t KVType) RowBytes(width int) int {
+	if t == KVQ8_0 {
+		return width / 32 * 34
+	}
+	return 2 * width
+}
+
+// KVCache is one layer's cache: K and V, each [rows][Type.RowBytes(Width)]
+// bytes, 16-byte aligned.
+type KVCache struct {
+	K, V  cudadrv.DevicePtr
+	Type  KVType
+	Width int // values a row: NKV*HeadSize
+}
+
+func (c *KVCache) check() error {
+	switch {
+	case c.Type >= kvTypes:
+		return fmt.Errorf("kernels: KV cache of type %v", c.Type)
+	case c.Width <= 0 || (c.Type == KVQ8_0 && c.Width%32 != 0):
+		return fmt.Errorf("kernels: %v KV cache rows of %d values (q8_0 needs a multiple of 32)", c.Type, c.Width)
+	case c.K == 0 || c.V == 0 || c.K%16 != 0 || c.V%16 != 0:
+		return fmt.Errorf("kernels: %v KV cache at %#x, %#x: two 16-byte aligned arrays needed", c.Type, c.K, c.V)
+	}
+	return nil
+}
+
+// Batch is one step's tokens on the device: int32 arrays Pos[n] and Seq[n]
+// (token t's position and sequence) and Tables[nSeq*MaxBlocks] (sequence
+// s's block ids at s*MaxBlocks). Block is the positions of a cache block.
+type Batch struct {
+	Pos, Seq, Tables cudadrv.DevicePtr
+	MaxBlocks        int
+	Block            int // a power of two, at least 64
+}
+
+// shift checks b and returns log2 of its block size.
+func (b *Batch) shift() (int, error) {
+	if b == nil {
+		return 0, fmt.Errorf("kernels: no batch")
+	}
+	if b.Pos == 0 || b.Seq == 0 || b.Tables == 0 || b.Pos%4 != 0 || b.Seq%4 != 0 || b.Tables%4 != 0 {
+		return 0, fmt.Errorf("kernels: batch arrays pos %#x, seq %#x, tables %#x: three aligned int32 arrays needed", b.Pos, b.Seq, b.Tables)
+	}
+	if b.Block < 64 || b.Block&(b.Block-1) != 0 || b.Block > 1<<30 {
+		return 0, fmt.Errorf("kernels: KV block of %d positions: a power of two from 64 needed", b.Block)
+	}
+	if b.MaxBlocks <= 0 {
+		return 0, fmt.Errorf("kernels: block tables of %d blocks", b.MaxBlocks)
+	}
+	return bits.TrailingZeros(uint(b.Block)), nil
+}
+
+// StoreKVArgs describe a cache write: K and V rows ([NTok][Cache.Width]
+// float) of the batch's tokens First..First+NTok-1 into their cells.
+type StoreKVArgs struct {
+	Cache KVCache
+	Batch *Batch
+	First int
+	K, V  cudadrv.DevicePtr
+	NTok  int
+}
+
+// StoreKV queues the write of a.NTok tokens' keys and values into their
+// cache cells (Q8_0 quantized as ggml's quantize_row_q8_0_ref, f16 rounded
+// to nearest).
+func (k *Attention) StoreKV(s *cudadrv.Stream, a *StoreKVArgs) error {
+	if a.NTok == 0 {
+		return nil
+	}
+	shift, err := a.Batch.shift()
+	if err == nil {
+		err = a.Cache.check()
+	}
+	if err == nil && (a.NTok < 0 || a.First < 0) {
+		err = fmt.Errorf("kernels: store of tokens %d..%d+%d", a.First, a.First, a.NTok)
+	}
+	if err != nil {
+		return fmt.Errorf("StoreKV: %w", err)
+	}
+	if err := k.ready(); err != nil {
+		return err
+	}
+	// f16: a thread a value; q8_0: a warp a block of 32 values, as many threads.
+	f := k.store
+	if a.Cache.Type == KVQ8_0 {
+		f = k.storeQ8
+	}
+	grid := grid1(a.NTok*a.Cache.Width, 256)
+	b := a.Batch
+	return launch(f, s, grid, cudadrv.D1(256), 0, func(p *cudadrv.Args) {
+		p.Ptr(a.Cache.K).Ptr(a.Cache.V).Ptr(a.K).Ptr(a.V).I32(int32(a.Cache.Width)).
+			Ptr(b.Pos.Add(4 * a.First)).I32(1).Ptr(b.Seq.Add(4 * a.First)).Ptr(b.Tables).
+			I32(int32(b.MaxBlocks)).I32(int32(shift)).I32(int32(a.NTok))
+	})
+}
+
+// DecodeKVArgs describe a decode launch over the paged cache: NTok query
+// rows, the batch's tokens First..First+NTok-1, each attending to positions
+// 0..Pos[t] of its sequence Seq[t].
+type DecodeKVArgs struct {
+	Out, Q cudadrv.DevicePtr // [NTok][NHeads*HeadSize] float, Q 16-byte aligned
+	Cache  KVCache
+	Batch  *Batch
+	First  int
+
+	NTok, NHeads, NKV, HeadSize int // HeadSize 32, 64, 128 or 256
+	Scale                       float32
+
+	// Splits > 1 divides the positions into chunks of Chunk (a multiple
+	// of 64), a block column each, merged by attn_combine; Part and ML
+	// are their scratch (AttnScratch). Splits*Chunk must exceed every
+	// position a token of the batch can have.
+	Splits, Chunk int
+	Part, ML      cudadrv.DevicePtr
+
+	// Q8, when set, also receives Out in the Q8_1 layout of QuantizeQ8_1
+	// (Q8_1Bytes(NTok, NHeads*HeadSize)), as AttnArgs.Q8.
+	Q8 cudadrv.DevicePtr
+}
+
+// The paged decode kernels' shape (attention.cu, attn_dec_<type>_d<hs>):
+// positions a run (a warp's step), query rows of the tensor-core tile.
+const (
+	decKVRun  = 16
+	decKVRows = 16
+)
+
+// decKVPlan is the launch shape of a paged decode kernel: warps a block,
+// cp.async buffers a warp, shared bytes a warp and in all.
+type decKVPlan struct {
+	warps, stages, region, shared int
+}
+
+// planDecodeKV picks the warps and buffers of the paged decode kernel for
+// head size hs and cache type t within optin bytes of shared memory a
+// block: the first of 4 warps with 3, then 2 buffers, 2 warps with 2, and
+// fewer, that fits (H200, head size 128: 4 warps, 3 buffers, 106 KiB, two
+// blocks a multiprocessor). The sizes are attention.cu's: Q [16][hs+8] f16,
+// then a region a warp of the buffers (K and V runs of 16 rows of
+// 2*(hs+8) bytes for f16; for q8_0, of the row's bytes rounded up to an odd
+// number of 4-byte words), for q8_0 also the dequantized K and V tiles
+// ([16][hs+8] f16 each), and at least the merge's O [16][hs+8] float with
+// 32 floats of maxima and sums.
+func planDecodeKV(hs int, t KVType, optin int) (decKVPlan, error) {
+	ld := hs + 8
+	row, tiles := 2*ld, 0
+	if t == KVQ8_0 {
+		row, tiles = 4*((hs/32*34+3)/4|1), 2*decKVRun*ld*2
+	}
+	stage := 2 * decKVRun * row
+	merge := decKVRows*ld*4 + 2*decKVRows*4
+	for _, c := range []struct{ warps, stages int }{{4, 3}, {4, 2}, {2, 2}, {4, 1}, {2, 1}, {1, 1}} {
+		region := align16(max(c.stages*stage+tiles, merge))
+		shared := decKVRows*ld*2 + c.warps*region
+		if shared <= optin {
+			return decKVPlan{c.warps, c.stages, region, shared}, nil
+		}
+	}
+	return decKVPlan{}, fmt.Errorf("kernels: %v decode attention of head size %d needs more shared memory than %d bytes", t, hs, optin)
+}
+
+// DecodeKV queues the attention of a.NTok decode rows over the paged cache
+// (attn_dec_<type>_d<hs>, and attn_combine when a.Splits > 1).
+func (k *Attention) DecodeKV(s *cudadrv.Stream, a *DecodeKVArgs) error {
+	if a.NTok == 0 {
+		return nil
+	}
+	shift, plan, err := k.checkDecodeKV(a)
+	if err != nil {
+		return fmt.Errorf("DecodeKV: %w", err)
+	}
+	splits, chunk := a.Splits, a.Chunk
+	if splits <= 1 {
+		splits, chunk = 1, math.MaxInt32&^63
+	}
+	n := a.NTok * a.NHeads * a.HeadSize
+	var q8, q8ds cudadrv.DevicePtr
+	if a.Q8 != 0 {
+		q8, q8ds = a.Q8, a.Q8.Add(align16(n))
+	}
+	b := decKVParams(a, shift, chunk, splits, plan, q8, q8ds)
+	if err := k.ready(); err != nil {
+		return err
+	}
+	group := a.NHeads / a.NKV
+	grid := cudadrv.Dim3{X: uint32(a.NTok), Y: uint32(a.NKV * cudadrv.Blocks(group, decKVRows)), Z: uint32(splits)}
+	if err := launch(k.decKV[a.Cache.Type][a.HeadSize], s, grid, cudadrv.D1(32*plan.warps), plan.shared, func(args *cudadrv.Args) {
+		args.Bytes(b[:])
+	}); err != nil {
+		return err
+	}
+	if splits == 1 {
+		return nil
+	}
+	rows := a.NTok * a.NHeads
+	return launch(k.combine, s, cudadrv.D1(rows), cudadrv.D1(min(1024, a.HeadSize)), 0, func(args *cudadrv.Args) {
+		args.Ptr(a.Out).Ptr(a.Part).Ptr(a.ML).I32(int32(splits)).I32(int32(rows)).I32(int32(a.HeadSize)).Ptr(q8).Ptr(q8ds)
+	})
+}
+
+// checkDecodeKV validates a and returns the batch's block shift and the
+// kernel's plan.
+func (k *Attention) checkDecodeKV(a *DecodeKVArgs) (int, decKVPlan, error) {
+	shift, err := a.Batch.shift()
+	if err != nil {
+		return 0, decKVPlan{}, err
+	}
+	if err := a.Cache.check(); err != nil {
+		return 0, decKVPlan{}, err
+	}
+	switch {
+	case a.HeadSize != 32 && a.HeadSize != 64 && a.HeadSize != 128 && a.HeadSize != 256:
+		return 0, decKVPlan{}, fmt.Errorf("kernels: decode attention of head size %d (32, 64, 128 or 256)", a.HeadSize)
+	case a.NKV <= 0 || a.NHeads <= 0 || a.NHeads%a.NKV != 0:
+		return 0, decKVPlan{}, fmt.Errorf("kernels: decode attention of %d heads over %d KV heads", a.NHeads, a.NKV)
+	case a.Cache.Width != a.NKV*a.HeadSize:
+		return 0, decKVPlan{}, fmt.Errorf("kernels: KV cache rows of %d values for %d KV heads of %d", a.Cache.Width, a.NKV, a.HeadSize)
+	case a.NTok < 0 || a.First < 0:
+		return 0, decKVPlan{}, fmt.Errorf("kernels: decode of tokens %d..%d+%d", a.First, a.First, a.NTok)
+	case a.Q == 0 || a.Out == 0 || a.Q%16 != 0 || a.Out%4 != 0:
+		return 0, decKVPlan{}, fmt.Errorf("kernels: decode attention's Q %#x (16-byte aligned) and Out %#x", a.Q, a.Out)
+	case a.Splits > 1 && (a.Chunk <= 0 || a.Chunk%64 != 0 || a.Part == 0 || a.ML == 0):
+		return 0, decKVPlan{}, fmt.Errorf("kernels: split decode attention needs a chunk that is a multiple of 64 (not %d) and scratch", a.Chunk)
+	case a.Splits > 65535 || a.NKV*cudadrv.Blocks(a.NHeads/a.NKV, decKVRows) > 65535:
+		return 0, decKVPlan{}, fmt.Errorf("kernels: decode attention of %d splits over %d KV heads: grid too large", a.Splits, a.NKV)
+	}
+	plan, err := planDecodeKV(a.HeadSize, a.Cache.Type, k.optin)
+	return shift, plan, err
+}
+
+// decKVParams lays out struct DecKVParams of attention.cu: 11 pointers, a
+// float and 10 ints (132 bytes, 136 with the struct's 8-byte alignment).
+func decKVParams(a *DecodeKVArgs, shift, chunk, splits int, plan decKVPlan, q8, q8ds cudadrv.DevicePtr) [136]byte {
+	var b [136]byte
+	bt := a.Batch
+	for i, ptr := range []cudadrv.DevicePtr{a.Out, a.Part, a.ML, a.Q, a.Cache.K, a.Cache.V,
+		bt.Pos.Add(4 * a.First), bt.Seq.Add(4 * a.First), bt.Tables, q8, q8ds} {
+		binary.LittleEndian.PutUint64(b[8*i:], uint64(ptr))
+	}
+	binary.LittleEndian.PutUint32(b[88:], math.Float32bits(a.Scale))
+	for i, v := range []int{a.NTok, a.NHeads, a.NKV, bt.MaxBlocks, shift, chunk, splits,
+		a.Cache.Type.RowBytes(a.Cache.Width), plan.stages, plan.region} {
+		binary.LittleEndian.PutUint32(b[92+4*i:], uint32(int32(v)))
+	}
+	return b
+}
+
+// GatherKVArgs describe the gather of a sequence's cache for prefill:
+// positions 0..Pos[Tok] of sequence Seq[Tok] (Tok: the last token of the
+// prompt chunk, an index into the batch), at most MaxLen, into contiguous
+// f16 rows K and V ([MaxLen][Cache.Width] each, 16-byte aligned).
+type GatherKVArgs struct {
+	Cache  KVCache
+	Batch  *Batch
+	Tok    int
+	MaxLen int
+	K, V   cudadrv.DevicePtr
+}
+
+// GatherKV queues the gather (kv_gather_f16, or kv_gather_q8_0 dequantizing
+// to f16(d*q)). Positions past MaxLen are not copied: MaxLen is what the
+// scratch holds.
+func (k *Attention) GatherKV(s *cudadrv.Stream, a *GatherKVArgs) error {
+	shift, err := a.Batch.shift()
+	if err == nil {
+		err = a.Cache.check()
+	}
+	if err == nil && (a.Tok < 0 || a.MaxLen <= 0 || a.K == 0 || a.V == 0 || a.K%16 != 0 || a.V%16 != 0) {
+		err = fmt.Errorf("kernels: gather of token %d's sequence into %d rows at %#x, %#x (16-byte aligned)", a.Tok, a.MaxLen, a.K, a.V)
+	}
+	if err != nil {
+		return fmt.Errorf("GatherKV: %w", err)
+	}
+	if err := k.ready(); err != nil {
+		return err
+	}
+	per := a.Cache.Width // a thread a value, or 8 values a thread when rows are whole 16-byte pieces
+	if a.Cache.Type == KVQ8_0 || a.Cache.Width%8 == 0 {
+		per = a.Cache.Width / 8
+	}
+	b := a.Batch
+	return launch(k.gather[a.Cache.Type], s, grid1(a.MaxLen*per, 256), cudadrv.D1(256), 0, func(p *cudadrv.Args) {
+		p.Ptr(a.K).Ptr(a.V).Ptr(a.Cache.K).Ptr(a.Cache.V).I32(int32(a.Cache.Width)).
+			Ptr(b.Pos).Ptr(b.Seq).I32(int32(a.Tok)).Ptr(b.Tables).I32(int32(b.MaxBlocks)).I32(int32(shift)).I32(int32(a.MaxLen))
+	})
 }

@@ -60,3 +60,17 @@ extern "C" __global__ void copy_f32(float *__restrict__ dst, const float *__rest
     for (long long i = head + i0; i < n; i += stride)
         dst[i] = src[i];
 }
+
+// gather_rows_f32 copies rows of width floats: dst[i] = src[idx[i]] for i <
+// n, idx an int32 device array: the output head takes only the rows whose
+// logits are wanted.
+extern "C" __global__ void gather_rows_f32(float *dst, const float *src, const int *idx, int width, int n)
+{
+    PDL_ENTRY();
+    const long long total = (long long)n * width;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        const int r = (int)(i / width);
+        dst[i] = src[(long long)idx[r] * width + (i - (long long)r * width)];
+    }
+}

@@ -1,6 +1,8 @@
 package kernels
 
 import (
+	"fmt"
+
 	"github.com/atsinfer/ats/cudadrv"
 )
 
@@ -10,6 +12,7 @@ type Elementwise struct {
 	addF32   *cudadrv.Function
 	scaleF32 *cudadrv.Function
 	copyF32  *cudadrv.Function
+	gather   *cudadrv.Function
 }
 
 // NewElementwise prepares elementwise.cu's kernels for the context's device;
@@ -17,9 +20,10 @@ type Elementwise struct {
 func NewElementwise(ctx *cudadrv.Context) (*Elementwise, error) {
 	k := &Elementwise{}
 	err := k.prepareLookup(ctx, "elementwise", map[string]**cudadrv.Function{
-		"add_f32":   &k.addF32,
-		"scale_f32": &k.scaleF32,
-		"copy_f32":  &k.copyF32,
+		"add_f32":         &k.addF32,
+		"scale_f32":       &k.scaleF32,
+		"copy_f32":        &k.copyF32,
+		"gather_rows_f32": &k.gather,
 	})
 	if err != nil {
 		return nil, err
@@ -63,5 +67,23 @@ func (k *Elementwise) CopyF32(s *cudadrv.Stream, dst, src cudadrv.DevicePtr, n i
 	// float4 per thread: a quarter of the threads.
 	return launch(k.copyF32, s, grid1((n+3)/4, elementwiseBlock), cudadrv.D1(elementwiseBlock), 0, func(p *cudadrv.Args) {
 		p.Ptr(dst).Ptr(src).I64(int64(n))
+	})
+}
+
+// GatherRows queues dst[i] = src[idx[i]] for i < n, rows of width floats
+// (dst [n][width], src [..][width]), idx a device array of n int32 row
+// indices: the rows of the output head. dst and src must not overlap.
+func (k *Elementwise) GatherRows(s *cudadrv.Stream, dst, src, idx cudadrv.DevicePtr, width, n int) error {
+	if n == 0 {
+		return nil
+	}
+	if width <= 0 || n < 0 || dst == 0 || src == 0 || idx == 0 {
+		return fmt.Errorf("kernels: GatherRows of %d rows of %d floats (dst %#x, src %#x, idx %#x)", n, width, dst, src, idx)
+	}
+	if err := k.ready(); err != nil {
+		return err
+	}
+	return launch(k.gather, s, grid1(n*width, elementwiseBlock), cudadrv.D1(elementwiseBlock), 0, func(p *cudadrv.Args) {
+		p.Ptr(dst).Ptr(src).Ptr(idx).I32(int32(width)).I32(int32(n))
 	})
 }

@@ -12,8 +12,9 @@
 // (one token) spreads the heads over many blocks (small hpb); prefill keeps
 // a token's heads in one block so the table is computed once per token.
 //
-// Positions come from device memory (pos0[0] + t), so a CUDA graph captured
-// once replays at every position.
+// Positions come from device memory, so a CUDA graph captured once replays
+// at every position: pos[0] + t (perToken == 0: one sequence's tokens) or
+// pos[t] (perToken != 0: a batch of several sequences).
 //
 // Numerics follow ggml's rope cache as ops.Rope.Table does: theta starts at
 // the position and is multiplied by theta_scale once per pair in float, so
@@ -50,6 +51,24 @@ __device__ __forceinline__ unsigned short f2h(float f)
     return h;
 }
 
+// q8_0_block quantizes the 32 values x of a warp (lane j holds value j) into
+// the Q8_0 block at dst as ggml's quantize_row_q8_0_ref does; the same
+// expressions as attention.cu's q8_0_block (kv_store_q8_0), so the fused
+// write stores the same bits.
+__device__ __forceinline__ void q8_0_block(float x, unsigned char *dst)
+{
+    float amax = fabsf(x);
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int q = max(-128, min(127, (int)roundf(__fmul_rn(x, id))));
+    const int lane = threadIdx.x & 31;
+    dst[2 + lane] = (unsigned char)q;
+    if (lane == 0)
+        *(unsigned short *)dst = f2h(d);
+}
+
 // rope_norm_f32 rotates the first nDims values of every head of x_j[t]
 // (heads_j heads of headSize floats, back to back) for t < nTok and
 // j < gridDim.y (heads hpb at a time, grid.z = ceil(max heads / hpb)),
@@ -59,18 +78,21 @@ __device__ __forceinline__ unsigned short f2h(float f)
 // be null.
 //
 // With store >= 0, tensor x_store is the keys of an attention layer: its
-// rotated heads are also written as f16 to row pos0[0]+t of the key cache
+// rotated heads are also written to the token's cache row of the key cache
 // kc, and the same heads of the values vv ([nTok][heads*headSize] float)
-// to the value cache vc: the cache write of kv_store_f16 (attention.cu),
-// fused here to save a launch per layer.
+// to the value cache vc: the cache write of kv_store_f16 / kv_store_q8_0
+// (attention.cu), fused here to save a launch per layer. The row is the
+// token's position without tables, else its cell through the tables
+// (attention.cu's "cache rows"); kvType 0 writes f16, 1 Q8_0 (headSize %
+// 32 == 0: a head is whole blocks).
 extern "C" __global__ void rope_norm_f32(float *x0, int heads0, const float *w0,
                                          float *x1, int heads1, const float *w1,
                                          int headSize, int nDims, int neox,
                                          float thetaScale, float freqScale,
                                          const float *factors, float eps,
-                                         const int *pos0, int nTok, int hpb,
-                                         int store, unsigned short *kc, unsigned short *vc,
-                                         const float *vv)
+                                         const int *pos, int perToken, int nTok, int hpb,
+                                         int store, void *kc, void *vc, const float *vv, int kvType,
+                                         const int *seq, const int *tables, int maxBlocks, int blockShift)
 {
     PDL_ENTRY();
     __shared__ float cs[ROPE_MAX_PAIRS], sn[ROPE_MAX_PAIRS];
@@ -86,10 +108,11 @@ extern "C" __global__ void rope_norm_f32(float *x0, int heads0, const float *w0,
     if (hBegin >= hEnd)
         return; // the other tensor has more heads; the whole block leaves together
 
+    const int p = perToken ? pos[t] : pos[0] + t;
     if (half > 0) {
-        const float pos = (float)(pos0[0] + t);
+        const float fp = (float)p;
         for (int i = threadIdx.x; i < half; i += blockDim.x) {
-            float theta = pos;
+            float theta = fp;
             // Repeated multiplication, as the CPU's table loop does: i steps.
             for (int k = 0; k < i; k++)
                 theta = __fmul_rn(theta, thetaScale);
@@ -132,10 +155,24 @@ extern "C" __global__ void rope_norm_f32(float *x0, int heads0, const float *w0,
             __syncwarp(); // the head's rotated values, written by any lane
             const long long width = (long long)heads * headSize;
             const long long src = (long long)t * width + (long long)h * headSize;
-            const long long dst = (long long)(pos0[0] + t) * width + (long long)h * headSize;
-            for (int i = lane; i < headSize; i += 32) {
-                kc[dst + i] = f2h(v[i]);
-                vc[dst + i] = f2h(vv[src + i]);
+            long long row = p;
+            if (tables) {
+                const long long blk = tables[(long long)seq[t] * maxBlocks + (p >> blockShift)];
+                row = (blk << blockShift) | (p & ((1 << blockShift) - 1));
+            }
+            if (kvType == 0) {
+                unsigned short *kd = (unsigned short *)kc + row * width + (long long)h * headSize;
+                unsigned short *vd = (unsigned short *)vc + row * width + (long long)h * headSize;
+                for (int i = lane; i < headSize; i += 32) {
+                    kd[i] = f2h(v[i]);
+                    vd[i] = f2h(vv[src + i]);
+                }
+            } else {
+                const long long off = row * (width / 32 * 34) + (long long)h * (headSize / 32) * 34;
+                for (int j = 0; j < headSize / 32; j++) {
+                    q8_0_block(v[32 * j + lane], (unsigned char *)kc + off + 34 * j);
+                    q8_0_block(vv[src + 32 * j + lane], (unsigned char *)vc + off + 34 * j);
+                }
             }
         }
         // The next head of this warp touches other memory; no barrier needed.

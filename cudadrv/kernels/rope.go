@@ -53,22 +53,31 @@ type RopeArgs struct {
 	Factors   cudadrv.DevicePtr // Dims/2 divisors of the angles, or 0
 	Eps       float32           // of the head norm
 
-	Pos0 cudadrv.DevicePtr // device int32: position of token 0
-	NTok int
+	// The tokens' positions: Pos0, a device int32 holding token 0's (token
+	// t at Pos0 + t: one sequence), or Batch, the step's per-token
+	// positions (Batch.Pos[First+t]) and, for a cache write, sequences and
+	// block tables. One of the two.
+	Pos0  cudadrv.DevicePtr
+	Batch *Batch
+	First int // with Batch: the launch's token 0 in the batch
+	NTok  int
 
 	// KV, when set, also writes the rotated keys (tensor KV.T) and the
-	// values KV.V to the caches at the tokens' positions (Attention.Store
-	// fused in).
+	// values KV.V to the cache (Attention.Store or StoreKV fused in).
 	KV *RopeKV
 }
 
 // RopeKV says where a rope launch stores the keys it rotated: tensor T of
 // the launch is the keys; V holds the values ([NTok][heads*HeadSize]
-// float); K and V caches are [ctx][heads*HeadSize] f16.
+// float). With Pos0 they go to the contiguous f16 caches KC and VC
+// ([ctx][heads*HeadSize], row = position); with Batch to Cache, each
+// token's row to its cell through the batch's tables (f16, or q8_0 when
+// HeadSize % 32 == 0).
 type RopeKV struct {
 	T      int
 	V      cudadrv.DevicePtr
 	KC, VC cudadrv.DevicePtr
+	Cache  *KVCache
 }
 
 // ThetaScale is base^(-2/dims) rounded to float32, as ops.Rope.Table
@@ -114,12 +123,9 @@ func (k *Rope) Run(s *cudadrv.Stream, a *RopeArgs) error {
 	if a.NTensors == 1 {
 		t1 = RopeTensor{}
 	}
-	kv := RopeKV{T: -1}
-	if a.KV != nil {
-		if a.KV.T < 0 || a.KV.T >= a.NTensors {
-			return fmt.Errorf("kernels: rope stores tensor %d of %d", a.KV.T, a.NTensors)
-		}
-		kv = *a.KV
+	loc, err := a.locate()
+	if err != nil {
+		return err
 	}
 	if err := k.ready(); err != nil {
 		return err
@@ -129,7 +135,69 @@ func (k *Rope) Run(s *cudadrv.Stream, a *RopeArgs) error {
 			Ptr(t1.X).I32(int32(t1.Heads)).Ptr(t1.NormW).
 			I32(int32(a.HeadSize)).I32(int32(a.Dims)).I32(neox).
 			F32(ts).F32(fs).Ptr(a.Factors).F32(a.Eps).
-			Ptr(a.Pos0).I32(int32(a.NTok)).I32(int32(hpb)).
-			I32(int32(kv.T)).Ptr(kv.KC).Ptr(kv.VC).Ptr(kv.V)
+			Ptr(loc.pos).I32(loc.perToken).I32(int32(a.NTok)).I32(int32(hpb)).
+			I32(int32(loc.store)).Ptr(loc.kc).Ptr(loc.vc).Ptr(loc.v).I32(int32(loc.kvType)).
+			Ptr(loc.seq).Ptr(loc.tables).I32(int32(loc.maxBlocks)).I32(int32(loc.shift))
 	})
+}
+
+// ropeLoc is where a rope launch reads positions and writes the cache: the
+// kernel's position and store parameters.
+type ropeLoc struct {
+	pos, seq, tables, kc, vc, v cudadrv.DevicePtr
+	perToken                    int32
+	store                       int // tensor stored, -1 for none
+	kvType                      KVType
+	maxBlocks, shift            int
+}
+
+// locate checks the positions and the cache write of a.
+func (a *RopeArgs) locate() (ropeLoc, error) {
+	l := ropeLoc{store: -1}
+	switch {
+	case (a.Pos0 == 0) == (a.Batch == nil):
+		return l, fmt.Errorf("kernels: rope needs the positions from exactly one of Pos0 and Batch")
+	case a.Pos0 != 0:
+		l.pos = a.Pos0
+	default:
+		shift, err := a.Batch.shift()
+		if err != nil {
+			return l, fmt.Errorf("kernels: rope: %w", err)
+		}
+		if a.First < 0 {
+			return l, fmt.Errorf("kernels: rope of batch tokens from %d", a.First)
+		}
+		l.pos, l.seq, l.perToken = a.Batch.Pos.Add(4*a.First), a.Batch.Seq.Add(4*a.First), 1
+		l.tables, l.maxBlocks, l.shift = a.Batch.Tables, a.Batch.MaxBlocks, shift
+	}
+	kv := a.KV
+	if kv == nil {
+		return l, nil
+	}
+	if kv.T < 0 || kv.T >= a.NTensors {
+		return l, fmt.Errorf("kernels: rope stores tensor %d of %d", kv.T, a.NTensors)
+	}
+	l.store, l.v = kv.T, kv.V
+	if a.Batch == nil {
+		if kv.Cache != nil || kv.KC == 0 || kv.VC == 0 {
+			return l, fmt.Errorf("kernels: rope at Pos0 stores to contiguous f16 caches KC and VC, not a paged Cache")
+		}
+		l.kc, l.vc, l.tables = kv.KC, kv.VC, 0
+		return l, nil
+	}
+	c := kv.Cache
+	if c == nil || kv.KC != 0 || kv.VC != 0 {
+		return l, fmt.Errorf("kernels: rope of a batch stores to its paged Cache, not KC and VC")
+	}
+	if err := c.check(); err != nil {
+		return l, fmt.Errorf("kernels: rope: %w", err)
+	}
+	if w := a.T[kv.T].Heads * a.HeadSize; w != c.Width {
+		return l, fmt.Errorf("kernels: rope stores rows of %d values into a cache of %d", w, c.Width)
+	}
+	if c.Type == KVQ8_0 && a.HeadSize%32 != 0 {
+		return l, fmt.Errorf("kernels: rope's q8_0 cache write needs heads of whole blocks of 32, not %d (use StoreKV)", a.HeadSize)
+	}
+	l.kc, l.vc, l.kvType = c.K, c.V, c.Type
+	return l, nil
 }
