@@ -8,7 +8,7 @@
 #     attention, a captured graph replayed at other positions and tables,
 #     GatherRows, and the contiguous launchers;
 #  2. the engine's op tests of the kernels whose parameters changed
-#     (runtime/gpu TestGPUOps: rope, kv_store, attention);
+#     (runtime/backend/cuda TestGPUOps: rope, kv_store, attention);
 #  3. BenchmarkKVDecode: one layer's decode attention at depth 4096 and
 #     16384, 1 and 8 sequences, Qwen3-14B's and Qwen3-30B-A3B's heads: the
 #     contiguous attn_dec ("old", one launch a sequence) against the paged
@@ -19,8 +19,8 @@
 # Without go on the GPU machine, build the test binaries elsewhere and pass
 # them (GPU_TEST may be left out: step 2 is then skipped):
 #   CGO_ENABLED=0 go test -c -o .carry/kernels.test ./cudadrv/kernels
-#   CGO_ENABLED=0 go test -c -o .carry/gpu.test ./runtime/gpu
-#   KERNELS_TEST=$PWD/.carry/kernels.test GPU_TEST=$PWD/.carry/gpu.test tools/bench/kvbatch.sh
+#   CGO_ENABLED=0 go test -c -o .carry/cuda.test ./runtime/backend/cuda
+#   KERNELS_TEST=$PWD/.carry/kernels.test GPU_TEST=$PWD/.carry/cuda.test tools/bench/kvbatch.sh
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -32,9 +32,9 @@ gt=${GPU_TEST:-}
 if [[ -z "$kt" ]]; then
 	command -v go >/dev/null || { echo "kvbatch.sh: no go: set KERNELS_TEST (see the header)" >&2; exit 1; }
 	(cd "$root" && CGO_ENABLED=0 go test -c -o "$tmp/kernels.test" ./cudadrv/kernels &&
-		CGO_ENABLED=0 go test -c -o "$tmp/gpu.test" ./runtime/gpu) || exit 1
+		CGO_ENABLED=0 go test -c -o "$tmp/cuda.test" ./runtime/backend/cuda) || exit 1
 	kt=$tmp/kernels.test
-	gt=${gt:-$tmp/gpu.test}
+	gt=${gt:-$tmp/cuda.test}
 fi
 touch "$tmp/summary"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true
@@ -55,10 +55,10 @@ tests() {
 tests "$tmp/kv.log" "TestKVBatch (cudadrv/kernels)" cudadrv/kernels "$kt" \
 	-test.run 'TestKVBatch|TestPlanDecodeKV|TestPlanAttention' -test.count 1
 if [[ -n "$gt" ]]; then
-	tests "$tmp/ops.log" "TestGPUOps rope, kv_store, attention (runtime/gpu)" runtime/gpu "$gt" \
+	tests "$tmp/ops.log" "TestGPUOps rope, kv_store, attention (runtime/backend/cuda)" runtime/backend/cuda "$gt" \
 		-test.run 'TestGPUOps/(rope|kv_store|attention)' -test.count 1
 else
-	echo "TestGPUOps (runtime/gpu): not run, no GPU_TEST" >>"$tmp/summary"
+	echo "TestGPUOps (runtime/backend/cuda): not run, no GPU_TEST" >>"$tmp/summary"
 fi
 (cd "$root/cudadrv/kernels" && "$kt" -test.run '^$' -test.bench 'BenchmarkKVDecode' -test.benchtime 100x) >"$tmp/bench.log" 2>&1
 grep -E '^(Benchmark|FAIL|panic|---)' "$tmp/bench.log" | sed 's/^/  /'

@@ -499,7 +499,7 @@ func (g *Exec) embedStep(op *ir.Op) (step, error) {
 	if err != nil {
 		return step{}, err
 	}
-	out, ids := g.bufs[op.Out], g.dIn.Add(4)
+	out, ids := g.bufs[op.Out], g.dIn.Add(4*g.inLay.tokens)
 	return step{run: func(s *cudadrv.Stream, n int) error {
 		return g.with(s, m, func() error { return g.w.GetRows(s, m, ids, n, out) })
 	}}, nil
@@ -524,12 +524,10 @@ func (g *Exec) swigluStep(op *ir.Op) step {
 
 func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 	a := op.Attn
-	kc, vc := g.kvK[op.Layer], g.kvV[op.Layer]
-	q, k, v, out := g.bufs[op.In], g.bufs[op.In2], g.bufs[op.In3], g.bufs[op.Out]
 	width := a.NKVHeads * a.HeadSize
-	pos0 := g.dIn
-	args := kernels.AttnArgs{Out: out, Q: q, K: kc, V: vc, Pos0: pos0,
-		NHeads: a.NHeads, NKV: a.NKVHeads, HeadSize: a.HeadSize, Scale: a.Scale}
+	cache := kernels.KVCache{K: g.kvK[op.Layer], V: g.kvV[op.Layer], Type: g.kvType, Width: width}
+	q, k, v, out := g.bufs[op.In], g.bufs[op.In2], g.bufs[op.In3], g.bufs[op.Out]
+	qRow := 4 * a.NHeads * a.HeadSize // bytes of a query (and an output) row
 	name := "attention"
 	if store {
 		name = "kv_store+attention"
@@ -542,21 +540,52 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 	}
 	return step{name: name, out: op.Out, link: link, run: func(s *cudadrv.Stream, n int) error {
 		if store {
-			if err := g.dev.attn.Store(s, kc, vc, k, v, width, pos0, n); err != nil {
+			if err := g.dev.attn.StoreKV(s, &kernels.StoreKVArgs{Cache: cache, Batch: &g.kvb, K: k, V: v, NTok: n}); err != nil {
 				return err
 			}
 		}
-		args := args // a copy per launch: the closure's stays unchanged
-		args.NTok = n
-		if n == 1 && g.attn.splits > 1 {
-			// Decode: split the positions across blocks. The split count
-			// covers the whole cache, so a captured graph fits any position.
-			args.Splits, args.Chunk, args.Part, args.ML = g.attn.splits, g.attn.chunk, g.attn.part, g.attn.ml
+		plan := &g.plan
+		q8 := link != nil && g.q8Ready(link.group, n)
+		// The epilogue writes the Q8_1 rows of its own launch: one launch
+		// must cover the step, else the rows are quantized afterwards.
+		one := (plan.decode == n && len(plan.chunks) == 0) || (plan.decode == 0 && len(plan.chunks) == 1)
+		if plan.decode > 0 {
+			d := plan.decode
+			args := kernels.DecodeKVArgs{Out: out, Q: q, Cache: cache, Batch: &g.kvb, NTok: d,
+				NHeads: a.NHeads, NKV: a.NKVHeads, HeadSize: a.HeadSize, Scale: a.Scale}
+			if splits, chunk := g.decodeSplits(d); splits > 1 {
+				args.Splits, args.Chunk, args.Part, args.ML = splits, chunk, g.attn.part, g.attn.ml
+			}
+			if q8 && one {
+				args.Q8 = g.act
+			}
+			if err := g.dev.attn.DecodeKV(s, &args); err != nil {
+				return err
+			}
 		}
-		if link != nil && g.q8Ready(link.group, n) {
-			args.Q8 = g.act
+		for _, c := range plan.chunks {
+			args := kernels.AttnArgs{Out: out.Add(c.lo * qRow), Q: q.Add(c.lo * qRow), Pos0: g.kvb.Pos.Add(4 * c.lo),
+				NTok: c.hi - c.lo, NHeads: a.NHeads, NKV: a.NKVHeads, HeadSize: a.HeadSize, Scale: a.Scale}
+			if c.first >= 0 { // the sequence's cells in order: the cache itself
+				args.K, args.V = cache.K.Add(c.first*2*width), cache.V.Add(c.first*2*width)
+			} else {
+				if err := g.dev.attn.GatherKV(s, &kernels.GatherKVArgs{Cache: cache, Batch: &g.kvb, Tok: c.hi - 1,
+					MaxLen: g.cfg.KV.Rows, K: g.gatherK, V: g.gatherV}); err != nil {
+					return err
+				}
+				args.K, args.V = g.gatherK, g.gatherV
+			}
+			if q8 && one {
+				args.Q8 = g.act
+			}
+			if err := g.dev.attn.Run(s, &args); err != nil {
+				return err
+			}
 		}
-		return g.dev.attn.Run(s, &args)
+		if q8 && !one {
+			return g.w.(preparedOps).Prepare(s, actQ8_1, out, n, a.NHeads*a.HeadSize, g.act)
+		}
+		return nil
 	}}
 }
 
@@ -644,7 +673,7 @@ func (g *Exec) ropeStep(i, hi int, kvStored map[int]bool) (step, int, error) {
 		}
 		ts, used = []ropeTensor{t}, 1
 	}
-	args := kernels.RopeArgs{NTensors: len(ts), HeadSize: ts[0].headSize, Pos0: g.dIn}
+	args := kernels.RopeArgs{NTensors: len(ts), HeadSize: ts[0].headSize, Batch: &g.kvb}
 	var name []string
 	for x, t := range ts {
 		args.T[x] = kernels.RopeTensor{X: g.bufs[t.buf], Heads: t.heads, NormW: g.vec(t.norm)}
@@ -665,8 +694,9 @@ func (g *Exec) ropeStep(i, hi int, kvStored map[int]bool) (step, int, error) {
 	if j := i + used; j < hi && ops[j].Kind == ir.OpAttention && ops[j].Output == ops[i].Output {
 		at := &ops[j]
 		for x, t := range ts {
-			if t.buf == at.In2 && t.heads*t.headSize == at.Attn.NKVHeads*at.Attn.HeadSize && t.buf != at.In3 {
-				args.KV = &kernels.RopeKV{T: x, V: g.bufs[at.In3], KC: g.kvK[at.Layer], VC: g.kvV[at.Layer]}
+			if t.buf == at.In2 && t.heads*t.headSize == at.Attn.NKVHeads*at.Attn.HeadSize && t.buf != at.In3 && (g.kvType == kernels.KVF16 || t.headSize%32 == 0) {
+				cache := &kernels.KVCache{K: g.kvK[at.Layer], V: g.kvV[at.Layer], Type: g.kvType, Width: at.Attn.NKVHeads * at.Attn.HeadSize}
+				args.KV = &kernels.RopeKV{T: x, V: g.bufs[at.In3], Cache: cache}
 				kvStored[j] = true
 				name = append(name, "kv_store")
 			}

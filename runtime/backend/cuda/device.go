@@ -165,14 +165,13 @@ func (d *Device) DeviceBytes(w *ir.Weight) int64 { return d.Weights(backend.Opti
 // layer with the host.
 func (d *Device) SplitsMoE() bool { return SplitsMoE(d.Weights(backend.Options{})) }
 
-// SupportsKV says whether the device's attention kernels read a KV cache
-// of type t.
-func (d *Device) SupportsKV(t kvcache.Type) bool { return t == kvcache.F16 }
+// SupportsKV says which cache types the attention kernels read: f16 and
+// q8_0 (ggml's blocks, as llama.cpp's -ctk q8_0).
+func (d *Device) SupportsKV(t kvcache.Type) bool { return t == kvcache.F16 || t == kvcache.Q8_0 }
 
-// MultiSequence says whether a step may hold several sequences (and
-// sequences whose cache blocks are out of order): not with this build's
-// attention kernels, which read one sequence's positions in order.
-func (d *Device) MultiSequence() bool { return false }
+// MultiSequence says whether a step may hold several sequences: the paged
+// kernels read every token's cells through its sequence's block table.
+func (d *Device) MultiSequence() bool { return true }
 
 // ContextBytes is the device memory of the CUDA context and kernel modules
 // (NVML, before ats allocated anything; 0 without NVML).

@@ -48,21 +48,28 @@ type Exec struct {
 	bytes int64             // the arena's size
 
 	bufs     []cudadrv.DevicePtr // by BufID: Batch rows (LogitRows for the logits), 0 if unused here
-	kvK, kvV []cudadrv.DevicePtr // by layer: the cache's rows of f16, 0 where attention runs on the CPU
-	in       *cudadrv.HostMem    // pinned: int32 pos0, then the batch's token ids
-	dIn      cudadrv.DevicePtr   // the same on the device
-	nTok     int                 // tokens of the current batch (Begin)
-	logits   *cudadrv.HostMem    // pinned: one row of logits
-	done     *cudadrv.HostMem    // mapped: Sync's word (nil: Sync waits in the driver)
-	doneSeq  uint32              // the last value Sync had the stream write
-	scratch  cudadrv.DevicePtr   // the weight ops' (quantized activations)
-	act      cudadrv.DevicePtr   // a group's input in the weight kernels' format
+	kvK, kvV []cudadrv.DevicePtr // by layer: the cache's rows (kvType), 0 where attention runs on the CPU
+	kvType   kernels.KVType
+	in       *cudadrv.HostMem  // pinned: the step's input (inputLayout)
+	dIn      cudadrv.DevicePtr // the same on the device
+	inLay    inputLayout
+	kvb      kernels.Batch // the step's positions, sequences and tables, on the device
+	nTok     int           // tokens of the current batch (Begin)
+	plan     stepPlan      // the current step's attention launches (Begin)
+	// gather is the prefill scratch: one sequence's keys and values in
+	// order, f16 ([kvRows][width] each), for the prefill kernels.
+	gatherK, gatherV cudadrv.DevicePtr
+	logits           *cudadrv.HostMem  // pinned: one row of logits
+	done             *cudadrv.HostMem  // mapped: Sync's word (nil: Sync waits in the driver)
+	doneSeq          uint32            // the last value Sync had the stream write
+	scratch          cudadrv.DevicePtr // the weight ops' (quantized activations)
+	act              cudadrv.DevicePtr // a group's input in the weight kernels' format
 
 	moe struct { // MoE intermediates, sized for the largest MoE op
 		probs, ids, weights, gate, up, down cudadrv.DevicePtr
 	}
 	attn struct { // split-K decode attention
-		splits, chunk int
+		splits, chunk int // for one decode row
 		part, ml      cudadrv.DevicePtr
 	}
 	st streamer
@@ -113,6 +120,10 @@ type bufSpec struct {
 // layout lists the arena's carves; New allocates them and Need sums
 // them. g's pointers are the destinations.
 func (g *Exec) layout(dev *Device, w WeightOps, p *ir.Program, cfg backend.ExecConfig) []bufSpec {
+	if cfg.LogitRows <= 0 || cfg.LogitRows > cfg.Batch {
+		cfg.LogitRows = cfg.Batch
+	}
+	g.cfg = cfg // decodeSplits reads it (Need lays out a throwaway Exec)
 	var specs []bufSpec
 	add := func(name string, bytes int64, dst *cudadrv.DevicePtr) {
 		if bytes > 0 {
@@ -139,10 +150,11 @@ func (g *Exec) layout(dev *Device, w WeightOps, p *ir.Program, cfg backend.ExecC
 			add("buffer "+b.Name, 4*rows*int64(b.Width), &g.bufs[i])
 		}
 	}
-	add("input", 4*(1+B), &g.dIn)
+	g.inLay = newInputLayout(cfg)
+	add("input", 4*int64(g.inLay.words), &g.dIn)
 	g.kvK = make([]cudadrv.DevicePtr, p.Hyper.NLayer)
 	g.kvV = make([]cudadrv.DevicePtr, p.Hyper.NLayer)
-	var scratch, act, probs, ids, slots, slotsOut int64
+	var scratch, act, probs, ids, slots, slotsOut, gatherBytes int64
 	kvSeen := map[int]bool{}
 	g.attn.splits = 0
 	// The weight kernels switch paths with the batch size (matrix-vector up
@@ -162,6 +174,7 @@ func (g *Exec) layout(dev *Device, w WeightOps, p *ir.Program, cfg backend.ExecC
 				kv := cfg.KV.Type.RowBytes(a.KVWidth()) * int64(cfg.KV.Rows)
 				add(fmt.Sprintf("layer %d keys", op.Layer), kv, &g.kvK[op.Layer])
 				add(fmt.Sprintf("layer %d values", op.Layer), kv, &g.kvV[op.Layer])
+				gatherBytes = max(gatherBytes, 2*int64(cfg.KV.Rows)*int64(a.KVWidth()))
 			}
 			splits, chunk := kernels.DecodeSplits(cfg.KV.Rows, a.NKVHeads, dev.info.Multiprocessors)
 			if splits > 1 && splits >= g.attn.splits {
@@ -208,12 +221,17 @@ func (g *Exec) layout(dev *Device, w WeightOps, p *ir.Program, cfg backend.ExecC
 	add("moe gate", 4*slots, &g.moe.gate)
 	add("moe up", 4*slots, &g.moe.up)
 	add("moe down", 4*slotsOut, &g.moe.down)
+	add("prefill gather, keys", gatherBytes, &g.gatherK)
+	add("prefill gather, values", gatherBytes, &g.gatherV)
 	if g.attn.splits > 1 {
 		var part, ml int
 		for i := range p.Ops {
 			if a := p.Ops[i].Attn; a != nil && runs(i) {
-				pb, mb := kernels.AttnScratch(1, a.NHeads, a.HeadSize, g.attn.splits)
-				part, ml = max(part, pb), max(ml, mb)
+				for n := 1; n <= cfg.LogitRows; n++ {
+					splits, _ := g.decodeSplits(n)
+					pb, mb := kernels.AttnScratch(n, a.NHeads, a.HeadSize, splits)
+					part, ml = max(part, pb), max(ml, mb)
+				}
 			}
 		}
 		add("attention partials", int64(part), &g.attn.part)
@@ -287,8 +305,15 @@ func (d *Device) newExec(p *ir.Program, cfg backend.ExecConfig, host backend.Hos
 	if cfg.KV.Rows >= 1<<31-1 {
 		return nil, fmt.Errorf("gpu: a cache of %d rows is too large", cfg.KV.Rows)
 	}
-	if cfg.KV.Type != kvcache.F16 && cfg.Runs != nil && hasAttention(p, cfg.Runs) {
+	if !d.SupportsKV(cfg.KV.Type) && cfg.Runs != nil && hasAttention(p, cfg.Runs) {
 		return nil, fmt.Errorf("gpu: a %s KV cache is not supported by this build's GPU attention", cfg.KV.Type)
+	}
+	if cfg.KV.Type == kvcache.Q8_0 && cfg.Runs != nil {
+		for i := range p.Ops {
+			if a := p.Ops[i].Attn; a != nil && cfg.Runs[i] && a.KVWidth()%32 != 0 {
+				return nil, fmt.Errorf("gpu: a q8_0 KV cache needs rows of whole blocks of 32 values; layer %d's are %d", p.Ops[i].Layer, a.KVWidth())
+			}
+		}
 	}
 	if cfg.LogitRows <= 0 || cfg.LogitRows > cfg.Batch {
 		cfg.LogitRows = cfg.Batch
@@ -321,7 +346,13 @@ func (d *Device) newExec(p *ir.Program, cfg backend.ExecConfig, host backend.Hos
 		*s.dst = g.arena.Add(int(off))
 		off += align(s.bytes)
 	}
-	if g.in, err = dev.ctx.HostAlloc(4*(1+cfg.Batch), cudadrv.HostAllocPortable); err != nil {
+	g.kvType = kernels.KVF16
+	if cfg.KV.Type == kvcache.Q8_0 {
+		g.kvType = kernels.KVQ8_0
+	}
+	g.kvb = kernels.Batch{Pos: g.dIn.Add(4 * g.inLay.pos), Seq: g.dIn.Add(4 * g.inLay.seq), Tables: g.dIn.Add(4 * g.inLay.tables),
+		MaxBlocks: g.inLay.maxBlocks, Block: kvcache.DefaultBlock}
+	if g.in, err = dev.ctx.HostAlloc(4*g.inLay.words, cudadrv.HostAllocPortable); err != nil {
 		return nil, fmt.Errorf("gpu: %w", err)
 	}
 	if g.logits, err = dev.ctx.HostAlloc(4*p.Hyper.NVocab, cudadrv.HostAllocPortable); err != nil {
@@ -459,9 +490,9 @@ func (g *Exec) Split() backend.SplitStats { return g.split.stats }
 // Segment is a compiled SegmentSpec.
 type Segment struct {
 	backend.SegmentSpec
-	first bool // uploads the batch's position and token ids
-	steps []step
-	graph *cudadrv.GraphExec // decode: captured on first use
+	first  bool // uploads the batch's position and token ids
+	steps  []step
+	graphs map[int]*cudadrv.GraphExec // decode steps, by rows: captured on first use
 	// graphable: nothing streams in the segment (a graph replays fixed
 	// pointers, and streaming needs the copy stream's events). A segment
 	// that streams replays a graph too in a batch that found its weights
@@ -602,8 +633,10 @@ func (g *Exec) splitSkips(spec backend.SegmentSpec) (map[*ir.Weight]int64, error
 func (sch *Schedule) Release() error {
 	var errs []error
 	for _, seg := range sch.Segs {
-		errs = append(errs, seg.graph.Destroy())
-		seg.graph = nil
+		for _, gr := range seg.graphs {
+			errs = append(errs, gr.Destroy())
+		}
+		seg.graphs = nil
 	}
 	return errors.Join(errs...)
 }
@@ -616,16 +649,13 @@ func (g *Exec) Begin(s backend.Schedule, b *ir.Batch) error {
 	if !ok {
 		return fmt.Errorf("gpu: a schedule of another backend (%T)", s)
 	}
-	if err := g.supported(b); err != nil {
-		return err
-	}
 	if b.Len() > g.cfg.Batch {
 		return fmt.Errorf("gpu: a step of %d tokens, the buffers hold %d", b.Len(), g.cfg.Batch)
 	}
+	if err := g.setInput(b); err != nil {
+		return err
+	}
 	g.batch = b
-	in := unsafe.Slice((*int32)(g.in.Pointer()), 1+g.cfg.Batch)
-	in[0] = b.Pos[0]
-	copy(in[1:], b.Tokens)
 	g.nTok = b.Len()
 	if g.measure {
 		g.nMarks = 0
@@ -636,25 +666,11 @@ func (g *Exec) Begin(s backend.Schedule, b *ir.Batch) error {
 	return g.streamBegin(sch)
 }
 
-// supported says whether the GPU's attention kernels take batch b: one
-// sequence whose positions lie in the cache rows of the same number.
-func (g *Exec) supported(b *ir.Batch) error {
-	if len(b.Tables) != 1 {
-		return fmt.Errorf("gpu: a step of %d sequences; this build's GPU attention takes one at a time", len(b.Tables))
-	}
-	last := int(b.Pos[b.Len()-1])
-	for k := 0; k*b.Block <= last; k++ {
-		if int(b.Tables[0][k]) != k {
-			return fmt.Errorf("gpu: the sequence's cache blocks are not in order (block %d at %d); this build's GPU attention reads them in order", k, b.Tables[0][k])
-		}
-	}
-	return nil
-}
-
 // Run queues segment seg of the step at rows rows and returns the rows it
 // leaves: the output head, when the segment has it, computes the batch's
 // logits rows only (none for a chunk whose logits nobody reads). A decode
-// step of one token replays the segment's graph.
+// step (one token of each of its sequences, every logit wanted) replays
+// the segment's graph for its number of rows.
 func (g *Exec) Run(s backend.Segment, rows int) (int, error) {
 	seg, ok := s.(*Segment)
 	if !ok {
@@ -671,16 +687,23 @@ func (g *Exec) run(seg *Segment, rows int) (int, error) {
 		defer func() { _ = g.mark() }()
 		g.ran = append(g.ran, seg)
 	}
-	if rows == 1 && g.batch.Len() == 1 && len(g.batch.Logits) == 1 && !g.batch.Hidden && (seg.graphable || g.st.kept) && g.prof == nil && g.routeInspector == nil && !g.cfg.Options.NoGraphs {
-		if seg.graph == nil {
-			if err := g.capture(seg); err != nil {
+	b := g.batch
+	if b.Decode() && b.AllLogits() && !b.Hidden && rows == b.Len() && (seg.graphable || g.st.kept) && g.prof == nil && g.routeInspector == nil && !g.cfg.Options.NoGraphs {
+		graph := seg.graphs[rows]
+		if graph == nil {
+			var err error
+			if graph, err = g.capture(seg, rows); err != nil {
 				return 0, err
 			}
+			if seg.graphs == nil {
+				seg.graphs = map[int]*cudadrv.GraphExec{}
+			}
+			seg.graphs[rows] = graph
 		}
-		if err := seg.graph.Launch(g.s); err != nil {
-			return 0, fmt.Errorf("gpu: decode graph of ops %d-%d: %w", seg.Lo, seg.Hi, err)
+		if err := graph.Launch(g.s); err != nil {
+			return 0, fmt.Errorf("gpu: decode graph of ops %d-%d, %d rows: %w", seg.Lo, seg.Hi, rows, err)
 		}
-		return 1, nil
+		return rows, nil
 	}
 	start := time.Now()
 	rows, err := g.queue(seg, rows)
@@ -805,8 +828,12 @@ func (g *Exec) queue(seg *Segment, rows int) (int, error) {
 		}
 	}
 	if seg.first {
-		if err := s.CopyHtoD(g.dIn, g.in.Bytes()[:4*(1+g.nTok)]); err != nil {
+		head, tables := g.inputBytes(len(g.batch.Tables))
+		if err := s.CopyHtoD(g.dIn, head); err != nil {
 			return 0, fmt.Errorf("gpu: input: %w", err)
+		}
+		if err := s.CopyHtoD(g.dIn.Add(4*g.inLay.tables), tables); err != nil {
+			return 0, fmt.Errorf("gpu: KV tables: %w", err)
 		}
 	}
 	for _, t := range seg.In {
@@ -866,33 +893,35 @@ func (g *Exec) queue(seg *Segment, rows int) (int, error) {
 	return rows, nil
 }
 
-// capture records a decode segment (one row, its logits) into seg.graph.
-func (g *Exec) capture(seg *Segment) error {
+// capture records a decode segment of rows rows (every row's logits) into
+// a graph.
+func (g *Exec) capture(seg *Segment, rows int) (*cudadrv.GraphExec, error) {
 	moe := false
 	for i := range g.prog.Ops {
 		moe = moe || g.prog.Ops[i].Kind == ir.OpMoE
 	}
 	if err := g.dev.loadModules(moe); err != nil {
-		return fmt.Errorf("gpu: %w", err)
+		return nil, fmt.Errorf("gpu: %w", err)
 	}
 	// A kept batch's streamed weights are in place: the capture leaves out
 	// the waits for their uploads and the marks that free their regions
 	// (the next batch that streams begins after this one has synchronised).
 	g.capturing = true
 	graph, err := g.s.Capture(cudadrv.CaptureRelaxed, func() error {
-		_, err := g.queue(seg, 1)
+		_, err := g.queue(seg, rows)
 		return err
 	})
 	g.capturing = false
 	g.captures++
 	if err != nil {
-		return fmt.Errorf("gpu: capturing the decode segment of ops %d-%d: %w", seg.Lo, seg.Hi, err)
+		return nil, fmt.Errorf("gpu: capturing the decode segment of ops %d-%d, %d rows: %w", seg.Lo, seg.Hi, rows, err)
 	}
 	defer graph.Destroy()
-	if seg.graph, err = graph.Instantiate(0); err != nil {
-		return fmt.Errorf("gpu: %w", err)
+	exec, err := graph.Instantiate(0)
+	if err != nil {
+		return nil, fmt.Errorf("gpu: %w", err)
 	}
-	return nil
+	return exec, nil
 }
 
 // streamer moves non-resident weights through the staging ring, a byte
@@ -1058,7 +1087,7 @@ func (g *Exec) streamIssue() error {
 		}
 		st.issued++
 	}
-	if st.issued < len(st.order) || g.nTok != 1 || st.sch.fits || !st.prefetch {
+	if st.issued < len(st.order) || !g.batch.Decode() || st.sch.fits || !st.prefetch {
 		return nil
 	}
 	// The next batch's weights whose regions this batch has done with,

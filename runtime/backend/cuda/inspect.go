@@ -50,7 +50,7 @@ func (g *Exec) inspectRoute(s *cudadrv.Stream, op *ir.Op, n int) error {
 	}
 	ne, k := matOf(op.W, 0).Rows, op.TopK
 	r := RouteRecord{Layer: op.Layer, NTok: n, NExpert: ne, TopK: k,
-		Pos0:    int(*(*int32)(g.in.Pointer())),
+		Pos0:    int(g.batch.Pos[0]),
 		Logits:  make([]float32, n*ne),
 		IDs:     make([]int32, n*k),
 		Weights: make([]float32, n*k)}
