@@ -32,6 +32,13 @@ type GenerateOptions struct {
 	// bias and any constraint), for log-probabilities. The slice is only
 	// valid during the call.
 	OnLogits func(token int, logits []float32)
+	// OnPrompt, when set, is called as the prompt's evaluation advances:
+	// done of total prompt tokens are in the cache (those reused from an
+	// earlier request count at once), on the caller's goroutine.
+	OnPrompt func(done, total int)
+	// IgnoreEOS keeps generating past the end of the turn: the end tokens
+	// are never drawn (llama.cpp's ignore_eos, for benchmarks).
+	IgnoreEOS bool
 }
 
 // TokenConstraint decides which tokens may come next
@@ -100,6 +107,9 @@ type Generation struct {
 	start       time.Time
 	decodeStart time.Time
 	finished    bool
+	// noEOG allows every token but the end ones (IgnoreEOS); allowed is
+	// its intersection with a constraint's set.
+	noEOG, allowed []uint64
 }
 
 // NewGeneration starts decoding after prompt (whose first cached tokens'
@@ -113,8 +123,17 @@ func NewGeneration(tok *tokenizer.Tokenizer, nvocab int, prompt []int, cached in
 	for _, t := range prompt {
 		smp.Accept(t) // penalties see the prompt too, as llama.cpp's do
 	}
-	return &Generation{opt: opt, tok: tok, smp: smp, stream: tok.NewStream(opt.Special), stops: sampler.NewStopMatcher(opt.Stop),
-		res: &GenerateResult{PromptTokens: len(prompt), CachedTokens: cached, Seed: smp.Seed()}, start: start}, nil
+	g := &Generation{opt: opt, tok: tok, smp: smp, stream: tok.NewStream(opt.Special), stops: sampler.NewStopMatcher(opt.Stop),
+		res: &GenerateResult{PromptTokens: len(prompt), CachedTokens: cached, Seed: smp.Seed()}, start: start}
+	if opt.IgnoreEOS {
+		g.noEOG = make([]uint64, (nvocab+63)/64)
+		for t := range nvocab {
+			if !tok.IsEOG(t) {
+				g.noEOG[t/64] |= 1 << (t % 64)
+			}
+		}
+	}
+	return g, nil
 }
 
 // Prefilled marks the end of the prompt's evaluation (its first logits are
@@ -153,6 +172,17 @@ func (g *Generation) Take(logits []float32, room int) (next int, done bool, err 
 	if g.opt.Constraint != nil {
 		if allowed, err = g.opt.Constraint.Allowed(); err != nil {
 			return 0, true, fmt.Errorf("constrained decoding: %w", err)
+		}
+	}
+	if g.noEOG != nil {
+		if allowed == nil {
+			allowed = g.noEOG
+		} else {
+			g.allowed = append(g.allowed[:0], allowed...)
+			for i := range g.allowed {
+				g.allowed[i] &= g.noEOG[i]
+			}
+			allowed = g.allowed
 		}
 	}
 	tok, err := g.smp.SampleMasked(logits, allowed)
@@ -243,7 +273,14 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opt GenerateOption
 	if err != nil {
 		return nil, err
 	}
-	logits, err := s.evalCancellable(ctx, prompt[keep:])
+	if opt.OnPrompt != nil {
+		opt.OnPrompt(keep, len(prompt))
+	}
+	logits, err := s.evalCancellable(ctx, prompt[keep:], func(done int) {
+		if opt.OnPrompt != nil {
+			opt.OnPrompt(keep+done, len(prompt))
+		}
+	})
 	if err != nil {
 		return g.res, err
 	}
@@ -268,8 +305,8 @@ func (s *Session) Generate(ctx context.Context, prompt []int, opt GenerateOption
 }
 
 // evalCancellable evaluates tokens in slices so a cancelled request stops
-// between batches of a long prompt.
-func (s *Session) evalCancellable(ctx context.Context, tokens []int) ([]float32, error) {
+// between batches of a long prompt; progress hears of each slice.
+func (s *Session) evalCancellable(ctx context.Context, tokens []int, progress func(done int)) ([]float32, error) {
 	var logits []float32
 	step := s.Ctx.Batch()
 	for i := 0; i < len(tokens); i += step {
@@ -282,6 +319,7 @@ func (s *Session) evalCancellable(ctx context.Context, tokens []int) ([]float32,
 			return nil, err
 		}
 		logits = l
+		progress(i + len(chunk))
 	}
 	return logits, nil
 }

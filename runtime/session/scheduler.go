@@ -38,6 +38,7 @@ type Scheduler struct {
 	wake    chan struct{}
 	slots   []*slot
 	waiting []*request
+	tasks   []*task // Do's, run between steps
 	closed  bool
 	exited  chan struct{}
 	step    uint64
@@ -81,8 +82,10 @@ type request struct {
 	todo   []int // prompt tokens still to evaluate
 	next   int   // the token to evaluate next, when decoding
 	start  time.Time
-	// prefilled and generated count for Slots.
+	// prefilled and generated count for Slots (and OnPrompt, once
+	// admitted: the request has a slot).
 	prefilled, generated atomic.Int64
+	admitted             atomic.Bool
 
 	// Delivery to the caller's goroutine: what the step produced since
 	// the caller last looked.
@@ -179,8 +182,9 @@ func (s *Scheduler) Generate(ctx context.Context, prompt []int, opt GenerateOpti
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	onText, onToken := opt.OnText, opt.OnToken
+	onText, onToken, onPrompt := opt.OnText, opt.OnToken, opt.OnPrompt
 	r := &request{ctx: ctx, prompt: prompt, opt: opt, start: start, signal: make(chan struct{}, 1)}
+	r.opt.OnPrompt = nil // delivered from r.prefilled below
 	// The step produces; the caller's goroutine delivers, so a slow client
 	// never holds the others' steps.
 	r.opt.OnText = func(piece string) error {
@@ -205,12 +209,17 @@ func (s *Scheduler) Generate(ctx context.Context, prompt []int, opt GenerateOpti
 	s.mu.Unlock()
 	s.poke()
 	var deliverErr error
+	told := -1 // prompt tokens OnPrompt last heard of
 	for {
 		<-r.signal
 		r.mu.Lock()
 		texts, toks, done := r.texts, r.toks, r.done
 		r.texts, r.toks = nil, nil
 		r.mu.Unlock()
+		if n := int(r.prefilled.Load()); onPrompt != nil && r.admitted.Load() && n != told && deliverErr == nil {
+			onPrompt(n, len(prompt))
+			told = n
+		}
 		for _, t := range toks {
 			if onToken != nil && deliverErr == nil {
 				onToken(t)
@@ -248,6 +257,69 @@ func (r *request) finish(res *GenerateResult, err error) {
 	r.notify()
 }
 
+// task is a Do call: f runs on the scheduler's goroutine between steps.
+type task struct {
+	ctx  context.Context
+	f    func(*Engine) error
+	err  error
+	done chan struct{}
+}
+
+// Do runs f with the engine to itself, between two steps of the running
+// requests (embeddings, which evaluate sequences of their own). It waits
+// for its turn unless ctx ends first.
+func (s *Scheduler) Do(ctx context.Context, f func(*Engine) error) error {
+	t := &task{ctx: ctx, f: f, done: make(chan struct{})}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	s.tasks = append(s.tasks, t)
+	s.mu.Unlock()
+	s.poke()
+	select {
+	case <-t.done:
+		return t.err
+	case <-ctx.Done():
+	}
+	s.mu.Lock()
+	if i := slices.Index(s.tasks, t); i >= 0 { // not started: it never will
+		s.tasks = slices.Delete(s.tasks, i, i+1)
+		s.mu.Unlock()
+		return ctx.Err()
+	}
+	s.mu.Unlock()
+	<-t.done
+	return t.err
+}
+
+// runTasks runs the Do calls waiting; it returns false when there were none.
+func (s *Scheduler) runTasks() bool {
+	s.mu.Lock()
+	tasks := s.tasks
+	s.tasks = nil
+	s.mu.Unlock()
+	for _, t := range tasks {
+		if t.err = t.ctx.Err(); t.err == nil {
+			t.err = runTask(t.f, s.e)
+		}
+		close(t.done)
+	}
+	return len(tasks) > 0
+}
+
+// runTask runs f, its panic an error: the requests of the other slots
+// must not go down with it.
+func runTask(f func(*Engine) error, e *Engine) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("scheduler task: panic: %v", r)
+		}
+	}()
+	return f(e)
+}
+
 // loop runs steps while there is work, and sleeps otherwise.
 func (s *Scheduler) loop() {
 	defer close(s.exited)
@@ -259,7 +331,8 @@ func (s *Scheduler) loop() {
 			s.shutdown()
 			return
 		}
-		if !s.runStep() {
+		ran := s.runTasks()
+		if !s.runStep() && !ran {
 			<-s.wake
 		}
 	}
@@ -273,6 +346,14 @@ func (s *Scheduler) shutdown() {
 	s.mu.Unlock()
 	for _, r := range waiting {
 		r.finish(nil, ErrClosed)
+	}
+	s.mu.Lock()
+	tasks := s.tasks
+	s.tasks = nil
+	s.mu.Unlock()
+	for _, t := range tasks {
+		t.err = ErrClosed
+		close(t.done)
 	}
 	for _, sl := range s.slots {
 		if r := sl.req; r != nil {
@@ -346,6 +427,8 @@ func (s *Scheduler) start(sl *slot, r *request) {
 	r.todo = r.prompt[keep:]
 	r.prefilled.Store(int64(keep))
 	sl.cached.Store(int64(keep))
+	r.admitted.Store(true)
+	r.notify()
 }
 
 // end finishes the request on its slot, which keeps the sequence.
@@ -505,6 +588,7 @@ func (s *Scheduler) runRows(rows []row, observe func(StepInfo)) {
 		if rw.prompt {
 			r.todo = r.todo[rw.hi-rw.lo:]
 			r.prefilled.Store(int64(len(r.prompt) - len(r.todo)))
+			r.notify()
 			if !rw.last {
 				continue
 			}

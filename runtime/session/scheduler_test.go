@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -299,4 +300,98 @@ func TestSchedulerMatchesAloneGPU(t *testing.T) {
 			}
 		})
 	}
+}
+
+// allowOnly is a constraint that allows a fixed set of tokens forever.
+type allowOnly struct{ mask []uint64 }
+
+func (a *allowOnly) Allowed() ([]uint64, error) { return a.mask, nil }
+func (a *allowOnly) Accept(int) error           { return nil }
+
+// TestSchedulerOptions: OnPrompt hears of the prompt's evaluation up to
+// its end, IgnoreEOS never draws an end token (here the only other token
+// a constraint allows), and Do runs between steps while requests run.
+func TestSchedulerOptions(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	nv := m.Hyper().NVocab
+	e, err := NewEngine(m, Options{CtxSize: 1024, Threads: 2, Batch: 16})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	tok, err := LoadTokenizer(m, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eog := -1
+	for id := range nv {
+		if tok.IsEOG(id) {
+			eog = id
+			break
+		}
+	}
+	if eog < 0 {
+		t.Fatal("no end-of-generation token")
+	}
+	sched := NewScheduler(e, tok, 2)
+	defer sched.Close()
+	prompt := schedPrompts(nv, 1)[0]
+	prompt = append(prompt, prompt...) // more than two steps' chunks of 16
+
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		var progress [][2]int
+		res, err := sched.Generate(context.Background(), prompt, GenerateOptions{Sampler: greedyConfig(), MaxTokens: 4,
+			OnPrompt: func(done, total int) { progress = append(progress, [2]int{done, total}) }})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if len(progress) < 2 || progress[len(progress)-1] != [2]int{len(prompt), len(prompt)} {
+			t.Errorf("prompt progress %v for %d tokens", progress, len(prompt))
+		}
+		for k := 1; k < len(progress); k++ {
+			if progress[k][0] <= progress[k-1][0] {
+				t.Errorf("prompt progress goes back: %v", progress)
+			}
+		}
+		if res.Prefill <= 0 {
+			t.Errorf("prefill time %v", res.Prefill)
+		}
+	})
+	wg.Go(func() {
+		other := 1 + (eog+1)%(nv-1)
+		mask := make([]uint64, (nv+63)/64)
+		mask[eog/64] |= 1 << (eog % 64)
+		mask[other/64] |= 1 << (other % 64)
+		res, err := sched.Generate(context.Background(), []int{1, 2, 3}, GenerateOptions{Sampler: greedyConfig(), MaxTokens: 6,
+			IgnoreEOS: true, Constraint: &allowOnly{mask}})
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		if len(res.Tokens) != 6 || res.StopReason != StopLength || slices.Contains(res.Tokens, eog) {
+			t.Errorf("ignore_eos: tokens %v, stop %q (end token %d)", res.Tokens, res.StopReason, eog)
+		}
+	})
+	wg.Go(func() {
+		err := sched.Do(context.Background(), func(e *Engine) error {
+			seq := e.Ctx.KV().NewSeq()
+			defer seq.Close()
+			_, err := e.Eval(seq, []int{5, 6, 7}, false)
+			return err
+		})
+		if err != nil {
+			t.Errorf("Do: %v", err)
+		}
+		if err := sched.Do(context.Background(), func(*Engine) error { panic("boom") }); err == nil || !strings.Contains(err.Error(), "boom") {
+			t.Errorf("a task's panic: %v", err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if err := sched.Do(ctx, func(*Engine) error { return nil }); !errors.Is(err, context.Canceled) {
+			t.Errorf("Do with a cancelled context: %v", err)
+		}
+	})
+	wg.Wait()
 }
