@@ -15,6 +15,7 @@ func TestLlamaFlagsAsTyped(t *testing.T) {
 	base := []string{"run", m, "--raw", "-p", "hello", "-n", "2", "-t", "2", "--print-tokens"}
 	for _, extra := range [][]string{
 		{"-fa"}, {"-fa", "on"}, {"--flash-attn", "auto"}, {"--jinja"}, {"-ub", "256"}, {"-dev", "none"}, {"-ngl", "0"},
+		{"-ctk", "f16", "-ctv", "f16"}, {"-ctk", "f32"},
 	} {
 		if _, stderr, err := runATSIn(t, "", append(base, extra...)...); err != nil {
 			t.Errorf("%v: %v\n%s", extra, err, stderr)
@@ -24,8 +25,9 @@ func TestLlamaFlagsAsTyped(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"-np", "4"}, "unknown flag -np (--parallel): ats serves one request at a time"},
-		{[]string{"-ctk", "q8_0"}, "unknown flag -ctk (--cache-type-k)"},
+		{[]string{"-np", "4"}, "unknown flag -np (--parallel): only ats serve runs several requests at once"},
+		{[]string{"-ctk", "q8_0", "-ctv", "f16"}, "--cache-type-k q8_0 and --cache-type-v f16 differ"},
+		{[]string{"-ctk", "q5_1"}, `--cache-type-k: KV cache type "q5_1": want one of`},
 		{[]string{"-sm", "row"}, "unknown flag -sm (--split-mode)"},
 		{[]string{"--nosuch"}, "unknown flag --nosuch; see ats run --help"},
 		{[]string{"-dev", "Vulkan0"}, "ats runs on none (the CPU) or CUDA0"},

@@ -33,8 +33,9 @@ func registerCompletions(c *cobra.Command) {
 		"layout": func(*cobra.Command, []string, string) ([]string, cobra.ShellCompDirective) {
 			return synth.Layouts(), cobra.ShellCompDirectiveNoFileComp
 		},
-		"vocab":   gguf,
-		"kv-type": values("f16", "f32"),
+		"vocab":        gguf,
+		"cache-type-k": values("f16", "q8_0", "q4_0", "f32"),
+		"cache-type-v": values("f16", "q8_0", "q4_0", "f32"),
 	}
 	if c.Name() == "synth" {
 		comps["output"] = gguf

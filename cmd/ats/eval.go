@@ -13,7 +13,6 @@ import (
 
 	"github.com/atsinfer/ats/ops"
 	"github.com/atsinfer/ats/runtime/executor"
-	"github.com/atsinfer/ats/runtime/kvcache"
 	"github.com/atsinfer/ats/runtime/model"
 	"github.com/atsinfer/ats/runtime/session"
 )
@@ -46,9 +45,9 @@ func parseTokens(s string) ([]int, error) {
 func init() {
 	register(func() *cobra.Command {
 		var (
-			modelPath, tokens, out, kvType string
-			pf                             placementFlags
-			nGen, threads, ctxSize         int
+			modelPath, tokens, out string
+			pf                     placementFlags
+			nGen, threads, ctxSize int
 		)
 		cmd := &cobra.Command{
 			Use:   "eval MODEL --tokens 1,2,3 [--n-gen N] [--logits-json OUT]",
@@ -73,11 +72,6 @@ ats's numerics are checked against llama.cpp's.`,
 				if err := pf.apply(&opt, cmd.ErrOrStderr()); err != nil {
 					return fmt.Errorf("eval: %w", err)
 				}
-				kt, err := kvcache.ParseType(kvType)
-				if err != nil {
-					return fmt.Errorf("eval: --kv-type: %w", err)
-				}
-				opt.KVType = kt
 				m, err := model.Open(modelPath)
 				if err != nil {
 					return err
@@ -149,7 +143,6 @@ ats's numerics are checked against llama.cpp's.`,
 		pf.register(f)
 		f.IntVarP(&threads, "threads", "t", 0, "CPU threads (0: all cores)")
 		f.IntVarP(&ctxSize, "ctx-size", "c", 0, "context size in tokens (0: enough for the prompt and n-gen)")
-		f.StringVar(&kvType, "kv-type", "f16", "KV cache type: f16, q8_0, q4_0 or f32")
 		return cmd
 	})
 }

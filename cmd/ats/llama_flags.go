@@ -18,10 +18,8 @@ import (
 // flagError, which names the flag as it was typed and says what ats does
 // instead (llamaHints).
 //
-// A flag that ats gains later needs no change here: -np, -ctk and -ctv
-// already become --parallel, --cache-type-k and --cache-type-v, so adding
-// those flags to a command makes them work (and their llamaHints entries
-// should go).
+// A flag that ats gains later needs no change here: adding its long name
+// to a command makes the llama.cpp spelling work there.
 
 // llamaFlag is one of llama.cpp's spellings.
 type llamaFlag struct {
@@ -63,10 +61,8 @@ var llamaFlags = []llamaFlag{
 // llamaHints say what ats does instead of a llama.cpp flag it does not
 // have, by the flag's long name.
 var llamaHints = map[string]string{
-	"--parallel":        "ats serves one request at a time (up to --queue wait); parallel slots are not there yet",
-	"--cache-type-k":    "ats keeps the KV cache in F16 (eval has --kv-type); quantized caches are not there yet",
-	"--cache-type-v":    "ats keeps the KV cache in F16 (eval has --kv-type); quantized caches are not there yet",
-	"--cont-batching":   "ats serves one request at a time",
+	"--parallel":        "only ats serve runs several requests at once (ats serve --parallel N)",
+	"--cont-batching":   "only ats serve batches requests, always (--parallel)",
 	"--split-mode":      "ats places every tensor by measurement: see --vram-budget and ats plan",
 	"--tensor-split":    "ats uses one GPU and places every tensor by measurement: see --vram-budget",
 	"--main-gpu":        "ats uses the first GPU",
@@ -201,7 +197,7 @@ var placeholders = map[string]string{
 	"gpu": "NAME", "gpu-vram": "SIZE", "link-gbps": "GB/s", "pooling": "POOLING", "history": "FILE",
 	"seed": "N", "top-k": "K", "temp": "T", "top-p": "P", "min-p": "P", "repeat-penalty": "X", "repeat-last-n": "N",
 	"presence-penalty": "X", "frequency-penalty": "X", "shutdown-grace": "DURATION", "name": "NAME", "sha256": "HEX",
-	"output": "FILE", "preset": "PRESET", "layout": "LAYOUT", "tokens": "IDS", "logits-json": "FILE", "kv-type": "TYPE",
+	"output": "FILE", "preset": "PRESET", "layout": "LAYOUT", "tokens": "IDS", "logits-json": "FILE", "cache-type-k": "TYPE", "cache-type-v": "TYPE",
 }
 
 // setPlaceholders gives every non-boolean flag under c a placeholder in

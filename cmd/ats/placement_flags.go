@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/atsinfer/ats/runtime/executor"
+	"github.com/atsinfer/ats/runtime/kvcache"
 	"github.com/atsinfer/ats/runtime/placement"
 	"github.com/atsinfer/ats/runtime/session"
 	"github.com/schollz/progressbar/v3"
@@ -28,9 +30,13 @@ type placementFlags struct {
 	planFor   string
 	dynamic   bool
 	trace     string
+	// cacheK and cacheV are the KV cache's types (llama.cpp's -ctk, -ctv).
+	cacheK, cacheV string
+	flags          *pflag.FlagSet // register's: which flags were given
 }
 
 func (p *placementFlags) register(f *pflag.FlagSet) {
+	p.flags = f
 	f.StringVar(&p.backend, "backend", executor.BackendAuto,
 		"cpu, gpu (every op on the GPU) or auto (the GPU when usable: the whole model when it fits --vram-budget, else a measured CPU+GPU placement)")
 	f.StringVar(&p.budget, "vram-budget", "",
@@ -39,6 +45,35 @@ func (p *placementFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&p.planFor, "plan-for", "decode", "what the placement is optimised for: decode or prefill")
 	f.BoolVar(&p.dynamic, "dynamic", true, "promote CPU tensors to the GPU for each decode step as the machine's load allows (false: the static placement only)")
 	f.StringVar(&p.trace, "trace", "", "write a Chrome/Perfetto trace of the CPU work, the GPU compute stream and the copy stream of every batch to this file")
+	f.StringVar(&p.cacheK, "cache-type-k", "f16", "KV cache type of the keys: f16, q8_0, q4_0 (CPU attention only) or f32 (CPU only); the values take the same")
+	f.StringVar(&p.cacheV, "cache-type-v", "f16", "KV cache type of the values: as --cache-type-k, which it must equal")
+}
+
+// kvType is the cache type the two flags name: ats keeps keys and values
+// in one type, so they must agree; one given alone sets both, and alone
+// says so.
+func (p *placementFlags) kvType() (t kvcache.Type, alone string, err error) {
+	k, v := cmp.Or(p.cacheK, "f16"), cmp.Or(p.cacheV, "f16")
+	if p.flags != nil {
+		switch kSet, vSet := p.flags.Changed("cache-type-k"), p.flags.Changed("cache-type-v"); {
+		case kSet && !vSet:
+			v, alone = k, "--cache-type-k"
+		case vSet && !kSet:
+			k, alone = v, "--cache-type-v"
+		}
+	}
+	tk, err := kvcache.ParseType(k)
+	if err != nil {
+		return 0, "", fmt.Errorf("--cache-type-k: %w", err)
+	}
+	tv, err := kvcache.ParseType(v)
+	if err != nil {
+		return 0, "", fmt.Errorf("--cache-type-v: %w", err)
+	}
+	if tk != tv {
+		return 0, "", fmt.Errorf("--cache-type-k %s and --cache-type-v %s differ: ats keeps keys and values in one type; give one of them, or both the same", tk, tv)
+	}
+	return tk, alone, nil
 }
 
 // apply sets the placement fields of o, the environment's switches, the
@@ -58,6 +93,14 @@ func (p *placementFlags) apply(o *session.Options, stderr io.Writer) error {
 		return fmt.Errorf("--backend %q: want cpu, gpu or auto", p.backend)
 	}
 	o.Backend = p.backend
+	kt, alone, err := p.kvType()
+	if err != nil {
+		return err
+	}
+	if alone != "" && kt != kvcache.F16 {
+		o.Notes.Note(fmt.Sprintf("%s %s: the keys and the values both take %s (ats keeps them in one type)", alone, kt, kt))
+	}
+	o.KVType = kt
 	switch p.planFor {
 	case "decode", "prefill":
 		o.PlanFor = p.planFor

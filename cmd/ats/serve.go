@@ -31,6 +31,7 @@ func init() {
 			pooling                        string
 			corsOrigins                    string
 			port, ctxSize, thrds, queue    int
+			parallel                       int
 			pf                             placementFlags
 			grace                          time.Duration
 			verbose, pprof                 bool
@@ -46,11 +47,15 @@ POST /detokenize and GET /props, and a web UI at / (chat, and a machine
 page with the placement map and live figures).
 
 The port is taken before the model loads; until it is ready, /health
-answers 503 {"status": "loading"}. Requests take turns on the model; up to
---queue of them wait while one is generated (their prompts are rendered and
-tokenized only once admitted), and more get 503. A request that continues the previous
-conversation reuses its KV cache. The sampling flags set the defaults for
-requests that leave a setting out.
+answers 503 {"status": "loading"}. Up to --parallel requests run at once:
+every step computes one token of each request that is generating and a
+chunk of the prompts that wait, so each weight is read once for all of
+them. Up to --queue more wait for a slot (their prompts are rendered and
+tokenized only once admitted); beyond that, 503. The slots share one KV
+cache of --ctx-size positions; a request that continues an earlier
+conversation, or shares its beginning with another request (a system
+prompt), reuses its cache. GET /slots shows each slot. The sampling flags
+set the defaults for requests that leave a setting out.
 
 Beyond loopback, set --api-key (or $ATS_API_KEY): clients then send
 "Authorization: Bearer KEY". Web pages of other origins may call the API
@@ -102,7 +107,10 @@ once.`,
 				if alias == "" {
 					alias = strings.TrimSuffix(filepath.Base(modelPath), ".gguf")
 				}
-				scfg := server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: nvmlStats, PProf: pprof, CORS: cors,
+				if parallel < 1 || parallel > server.MaxParallel {
+					return fmt.Errorf("serve: --parallel %d: want 1 to %d", parallel, server.MaxParallel)
+				}
+				scfg := server.Config{ModelName: alias, APIKey: apiKey, Parallel: parallel, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: nvmlStats, PProf: pprof, CORS: cors,
 					Embeddings: embeddings, Pooling: pooling}
 				starting := server.Listen(ln, scfg)
 				url, remote := serveURLs(ln.Addr())
@@ -150,8 +158,8 @@ once.`,
 				if remote != "" {
 					remote = "; on every interface, " + remote + " from other machines"
 				}
-				fmt.Fprintf(stderr, "ats: serving on %s (OpenAI API at %s/v1%s; tool calls: %s; queue %d)\n",
-					url, url, remote, srv.ToolFormat(), queue)
+				fmt.Fprintf(stderr, "ats: serving on %s (OpenAI API at %s/v1%s; tool calls: %s; %d slots, queue %d)\n",
+					url, url, remote, srv.ToolFormat(), parallel, queue)
 				served := starting.Served()
 				select {
 				case err := <-served:
@@ -186,10 +194,14 @@ once.`,
 		f.BoolVar(&embeddings, "embeddings", false, "serve /v1/embeddings and ollama's /api/embed (llama-server's --embeddings)")
 		f.StringVar(&pooling, "pooling", "", "how an embedding pools its tokens: mean, cls or last (default: what the model file says, else last)")
 		f.StringVar(&corsOrigins, "cors", server.DefaultCORS, "origins whose web pages may call the API from a browser: comma-separated origins (https://app.example.com), localhost (any port), * (all) or none")
-		f.IntVarP(&ctxSize, "ctx-size", "c", 0, "context size in tokens (0: the model's, at most 4096)")
+		f.IntVarP(&ctxSize, "ctx-size", "c", 0, "KV cache positions, shared by the slots; one request may use them all (0: the model's context, at most 4096)")
 		f.IntVarP(&thrds, "threads", "t", 0, "CPU threads (0: all cores)")
 		pf.register(f)
-		f.IntVar(&queue, "queue", 16, "requests that may wait while one is generated; more get 503")
+		f.IntVarP(&parallel, "parallel", "", 4, "requests that run at once, batched together (llama-server's -np); they share the --ctx-size cache")
+		// llama-server's -cb: ats always batches; taken so its command lines run.
+		f.Bool("cont-batching", true, "always on: the running requests are batched")
+		f.MarkHidden("cont-batching")
+		f.IntVar(&queue, "queue", 16, "requests that may wait for a slot while --parallel run; more get 503")
 		f.DurationVar(&grace, "shutdown-grace", 30*time.Second, "on SIGINT/SIGTERM, how long running requests may take to finish before they are cancelled")
 		f.BoolVarP(&verbose, "verbose", "v", false, "log every request and generation")
 		f.BoolVar(&pprof, "pprof", false, "serve Go's profiles at /debug/pprof/ (behind --api-key like the API), to find leaks")

@@ -103,7 +103,7 @@ func (s *Server) jobOptions(j *chatJob) (session.GenerateOptions, *apiError) {
 	if j.choice.required && !j.con.none() {
 		return session.GenerateOptions{}, badRequest(j.con.param, "%s cannot be combined with a tool choice that forces a tool call", j.con.param)
 	}
-	return session.GenerateOptions{Sampler: cfg, MaxTokens: j.max, Stop: j.sampling.Stop}, nil
+	return session.GenerateOptions{Sampler: cfg, MaxTokens: j.max, Stop: j.sampling.Stop, IgnoreEOS: j.sampling.IgnoreEOS}, nil
 }
 
 // jobGeneration makes the generation of a chatJob, written by sink. fail

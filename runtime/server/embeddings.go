@@ -112,7 +112,7 @@ func embeddingsOff() *apiError {
 		Message: "this server was started without --embeddings; start it with ats serve MODEL --embeddings to serve embeddings"}
 }
 
-// embed computes the inputs' embeddings on the worker.
+// embed computes the inputs' embeddings on a worker.
 func (s *Server) embed(r *http.Request, inputs [][]int) ([][]float32, *apiError) {
 	if s.pooling == session.PoolingUnset {
 		return nil, badRequest("model", "the model file names no pooling (%s.pooling_type) and the server was given none: start it with --pooling mean, cls or last", s.sess.Model.Hyper().Arch)
@@ -125,11 +125,17 @@ func (s *Server) embed(r *http.Request, inputs [][]int) ([][]float32, *apiError)
 	var runErr error
 	j := &job{ctx: ctx}
 	j.run = func() {
-		for i, ids := range inputs {
-			if out[i], runErr = s.sess.Embed(ctx, ids, s.pooling, true); runErr != nil {
-				return
+		// Between the scheduler's steps: the engine evaluates these
+		// sequences of its own while the slots' requests wait.
+		runErr = s.sched.Do(ctx, func(e *session.Engine) error {
+			for i, ids := range inputs {
+				var err error
+				if out[i], err = e.Embed(ctx, ids, s.pooling, true); err != nil {
+					return err
+				}
 			}
-		}
+			return nil
+		})
 	}
 	if err := s.q.submit(j); err != nil {
 		msg := fmt.Sprintf("the server is busy: %d requests are already waiting; try again shortly", s.cfg.QueueLimit)

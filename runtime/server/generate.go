@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/atsinfer/ats/runtime/session"
@@ -93,6 +94,9 @@ type generation struct {
 	prompt   []int
 	opt      session.GenerateOptions
 	out      output
+	// progress streams the prompt's evaluation (return_progress; the
+	// output is a progressOutput).
+	progress bool
 	// prepare, when set, does the work that grows with the request
 	// (rendering the template, tokenizing): it runs once the request is
 	// admitted to the queue, and sets prompt.
@@ -114,6 +118,12 @@ type output interface {
 	begin() error
 	text(piece string) error
 	end(res *session.GenerateResult, err error)
+}
+
+// progressOutput is an output that can stream the prompt's evaluation
+// (on the worker, before the text).
+type progressOutput interface {
+	progress(p promptProgress) error
 }
 
 // generate queues g and writes its response. It returns when the response
@@ -193,12 +203,29 @@ func (s *Server) runJob(ctx context.Context, j *job, g *generation) {
 	var first time.Time
 	opt := g.opt
 	opt.OnText = g.out.text
+	if po, ok := g.out.(progressOutput); ok && g.progress {
+		start, cached := time.Now(), -1
+		opt.OnPrompt = func(done, total int) {
+			if cached < 0 {
+				cached = done // the first report: the tokens reused
+			}
+			// A client that left shows at the next text write.
+			_ = po.progress(promptProgress{Total: total, Cache: cached, Processed: done, TimeMS: time.Since(start).Milliseconds()})
+		}
+	}
 	opt.OnToken = func(int) {
 		if first.IsZero() {
 			first = time.Now()
 		}
-		if s.testHookToken != nil {
-			s.testHookToken()
+	}
+	if hook := s.testHookToken; hook != nil {
+		// In the step, so that it holds the model, not only the delivery.
+		onLogits := opt.OnLogits
+		opt.OnLogits = func(tok int, logits []float32) {
+			if onLogits != nil {
+				onLogits(tok, logits)
+			}
+			hook()
 		}
 	}
 	res, err := s.gen(ctx, g.prompt, opt)
@@ -408,8 +435,8 @@ func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, receive
 	if req.Stream {
 		out.sse = newSSE(w, s.cfg.WriteTimeout)
 	}
-	g := &generation{endpoint: "chat", received: received, out: out,
-		opt: session.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop}}
+	g := &generation{endpoint: "chat", received: received, out: out, progress: req.Stream && req.ReturnProgress,
+		opt: session.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop, IgnoreEOS: req.IgnoreEOS}}
 	if lp.on {
 		g.opt.OnLogits = out.onLogits
 	}
@@ -458,16 +485,22 @@ type chatOutput struct {
 	id           string
 	created      int64
 	logprobs     logprobsRequest
-	lpAll        []tokenLogprob // every step's (not streamed)
-	lpPending    []tokenLogprob // steps not yet sent (streamed)
+	// The scheduler's step records log-probabilities (onLogits) while the
+	// worker streams text: lpMu guards both lists.
+	lpMu      sync.Mutex
+	lpAll     []tokenLogprob // every step's (not streamed)
+	lpPending []tokenLogprob // steps not yet sent (streamed)
 }
 
-// onLogits records a step's log-probabilities (on the worker).
+// onLogits records a step's log-probabilities (on the scheduler's
+// goroutine, during the step).
 func (o *chatOutput) onLogits(tok int, logits []float32) {
 	if o.s.sess.Tok.IsEOG(tok) {
 		return // the end of the turn is no part of the reply's text
 	}
 	e := chatEntry(o.s.sess.Tok, stepLogprobs(logits, tok, o.logprobs.top))
+	o.lpMu.Lock()
+	defer o.lpMu.Unlock()
 	if o.stream {
 		o.lpPending = append(o.lpPending, e)
 	} else {
@@ -478,6 +511,8 @@ func (o *chatOutput) onLogits(tok int, logits []float32) {
 // takeLogprobs is what a streamed chunk carries: the steps since the last
 // one.
 func (o *chatOutput) takeLogprobs() *chatLogprobs {
+	o.lpMu.Lock()
+	defer o.lpMu.Unlock()
 	if !o.logprobs.on || len(o.lpPending) == 0 {
 		return nil
 	}
@@ -497,6 +532,15 @@ func (o *chatOutput) begin() error {
 	}
 	err := o.sse.send(o.chunk([]chatChoice{{Delta: &deltaOut{Role: "assistant", Content: strPtr("")}}}))
 	if err != nil {
+		return writeErr{err}
+	}
+	return nil
+}
+
+func (o *chatOutput) progress(p promptProgress) error {
+	c := o.chunk([]chatChoice{})
+	c.PromptProgress = &p
+	if err := o.sse.send(c); err != nil {
 		return writeErr{err}
 	}
 	return nil
@@ -565,7 +609,9 @@ func (o *chatOutput) end(res *session.GenerateResult, err error) {
 			SystemFingerprint: o.s.fp, Usage: usageOf(res), Timings: timingsOf(res),
 			Choices: []chatChoice{{Message: msg, FinishReason: strPtr(finishReason(res, len(parsed.ToolCalls)))}}}
 		if o.logprobs.on {
+			o.lpMu.Lock()
 			resp.Choices[0].Logprobs = &chatLogprobs{Content: append([]tokenLogprob{}, o.lpAll...)}
+			o.lpMu.Unlock()
 		}
 		writeJSON(o.w, http.StatusOK, resp, o.s.cfg.WriteTimeout)
 		return
@@ -693,8 +739,8 @@ func (s *Server) completionGeneration(w http.ResponseWriter, req *completionRequ
 	if req.Stream {
 		out.sse = newSSE(w, s.cfg.WriteTimeout)
 	}
-	g := &generation{endpoint: "completion", received: received, out: out,
-		opt: session.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop}}
+	g := &generation{endpoint: "completion", received: received, out: out, progress: req.Stream && req.ReturnProgress,
+		opt: session.GenerateOptions{Sampler: cfg, MaxTokens: max, Stop: req.Stop, IgnoreEOS: req.IgnoreEOS}}
 	if lp.on {
 		g.opt.OnLogits = out.onLogits
 	}
@@ -742,18 +788,24 @@ type completionOutput struct {
 	created      int64
 	buf          strings.Builder
 	logprobs     logprobsRequest
-	offset       int                // where the next token's text starts in the returned text
-	lpAll        completionLogprobs // every step's (not streamed)
-	lpPending    completionLogprobs // steps not yet sent (streamed)
+	offset       int // where the next token's text starts in the returned text (onLogits's)
+	// The scheduler's step records log-probabilities (onLogits) while the
+	// worker streams text: lpMu guards both.
+	lpMu      sync.Mutex
+	lpAll     completionLogprobs // every step's (not streamed)
+	lpPending completionLogprobs // steps not yet sent (streamed)
 }
 
-// onLogits records a step's log-probabilities (on the worker).
+// onLogits records a step's log-probabilities (on the scheduler's
+// goroutine, during the step).
 func (o *completionOutput) onLogits(tok int, logits []float32) {
 	t := o.s.sess.Tok
 	if t.IsEOG(tok) {
 		return
 	}
 	st := stepLogprobs(logits, tok, o.logprobs.top)
+	o.lpMu.Lock()
+	defer o.lpMu.Unlock()
 	if o.stream {
 		o.lpPending.add(t, st, o.offset)
 	} else {
@@ -768,6 +820,8 @@ func (o *completionOutput) takeLogprobs() *completionLogprobs {
 	if !o.logprobs.on {
 		return nil
 	}
+	o.lpMu.Lock()
+	defer o.lpMu.Unlock()
 	l := o.lpPending
 	o.lpPending = completionLogprobs{}
 	if l.Tokens == nil {
@@ -786,6 +840,16 @@ func (o *completionOutput) begin() error {
 		return nil
 	}
 	if err := o.sse.send(o.chunk(o.echo, nil)); err != nil {
+		return writeErr{err}
+	}
+	return nil
+}
+
+func (o *completionOutput) progress(p promptProgress) error {
+	c := o.chunk("", nil)
+	c.Choices = []completionChoice{}
+	c.PromptProgress = &p
+	if err := o.sse.send(c); err != nil {
 		return writeErr{err}
 	}
 	return nil
@@ -821,7 +885,9 @@ func (o *completionOutput) end(res *session.GenerateResult, err error) {
 		resp := o.chunk(o.echo+o.buf.String(), finish)
 		resp.Usage, resp.Timings = usageOf(res), timingsOf(res)
 		if o.logprobs.on {
+			o.lpMu.Lock()
 			o.lpPending = o.lpAll
+			o.lpMu.Unlock()
 			resp.Choices[0].Logprobs = o.takeLogprobs()
 		}
 		writeJSON(o.w, http.StatusOK, resp, o.s.cfg.WriteTimeout)

@@ -91,9 +91,14 @@ type metrics struct {
 	running         prometheus.Gauge
 	cancelled       prometheus.Counter
 	contextTokens   prometheus.Gauge
+	stepRows        prometheus.Histogram
+	stepRequests    prometheus.Histogram
+	stepSeconds     prometheus.Histogram
+	cachePositions  *prometheus.GaugeVec // state
 }
 
-func newMetrics(cfg *Config, ctxSize int) *metrics {
+func newMetrics(cfg *Config, sess *session.Session) *metrics {
+	ctxSize := sess.CtxSize()
 	reg := prometheus.NewRegistry()
 	m := &metrics{reg: reg}
 	// Token latencies span a tiny CPU model (sub-millisecond) to a large
@@ -119,9 +124,27 @@ func newMetrics(cfg *Config, ctxSize int) *metrics {
 	m.prefillRate = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_prefill_tokens_per_second", Help: "Prompt evaluation speed of the last request."})
 	m.decodeRate = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_decode_tokens_per_second", Help: "Generation speed of the last request."})
 	m.queueLength = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_queue_length", Help: "Requests waiting for the model."})
-	m.running = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_requests_running", Help: "Requests being generated (0 or 1)."})
+	m.running = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_requests_running", Help: "Requests being generated (at most ats_slots)."})
+	// A step's rows: one a decoding request, up to the batch for prompts.
+	rowsBuckets := []float64{1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512, 1024, 2048}
+	m.stepRows = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "ats_step_tokens", Help: "Tokens a step computed: one of each decoding request, plus prompt chunks.", Buckets: rowsBuckets})
+	m.stepRequests = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "ats_step_requests", Help: "Requests a step computed together (the batch size in sequences).", Buckets: []float64{1, 2, 3, 4, 5, 6, 8, 12, 16, 24, 32, 48, 64}})
+	m.stepSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "ats_step_seconds", Help: "Wall time of a step.", Buckets: latency})
+	m.cachePositions = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "ats_kv_cache_positions", Help: "KV cache positions (whole blocks) held by requests' sequences, kept for reuse by later requests, and free."}, []string{"state"})
+	kv := sess.KVCache()
+	kvInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ats_kv_cache_info", Help: "The KV cache's type (value 1)."}, []string{"type"})
+	kvInfo.WithLabelValues(kv.Type.String()).Set(1)
+	kvBytes := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "ats_kv_cache_bytes", Help: "Bytes of the KV cache on each device."}, []string{"device"})
+	kvBytes.WithLabelValues("cpu").Set(float64(kv.HostBytes))
+	kvBytes.WithLabelValues("gpu").Set(float64(kv.DeviceBytes))
+	slots := prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_slots", Help: "Requests that may run at once (--parallel)."})
+	slots.Set(float64(cfg.Parallel))
 	m.cancelled = prometheus.NewCounter(prometheus.CounterOpts{Name: "ats_generations_cancelled_total", Help: "Generations stopped because the client left or the server shut down."})
-	m.contextTokens = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_context_tokens", Help: "Tokens held in the KV cache."})
+	m.contextTokens = prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_context_tokens", Help: "KV cache positions held by the requests' sequences (whole blocks)."})
 	queueLimit := prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_queue_limit", Help: "Requests that may wait for the model before new ones get 503."})
 	queueLimit.Set(float64(cfg.QueueLimit))
 	ctxGauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "ats_context_size", Help: "Tokens the KV cache can hold."})
@@ -130,12 +153,23 @@ func newMetrics(cfg *Config, ctxSize int) *metrics {
 	reg.MustRegister(m.requests, m.requestDuration, m.queueWait, m.ttft, m.tpot,
 		m.promptTokens, m.cachedTokens, m.genTokens, m.prefillSeconds, m.decodeSeconds,
 		m.prefillRate, m.decodeRate, m.queueLength, m.running, m.cancelled, m.contextTokens,
-		queueLimit, ctxGauge,
+		queueLimit, ctxGauge, m.stepRows, m.stepRequests, m.stepSeconds, m.cachePositions, kvInfo, kvBytes, slots,
 		&placementCollector{placement: cfg.Placement, gpus: cfg.GPUStats},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return m
+}
+
+// observeStep records a step of the scheduler (on its goroutine).
+func (m *metrics) observeStep(si session.StepInfo) {
+	m.stepRows.Observe(float64(si.Rows))
+	m.stepRequests.Observe(float64(si.Requests))
+	m.stepSeconds.Observe(si.Wall.Seconds())
+	m.cachePositions.WithLabelValues("held").Set(float64(si.CacheHeld))
+	m.cachePositions.WithLabelValues("kept").Set(float64(si.CacheKept))
+	m.cachePositions.WithLabelValues("free").Set(float64(si.CacheFree))
+	m.contextTokens.Set(float64(si.CacheHeld))
 }
 
 // observeGeneration records one finished (or stopped) generation.
@@ -145,7 +179,6 @@ func (m *metrics) observeGeneration(res *session.GenerateResult, received time.T
 	m.genTokens.Add(float64(len(res.Tokens)))
 	m.prefillSeconds.Add(res.Prefill.Seconds())
 	m.decodeSeconds.Add(res.Decode.Seconds())
-	m.contextTokens.Set(float64(res.ContextTokens))
 	if r := res.PrefillRate(); r > 0 {
 		m.prefillRate.Set(r)
 	}

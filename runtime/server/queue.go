@@ -7,11 +7,11 @@ import (
 	"time"
 )
 
-// A Session evaluates one sequence at a time, so requests take turns: the
-// handlers put jobs in a queue and one worker goroutine, the only one that
-// touches the session, runs them in order. A full queue turns requests
-// away (503) before anything is promised; once a job is accepted it runs,
-// unless its client leaves first.
+// Requests run on the session's scheduler, up to --parallel at once (one
+// a slot); the handlers put jobs in a queue and that many worker
+// goroutines take them in order. A full queue turns requests away (503)
+// before anything is promised; once a job is accepted it runs, unless its
+// client leaves first.
 //
 // Admission comes before any work that grows with the request: a job is
 // queued before its prompt is rendered and tokenized (see Server.prepare),
@@ -23,7 +23,7 @@ var (
 	errShuttingDown = errors.New("server is shutting down")
 )
 
-// job is one request's turn on the session.
+// job is one request's turn on a slot.
 type job struct {
 	ctx      context.Context
 	run      func() // called on the worker goroutine
@@ -33,25 +33,34 @@ type job struct {
 	ready    bool // prepared: the worker may run it (guarded by queue.mu)
 }
 
-// queue holds the jobs waiting for the worker.
+// queue holds the jobs waiting for a worker.
 type queue struct {
 	mu      sync.Mutex
 	waiting []*job
-	busy    bool // the worker is running a job
-	limit   int  // jobs that may wait while one runs
+	running int // jobs the workers are running
+	workers int
+	limit   int // jobs that may wait while every worker runs one
 	closed  bool
-	wake    chan struct{} // a job arrived, or the queue closed
-	exited  chan struct{} // the worker has returned
-	onLen   func(waiting int, busy bool)
+	wake    *sync.Cond // a job became ready, or the queue closed (on mu)
+	exited  chan struct{}
+	onLen   func(waiting, running int)
 	onPanic func(any)
 }
 
-func newQueue(limit int, onLen func(waiting int, busy bool)) *queue {
+func newQueue(workers, limit int, onLen func(waiting, running int)) *queue {
 	if onLen == nil {
-		onLen = func(int, bool) {}
+		onLen = func(int, int) {}
 	}
-	q := &queue{limit: limit, wake: make(chan struct{}, 1), exited: make(chan struct{}), onLen: onLen}
-	go q.work()
+	q := &queue{workers: max(workers, 1), limit: limit, exited: make(chan struct{}), onLen: onLen}
+	q.wake = sync.NewCond(&q.mu)
+	var wg sync.WaitGroup
+	for range q.workers {
+		wg.Go(q.work)
+	}
+	go func() {
+		wg.Wait()
+		close(q.exited)
+	}()
 	return q
 }
 
@@ -62,34 +71,26 @@ func (q *queue) submit(j *job) error {
 	if q.closed {
 		return errShuttingDown
 	}
-	// With limit 0 a request is accepted only when the worker is idle.
-	if len(q.waiting) >= q.limit && (q.busy || len(q.waiting) > 0) {
+	// With limit 0 a request is accepted only when a worker is idle.
+	if len(q.waiting) >= q.limit && q.running+len(q.waiting) >= q.workers {
 		return errQueueFull
 	}
 	j.done = make(chan struct{})
 	j.enqueued = time.Now()
 	q.waiting = append(q.waiting, j)
-	q.onLen(len(q.waiting), q.busy)
+	q.onLen(len(q.waiting), q.running)
 	if j.ready {
-		q.signal()
+		q.wake.Broadcast()
 	}
 	return nil
 }
 
-// signal wakes the worker.
-func (q *queue) signal() {
-	select {
-	case q.wake <- struct{}{}:
-	default:
-	}
-}
-
-// markReady lets the worker run j, which submit accepted unprepared.
+// markReady lets a worker run j, which submit accepted unprepared.
 func (q *queue) markReady(j *job) {
 	q.mu.Lock()
 	j.ready = true
 	q.mu.Unlock()
-	q.signal()
+	q.wake.Broadcast()
 }
 
 // withdraw takes j, accepted but never to run (its preparation failed or
@@ -100,10 +101,10 @@ func (q *queue) withdraw(j *job) bool {
 	for i, w := range q.waiting {
 		if w == j {
 			q.waiting = append(q.waiting[:i], q.waiting[i+1:]...)
-			q.onLen(len(q.waiting), q.busy)
-			// A closed queue's worker may be waiting for this job to
-			// become ready before it returns.
-			q.signal()
+			q.onLen(len(q.waiting), q.running)
+			// A closed queue's workers may be waiting for this job to
+			// become ready before they return.
+			q.wake.Broadcast()
 			return true
 		}
 	}
@@ -129,29 +130,29 @@ func (q *queue) wait(j *job) bool {
 
 // work runs jobs until the queue is closed and empty.
 func (q *queue) work() {
-	defer close(q.exited)
 	for {
 		q.mu.Lock()
 		next := -1
-		for i, w := range q.waiting {
-			if w.ready {
-				next = i
+		for next < 0 {
+			for i, w := range q.waiting {
+				if w.ready {
+					next = i
+					break
+				}
+			}
+			if next >= 0 {
 				break
 			}
-		}
-		if next < 0 {
-			closed := q.closed && len(q.waiting) == 0
-			q.mu.Unlock()
-			if closed {
+			if q.closed && len(q.waiting) == 0 {
+				q.mu.Unlock()
 				return
 			}
-			<-q.wake
-			continue
+			q.wake.Wait()
 		}
 		j := q.waiting[next]
 		q.waiting = append(q.waiting[:next], q.waiting[next+1:]...)
-		q.busy = true
-		q.onLen(len(q.waiting), q.busy)
+		q.running++
+		q.onLen(len(q.waiting), q.running)
 		q.mu.Unlock()
 
 		j.started = time.Now()
@@ -167,33 +168,30 @@ func (q *queue) work() {
 			j.run()
 		}()
 
-		// Idle before the handler learns the job is done: a client that
+		// Free before the handler learns the job is done: a client that
 		// sends its next request as soon as it has the answer must find
-		// the model free, not a full queue.
+		// a slot, not a full queue.
 		q.mu.Lock()
-		q.busy = false
-		q.onLen(len(q.waiting), q.busy)
+		q.running--
+		q.onLen(len(q.waiting), q.running)
 		q.mu.Unlock()
 		close(j.done)
 	}
 }
 
-// close stops accepting jobs; the worker finishes those accepted and
-// returns. done is closed when it has.
+// close stops accepting jobs; the workers finish those accepted and
+// return. done is closed when they have.
 func (q *queue) close() (done <-chan struct{}) {
 	q.mu.Lock()
 	q.closed = true
 	q.mu.Unlock()
-	select {
-	case q.wake <- struct{}{}:
-	default:
-	}
+	q.wake.Broadcast()
 	return q.exited
 }
 
-// length reports the jobs waiting and whether one runs.
-func (q *queue) length() (int, bool) {
+// length reports the jobs waiting and those running.
+func (q *queue) length() (waiting, running int) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return len(q.waiting), q.busy
+	return len(q.waiting), q.running
 }

@@ -43,6 +43,11 @@ type samplingParams struct {
 	Grammar    *string         `json:"grammar"`
 	JSONSchema json.RawMessage `json:"json_schema"`
 	NPredict   *int            `json:"n_predict"`
+	// IgnoreEOS generates past the end of the turn (benchmarks);
+	// ReturnProgress streams the prompt's evaluation as prompt_progress
+	// chunks before the text.
+	IgnoreEOS      bool `json:"ignore_eos"`
+	ReturnProgress bool `json:"return_progress"`
 }
 
 // checkRaw refuses the fields of a chat request ats cannot honour

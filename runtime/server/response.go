@@ -66,6 +66,9 @@ type chatCompletion struct {
 	Choices           []chatChoice `json:"choices"`
 	Usage             *usage       `json:"usage,omitempty"`
 	Timings           *timings     `json:"timings,omitempty"`
+	// PromptProgress is llama-server's return_progress: chunks before
+	// the text say how far the prompt's evaluation is.
+	PromptProgress *promptProgress `json:"prompt_progress,omitempty"`
 }
 
 type completionChoice struct {
@@ -84,6 +87,9 @@ type textCompletion struct {
 	Choices           []completionChoice `json:"choices"`
 	Usage             *usage             `json:"usage,omitempty"`
 	Timings           *timings           `json:"timings,omitempty"`
+	// PromptProgress is llama-server's return_progress: chunks before
+	// the text say how far the prompt's evaluation is.
+	PromptProgress *promptProgress `json:"prompt_progress,omitempty"`
 }
 
 type modelOut struct {
@@ -100,3 +106,13 @@ type modelList struct {
 }
 
 func strPtr(s string) *string { return &s }
+
+// promptProgress is llama-server's prompt_progress: the prompt's tokens,
+// those reused from the cache, those in the cache so far (reused ones
+// included), and the time since the evaluation began.
+type promptProgress struct {
+	Total     int   `json:"total"`
+	Cache     int   `json:"cache"`
+	Processed int   `json:"processed"`
+	TimeMS    int64 `json:"time_ms"`
+}

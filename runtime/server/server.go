@@ -31,6 +31,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/atsinfer/ats/runtime/executor"
 	"github.com/atsinfer/ats/runtime/model"
 	"github.com/atsinfer/ats/runtime/session"
 	"github.com/atsinfer/ats/runtime/text/chat"
@@ -46,8 +47,11 @@ type Config struct {
 	// APIKey, when set, must come with every request but /health, as
 	// "Authorization: Bearer KEY".
 	APIKey string
-	// QueueLimit is how many requests may wait while one is generated;
-	// more get 503. 0 accepts a request only when the model is idle.
+	// Parallel is how many requests run at once, batched in every step
+	// (the scheduler's slots; llama-server's --parallel). 0 means 1.
+	Parallel int
+	// QueueLimit is how many requests may wait while every slot runs
+	// one; more get 503. 0 accepts a request only when a slot is free.
 	QueueLimit int
 	// Sampling holds the defaults for fields a request leaves out (zero:
 	// sampler.DefaultConfig()).
@@ -109,6 +113,10 @@ func (cfg *Config) setDefaults() {
 	}
 }
 
+// MaxParallel is the most requests a server runs at once: a step returns
+// the logits of at most this many rows.
+const MaxParallel = executor.MaxLogitRows
+
 // Server is an OpenAI-compatible HTTP server for one Session.
 type Server struct {
 	cfg     Config
@@ -120,7 +128,8 @@ type Server struct {
 	fp      string // system_fingerprint
 
 	q       *queue
-	prep    *preparation // admitted requests' rendering and tokenizing (limits.go)
+	sched   *session.Scheduler // runs the requests, batched; the only user of the engine
+	prep    *preparation       // admitted requests' rendering and tokenizing (limits.go)
 	met     *metrics
 	cors    *CORSPolicy
 	handler http.Handler
@@ -143,8 +152,8 @@ type Server struct {
 	// gen is the session's Generate; tests replace it to make the model
 	// say something in particular (a tool call, reasoning).
 	gen func(context.Context, []int, session.GenerateOptions) (*session.GenerateResult, error)
-	// testHookToken, when set, runs on the worker after each sampled
-	// token; tests use it to slow generation down or watch it.
+	// testHookToken, when set, runs in the scheduler's step after each
+	// sampled token; tests use it to slow generation down or watch it.
 	testHookToken func()
 	// testHookPrompt, when set, sees each rendered chat prompt.
 	testHookPrompt func(string)
@@ -159,6 +168,16 @@ func New(sess *session.Session, cfg Config) (*Server, error) {
 	}
 	if cfg.QueueLimit < 0 {
 		return nil, fmt.Errorf("server: queue limit %d is negative", cfg.QueueLimit)
+	}
+	if cfg.Parallel == 0 {
+		cfg.Parallel = 1
+	}
+	if cfg.Parallel < 0 || cfg.Parallel > MaxParallel {
+		return nil, fmt.Errorf("server: %d parallel requests: want 1 to %d", cfg.Parallel, MaxParallel)
+	}
+	if cfg.Parallel > 1 && !sess.MultiSequence() {
+		// The requests still take turns step by step, one sequence a step.
+		cfg.Log.Warn("the backend computes one sequence a step: parallel requests interleave instead of batching", "parallel", cfg.Parallel)
 	}
 	def := sampler.DefaultConfig()
 	if cfg.Sampling != nil {
@@ -203,19 +222,17 @@ func New(sess *session.Session, cfg Config) (*Server, error) {
 	if fi, err := os.Stat(sess.Model.File.Path); err == nil {
 		s.created = fi.ModTime().Unix()
 	}
-	s.gen = sess.Generate
+	s.sched = session.NewScheduler(sess.Engine, sess.Tok, cfg.Parallel)
+	s.gen = s.sched.Generate
 	s.base, s.cancelAll = context.WithCancel(context.Background())
-	s.met = newMetrics(&cfg, sess.CtxSize())
+	s.met = newMetrics(&cfg, sess)
+	s.sched.Observe(s.met.observeStep)
 	s.prep = newPreparation()
-	s.q = newQueue(cfg.QueueLimit, func(waiting int, busy bool) {
+	s.q = newQueue(cfg.Parallel, cfg.QueueLimit, func(waiting, running int) {
 		s.met.queueLength.Set(float64(waiting))
-		if busy {
-			s.met.running.Set(1)
-		} else {
-			s.met.running.Set(0)
-			if waiting == 0 {
-				s.idle()
-			}
+		s.met.running.Set(float64(running))
+		if running == 0 && waiting == 0 {
+			s.idle()
 		}
 	})
 	s.q.onPanic = func(r any) {
@@ -314,6 +331,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	<-workerDone
 	s.cancelAll()
+	s.sched.Close() // every request has ended: the slots' sequences go
 	return err
 }
 
@@ -350,6 +368,7 @@ func (s *Server) routes() http.Handler {
 		"/tokenize":         {http.MethodPost: s.handleTokenize},
 		"/detokenize":       {http.MethodPost: s.handleDetokenize},
 		"/props":            {http.MethodGet: s.handleProps},
+		"/slots":            {http.MethodGet: s.handleSlots},
 		"/v1/ats/placement": {http.MethodGet: s.handlePlacement},
 	}
 	// The other clients' APIs: Anthropic's, OpenAI's responses and
@@ -489,12 +508,13 @@ func (r *statusRecorder) Write(b []byte) (int, error) {
 func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
-	waiting, busy := s.q.length()
+	waiting, running := s.q.length()
 	status, code := "ok", http.StatusOK
 	if s.shutting.Load() {
 		status, code = "shutting down", http.StatusServiceUnavailable
 	}
-	writeJSON(w, code, map[string]any{"status": status, "model": s.cfg.ModelName, "queue": waiting, "busy": busy}, s.cfg.WriteTimeout)
+	writeJSON(w, code, map[string]any{"status": status, "model": s.cfg.ModelName, "queue": waiting, "busy": running > 0,
+		"slots_idle": s.cfg.Parallel - running, "slots_processing": running}, s.cfg.WriteTimeout)
 }
 
 func (s *Server) modelInfo() modelOut {
@@ -509,6 +529,7 @@ func (s *Server) modelInfo() modelOut {
 			"tool_format": s.format.String(),
 			"chat_family": s.tmpl.Family(),
 			"queue_limit": s.cfg.QueueLimit,
+			"parallel":    s.cfg.Parallel,
 		}}
 }
 

@@ -125,7 +125,7 @@ func TestSoak(t *testing.T) {
 	}
 
 	// Still answering.
-	waitFor(t, "an idle model", 10*time.Second, func() bool { w, busy := ts.q.length(); return w == 0 && !busy })
+	waitFor(t, "an idle model", 10*time.Second, func() bool { w, running := ts.q.length(); return w == 0 && running == 0 })
 	if status, body := send(t, client, chatURL, msg("are you there?", ""), 0); status != 200 {
 		t.Fatalf("after the soak: %d %s", status, body)
 	}

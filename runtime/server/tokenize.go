@@ -149,7 +149,7 @@ func (s *Server) handleProps(w http.ResponseWriter, r *http.Request) {
 	if def.Seed != 0 {
 		seed = def.Seed
 	}
-	_, busy := s.q.length()
+	_, running := s.q.length()
 	params := map[string]any{
 		"n_predict":         -1,
 		"max_tokens":        -1,
@@ -176,10 +176,11 @@ func (s *Server) handleProps(w http.ResponseWriter, r *http.Request) {
 			"id_task":       -1,
 			"n_ctx":         s.sess.CtxSize(),
 			"speculative":   false,
-			"is_processing": busy,
+			"is_processing": running > 0,
 			"params":        params,
 		},
-		"total_slots":   1,
+		"total_slots":   s.cfg.Parallel,
+		"kv_cache":      s.kvCacheProps(),
 		"model_path":    s.sess.Model.File.Path,
 		"model_alias":   s.cfg.ModelName,
 		"chat_template": s.tmpl.Source(),
@@ -187,6 +188,14 @@ func (s *Server) handleProps(w http.ResponseWriter, r *http.Request) {
 		"build_info":    buildInfo(),
 		"is_sleeping":   false,
 	}, s.cfg.WriteTimeout)
+}
+
+// kvCacheProps describe the KV cache for /props: its type (llama.cpp's
+// cache_type_k and _v), positions and bytes by device.
+func (s *Server) kvCacheProps() map[string]any {
+	kv := s.sess.KVCache()
+	return map[string]any{"type_k": kv.Type.String(), "type_v": kv.Type.String(), "positions": kv.Rows,
+		"bytes": kv.Bytes, "bytes_cpu": kv.HostBytes, "bytes_gpu": kv.DeviceBytes}
 }
 
 // buildInfo names the ats build: the module version and the commit it was

@@ -298,3 +298,20 @@ func tokensOf(ids []int) []int32 {
 	}
 	return out
 }
+
+// KVCacheInfo is the KV cache: its type, its rows (every sequence's
+// positions together), and its bytes, all of them and where they live.
+type KVCacheInfo struct {
+	Type                          kvcache.Type
+	Rows                          int
+	Bytes, HostBytes, DeviceBytes int64
+}
+
+// KVCache describes the engine's KV cache.
+func (e *Engine) KVCache() KVCacheInfo {
+	h := e.Model.Hyper()
+	rows := e.Ctx.KV().Rows()
+	total := 2 * int64(h.NLayer) * e.opt.KVType.RowBytes(h.NKVHead*max(h.HeadK, h.HeadV)) * int64(rows)
+	host := min(e.Ctx.HostKVBytes(), total)
+	return KVCacheInfo{Type: e.opt.KVType, Rows: rows, Bytes: total, HostBytes: host, DeviceBytes: total - host}
+}

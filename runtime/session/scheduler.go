@@ -51,6 +51,9 @@ type Scheduler struct {
 type StepInfo struct {
 	Rows, DecodeRows, PromptRows, Requests int
 	Wall                                   time.Duration
+	// The cache after the step: positions held by sequences, kept for
+	// reuse, and free (in whole blocks).
+	CacheHeld, CacheKept, CacheFree int
 }
 
 // SlotInfo is a slot's state, as /slots shows it.
@@ -567,7 +570,9 @@ func (s *Scheduler) runRows(rows []row, observe func(StepInfo)) {
 	logits, err := s.e.Ctx.Step(b)
 	s.step++
 	if observe != nil {
-		observe(StepInfo{Rows: b.Len(), DecodeRows: decodeRows, PromptRows: promptRows, Requests: len(rows), Wall: time.Since(start)})
+		u, blk := s.e.Ctx.KV().Usage(), s.e.Ctx.KV().Block()
+		observe(StepInfo{Rows: b.Len(), DecodeRows: decodeRows, PromptRows: promptRows, Requests: len(rows), Wall: time.Since(start),
+			CacheHeld: u.Held * blk, CacheKept: u.Cached * blk, CacheFree: u.Free * blk})
 	}
 	if err != nil {
 		for _, rw := range rows {
