@@ -35,12 +35,23 @@ import (
 // run non-resident units on the GPU, their weights streamed through the
 // staging ring, when the placement says streaming wins at that batch size.
 
+// cacheType is the CPU KV cache's cell type the options ask for.
+func (o ContextOptions) cacheType() ops.KVType {
+	if o.KVF32 {
+		return ops.KVF32
+	}
+	return o.KVType
+}
+
 // ContextOptions configure an inference context.
 type ContextOptions struct {
 	CtxSize int  // tokens the KV cache holds (0: the model's training context, at most 4096)
 	KVF32   bool // keep the KV cache in f32 instead of f16 (CPU attention only)
-	Threads int  // CPU threads (0: all cores)
-	Batch   int  // most tokens computed together in prefill (0: 512)
+	// KVType is the KV cache's cell type: f16 (the zero value), q8_0 or
+	// q4_0 (CPU attention only; KVF32 overrides it).
+	KVType  ops.KVType
+	Threads int // CPU threads (0: all cores)
+	Batch   int // most tokens computed together in prefill (0: 512)
 	// Backend is where the context computes: "cpu" (or ""), "gpu" (every
 	// op on the GPU; an error when CUDA or device memory is missing) or
 	// "auto" (the GPU when usable: everything on it when the model fits
@@ -237,7 +248,7 @@ func (c *Context) init() error {
 	hostOf := map[ir.BufID]*cudadrv.HostMem{}
 	c.hostOf = hostOf
 	c.cpu, err = cpu.New(p, c.pool, cpu.Options{
-		Batch: c.opt.Batch, CtxSize: c.opt.CtxSize, KVF32: c.opt.KVF32, LogitRows: logitRows,
+		Batch: c.opt.Batch, CtxSize: c.opt.CtxSize, KVType: c.opt.cacheType(), LogitRows: logitRows,
 		Runs: func(i int) bool { return onCPU[i] },
 		Alloc: func(id ir.BufID, n int) ([]float32, error) {
 			if !cross[id] {

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/atsinfer/ats/ops"
 	"github.com/atsinfer/ats/runtime/gpu"
 	"github.com/atsinfer/ats/runtime/ir"
 )
@@ -66,15 +67,11 @@ func ContextWarnings(h ir.Hyper, opt ContextOptions) []string {
 }
 
 // contextBytes estimates the host memory of a CPU context: the KV cache
-// (keys and values of every layer, f16 unless KVF32) and the activation
+// (keys and values of every layer, in the cache's type) and the activation
 // buffers of one batch, logits included.
 func contextBytes(h ir.Hyper, opt ContextOptions) int64 {
-	elem := int64(2)
-	if opt.KVF32 {
-		elem = 4
-	}
 	width := int64(h.NKVHead) * int64(max(h.HeadK, h.HeadV))
-	kv := 2 * int64(h.NLayer) * width * elem
+	kv := 2 * int64(h.NLayer) * int64(opt.cacheType().RowBytes(int(width)))
 	batch := int64(opt.Batch)
 	if batch <= 0 {
 		batch = 512
@@ -86,8 +83,8 @@ func contextBytes(h ir.Hyper, opt ContextOptions) int64 {
 
 // maxFittingCtx is about the largest context whose cache fits in avail.
 func maxFittingCtx(h ir.Hyper, opt ContextOptions, avail int64) int {
-	per := contextBytes(h, ContextOptions{CtxSize: 1, KVF32: opt.KVF32, Batch: 1})
-	fixed := contextBytes(h, ContextOptions{CtxSize: 0, KVF32: opt.KVF32, Batch: opt.Batch}) - contextBytes(h, ContextOptions{CtxSize: 0, KVF32: opt.KVF32, Batch: 1})
+	per := contextBytes(h, ContextOptions{CtxSize: 1, KVF32: opt.KVF32, KVType: opt.KVType, Batch: 1})
+	fixed := contextBytes(h, ContextOptions{CtxSize: 0, KVF32: opt.KVF32, KVType: opt.KVType, Batch: opt.Batch}) - contextBytes(h, ContextOptions{CtxSize: 0, KVF32: opt.KVF32, KVType: opt.KVType, Batch: 1})
 	n := (avail - fixed) / max(per, 1)
 	// Round down to a multiple of 256, as context sizes usually are.
 	return int(max(min(n, MaxCtxSize)/256*256, 0))
@@ -96,7 +93,7 @@ func maxFittingCtx(h ir.Hyper, opt ContextOptions, avail int64) int {
 // fitsGPU reports whether the auto backend would put the context on the
 // GPU (then host memory does not hold its cache).
 func fitsGPU(m *Model, opt ContextOptions) bool {
-	if opt.KVF32 {
+	if opt.cacheType() != ops.KVF16 {
 		return false
 	}
 	dev, err := gpu.Open()

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/atsinfer/ats/ops"
 	"github.com/atsinfer/ats/plan"
 	"github.com/atsinfer/ats/runtime/gpu"
 	"github.com/atsinfer/ats/runtime/ir"
@@ -448,11 +449,11 @@ func (m *Model) resolvePlacement(opt ContextOptions) (*Placement, *gpu.Device, e
 	default:
 		return nil, nil, fmt.Errorf("backend %q: want cpu, gpu or auto", opt.Backend)
 	}
-	if opt.KVF32 {
+	if kt := opt.cacheType(); kt != ops.KVF16 {
 		if opt.Backend == BackendGPU || opt.Placement != nil {
-			return nil, nil, errors.New("backend gpu: the GPU keeps the KV cache in f16; an f32 cache needs the CPU backend")
+			return nil, nil, fmt.Errorf("backend gpu: the GPU keeps the KV cache in f16; a %s cache needs the CPU backend", kt)
 		}
-		noteCPU("an f32 KV cache is kept on the CPU only")
+		noteCPU(fmt.Sprintf("a %s KV cache is kept on the CPU only", kt))
 		return cpuOnly()
 	}
 	dev, err := gpu.Open()

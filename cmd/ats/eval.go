@@ -69,13 +69,11 @@ ats's numerics are checked against llama.cpp's.`,
 				if err := pf.apply(&opt, cmd.ErrOrStderr()); err != nil {
 					return fmt.Errorf("eval: %w", err)
 				}
-				switch kvType {
-				case "f16":
-				case "f32":
-					opt.KVF32 = true
-				default:
-					return fmt.Errorf("eval: --kv-type %q: want f16 or f32", kvType)
+				kt, err := ops.ParseKVType(kvType)
+				if err != nil {
+					return fmt.Errorf("eval: --kv-type: %w", err)
 				}
+				opt.KVType = kt
 				m, err := runtime.Open(modelPath)
 				if err != nil {
 					return err
@@ -144,7 +142,7 @@ ats's numerics are checked against llama.cpp's.`,
 		pf.register(f)
 		f.IntVarP(&threads, "threads", "t", 0, "CPU threads (0: all cores)")
 		f.IntVarP(&ctxSize, "ctx-size", "c", 0, "context size in tokens (0: enough for the prompt and n-gen)")
-		f.StringVar(&kvType, "kv-type", "f16", "KV cache type: f16 or f32")
+		f.StringVar(&kvType, "kv-type", "f16", "KV cache type: f16, q8_0, q4_0 (CPU attention) or f32")
 		return cmd
 	})
 }

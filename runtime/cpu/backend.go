@@ -15,9 +15,9 @@ import (
 
 // Options size a Backend.
 type Options struct {
-	Batch   int  // most rows of a buffer (tokens computed together)
-	CtxSize int  // tokens a KV cache holds
-	KVF32   bool // keep the KV cache in f32 instead of f16
+	Batch   int        // most rows of a buffer (tokens computed together)
+	CtxSize int        // tokens a KV cache holds
+	KVType  ops.KVType // the KV cache's cell type (zero: f16)
 	// LogitRows is the rows of the logits buffer (at most Batch): a
 	// batch whose every logit is wanted must not be longer.
 	LogitRows int
@@ -35,6 +35,7 @@ type Backend struct {
 	prog    *ir.Program
 	pool    *ops.Pool
 	kv      []*ops.KVLayer // by layer: nil where attention runs elsewhere
+	batch   ops.AttnBatch  // the current batch: one sequence, cells in position order
 	bufs    [][]float32    // by BufID: Batch rows of the buffer's width, nil if unused here
 	scratch []byte         // quantized activations
 	moe     moeScratch
@@ -46,6 +47,14 @@ type Backend struct {
 // the CPU.
 func New(p *ir.Program, pool *ops.Pool, opt Options) (*Backend, error) {
 	b := &Backend{prog: p, pool: pool, kv: make([]*ops.KVLayer, p.Hyper.NLayer), bufs: make([][]float32, len(p.Bufs)), prof: newOpProfile()}
+	// The cache is whole blocks of kvBlock cells; the one sequence's table
+	// is the identity.
+	rows := (max(opt.CtxSize, 1) + kvBlock - 1) / kvBlock * kvBlock
+	b.batch.Block = kvBlock
+	b.batch.Tables = [][]int32{make([]int32, rows/kvBlock)}
+	for i := range b.batch.Tables[0] {
+		b.batch.Tables[0][i] = int32(i)
+	}
 	runs := opt.Runs
 	if runs == nil {
 		runs = func(int) bool { return true }
@@ -63,7 +72,11 @@ func New(p *ir.Program, pool *ops.Pool, opt Options) (*Backend, error) {
 		switch op.Kind {
 		case ir.OpAttention:
 			if b.kv[op.Layer] == nil {
-				b.kv[op.Layer] = ops.NewKVLayer(opt.CtxSize, op.Attn.NKVHeads*op.Attn.HeadSize, !opt.KVF32)
+				kv, err := ops.NewKVLayer(rows, op.Attn.NKVHeads*op.Attn.HeadSize, opt.KVType)
+				if err != nil {
+					return nil, fmt.Errorf("cpu: KV cache of layer %d: %w", op.Layer, err)
+				}
+				b.kv[op.Layer] = kv
 			}
 		case ir.OpMatMul:
 			scratch = max(scratch, op.W.Mat.ActBytes(opt.Batch))
@@ -93,6 +106,9 @@ func New(p *ir.Program, pool *ops.Pool, opt Options) (*Backend, error) {
 	}
 	return b, nil
 }
+
+// kvBlock is the cells of a block of the KV cache.
+const kvBlock = 256
 
 // Buf is the host memory of buffer id (nil when no op here uses it).
 func (b *Backend) Buf(id ir.BufID) []float32 { return b.bufs[id] }

@@ -110,10 +110,26 @@ func (b *Backend) exec(op *ir.Op, tokens []int, n, pos0 int) {
 		})
 	case ir.OpAttention:
 		kv := b.kv[op.Layer]
+		ab := &b.batch
+		ab.Pos, ab.Seq = ab.Pos[:0], ab.Seq[:0]
 		for t := 0; t < n; t++ {
-			kv.Store(pos0+t, b.row(op.In2, t), b.row(op.In3, t))
+			ab.Pos = append(ab.Pos, int32(pos0+t))
+			ab.Seq = append(ab.Seq, 0)
 		}
-		op.Attn.Run(b.pool, kv, b.bufs[op.In], b.bufs[op.Out], n, pos0)
+		var err error
+		if b.prog.Bufs[op.In2].Width == kv.Width && b.prog.Bufs[op.In3].Width == kv.Width {
+			err = kv.StoreBatch(b.pool, ab, b.bufs[op.In2], b.bufs[op.In3])
+		} else {
+			for t := 0; t < n && err == nil; t++ {
+				err = kv.Store(ab.Cell(t), b.row(op.In2, t), b.row(op.In3, t))
+			}
+		}
+		if err == nil {
+			err = op.Attn.Run(b.pool, kv, b.bufs[op.In], b.bufs[op.Out], ab)
+		}
+		if err != nil {
+			panic(fmt.Sprintf("cpu: attention of layer %d: %v", op.Layer, err))
+		}
 	case ir.OpSwiGLU:
 		b.pool.Run(n, 4, func(lo, hi int) {
 			for t := lo; t < hi; t++ {

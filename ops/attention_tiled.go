@@ -1,0 +1,408 @@
+package ops
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// The tiled attention over a paged KV cache (flash attention with an
+// online softmax).
+//
+// A unit of work is a tile of up to attnTileTokens(group) query tokens of
+// one sequence times the heads of one KV group: its m query rows (token
+// major, the group's heads within a token) share every key and value row
+// the unit reads. The unit walks its sequence's cells in tiles of
+// attnTileKeys keys; for each tile it
+//
+//  1. converts the tile's key rows of its KV head to float32 (Kf, exact:
+//     f16 and the dequantized blocks are floats),
+//  2. computes the scores S^T[key][row] = Kf·Qt, Qt being the unit's
+//     query rows transposed, prepared once (rounded to f16 with an f16
+//     cache, quantized to Q8_0 and dequantized with a quantized one),
+//  3. updates each row's online softmax (the running maximum M, the sum
+//     L of exp(s-M)), masking the keys past the row's position, and
+//     turns the scores into weights P^T = exp(s-M) (rounded to f16 with
+//     an f16 cache, as llama.cpp rounds the weights to the cache's type),
+//  4. rescales the output rows O by exp(Mold-M) and adds P·Vf, Vf the
+//     tile's value rows converted like the keys.
+//
+// Every step keeps the query rows in vector lanes, so each is a
+// register-blocked float32 product or a vertical vector operation; the
+// key and value rows are read from memory once per unit, and a 512-token
+// prompt chunk reads each row about 512·group/attnTileRows times per KV
+// head instead of once per token and head.
+//
+// When the batch has few units (decode of a few long sequences) each
+// unit's keys are split into chunks that run as separate jobs (split-K),
+// each ending with its partial (M, L, O); a second pass combines them.
+// How a batch is split depends on the batch only, never on the threads,
+// so the thread count does not change the result.
+
+// attnTileRows is about how many query rows (tokens × heads of a group) a
+// unit takes: each key and value row it reads is used by that many rows.
+// 128 rows keep the unit's working set (the transposed queries, scores,
+// outputs and the converted key and value tiles, about 200 KiB at head
+// size 128) in a core's L2.
+const attnTileRows = 128
+
+// attnTileTokens is the query tile, in tokens, for a KV group of group
+// heads.
+func attnTileTokens(group int) int { return max(1, attnTileRows/group) }
+
+// attnMinUnits is the number of jobs below which units are split over
+// their keys: enough for the threads of a large machine to share, with
+// some left to balance their ends.
+const attnMinUnits = 64
+
+// attnSplitMin is the fewest keys a split chunk takes (four key tiles).
+const attnSplitMin = 4 * attnTileKeys
+
+// noMax is the running maximum before any key: finite, so that
+// exp(noMax-M) is 0 (clamped) rather than exp(-inf+inf).
+const noMax = -math.MaxFloat32
+
+// attnRowsRead counts the K and V rows of one KV head that Run has read
+// (a key and its value count two), for the tests that bound the
+// attention's memory traffic.
+var attnRowsRead atomic.Int64
+
+// attnUnit is one query tile of one sequence run times one KV head.
+type attnUnit struct {
+	t0, t1 int   // the tile's tokens
+	seq    int32 // its sequence
+	kvh    int   // the KV head
+	keys   int   // positions it reads: 0..keys-1 (its last position + 1)
+	chunk  int   // keys per job (split-K); keys when not split
+	nchunk int
+	part   int // index of its first partial, when split
+}
+
+// Run computes out[t] (NHeads*HeadSize floats) for every query token t of
+// the batch from q[t], attending causally to positions 0..b.Pos[t] of the
+// token's sequence through its block table. The batch's own keys and
+// values must be stored already. Numerics by cache type:
+//
+//   - f16: the query rounded to f16 before Q·K and the weights rounded to
+//     f16 before P·V, float32 sums, as llama.cpp's CPU path without flash
+//     attention, except that the weights rounded are the online
+//     softmax's exp(s-M) before the division by the sum rather than the
+//     normalised ones;
+//   - q8_0, q4_0: as llama.cpp's CPU flash attention with that cache: the
+//     query quantized to Q8_0 per head; the products of the dequantized
+//     query and keys are exact floats, summed in float32 (llama.cpp sums
+//     each block's integer dot and then the blocks: the same terms, added
+//     in another order); the online softmax in float32, the values
+//     dequantized and accumulated in float32;
+//   - f32: float32 products and sums.
+func (a *Attention) Run(p *Pool, kv *KVLayer, q, out []float32, b *AttnBatch) error {
+	if err := a.checkCache(kv); err != nil {
+		return err
+	}
+	if b == nil {
+		return fmt.Errorf("attention: no batch")
+	}
+	if err := b.check(kv); err != nil {
+		return err
+	}
+	n := len(b.Pos)
+	qw := a.NHeads * a.HeadSize
+	if len(q) < n*qw || len(out) < n*qw {
+		return fmt.Errorf("attention: %d tokens of %d values, query buffer %d, output %d", n, qw, len(q), len(out))
+	}
+	if n == 0 {
+		return nil
+	}
+	units, nparts := a.plan(b)
+	jobs := make([]attnJob, 0, len(units))
+	for i, u := range units {
+		for c := range u.nchunk {
+			jobs = append(jobs, attnJob{unit: i, chunk: c, cost: min(u.chunk, u.keys-c*u.chunk) * (u.t1 - u.t0)})
+		}
+	}
+	// Longest first: the pool hands them out in order, so the short ones
+	// fill in at the end.
+	slices.SortStableFunc(jobs, func(x, y attnJob) int { return y.cost - x.cost })
+	var parts *attnPartials
+	if nparts > 0 {
+		parts = attnPartialsPool.Get().(*attnPartials)
+		defer attnPartialsPool.Put(parts)
+		parts.grow(nparts, attnTileRowsPad(a.NHeads/a.NKVHeads), a.HeadSize)
+	}
+	p.RunChunks(len(jobs), 1, func(lo, hi int) {
+		sc := attnTilePool.Get().(*attnTileScratch)
+		defer attnTilePool.Put(sc)
+		var reads int64
+		for _, j := range jobs[lo:hi] {
+			u := &units[j.unit]
+			k0 := j.chunk * u.chunk
+			k1 := min(u.keys, k0+u.chunk)
+			a.runUnit(kv, q, out, b, u, k0, k1, sc, parts, j.chunk)
+			reads += 2 * int64(k1-k0)
+		}
+		attnRowsRead.Add(reads)
+	})
+	if nparts > 0 {
+		var split []int
+		for i := range units {
+			if units[i].nchunk > 1 {
+				split = append(split, i)
+			}
+		}
+		p.Run(len(split), 1, func(lo, hi int) {
+			for _, i := range split[lo:hi] {
+				a.combine(&units[i], out, parts)
+			}
+		})
+	}
+	return nil
+}
+
+type attnJob struct {
+	unit, chunk int
+	cost        int // keys × tokens, for the order
+}
+
+// plan splits the batch into units (query tiles of each run of a
+// sequence's tokens, times KV heads) and, when there are few, their keys
+// into chunks. It returns the units and the number of partials.
+func (a *Attention) plan(b *AttnBatch) ([]attnUnit, int) {
+	group := a.NHeads / a.NKVHeads
+	tq := attnTileTokens(group)
+	var units []attnUnit
+	n := len(b.Pos)
+	for t0 := 0; t0 < n; {
+		t1 := t0 + 1
+		for t1 < n && b.Seq[t1] == b.Seq[t0] && t1-t0 < tq {
+			t1++
+		}
+		last := int32(0)
+		for _, p := range b.Pos[t0:t1] {
+			last = max(last, p)
+		}
+		for h := range a.NKVHeads {
+			units = append(units, attnUnit{t0: t0, t1: t1, seq: b.Seq[t0], kvh: h, keys: int(last) + 1})
+		}
+		t0 = t1
+	}
+	nparts := 0
+	target := (attnMinUnits + len(units) - 1) / len(units)
+	for i := range units {
+		u := &units[i]
+		u.chunk, u.nchunk = u.keys, 1
+		if target > 1 {
+			nc := min(target, (u.keys+attnSplitMin-1)/attnSplitMin)
+			if nc > 1 {
+				u.chunk = roundUp((u.keys+nc-1)/nc, attnTileKeys)
+				u.nchunk = (u.keys + u.chunk - 1) / u.chunk
+			}
+		}
+		if u.nchunk > 1 {
+			u.part = nparts
+			nparts += u.nchunk
+		}
+	}
+	return units, nparts
+}
+
+func roundUp(x, m int) int { return (x + m - 1) / m * m }
+
+// attnRowsPad is the padded row count of a unit of m query rows: the
+// lanes of the tile kernels (8 at the least, 16 past that).
+func attnRowsPad(m int) int {
+	if m <= 8 {
+		return 8
+	}
+	return roundUp(m, 16)
+}
+
+// attnTileRowsPad is the most padded rows a unit of a group can have.
+func attnTileRowsPad(group int) int { return attnRowsPad(attnTileTokens(group) * group) }
+
+// attnTileScratch is one job's working memory.
+type attnTileScratch struct {
+	qt, st, kf, vf, o []float32
+	m, l, ms          []float32
+	lim               []int32
+	q8                []byte
+	qrow              []float32
+}
+
+var attnTilePool = sync.Pool{New: func() any { return new(attnTileScratch) }}
+
+func growF32(b *[]float32, n int) []float32 {
+	if cap(*b) < n {
+		*b = make([]float32, n)
+	}
+	return (*b)[:n]
+}
+
+// attnPartials holds the split units' partial results: per partial, the
+// running maximum and sum of each row and its output rows.
+type attnPartials struct {
+	rows, hs int
+	m, l, o  []float32
+}
+
+var attnPartialsPool = sync.Pool{New: func() any { return new(attnPartials) }}
+
+func (p *attnPartials) grow(n, rows, hs int) {
+	p.rows, p.hs = rows, hs
+	p.m = growF32(&p.m, n*rows)
+	p.l = growF32(&p.l, n*rows)
+	p.o = growF32(&p.o, n*rows*hs)
+}
+
+// runUnit computes keys [k0, k1) of unit u: into out when the unit is
+// not split, else into its partial chunk.
+func (a *Attention) runUnit(kv *KVLayer, q, out []float32, b *AttnBatch, u *attnUnit, k0, k1 int, sc *attnTileScratch, parts *attnPartials, chunk int) {
+	hs := a.HeadSize
+	group := a.NHeads / a.NKVHeads
+	qw := a.NHeads * hs
+	m := (u.t1 - u.t0) * group
+	mp := attnRowsPad(m)
+	k := attnKernelsActive
+
+	// The query rows, transposed: Qt[d][row], row = token*group + head.
+	qt := growF32(&sc.qt, hs*mp)
+	clear(qt)
+	lim := sc.lim
+	if cap(lim) < mp {
+		lim = make([]int32, mp)
+		sc.lim = lim
+	}
+	lim = lim[:mp]
+	qrow := growF32(&sc.qrow, hs)
+	for r := range mp {
+		if r >= m {
+			lim[r] = -1 // padding: every key masked
+			continue
+		}
+		t := u.t0 + r/group
+		h := u.kvh*group + r%group
+		lim[r] = b.Pos[t]
+		src := q[t*qw+h*hs : t*qw+h*hs+hs]
+		switch kv.Type {
+		case KVF16:
+			for d, v := range src {
+				qrow[d] = F16ToF32(F32ToF16(v))
+			}
+		case KVQ8_0, KVQ4_0:
+			// llama.cpp's vec_dot_type of both: the query quantized per head.
+			if cap(sc.q8) < hs/qk*blockQ8_0 {
+				sc.q8 = make([]byte, hs/qk*blockQ8_0)
+			}
+			q8 := sc.q8[:hs/qk*blockQ8_0]
+			kvQuantQ8_0(q8, src)
+			dequantQ8_0(qrow, q8)
+		default:
+			copy(qrow, src)
+		}
+		for d, v := range qrow {
+			qt[d*mp+r] = v
+		}
+	}
+
+	mx := growF32(&sc.m, mp)
+	l := growF32(&sc.l, mp)
+	ms := growF32(&sc.ms, mp)
+	o := growF32(&sc.o, m*hs)
+	for i := range mx {
+		mx[i], l[i] = noMax, 0
+	}
+	clear(o)
+	st := growF32(&sc.st, attnTileKeys*mp)
+
+	rb := kv.RowBytes()
+	hb := kv.Type.RowBytes(hs) // a head's bytes within a row
+	table := b.Tables[u.seq]
+	var kf, vf []float32
+	ld := hs // row stride of kf and vf
+	if kv.Type == KVF32 {
+		ld = kv.Width
+	} else {
+		kf = growF32(&sc.kf, attnTileKeys*hs)
+		vf = growF32(&sc.vf, attnTileKeys*hs)
+	}
+	for kt0 := k0; kt0 < k1; kt0 += attnTileKeys {
+		kt := min(attnTileKeys, k1-kt0)
+		cell := int(table[kt0/b.Block])*b.Block + kt0%b.Block
+		off := cell*rb + u.kvh*hb
+		if kv.Type == KVF32 {
+			kf = bytesF32(kv.K[off:])
+			vf = bytesF32(kv.V[off:])
+		} else {
+			k.load(kv.Type, kf, kv.K[off:], rb, kt, hs)
+		}
+		s := st[:kt*mp]
+		clear(s)
+		k.gemm(kt, mp, hs, kf, ld, 1, qt, mp, s, mp, nil)
+		k.softmax(s, kt, mp, lim, int32(kt0), a.Scale, mx, l, ms, kv.Type == KVF16)
+		if kv.Type != KVF32 {
+			k.load(kv.Type, vf, kv.V[off:], rb, kt, hs)
+		}
+		k.gemm(m, hs, kt, s, 1, mp, vf, ld, o, hs, ms[:m])
+	}
+
+	if u.nchunk > 1 {
+		pi := u.part + chunk
+		copy(parts.m[pi*parts.rows:pi*parts.rows+m], mx[:m])
+		copy(parts.l[pi*parts.rows:pi*parts.rows+m], l[:m])
+		copy(parts.o[pi*parts.rows*hs:], o)
+		return
+	}
+	for r := range m {
+		t := u.t0 + r/group
+		h := u.kvh*group + r%group
+		dst := out[t*qw+h*hs : t*qw+h*hs+hs]
+		inv := float32(0)
+		if l[r] > 0 {
+			inv = 1 / l[r]
+		}
+		for d, v := range o[r*hs : r*hs+hs] {
+			dst[d] = v * inv
+		}
+	}
+}
+
+// combine merges the partials of a split unit into its output rows.
+func (a *Attention) combine(u *attnUnit, out []float32, parts *attnPartials) {
+	hs := a.HeadSize
+	group := a.NHeads / a.NKVHeads
+	qw := a.NHeads * hs
+	m := (u.t1 - u.t0) * group
+	for r := range m {
+		t := u.t0 + r/group
+		h := u.kvh*group + r%group
+		dst := out[t*qw+h*hs : t*qw+h*hs+hs]
+		best := float32(noMax)
+		for c := range u.nchunk {
+			pi := (u.part+c)*parts.rows + r
+			if parts.l[pi] > 0 {
+				best = max(best, parts.m[pi])
+			}
+		}
+		clear(dst)
+		var sum float32
+		for c := range u.nchunk {
+			pi := (u.part+c)*parts.rows + r
+			if !(parts.l[pi] > 0) {
+				continue
+			}
+			w := expApprox(parts.m[pi] - best)
+			sum += w * parts.l[pi]
+			po := parts.o[pi*hs : pi*hs+hs]
+			for d, v := range po {
+				dst[d] += w * v
+			}
+		}
+		if sum > 0 {
+			inv := 1 / sum
+			for d := range dst {
+				dst[d] *= inv
+			}
+		}
+	}
+}
