@@ -15,13 +15,13 @@ type attnKernels struct {
 	gemm func(m, n, k int, a []float32, sai, sap int, b []float32, ldb int, c []float32, ldc int, rs []float32)
 
 	// softmax advances the online softmax of the n columns (query rows)
-	// of the score tile s ([kt][n], key rows at positions k0...): scores
+	// of the score tile s (kt rows ld apart, keys at positions k0...): scores
 	// are scaled, the keys past a column's position lim[c] masked, the
 	// running maximum mx and sum l updated and the scores replaced by the
 	// weights exp(s-mx) (rounded to f16 when round; masked ones 0, and
 	// the sum takes them before the rounding). ms[c] receives the factor
 	// exp(mx_old-mx) the column's output must be scaled by.
-	softmax func(s []float32, kt, n int, lim []int32, k0 int32, scale float32, mx, l, ms []float32, round bool)
+	softmax func(s []float32, kt, n, ld int, lim []int32, k0 int32, scale float32, mx, l, ms []float32, round bool)
 
 	// load converts rows of cols values of a cache type (each stride
 	// bytes after the last in src) to float32 rows of dst.
@@ -57,14 +57,14 @@ func gemmGeneric(m, n, k int, a []float32, sai, sap int, b []float32, ldb int, c
 	}
 }
 
-func softmaxColsGeneric(s []float32, kt, n int, lim []int32, k0 int32, scale float32, mx, l, ms []float32, round bool) {
+func softmaxColsGeneric(s []float32, kt, n, ld int, lim []int32, k0 int32, scale float32, mx, l, ms []float32, round bool) {
 	ninf := float32(math.Inf(-1))
 	lim, mx, l, ms = lim[:n], mx[:n], l[:n], ms[:n]
 	for c := range ms {
 		ms[c] = ninf // the tile's maximum, for now
 	}
 	for j := range kt {
-		row := s[j*n : j*n+n]
+		row := s[j*ld : j*ld+n]
 		kp := k0 + int32(j)
 		for c, v := range row {
 			v *= scale
@@ -82,7 +82,7 @@ func softmaxColsGeneric(s []float32, kt, n int, lim []int32, k0 int32, scale flo
 		l[c] *= ms[c]
 	}
 	for j := range kt {
-		row := s[j*n : j*n+n]
+		row := s[j*ld : j*ld+n]
 		for c, v := range row {
 			if v == ninf {
 				row[c] = 0

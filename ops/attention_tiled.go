@@ -6,6 +6,9 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"unsafe"
+
+	"github.com/atsinfer/ats/gguf"
 )
 
 // The tiled attention over a paged KV cache (flash attention with an
@@ -51,6 +54,12 @@ const attnTileRows = 128
 // attnTileTokens is the query tile, in tokens, for a KV group of group
 // heads.
 func attnTileTokens(group int) int { return max(1, attnTileRows/group) }
+
+// attnDotRows is the most query rows of a unit whose scores are dot
+// products of query and key rows (the level's F32 row kernel) rather
+// than a product over the rows in vector lanes, which would leave most
+// lanes empty.
+const attnDotRows = 8
 
 // attnMinUnits is the number of jobs below which units are split over
 // their keys: enough for the threads of a large machine to share, with
@@ -207,6 +216,19 @@ func (a *Attention) plan(b *AttnBatch) ([]attnUnit, int) {
 	return units, nparts
 }
 
+// f32Mul is the level's F32 row kernel: out[t*ldOut+r] = w_r·x_t.
+func f32Mul(n int, w []byte, ws, rows int, x []byte, xs, nTok int, out []float32, ldOut int) {
+	kernels[gguf.TypeF32].mul(n, w, ws, rows, x, xs, nTok, out, ldOut)
+}
+
+// f32Bytes views floats as their little-endian bytes.
+func f32Bytes(f []float32) []byte {
+	if len(f) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), 4*len(f))
+}
+
 func roundUp(x, m int) int { return (x + m - 1) / m * m }
 
 // attnRowsPad is the padded row count of a unit of m query rows: the
@@ -265,9 +287,13 @@ func (a *Attention) runUnit(kv *KVLayer, q, out []float32, b *AttnBatch, u *attn
 	mp := attnRowsPad(m)
 	k := attnKernelsActive
 
-	// The query rows, transposed: Qt[d][row], row = token*group + head.
+	// The query rows, transposed: Qt[d][row], row = token*group + head;
+	// for a unit of few rows (decode), as rows: qt[row][d].
+	dots := m <= attnDotRows
 	qt := growF32(&sc.qt, hs*mp)
-	clear(qt)
+	if !dots {
+		clear(qt)
+	}
 	lim := sc.lim
 	if cap(lim) < mp {
 		lim = make([]int32, mp)
@@ -300,8 +326,13 @@ func (a *Attention) runUnit(kv *KVLayer, q, out []float32, b *AttnBatch, u *attn
 		default:
 			copy(qrow, src)
 		}
-		for d, v := range qrow {
-			qt[d*mp+r] = v
+		switch {
+		case dots:
+			copy(qt[r*hs:(r+1)*hs], qrow)
+		default:
+			for d, v := range qrow {
+				qt[d*mp+r] = v
+			}
 		}
 	}
 
@@ -330,17 +361,25 @@ func (a *Attention) runUnit(kv *KVLayer, q, out []float32, b *AttnBatch, u *attn
 		kt := min(attnTileKeys, k1-kt0)
 		cell := int(table[kt0/b.Block])*b.Block + kt0%b.Block
 		off := cell*rb + u.kvh*hb
+		s := st[:kt*mp]
+		clear(s)
 		if kv.Type == KVF32 {
-			kf = bytesF32(kv.K[off:])
-			vf = bytesF32(kv.V[off:])
+			kf, vf = bytesF32(kv.K[off:]), bytesF32(kv.V[off:])
 		} else {
 			k.load(kv.Type, kf, kv.K[off:], rb, kt, hs)
 		}
-		s := st[:kt*mp]
-		clear(s)
-		k.gemm(kt, mp, hs, kf, ld, 1, qt, mp, s, mp, nil)
-		k.softmax(s, kt, mp, lim, int32(kt0), a.Scale, mx, l, ms, kv.Type == KVF16)
-		if kv.Type != KVF32 {
+		switch {
+		case dots:
+			// The keys are the row kernel's tokens, so S^T comes out.
+			f32Mul(hs, f32Bytes(qt[:m*hs]), 4*hs, m, f32Bytes(kf[:(kt-1)*ld+hs]), 4*ld, kt, s, mp)
+		default:
+			k.gemm(kt, mp, hs, kf, ld, 1, qt, mp, s, mp, nil)
+		}
+		k.softmax(s, kt, mp, mp, lim, int32(kt0), a.Scale, mx, l, ms, kv.Type == KVF16)
+		switch kv.Type {
+		case KVF32:
+			vf = bytesF32(kv.V[off:])
+		default:
 			k.load(kv.Type, vf, kv.V[off:], rb, kt, hs)
 		}
 		k.gemm(m, hs, kt, s, 1, mp, vf, ld, o, hs, ms[:m])
