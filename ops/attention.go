@@ -31,8 +31,12 @@ func (a *Attention) checkCache(kv *KVLayer) error {
 	if kv == nil {
 		return fmt.Errorf("attention: no KV cache")
 	}
-	if kv.Width != a.NKVHeads*a.HeadSize {
-		return fmt.Errorf("attention: %d KV heads of %d over cache rows of %d values", a.NKVHeads, a.HeadSize, kv.Width)
+	if kv.Width != a.NKVHeads*a.HeadSize || kv.HeadSize != a.HeadSize {
+		return fmt.Errorf("attention: %d KV heads of %d over a cache of rows of %d values, heads of %d", a.NKVHeads, a.HeadSize, kv.Width, kv.HeadSize)
+	}
+	if kv.RotK < 0 || kv.RotK&(kv.RotK-1) != 0 || kv.RotK > 0 && a.HeadSize%kv.RotK != 0 ||
+		kv.RotV < 0 || kv.RotV&(kv.RotV-1) != 0 || kv.RotV > 0 && a.HeadSize%kv.RotV != 0 {
+		return fmt.Errorf("attention: KV cache rotations of %d and %d do not divide heads of %d", kv.RotK, kv.RotV, a.HeadSize)
 	}
 	if err := kv.Type.checkWidth("head size", a.HeadSize); err != nil {
 		return fmt.Errorf("attention: %w", err)

@@ -65,7 +65,7 @@ func benchAttention(b *testing.B, pool *Pool, a *Attention, typ KVType, rows [][
 	const block = 256
 	width := a.NKVHeads * a.HeadSize
 	per := roundUp(depth+tokens, block) // cells of a sequence
-	kv, err := NewKVLayer(seqs*per, width, typ)
+	kv, err := NewKVLayer(seqs*per, a.NKVHeads, a.HeadSize, typ)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -166,7 +166,7 @@ func TestAttnLoadKernels(t *testing.T) {
 				}
 				for _, rows := range []int{1, 3, 64} {
 					width := 3*cols + 64 // a head of a row of several
-					layer, err := NewKVLayer(rows, width, typ)
+					layer, err := NewKVLayer(rows, 1, width, typ)
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -162,7 +162,7 @@ func (a *Attention) Run(p *Pool, kv *KVLayer, q, out []float32, b *AttnBatch) er
 		}
 		p.Run(len(split), 1, func(lo, hi int) {
 			for _, i := range split[lo:hi] {
-				a.combine(&units[i], out, parts)
+				a.combine(&units[i], out, parts, kv.RotV)
 			}
 		})
 	}
@@ -249,7 +249,7 @@ type attnTileScratch struct {
 	m, l, ms          []float32
 	lim               []int32
 	q8                []byte
-	qrow              []float32
+	qrow, qrot        []float32
 }
 
 var attnTilePool = sync.Pool{New: func() any { return new(attnTileScratch) }}
@@ -310,6 +310,13 @@ func (a *Attention) runUnit(kv *KVLayer, q, out []float32, b *AttnBatch, u *attn
 		h := u.kvh*group + r%group
 		lim[r] = b.Pos[t]
 		src := q[t*qw+h*hs : t*qw+h*hs+hs]
+		if kv.RotK > 0 {
+			// The keys were rotated before they were quantized.
+			qr := growF32(&sc.qrot, hs)
+			copy(qr, src)
+			fwht(qr, kv.RotK)
+			src = qr
+		}
 		switch kv.Type {
 		case KVF16:
 			for d, v := range src {
@@ -403,11 +410,14 @@ func (a *Attention) runUnit(kv *KVLayer, q, out []float32, b *AttnBatch, u *attn
 		for d, v := range o[r*hs : r*hs+hs] {
 			dst[d] = v * inv
 		}
+		if kv.RotV > 0 {
+			fwht(dst, kv.RotV) // the values' rotation, undone
+		}
 	}
 }
 
 // combine merges the partials of a split unit into its output rows.
-func (a *Attention) combine(u *attnUnit, out []float32, parts *attnPartials) {
+func (a *Attention) combine(u *attnUnit, out []float32, parts *attnPartials, rotV int) {
 	hs := a.HeadSize
 	group := a.NHeads / a.NKVHeads
 	qw := a.NHeads * hs
@@ -442,6 +452,9 @@ func (a *Attention) combine(u *attnUnit, out []float32, parts *attnPartials) {
 			for d := range dst {
 				dst[d] *= inv
 			}
+		}
+		if rotV > 0 {
+			fwht(dst, rotV)
 		}
 	}
 }

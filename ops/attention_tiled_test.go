@@ -3,6 +3,7 @@ package ops
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -35,7 +36,7 @@ func newAttnCase(t testing.TB, rng *rand.Rand, typ KVType, nh, nkv, hs, block in
 	for _, s := range seqs {
 		total += (s.from+s.n+block-1)/block + 1
 	}
-	kv, err := NewKVLayer(total*block, width, typ)
+	kv, err := NewKVLayer(total*block, nkv, hs, typ)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,8 +78,14 @@ func newAttnCase(t testing.TB, rng *rand.Rand, typ KVType, nh, nkv, hs, block in
 	return &attnCase{a: a, kv: kv, b: b, q: q}
 }
 
-// queryAsSeen is a query head as the kernels of a cache type use it.
-func queryAsSeen(typ KVType, x []float32) []float64 {
+// queryAsSeen is a query head as the kernels of a cache use it: rotated
+// as the keys were, then rounded to the cache's query format.
+func queryAsSeen(kv *KVLayer, x []float32) []float64 {
+	typ := kv.Type
+	if kv.RotK > 0 {
+		x = append([]float32(nil), x...)
+		fwht(x, kv.RotK)
+	}
 	v := make([]float32, len(x))
 	switch typ {
 	case KVF16:
@@ -118,7 +125,7 @@ func (c *attnCase) reference() []float64 {
 			loadTileGeneric(kv.Type, vals[p], kv.V[cell*rb:], rb, 1, kv.Width)
 		}
 		for h := range a.NHeads {
-			qh := queryAsSeen(kv.Type, c.q[t*qw+h*hs:t*qw+h*hs+hs])
+			qh := queryAsSeen(kv, c.q[t*qw+h*hs:t*qw+h*hs+hs])
 			g := h / group
 			sc := make([]float64, last+1)
 			mx := math.Inf(-1)
@@ -140,9 +147,32 @@ func (c *attnCase) reference() []float64 {
 					o[d] += w / sum * float64(vals[p][g*hs+d])
 				}
 			}
+			if kv.RotV > 0 {
+				hadamard64(o, kv.RotV)
+			}
 		}
 	}
 	return out
+}
+
+// hadamard64 multiplies each chunk of n values of x by the orthonormal
+// Walsh-Hadamard matrix of order n (Sylvester's), in float64.
+func hadamard64(x []float64, n int) {
+	for c := 0; c+n <= len(x); c += n {
+		y := x[c : c+n]
+		z := make([]float64, n)
+		for i := range z {
+			for j, v := range y {
+				// H[i][j] = (-1)^popcount(i&j) / sqrt(n)
+				if bits.OnesCount(uint(i&j))%2 == 1 {
+					v = -v
+				}
+				z[i] += v
+			}
+			z[i] /= math.Sqrt(float64(n))
+		}
+		copy(y, z)
+	}
 }
 
 // attnNMSE is Σ(got-want)² / Σwant², the oracles' measure.
@@ -247,7 +277,7 @@ func TestAttentionTiledMatchesContiguous(t *testing.T) {
 			a := &Attention{NHeads: c.nh, NKVHeads: c.nkv, HeadSize: c.hs, Scale: DefaultScale(c.hs)}
 			const block = 64
 			rows := roundUp(c.pos0+c.nTok, block)
-			kv, err := NewKVLayer(rows, c.nkv*c.hs, c.typ)
+			kv, err := NewKVLayer(rows, c.nkv, c.hs, c.typ)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -379,7 +409,7 @@ func TestAttentionTiledReads(t *testing.T) {
 // what is wrong, not panics.
 func TestAttentionTiledErrors(t *testing.T) {
 	a := &Attention{NHeads: 4, NKVHeads: 2, HeadSize: 64, Scale: 0.125}
-	kv, err := NewKVLayer(256, 128, KVQ8_0)
+	kv, err := NewKVLayer(256, 2, 64, KVQ8_0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -401,11 +431,18 @@ func TestAttentionTiledErrors(t *testing.T) {
 		{"lengths", func(b *AttnBatch, _ *Attention) (*KVLayer, []float32) { b.Seq = b.Seq[:1]; return kv, q }, "positions"},
 		{"query", func(b *AttnBatch, _ *Attention) (*KVLayer, []float32) { return kv, q[:300] }, "query buffer"},
 		{"heads", func(b *AttnBatch, a *Attention) (*KVLayer, []float32) { a.NKVHeads = 3; return kv, q }, "heads"},
-		{"width", func(b *AttnBatch, a *Attention) (*KVLayer, []float32) { a.NHeads, a.NKVHeads = 8, 4; return kv, q }, "cache rows"},
+		{"width", func(b *AttnBatch, a *Attention) (*KVLayer, []float32) { a.NHeads, a.NKVHeads = 8, 4; return kv, q }, "a cache of rows"},
 		{"head blocks", func(b *AttnBatch, a *Attention) (*KVLayer, []float32) {
 			a.NHeads, a.NKVHeads, a.HeadSize = 8, 8, 16
-			return kv, q
+			bad := *kv // made by hand: NewKVLayer refuses it
+			bad.HeadSize, bad.RotK, bad.RotV = 16, 0, 0
+			return &bad, q
 		}, "head size 16"},
+		{"rotation", func(b *AttnBatch, a *Attention) (*KVLayer, []float32) {
+			bad := *kv
+			bad.RotK = 48
+			return &bad, q
+		}, "rotations"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b, aa := good(), *a
@@ -416,7 +453,7 @@ func TestAttentionTiledErrors(t *testing.T) {
 			}
 		})
 	}
-	if _, err := NewKVLayer(10, 48, KVQ8_0); err == nil || !strings.Contains(err.Error(), "multiple of its block size") {
+	if _, err := NewKVLayer(10, 1, 48, KVQ8_0); err == nil || !strings.Contains(err.Error(), "multiple of its block size") {
 		t.Errorf("q8_0 rows of 48: error %v", err)
 	}
 	if _, err := ParseKVType("q5_1"); err == nil {
@@ -424,5 +461,69 @@ func TestAttentionTiledErrors(t *testing.T) {
 	}
 	if err := kv.Store(256, q, q); err == nil {
 		t.Error("store past the last cell: no error")
+	}
+}
+
+// TestKVRotation: the rotation is the orthonormal Walsh-Hadamard matrix
+// (Sylvester's order) in llama.cpp's sizes, and a quantized cache keeps
+// its rows rotated: decoded and rotated back they are the stored values
+// within the quantization error.
+func TestKVRotation(t *testing.T) {
+	for _, c := range []struct {
+		typ        KVType
+		hs, rk, rv int
+	}{{KVQ8_0, 128, 128, 64}, {KVQ8_0, 64, 64, 64}, {KVQ4_0, 256, 256, 64}, {KVQ8_0, 192, 64, 64}, {KVQ8_0, 96, 0, 0}, {KVF16, 128, 0, 0}} {
+		if rk, rv := c.typ.rotation(c.hs); rk != c.rk || rv != c.rv {
+			t.Errorf("%s heads of %d: rotations %d, %d, want %d, %d", c.typ, c.hs, rk, rv, c.rk, c.rv)
+		}
+	}
+	rng := rand.New(rand.NewPCG(5, 5))
+	for _, n := range []int{64, 128, 256} {
+		x := randVec(rng, 2*n, 1)
+		y := append([]float32(nil), x...)
+		fwht(y, n)
+		want := make([]float64, len(x))
+		for i, v := range x {
+			want[i] = float64(v)
+		}
+		hadamard64(want, n)
+		for i := range y {
+			if math.Abs(float64(y[i])-want[i]) > 1e-6 {
+				t.Fatalf("fwht %d: value %d = %g, want %g", n, i, y[i], want[i])
+			}
+		}
+		fwht(y, n) // an involution
+		for i := range y {
+			if math.Abs(float64(y[i]-x[i])) > 1e-6 {
+				t.Fatalf("fwht %d twice: value %d = %g, want %g", n, i, y[i], x[i])
+			}
+		}
+	}
+	kv, err := NewKVLayer(1, 2, 128, KVQ8_0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k, v := randVec(rng, 256, 1), randVec(rng, 256, 1)
+	k[5] = 20 // an outlier, which the rotation spreads
+	if err := kv.Store(0, k, v); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		row  []byte
+		rot  int
+		want []float32
+	}{{"keys", kv.K, kv.RotK, k}, {"values", kv.V, kv.RotV, v}} {
+		got := make([]float32, 256)
+		dequantQ8_0(got, c.row)
+		fwht(got, c.rot)
+		var num, den float64
+		for i := range got {
+			num += float64(got[i]-c.want[i]) * float64(got[i]-c.want[i])
+			den += float64(c.want[i]) * float64(c.want[i])
+		}
+		if e := num / den; e > 1e-4 {
+			t.Errorf("%s: rotated, quantized and rotated back: NMSE %.3g", c.name, e)
+		}
 	}
 }

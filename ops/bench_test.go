@@ -82,7 +82,7 @@ func BenchmarkQuantizeActLevels(b *testing.B) {
 func BenchmarkAttention(b *testing.B) {
 	a := &Attention{NHeads: 16, NKVHeads: 8, HeadSize: 128, Scale: DefaultScale(128)}
 	rng := rand.New(rand.NewPCG(3, 4))
-	kv, err := NewKVLayer(256, 8*128, KVF16)
+	kv, err := NewKVLayer(256, 8, 128, KVF16)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"unsafe"
 
 	"github.com/atsinfer/ats/gguf"
@@ -79,29 +80,82 @@ func (t KVType) checkWidth(what string, width int) error {
 }
 
 // KVLayer is the key and value cache of one layer: Rows cells, each one
-// token's key row and value row of Width = nKVHeads*headSize values in
+// token's key row and value row of Width = nKVHeads*HeadSize values in
 // Type's format, K and V [Rows][Type.RowBytes(Width)]. Which cell holds
 // which position of which sequence is the caller's bookkeeping (block
 // tables, see AttnBatch).
+//
+// A quantized cache holds its keys and values rotated, as llama.cpp's
+// does: each chunk of RotK key values (and RotV value values) is
+// multiplied by the orthonormal Walsh-Hadamard matrix of that size before
+// it is quantized, which spreads a head's outliers over the chunk and so
+// lowers the quantization error. Attention rotates the queries the same
+// way (scores are unchanged, the matrix being orthonormal) and rotates
+// its outputs back. 0 means no rotation (f16 and f32 caches; a caller
+// may also clear them, as LLAMA_ATTN_ROT_DISABLE does).
 type KVLayer struct {
 	Type        KVType
 	Rows, Width int
+	HeadSize    int
+	RotK, RotV  int
 	K, V        []byte
 }
 
-// NewKVLayer allocates the cache of one layer.
-func NewKVLayer(rows, width int, t KVType) (*KVLayer, error) {
-	if err := t.checkWidth("row width", width); err != nil {
+// NewKVLayer allocates the cache of one layer: rows cells of nKVHeads
+// heads of headSize values.
+func NewKVLayer(rows, nKVHeads, headSize int, t KVType) (*KVLayer, error) {
+	if err := t.checkWidth("head size", headSize); err != nil {
 		return nil, err
 	}
-	if rows <= 0 {
-		return nil, fmt.Errorf("KV cache %s: %d rows", t, rows)
+	if rows <= 0 || nKVHeads <= 0 {
+		return nil, fmt.Errorf("KV cache %s: %d rows of %d heads", t, rows, nKVHeads)
 	}
+	width := nKVHeads * headSize
 	rb := t.RowBytes(width)
-	if rows > math.MaxInt/2/rb {
-		return nil, fmt.Errorf("KV cache %s: %d rows of %d bytes overflow", t, rows, rb)
+	if width/nKVHeads != headSize || rows > math.MaxInt/2/rb {
+		return nil, fmt.Errorf("KV cache %s: %d rows of %d heads of %d overflow", t, rows, nKVHeads, headSize)
 	}
-	return &KVLayer{Type: t, Rows: rows, Width: width, K: make([]byte, rows*rb), V: make([]byte, rows*rb)}, nil
+	rk, rv := t.rotation(headSize)
+	return &KVLayer{Type: t, Rows: rows, Width: width, HeadSize: headSize, RotK: rk, RotV: rv,
+		K: make([]byte, rows*rb), V: make([]byte, rows*rb)}, nil
+}
+
+// rotation is the size of the Walsh-Hadamard rotation llama.cpp applies
+// to keys (with the queries) and to values in a cache of type t, for
+// heads of headSize: none unless the type is quantized and the head a
+// multiple of 64; keys then take the largest power of two that divides
+// the head, values always 64.
+func (t KVType) rotation(headSize int) (k, v int) {
+	if !t.quantized() || headSize%64 != 0 {
+		return 0, 0
+	}
+	k = 64
+	for headSize%(2*k) == 0 {
+		k *= 2
+	}
+	return k, 64
+}
+
+// fwht applies the orthonormal Walsh-Hadamard transform to each chunk of
+// n values of x (n a power of two), as ggml's CPU fwht does: the values
+// scaled by 1/sqrt(n), then butterflies (u+v, u-v) of growing span.
+func fwht(x []float32, n int) {
+	scale := 1 / float32(math.Sqrt(float64(n))) // 1.0f/sqrtf(n): sqrt is correctly rounded either way
+	for c := 0; c+n <= len(x); c += n {
+		y := x[c : c+n]
+		for i := range y {
+			y[i] *= scale
+		}
+		for span := 1; span < n; span *= 2 {
+			for i := 0; i < n; i += 2 * span {
+				a, b := y[i:i+span], y[i+span:i+2*span]
+				for j := range a {
+					u, v := a[j], b[j]
+					a[j], b[j] = u+v, u-v
+				}
+			}
+		}
+	}
 }
 
 // RowBytes is the size of one cell's key (or value) row.
@@ -120,12 +174,28 @@ func (l *KVLayer) Store(row int, k, v []float32) error {
 		return fmt.Errorf("KV cache: store of key/value rows of %d/%d values into cells of %d", len(k), len(v), l.Width)
 	}
 	rb := l.RowBytes()
-	l.storeRow(l.K[row*rb:(row+1)*rb], k[:l.Width])
-	l.storeRow(l.V[row*rb:(row+1)*rb], v[:l.Width])
+	l.storeRow(l.K[row*rb:(row+1)*rb], k[:l.Width], l.RotK)
+	l.storeRow(l.V[row*rb:(row+1)*rb], v[:l.Width], l.RotV)
 	return nil
 }
 
-func (l *KVLayer) storeRow(dst []byte, src []float32) {
+// rotScratch holds a row being rotated before it is quantized.
+var rotScratch = sync.Pool{New: func() any { return new([]float32) }}
+
+// storeRow converts a row into dst, rotated in chunks of rot first (0:
+// not rotated).
+func (l *KVLayer) storeRow(dst []byte, src []float32, rot int) {
+	if rot > 0 {
+		buf := rotScratch.Get().(*[]float32)
+		defer rotScratch.Put(buf)
+		if cap(*buf) < len(src) {
+			*buf = make([]float32, len(src))
+		}
+		r := (*buf)[:len(src)]
+		copy(r, src)
+		fwht(r, rot)
+		src = r
+	}
 	switch l.Type {
 	case KVF16:
 		cvtF16Kernel(unsafe.Slice((*uint16)(unsafe.Pointer(&dst[0])), len(src)), src)
@@ -152,8 +222,8 @@ func (l *KVLayer) StoreBatch(p *Pool, b *AttnBatch, k, v []float32) error {
 	p.Run(n, max(1, 4096/l.Width), func(lo, hi int) {
 		for t := lo; t < hi; t++ {
 			c := b.Cell(t)
-			l.storeRow(l.K[c*rb:(c+1)*rb], k[t*l.Width:(t+1)*l.Width])
-			l.storeRow(l.V[c*rb:(c+1)*rb], v[t*l.Width:(t+1)*l.Width])
+			l.storeRow(l.K[c*rb:(c+1)*rb], k[t*l.Width:(t+1)*l.Width], l.RotK)
+			l.storeRow(l.V[c*rb:(c+1)*rb], v[t*l.Width:(t+1)*l.Width], l.RotV)
 		}
 	})
 	return nil

@@ -154,7 +154,7 @@ func TestAttention(t *testing.T) {
 		if f16 {
 			typ = KVF16
 		}
-		kv, err := NewKVLayer(16, nkv*hs, typ)
+		kv, err := NewKVLayer(16, nkv, hs, typ)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -72,7 +72,7 @@ func New(p *ir.Program, pool *ops.Pool, opt Options) (*Backend, error) {
 		switch op.Kind {
 		case ir.OpAttention:
 			if b.kv[op.Layer] == nil {
-				kv, err := ops.NewKVLayer(rows, op.Attn.NKVHeads*op.Attn.HeadSize, opt.KVType)
+				kv, err := ops.NewKVLayer(rows, op.Attn.NKVHeads, op.Attn.HeadSize, opt.KVType)
 				if err != nil {
 					return nil, fmt.Errorf("cpu: KV cache of layer %d: %w", op.Layer, err)
 				}

@@ -520,7 +520,7 @@ func TestGPUOps(t *testing.T) {
 			width := c.kv * c.hs
 			k, v := g.randn(total*width, 1), g.randn(total*width, 1)
 			q := g.randn(c.nTok*c.heads*c.hs, 1)
-			kv, err := ops.NewKVLayer(total, width, ops.KVF16)
+			kv, err := ops.NewKVLayer(total, c.kv, c.hs, ops.KVF16)
 			g.check(err)
 			for p := 0; p < total; p++ {
 				g.check(kv.Store(p, k[p*width:(p+1)*width], v[p*width:(p+1)*width]))
