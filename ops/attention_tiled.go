@@ -356,40 +356,26 @@ func (a *Attention) runUnit(kv *KVLayer, q, out []float32, b *AttnBatch, u *attn
 	rb := kv.RowBytes()
 	hb := kv.Type.RowBytes(hs) // a head's bytes within a row
 	table := b.Tables[u.seq]
-	var kf, vf []float32
-	ld := hs // row stride of kf and vf
-	if kv.Type == KVF32 {
-		ld = kv.Width
-	} else {
-		kf = growF32(&sc.kf, attnTileKeys*hs)
-		vf = growF32(&sc.vf, attnTileKeys*hs)
-	}
+	// The tile's keys and values as float32 rows of hs (an f32 cache's
+	// are copied too: it is for tests).
+	kf := growF32(&sc.kf, attnTileKeys*hs)
+	vf := growF32(&sc.vf, attnTileKeys*hs)
 	for kt0 := k0; kt0 < k1; kt0 += attnTileKeys {
 		kt := min(attnTileKeys, k1-kt0)
 		cell := int(table[kt0/b.Block])*b.Block + kt0%b.Block
 		off := cell*rb + u.kvh*hb
 		s := st[:kt*mp]
 		clear(s)
-		if kv.Type == KVF32 {
-			kf, vf = bytesF32(kv.K[off:]), bytesF32(kv.V[off:])
-		} else {
-			k.load(kv.Type, kf, kv.K[off:], rb, kt, hs)
-		}
-		switch {
-		case dots:
+		k.load(kv.Type, kf, kv.K[off:], rb, kt, hs)
+		if dots {
 			// The keys are the row kernel's tokens, so S^T comes out.
-			f32Mul(hs, f32Bytes(qt[:m*hs]), 4*hs, m, f32Bytes(kf[:(kt-1)*ld+hs]), 4*ld, kt, s, mp)
-		default:
-			k.gemm(kt, mp, hs, kf, ld, 1, qt, mp, s, mp, nil)
+			f32Mul(hs, f32Bytes(qt[:m*hs]), 4*hs, m, f32Bytes(kf[:kt*hs]), 4*hs, kt, s, mp)
+		} else {
+			k.gemm(kt, mp, hs, kf, hs, 1, qt, mp, s, mp, nil)
 		}
 		k.softmax(s, kt, mp, mp, lim, int32(kt0), a.Scale, mx, l, ms, kv.Type == KVF16)
-		switch kv.Type {
-		case KVF32:
-			vf = bytesF32(kv.V[off:])
-		default:
-			k.load(kv.Type, vf, kv.V[off:], rb, kt, hs)
-		}
-		k.gemm(m, hs, kt, s, 1, mp, vf, ld, o, hs, ms[:m])
+		k.load(kv.Type, vf, kv.V[off:], rb, kt, hs)
+		k.gemm(m, hs, kt, s, 1, mp, vf, hs, o, hs, ms[:m])
 	}
 
 	if u.nchunk > 1 {
