@@ -85,7 +85,15 @@ func archAttn(l Level) *attnKernels {
 	default:
 		return nil
 	}
-	return &attnKernels{gemm: a.gemmTile, softmax: a.softmaxTile, load: a.loadTile}
+	return &attnKernels{gemm: a.gemmTile, softmax: a.softmaxTile, load: a.loadTile, prefetch: prefetchRows}
+}
+
+func prefetchRows(src []byte, stride, rows, rowBytes int) {
+	if rows <= 0 || rowBytes <= 0 || stride < 0 || len(src) < (rows-1)*stride+rowBytes {
+		return
+	}
+	// The rows need not start on a line: one more line covers the end.
+	attnPrefetchRows(&src[0], uintptr(stride), rows, (rowBytes+63)/64+1)
 }
 
 func (k *attnAsm) gemmTile(m, n, kk int, a []float32, sai, sap int, b []float32, ldb int, c []float32, ldc int, rs []float32) {

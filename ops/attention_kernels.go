@@ -10,8 +10,9 @@ import "math"
 // attnKernels is one level's tile kernels.
 type attnKernels struct {
 	// gemm sets c[i*ldc+j] = c[i*ldc+j]·rs[i] + Σ_p a[i*sai+p*sap]·b[p*ldb+j]
-	// for i < m, j < n, p < k, the sum formed in p order with fused
-	// multiply-adds; rs nil means no scaling.
+	// for i < m, j < n, p < k, the sum formed in p order (the assembly
+	// with fused multiply-adds, the twin with whatever the compiler
+	// makes of a·b+c); rs nil means no scaling.
 	gemm func(m, n, k int, a []float32, sai, sap int, b []float32, ldb int, c []float32, ldc int, rs []float32)
 
 	// softmax advances the online softmax of the n columns (query rows)
@@ -26,17 +27,18 @@ type attnKernels struct {
 	// load converts rows of cols values of a cache type (each stride
 	// bytes after the last in src) to float32 rows of dst.
 	load func(t KVType, dst []float32, src []byte, stride, rows, cols int)
+
+	// prefetch asks for the rows of rowBytes bytes (stride apart in src)
+	// to be brought into the caches; a hint, which the generic level
+	// ignores.
+	prefetch func(src []byte, stride, rows, rowBytes int)
 }
 
-var attnKernelsGeneric = attnKernels{gemm: gemmGeneric, softmax: softmaxColsGeneric, load: loadTileGeneric}
+var attnKernelsGeneric = attnKernels{gemm: gemmGeneric, softmax: softmaxColsGeneric, load: loadTileGeneric,
+	prefetch: func([]byte, int, int, int) {}}
 
 // attnKernelsActive are the kernels of the active level (SetCPULevel).
 var attnKernelsActive = attnKernelsGeneric
-
-// fma32 is a float32 fused multiply-add: a·b+c rounded once (through
-// float64, which differs from a true single rounding only in rare
-// double-rounding cases).
-func fma32(a, b, c float32) float32 { return float32(math.FMA(float64(a), float64(b), float64(c))) }
 
 func gemmGeneric(m, n, k int, a []float32, sai, sap int, b []float32, ldb int, c []float32, ldc int, rs []float32) {
 	for i := range m {
@@ -51,7 +53,7 @@ func gemmGeneric(m, n, k int, a []float32, sai, sap int, b []float32, ldb int, c
 			av := a[i*sai+p*sap]
 			bp := b[p*ldb : p*ldb+n]
 			for j, bv := range bp {
-				ci[j] = fma32(av, bv, ci[j])
+				ci[j] += av * bv
 			}
 		}
 	}

@@ -3,6 +3,7 @@ package ops
 import (
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"testing"
 )
 
@@ -198,4 +199,38 @@ func TestAttnLoadKernels(t *testing.T) {
 			}
 		}
 	})
+}
+
+// BenchmarkAttnGemm is the tile product of a prompt unit (256 query rows
+// of head size 128, a tile of 64 keys) on one thread: the scores (keys ×
+// rows) and the output update (rows × head), in GFLOP/s of wall time and
+// of the thread's CPU time (the machine may be shared):
+//
+//	go test -run NONE -bench AttnGemm -cpu 1 ./ops
+func BenchmarkAttnGemm(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	const rows, hs, keys = 256, 128, attnTileKeys
+	kf, qt := gaussRow(keys*hs, rng), gaussRow(hs*rows, rng)
+	st, o, ms := make([]float32, keys*rows), make([]float32, rows*hs), make([]float32, rows)
+	for i := range ms {
+		ms[i] = 1
+	}
+	for _, l := range SupportedLevels() {
+		k := levelAttn(l)
+		b.Run(l.String(), func(b *testing.B) {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			cpu0 := threadCPUTime()
+			for b.Loop() {
+				clear(st)
+				k.gemm(keys, rows, hs, kf, hs, 1, qt, rows, st, rows, nil)
+				k.gemm(rows, hs, keys, st, 1, rows, kf, hs, o, hs, ms)
+			}
+			flops := float64(4*rows*hs*keys) * float64(b.N)
+			b.ReportMetric(flops/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+			if cpu := threadCPUTime() - cpu0; cpu > 0 {
+				b.ReportMetric(flops/cpu.Seconds()/1e9, "GFLOP/cpu-s")
+			}
+		})
+	}
 }

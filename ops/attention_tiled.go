@@ -364,6 +364,14 @@ func (a *Attention) runUnit(kv *KVLayer, q, out []float32, b *AttnBatch, u *attn
 		kt := min(attnTileKeys, k1-kt0)
 		cell := int(table[kt0/b.Block])*b.Block + kt0%b.Block
 		off := cell*rb + u.kvh*hb
+		if next := kt0 + attnTileKeys; next < k1 {
+			// The next tile's rows, while this one computes.
+			nc := int(table[next/b.Block])*b.Block + next%b.Block
+			no := nc*rb + u.kvh*hb
+			nk := min(attnTileKeys, k1-next)
+			k.prefetch(kv.K[no:], rb, nk, hb)
+			k.prefetch(kv.V[no:], rb, nk, hb)
+		}
 		s := st[:kt*mp]
 		clear(s)
 		k.load(kv.Type, kf, kv.K[off:], rb, kt, hs)

@@ -16159,6 +16159,27 @@ DATA i32_ones<>+48(SB)/8, $0x0000000100000001
 DATA i32_ones<>+56(SB)/8, $0x0000000100000001
 GLOBL i32_ones<>(SB), RODATA|NOPTR, $64
 
+// func attnPrefetchRows(src *byte, stride uintptr, rows int, lines int)
+// Requires: MMX+
+TEXT ·attnPrefetchRows(SB), NOSPLIT, $0-32
+	MOVQ src+0(FP), AX
+	MOVQ stride+8(FP), CX
+	MOVQ rows+16(FP), DX
+
+attnPrefetchRows_row:
+	MOVQ AX, BX
+	MOVQ lines+24(FP), SI
+
+attnPrefetchRows_line:
+	PREFETCHT1 (BX)
+	ADDQ       $0x40, BX
+	DECQ       SI
+	JNZ        attnPrefetchRows_line
+	ADDQ       CX, AX
+	DECQ       DX
+	JNZ        attnPrefetchRows_row
+	RET
+
 // func attnLoadF16AVX2(dst *float32, src *byte, stride uintptr, rows int, nv int)
 // Requires: AVX, F16C
 TEXT ·attnLoadF16AVX2(SB), NOSPLIT, $0-40

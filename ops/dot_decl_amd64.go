@@ -229,6 +229,11 @@ func attnGemmAVX2_6x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uint
 //go:noescape
 func attnSoftmaxAVX2(s *float32, kt int, nv int, ld uintptr, lim *int32, k0 int32, scale float32, mx *float32, l *float32, ms *float32, round int)
 
+// attnPrefetchRows prefetches lines cache lines of each of rows rows into L2.
+//
+//go:noescape
+func attnPrefetchRows(src *byte, stride uintptr, rows int, lines int)
+
 // attnLoadF16AVX2 converts rows of f16 values to float32 (AVX2).
 //
 //go:noescape

@@ -31,6 +31,9 @@ func genAttn(s isa) {
 		}
 	}
 	genAttnSoftmax(s)
+	if s == isaAVX2 {
+		genAttnPrefetch()
+	}
 	genAttnLoadF16(s)
 	genAttnLoadQ8_0(s)
 	genAttnLoadQ4_0(s)
@@ -395,5 +398,35 @@ func genAttnLoadQ4_0(s isa) {
 	DECQ(rows)
 	JNZ(LabelRef(name + "_row"))
 	VZEROUPPER()
+	RET()
+}
+
+// genAttnPrefetch emits prefetches (into L2) of rows of a cache tile:
+// lines cache lines from each of rows rows stride bytes apart. The
+// attention asks for the next tile's keys and values while it computes
+// the current one: their rows are short pieces of long cache rows, which
+// the hardware prefetchers follow poorly.
+func genAttnPrefetch() {
+	name := "attnPrefetchRows"
+	TEXT(name, NOSPLIT, "func(src *byte, stride uintptr, rows, lines int)")
+	Pragma("noescape")
+	Doc(name + " prefetches lines cache lines of each of rows rows into L2.")
+	src := Load(Param("src"), GP64())
+	stride := Load(Param("stride"), GP64())
+	rows := Load(Param("rows"), GP64())
+	linesArg, _ := Param("lines").Resolve()
+	Label(name + "_row")
+	p := GP64()
+	MOVQ(src, p)
+	n := GP64()
+	MOVQ(linesArg.Addr, n)
+	Label(name + "_line")
+	PREFETCHT1(Mem{Base: p})
+	ADDQ(U8(64), p)
+	DECQ(n)
+	JNZ(LabelRef(name + "_line"))
+	ADDQ(stride, src)
+	DECQ(rows)
+	JNZ(LabelRef(name + "_row"))
 	RET()
 }
