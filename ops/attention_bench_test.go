@@ -118,7 +118,7 @@ func benchAttention(b *testing.B, pool *Pool, a *Attention, typ KVType, rows [][
 		views := make([]*KVLayer, seqs)
 		rb := kv.RowBytes()
 		for s := range views {
-			views[s] = &KVLayer{Type: typ, Rows: per, Width: width, K: kv.K[s*per*rb : (s+1)*per*rb], V: kv.V[s*per*rb : (s+1)*per*rb]}
+			views[s] = &KVLayer{Type: typ, Rows: per, Width: width, HeadSize: a.HeadSize, K: kv.K[s*per*rb : (s+1)*per*rb], V: kv.V[s*per*rb : (s+1)*per*rb]}
 		}
 		qs := tokens * a.NHeads * a.HeadSize
 		timed(b, func() {

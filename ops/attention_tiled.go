@@ -105,8 +105,14 @@ type attnUnit struct {
 //     query and keys are exact floats, summed in float32 (llama.cpp sums
 //     each block's integer dot and then the blocks: the same terms, added
 //     in another order); the online softmax in float32, the values
-//     dequantized and accumulated in float32;
+//     dequantized and accumulated in float32; the queries rotated as
+//     the cache's keys were (kv.RotK) and the outputs rotated back
+//     (kv.RotV), as llama.cpp's graph does around its attention;
 //   - f32: float32 products and sums.
+//
+// Every row's arithmetic depends on its own query, position and keys
+// only, and how the keys are split over jobs on the batch only, so the
+// thread count never changes the result.
 func (a *Attention) Run(p *Pool, kv *KVLayer, q, out []float32, b *AttnBatch) error {
 	if err := a.checkCache(kv); err != nil {
 		return err
@@ -125,7 +131,7 @@ func (a *Attention) Run(p *Pool, kv *KVLayer, q, out []float32, b *AttnBatch) er
 	if n == 0 {
 		return nil
 	}
-	units, nparts := a.plan(b)
+	units, nparts, partRows := a.plan(b)
 	jobs := make([]attnJob, 0, len(units))
 	for i, u := range units {
 		for c := range u.nchunk {
@@ -139,7 +145,7 @@ func (a *Attention) Run(p *Pool, kv *KVLayer, q, out []float32, b *AttnBatch) er
 	if nparts > 0 {
 		parts = attnPartialsPool.Get().(*attnPartials)
 		defer attnPartialsPool.Put(parts)
-		parts.grow(nparts, attnTileRowsPad(a.NHeads/a.NKVHeads), a.HeadSize)
+		parts.grow(nparts, partRows, a.HeadSize)
 	}
 	p.RunChunks(len(jobs), 1, func(lo, hi int) {
 		sc := attnTilePool.Get().(*attnTileScratch)
@@ -177,11 +183,11 @@ type attnJob struct {
 
 // plan splits the batch into units (query tiles of each run of a
 // sequence's tokens, times KV heads) and, when there are few, their keys
-// into chunks. It returns the units and the number of partials.
-func (a *Attention) plan(b *AttnBatch) ([]attnUnit, int) {
+// into chunks. It returns the units, the number of partials and the most
+// query rows of a split unit.
+func (a *Attention) plan(b *AttnBatch) (units []attnUnit, nparts, partRows int) {
 	group := a.NHeads / a.NKVHeads
 	tq := attnTileTokens(group)
-	var units []attnUnit
 	n := len(b.Pos)
 	for t0 := 0; t0 < n; {
 		t1 := t0 + 1
@@ -197,7 +203,6 @@ func (a *Attention) plan(b *AttnBatch) ([]attnUnit, int) {
 		}
 		t0 = t1
 	}
-	nparts := 0
 	target := (attnMinUnits + len(units) - 1) / len(units)
 	for i := range units {
 		u := &units[i]
@@ -212,9 +217,10 @@ func (a *Attention) plan(b *AttnBatch) ([]attnUnit, int) {
 		if u.nchunk > 1 {
 			u.part = nparts
 			nparts += u.nchunk
+			partRows = max(partRows, (u.t1-u.t0)*group)
 		}
 	}
-	return units, nparts
+	return units, nparts, partRows
 }
 
 // f32Mul is the level's F32 row kernel: out[t*ldOut+r] = w_r·x_t.
@@ -230,6 +236,17 @@ func f32Bytes(f []float32) []byte {
 	return unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), 4*len(f))
 }
 
+// roundF16 rounds x to f16 precision in place.
+func roundF16(x []float32) {
+	if scaleRoundF16Kernel != nil {
+		scaleRoundF16Kernel(x, 1)
+		return
+	}
+	for i, v := range x {
+		x[i] = F16ToF32(F32ToF16(v))
+	}
+}
+
 func roundUp(x, m int) int { return (x + m - 1) / m * m }
 
 // attnRowsPad is the padded row count of a unit of m query rows: the
@@ -240,9 +257,6 @@ func attnRowsPad(m int) int {
 	}
 	return roundUp(m, 16)
 }
-
-// attnTileRowsPad is the most padded rows a unit of a group can have.
-func attnTileRowsPad(group int) int { return attnRowsPad(attnTileTokens(group) * group) }
 
 // attnTileScratch is one job's working memory.
 type attnTileScratch struct {
@@ -320,9 +334,8 @@ func (a *Attention) runUnit(kv *KVLayer, q, out []float32, b *AttnBatch, u *attn
 		}
 		switch kv.Type {
 		case KVF16:
-			for d, v := range src {
-				qrow[d] = F16ToF32(F32ToF16(v))
-			}
+			copy(qrow, src)
+			roundF16(qrow)
 		case KVQ8_0, KVQ4_0:
 			// llama.cpp's vec_dot_type of both: the query quantized per head.
 			if cap(sc.q8) < hs/qk*blockQ8_0 {

@@ -536,3 +536,68 @@ func TestKVRotation(t *testing.T) {
 		}
 	}
 }
+
+// refQ8_0 is ggml's quantize_row_q8_0_ref, written out again: d =
+// amax/127 stored as f16, q = roundf(x/d) (halves away from zero).
+func refQ8_0(x []float32) []byte {
+	var out []byte
+	for b := 0; b < len(x); b += qk {
+		var amax float32
+		for _, v := range x[b : b+qk] {
+			amax = max(amax, float32(math.Abs(float64(v))))
+		}
+		d := amax / 127
+		var id float32
+		if d != 0 {
+			id = 1 / d
+		}
+		h := F32ToF16(d)
+		out = append(out, byte(h), byte(h>>8))
+		for _, v := range x[b : b+qk] {
+			out = append(out, byte(int8(math.Round(float64(v*id)))))
+		}
+	}
+	return out
+}
+
+// TestKVStoreQ8_0: a q8_0 cache row is ggml's reference quantization of
+// the row, bit for bit; rotated (llama.cpp's default), of the rotated row.
+func TestKVStoreQ8_0(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 9))
+	for _, rot := range []bool{false, true} {
+		kv, err := NewKVLayer(4, 2, 128, KVQ8_0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !rot {
+			kv.RotK, kv.RotV = 0, 0
+		}
+		rows := [][]float32{randVec(rng, 256, 1), randVec(rng, 256, 1e-3), make([]float32, 256), randVec(rng, 256, 100)}
+		rows[2][40] = -3 // one value in a block of zeros
+		// Values whose x/d falls on a half: amax 127 makes d 1.
+		rows[3][0], rows[3][1], rows[3][2] = 127, 2.5, -0.5
+		for i := 3; i < qk; i++ {
+			rows[3][i] = float32(i%7) - 3.5
+		}
+		for r, x := range rows {
+			if err := kv.Store(r, x, x); err != nil {
+				t.Fatal(err)
+			}
+			want := append([]float32(nil), x...)
+			if rot {
+				fwht(want, kv.RotK)
+			}
+			rb := kv.RowBytes()
+			if got, w := kv.K[r*rb:(r+1)*rb], refQ8_0(want); string(got) != string(w) {
+				t.Errorf("rotated=%v row %d: key bytes differ from the reference quantizer", rot, r)
+			}
+			if rot {
+				want = append(want[:0], x...)
+				fwht(want, kv.RotV)
+			}
+			if got, w := kv.V[r*rb:(r+1)*rb], refQ8_0(want); string(got) != string(w) {
+				t.Errorf("rotated=%v row %d: value bytes differ from the reference quantizer", rot, r)
+			}
+		}
+	}
+}
