@@ -137,21 +137,29 @@ func (t KVType) rotation(headSize int) (k, v int) {
 }
 
 // fwht applies the orthonormal Walsh-Hadamard transform to each chunk of
-// n values of x (n a power of two), as ggml's CPU fwht does: the values
-// scaled by 1/sqrt(n), then butterflies (u+v, u-v) of growing span.
+// n values of x (n a power of two, at least 4), as ggml's CPU fwht does:
+// the values scaled by 1/sqrt(n), then butterflies (u+v, u-v) of
+// growing span. The spans 1 and 2 run together on groups of four, with
+// the same operations in the same order.
 func fwht(x []float32, n int) {
 	scale := 1 / float32(math.Sqrt(float64(n))) // 1.0f/sqrtf(n): sqrt is correctly rounded either way
 	for c := 0; c+n <= len(x); c += n {
-		y := x[c : c+n]
-		for i := range y {
-			y[i] *= scale
+		y := x[c : c+n : c+n]
+		for i := 0; i+4 <= len(y); i += 4 {
+			g := y[i : i+4 : i+4]
+			a, b, cc, d := g[0]*scale, g[1]*scale, g[2]*scale, g[3]*scale
+			a, b = a+b, a-b
+			cc, d = cc+d, cc-d
+			g[0], g[2] = a+cc, a-cc
+			g[1], g[3] = b+d, b-d
 		}
-		for span := 1; span < n; span *= 2 {
+		for span := 4; span < n; span *= 2 {
 			for i := 0; i < n; i += 2 * span {
-				a, b := y[i:i+span], y[i+span:i+2*span]
-				for j := range a {
-					u, v := a[j], b[j]
-					a[j], b[j] = u+v, u-v
+				lo, hi := y[i:i+span:i+span], y[i+span:i+2*span:i+2*span]
+				hi = hi[:len(lo)]
+				for j, u := range lo {
+					v := hi[j]
+					lo[j], hi[j] = u+v, u-v
 				}
 			}
 		}
@@ -232,7 +240,9 @@ func (l *KVLayer) StoreBatch(p *Pool, b *AttnBatch, k, v []float32) error {
 // kvQuantQ8_0 quantizes a row as quantize_row_q8_0_ref: the Q8_0
 // activation quantizer of the level, which gives the reference's bytes
 // for every finite input.
-func kvQuantQ8_0(dst []byte, src []float32) { kernels[gguf.TypeQ8_0].QuantizeAct(dst, src) }
+func kvQuantQ8_0(dst []byte, src []float32) { kernelQ8_0.QuantizeAct(dst, src) }
+
+var kernelQ8_0 = kernels[gguf.TypeQ8_0]
 
 // bytesF32 views little-endian float32 bytes as floats (amd64 and arm64
 // are little-endian, as GGUF is; Go allocates byte slices of this size
