@@ -6,9 +6,6 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-	"unsafe"
-
-	"github.com/atsinfer/ats/gguf"
 )
 
 // The tiled attention over a paged KV cache (flash attention with an
@@ -17,8 +14,9 @@ import (
 // A unit of work is a tile of up to attnTileTokens(group) query tokens of
 // one sequence times the heads of one KV group: its m query rows (token
 // major, the group's heads within a token) share every key and value row
-// the unit reads. The unit walks its sequence's cells in tiles of
-// attnTileKeys keys; for each tile it
+// the unit reads. The unit walks its sequence's cells in chunks of
+// attnChunkKeys keys, each in tiles of attnTileKeys keys; for each tile
+// it
 //
 //  1. converts the tile's key rows of its KV head to float32 (Kf, exact:
 //     f16 and the dequantized blocks are floats),
@@ -38,16 +36,20 @@ import (
 // prompt chunk reads each row about 512·group/attnTileRows times per KV
 // head instead of once per token and head.
 //
-// When the batch has few units (decode of a few long sequences) each
-// unit's keys are split into chunks that run as separate jobs (split-K),
-// each ending with its partial (M, L, O); a second pass combines them.
-// How a batch is split depends on the batch only, never on the threads,
-// so the thread count does not change the result.
+// Each chunk's softmax starts afresh and the chunks' states (M, L, O)
+// merge in order. When the batch has few units (decode of a few long
+// sequences) the chunks run as separate jobs (split-K) and a second pass
+// merges them; otherwise a unit's job runs them one after the other. The
+// arithmetic of a row is the same either way, and the same whatever
+// other rows share its unit, so a token's result depends on its query,
+// its position and its sequence's keys and values only: not on the
+// batch it comes in (a prompt evaluated whole or in pieces, a decode
+// alone or beside others) nor on the threads.
 
 // attnTileRows is about how many query rows (tokens × heads of a group) a
 // unit takes: each key and value row it reads is used by that many rows.
 // 256 rows keep the unit's working set (the transposed queries, scores,
-// outputs and the converted key and value tiles, about 400 KiB at head
+// outputs and the converted key and value tiles, about 500 KiB at head
 // size 128) in a core's L2 on current server cores (1-2 MiB); 128 rows
 // took 10% more CPU time at depth 4096 on a Zen 5.
 const attnTileRows = 256
@@ -56,19 +58,15 @@ const attnTileRows = 256
 // heads.
 func attnTileTokens(group int) int { return max(1, attnTileRows/group) }
 
-// attnDotRows is the most query rows of a unit whose scores are dot
-// products of query and key rows (the level's F32 row kernel) rather
-// than a product over the rows in vector lanes, which would leave most
-// lanes empty.
-const attnDotRows = 8
+// attnChunkKeys is the keys of a chunk, whose softmax starts afresh:
+// small enough that one long decode splits over many threads, big
+// enough that merging the chunks' outputs costs little.
+const attnChunkKeys = 1024
 
-// attnMinUnits is the number of jobs below which units are split over
-// their keys: enough for the threads of a large machine to share, with
-// some left to balance their ends.
+// attnMinUnits is the number of units below which a unit's chunks run as
+// jobs of their own: enough for the threads of a large machine to share,
+// with some left to balance their ends.
 const attnMinUnits = 64
-
-// attnSplitMin is the fewest keys a split chunk takes (four key tiles).
-const attnSplitMin = 4 * attnTileKeys
 
 // noMax is the running maximum before any key: finite, so that
 // exp(noMax-M) is 0 (clamped) rather than exp(-inf+inf).
@@ -85,9 +83,8 @@ type attnUnit struct {
 	seq    int32 // its sequence
 	kvh    int   // the KV head
 	keys   int   // positions it reads: 0..keys-1 (its last position + 1)
-	chunk  int   // keys per job (split-K); keys when not split
 	nchunk int
-	part   int // index of its first partial, when split
+	part   int // index of its first partial; -1 when not split
 }
 
 // Run computes out[t] (NHeads*HeadSize floats) for every query token t of
@@ -134,8 +131,12 @@ func (a *Attention) Run(p *Pool, kv *KVLayer, q, out []float32, b *AttnBatch) er
 	units, nparts, partRows := a.plan(b)
 	jobs := make([]attnJob, 0, len(units))
 	for i, u := range units {
+		if u.part < 0 {
+			jobs = append(jobs, attnJob{unit: i, chunk: -1, cost: u.keys * (u.t1 - u.t0)})
+			continue
+		}
 		for c := range u.nchunk {
-			jobs = append(jobs, attnJob{unit: i, chunk: c, cost: min(u.chunk, u.keys-c*u.chunk) * (u.t1 - u.t0)})
+			jobs = append(jobs, attnJob{unit: i, chunk: c, cost: min(attnChunkKeys, u.keys-c*attnChunkKeys) * (u.t1 - u.t0)})
 		}
 	}
 	// Longest first: the pool hands them out in order, so the short ones
@@ -152,39 +153,36 @@ func (a *Attention) Run(p *Pool, kv *KVLayer, q, out []float32, b *AttnBatch) er
 		defer attnTilePool.Put(sc)
 		var reads int64
 		for _, j := range jobs[lo:hi] {
-			u := &units[j.unit]
-			k0 := j.chunk * u.chunk
-			k1 := min(u.keys, k0+u.chunk)
-			a.runUnit(kv, q, out, b, u, k0, k1, sc, parts, j.chunk)
-			reads += 2 * int64(k1-k0)
+			reads += a.runJob(kv, q, out, b, &units[j.unit], j.chunk, sc, parts)
 		}
 		attnRowsRead.Add(reads)
 	})
 	if nparts > 0 {
 		var split []int
 		for i := range units {
-			if units[i].nchunk > 1 {
+			if units[i].part >= 0 {
 				split = append(split, i)
 			}
 		}
 		p.Run(len(split), 1, func(lo, hi int) {
 			for _, i := range split[lo:hi] {
-				a.combine(&units[i], out, parts, kv.RotV)
+				a.combine(kv, out, &units[i], parts)
 			}
 		})
 	}
 	return nil
 }
 
+// attnJob is a unit (chunk -1) or one chunk of a split unit.
 type attnJob struct {
 	unit, chunk int
 	cost        int // keys × tokens, for the order
 }
 
 // plan splits the batch into units (query tiles of each run of a
-// sequence's tokens, times KV heads) and, when there are few, their keys
-// into chunks. It returns the units, the number of partials and the most
-// query rows of a split unit.
+// sequence's tokens, times KV heads) and, when there are few, has their
+// chunks run as jobs of their own. It returns the units, the number of
+// partials and the most query rows of a split unit.
 func (a *Attention) plan(b *AttnBatch) (units []attnUnit, nparts, partRows int) {
 	group := a.NHeads / a.NKVHeads
 	tq := attnTileTokens(group)
@@ -199,41 +197,23 @@ func (a *Attention) plan(b *AttnBatch) (units []attnUnit, nparts, partRows int) 
 			last = max(last, p)
 		}
 		for h := range a.NKVHeads {
-			units = append(units, attnUnit{t0: t0, t1: t1, seq: b.Seq[t0], kvh: h, keys: int(last) + 1})
+			keys := int(last) + 1
+			units = append(units, attnUnit{t0: t0, t1: t1, seq: b.Seq[t0], kvh: h, keys: keys,
+				nchunk: (keys + attnChunkKeys - 1) / attnChunkKeys, part: -1})
 		}
 		t0 = t1
 	}
-	target := (attnMinUnits + len(units) - 1) / len(units)
+	if len(units) >= attnMinUnits {
+		return units, 0, 0
+	}
 	for i := range units {
-		u := &units[i]
-		u.chunk, u.nchunk = u.keys, 1
-		if target > 1 {
-			nc := min(target, (u.keys+attnSplitMin-1)/attnSplitMin)
-			if nc > 1 {
-				u.chunk = roundUp((u.keys+nc-1)/nc, attnTileKeys)
-				u.nchunk = (u.keys + u.chunk - 1) / u.chunk
-			}
-		}
-		if u.nchunk > 1 {
+		if u := &units[i]; u.nchunk > 1 {
 			u.part = nparts
 			nparts += u.nchunk
 			partRows = max(partRows, (u.t1-u.t0)*group)
 		}
 	}
 	return units, nparts, partRows
-}
-
-// f32Mul is the level's F32 row kernel: out[t*ldOut+r] = w_r·x_t.
-func f32Mul(n int, w []byte, ws, rows int, x []byte, xs, nTok int, out []float32, ldOut int) {
-	kernels[gguf.TypeF32].mul(n, w, ws, rows, x, xs, nTok, out, ldOut)
-}
-
-// f32Bytes views floats as their little-endian bytes.
-func f32Bytes(f []float32) []byte {
-	if len(f) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), 4*len(f))
 }
 
 // roundF16 rounds x to f16 precision in place.
@@ -260,11 +240,12 @@ func attnRowsPad(m int) int {
 
 // attnTileScratch is one job's working memory.
 type attnTileScratch struct {
-	qt, st, kf, vf, o []float32
-	m, l, ms          []float32
-	lim               []int32
-	q8                []byte
-	qrow, qrot        []float32
+	qt, st, kf, vf []float32
+	mx, l, ms      []float32
+	lim            []int32
+	q8             []byte
+	qrow, qrot     []float32
+	total, next    attnStateBuf
 }
 
 var attnTilePool = sync.Pool{New: func() any { return new(attnTileScratch) }}
@@ -292,33 +273,70 @@ func (p *attnPartials) grow(n, rows, hs int) {
 	p.o = growF32(&p.o, n*rows*hs)
 }
 
-// runUnit computes keys [k0, k1) of unit u: into out when the unit is
-// not split, else into its partial chunk.
-func (a *Attention) runUnit(kv *KVLayer, q, out []float32, b *AttnBatch, u *attnUnit, k0, k1 int, sc *attnTileScratch, parts *attnPartials, chunk int) {
+// attnState is the online softmax of a unit's rows over some keys: the
+// running maximum and sum of each row and its (unnormalised) output.
+type attnState struct {
+	mx, l, o []float32
+}
+
+func (st *attnState) grow(b *attnStateBuf, m, hs int) {
+	st.mx = growF32(&b.mx, m)
+	st.l = growF32(&b.l, m)
+	st.o = growF32(&b.o, m*hs)
+}
+
+type attnStateBuf struct{ mx, l, o []float32 }
+
+// runJob runs a unit whole (chunk -1) into out, or one chunk of a split
+// unit into its partial. It returns the K and V rows it read.
+func (a *Attention) runJob(kv *KVLayer, q, out []float32, b *AttnBatch, u *attnUnit, chunk int, sc *attnTileScratch, parts *attnPartials) int64 {
+	hs := a.HeadSize
+	m := (u.t1 - u.t0) * (a.NHeads / a.NKVHeads)
+	mp := a.prepQueries(kv, q, b, u, sc)
+	if chunk >= 0 {
+		var st attnState
+		pi := u.part + chunk
+		st.mx = parts.m[pi*parts.rows : pi*parts.rows+m]
+		st.l = parts.l[pi*parts.rows : pi*parts.rows+m]
+		st.o = parts.o[pi*parts.rows*hs : (pi*parts.rows+m)*hs]
+		return a.runChunk(kv, b, u, chunk, m, mp, sc, st)
+	}
+	var total, next attnState
+	total.grow(&sc.total, m, hs)
+	next.grow(&sc.next, m, hs)
+	var reads int64
+	for c := range u.nchunk {
+		if c == 0 {
+			reads += a.runChunk(kv, b, u, c, m, mp, sc, total)
+			continue
+		}
+		reads += a.runChunk(kv, b, u, c, m, mp, sc, next)
+		mergeSoftmax(total, next, m, hs)
+	}
+	a.writeOut(kv, out, u, total)
+	return reads
+}
+
+// prepQueries fills the scratch with the unit's query rows, transposed
+// (Qt[d][row], row = token*group + head) and as the cache's type sees
+// them, and their positions; padding rows mask every key. It returns the
+// padded row count.
+func (a *Attention) prepQueries(kv *KVLayer, q []float32, b *AttnBatch, u *attnUnit, sc *attnTileScratch) int {
 	hs := a.HeadSize
 	group := a.NHeads / a.NKVHeads
 	qw := a.NHeads * hs
 	m := (u.t1 - u.t0) * group
 	mp := attnRowsPad(m)
-	k := attnKernelsActive
-
-	// The query rows, transposed: Qt[d][row], row = token*group + head;
-	// for a unit of few rows (decode), as rows: qt[row][d].
-	dots := m <= attnDotRows
 	qt := growF32(&sc.qt, hs*mp)
-	if !dots {
-		clear(qt)
+	clear(qt)
+	if cap(sc.lim) < mp {
+		sc.lim = make([]int32, mp)
 	}
-	lim := sc.lim
-	if cap(lim) < mp {
-		lim = make([]int32, mp)
-		sc.lim = lim
-	}
-	lim = lim[:mp]
+	lim := sc.lim[:mp]
 	qrow := growF32(&sc.qrow, hs)
 	for r := range mp {
 		if r >= m {
-			lim[r] = -1 // padding: every key masked
+			lim[r] = -1
 			continue
 		}
 		t := u.t0 + r/group
@@ -347,33 +365,39 @@ func (a *Attention) runUnit(kv *KVLayer, q, out []float32, b *AttnBatch, u *attn
 		default:
 			copy(qrow, src)
 		}
-		switch {
-		case dots:
-			copy(qt[r*hs:(r+1)*hs], qrow)
-		default:
-			for d, v := range qrow {
-				qt[d*mp+r] = v
-			}
+		for d, v := range qrow {
+			qt[d*mp+r] = v
 		}
 	}
+	return mp
+}
 
-	mx := growF32(&sc.m, mp)
+// runChunk computes chunk c of unit u (its queries prepared) from a
+// fresh softmax into st, and returns the K and V rows it read.
+func (a *Attention) runChunk(kv *KVLayer, b *AttnBatch, u *attnUnit, c, m, mp int, sc *attnTileScratch, st attnState) int64 {
+	hs := a.HeadSize
+	k := attnKernelsActive
+	k0 := c * attnChunkKeys
+	k1 := min(u.keys, k0+attnChunkKeys)
+	for i := range st.mx {
+		st.mx[i], st.l[i] = noMax, 0
+	}
+	clear(st.o)
+	qt, lim := sc.qt[:hs*mp], sc.lim[:mp]
+	// The row state of the padding too: the softmax kernel runs over
+	// every column.
+	mx := growF32(&sc.mx, mp)
 	l := growF32(&sc.l, mp)
 	ms := growF32(&sc.ms, mp)
-	o := growF32(&sc.o, m*hs)
 	for i := range mx {
 		mx[i], l[i] = noMax, 0
 	}
-	clear(o)
-	st := growF32(&sc.st, attnTileKeys*mp)
-
+	st0 := growF32(&sc.st, attnTileKeys*mp)
+	kf := growF32(&sc.kf, attnTileKeys*hs)
+	vf := growF32(&sc.vf, attnTileKeys*hs)
 	rb := kv.RowBytes()
 	hb := kv.Type.RowBytes(hs) // a head's bytes within a row
 	table := b.Tables[u.seq]
-	// The tile's keys and values as float32 rows of hs (an f32 cache's
-	// are copied too: it is for tests).
-	kf := growF32(&sc.kf, attnTileKeys*hs)
-	vf := growF32(&sc.vf, attnTileKeys*hs)
 	for kt0 := k0; kt0 < k1; kt0 += attnTileKeys {
 		kt := min(attnTileKeys, k1-kt0)
 		cell := int(table[kt0/b.Block])*b.Block + kt0%b.Block
@@ -386,36 +410,49 @@ func (a *Attention) runUnit(kv *KVLayer, q, out []float32, b *AttnBatch, u *attn
 			k.prefetch(kv.K[no:], rb, nk, hb)
 			k.prefetch(kv.V[no:], rb, nk, hb)
 		}
-		s := st[:kt*mp]
+		s := st0[:kt*mp]
 		clear(s)
 		k.load(kv.Type, kf, kv.K[off:], rb, kt, hs)
-		if dots {
-			// The keys are the row kernel's tokens, so S^T comes out.
-			f32Mul(hs, f32Bytes(qt[:m*hs]), 4*hs, m, f32Bytes(kf[:kt*hs]), 4*hs, kt, s, mp)
-		} else {
-			k.gemm(kt, mp, hs, kf, hs, 1, qt, mp, s, mp, nil)
-		}
+		k.gemm(kt, mp, hs, kf, hs, 1, qt, mp, s, mp, nil)
 		k.softmax(s, kt, mp, mp, lim, int32(kt0), a.Scale, mx, l, ms, kv.Type == KVF16)
 		k.load(kv.Type, vf, kv.V[off:], rb, kt, hs)
-		k.gemm(m, hs, kt, s, 1, mp, vf, hs, o, hs, ms[:m])
+		k.gemm(m, hs, kt, s, 1, mp, vf, hs, st.o, hs, ms[:m])
 	}
+	copy(st.mx, mx[:m])
+	copy(st.l, l[:m])
+	return 2 * int64(k1-k0)
+}
 
-	if u.nchunk > 1 {
-		pi := u.part + chunk
-		copy(parts.m[pi*parts.rows:pi*parts.rows+m], mx[:m])
-		copy(parts.l[pi*parts.rows:pi*parts.rows+m], l[:m])
-		copy(parts.o[pi*parts.rows*hs:], o)
-		return
-	}
+// mergeSoftmax folds the state of later keys (b) into a, row by row.
+func mergeSoftmax(a, b attnState, m, hs int) {
 	for r := range m {
+		mn := max(a.mx[r], b.mx[r])
+		fa, fb := expApprox(a.mx[r]-mn), expApprox(b.mx[r]-mn)
+		a.mx[r] = mn
+		a.l[r] = a.l[r]*fa + b.l[r]*fb
+		x, y := a.o[r*hs:(r+1)*hs], b.o[r*hs:(r+1)*hs]
+		y = y[:len(x)]
+		for j, v := range y {
+			x[j] = x[j]*fa + v*fb
+		}
+	}
+}
+
+// writeOut normalises a unit's output rows into out, rotated back when
+// the cache's values were rotated.
+func (a *Attention) writeOut(kv *KVLayer, out []float32, u *attnUnit, st attnState) {
+	hs := a.HeadSize
+	group := a.NHeads / a.NKVHeads
+	qw := a.NHeads * hs
+	for r := range st.l {
 		t := u.t0 + r/group
 		h := u.kvh*group + r%group
 		dst := out[t*qw+h*hs : t*qw+h*hs+hs]
 		inv := float32(0)
-		if l[r] > 0 {
-			inv = 1 / l[r]
+		if st.l[r] > 0 {
+			inv = 1 / st.l[r]
 		}
-		for d, v := range o[r*hs : r*hs+hs] {
+		for d, v := range st.o[r*hs : r*hs+hs] {
 			dst[d] = v * inv
 		}
 		if kv.RotV > 0 {
@@ -424,45 +461,22 @@ func (a *Attention) runUnit(kv *KVLayer, q, out []float32, b *AttnBatch, u *attn
 	}
 }
 
-// combine merges the partials of a split unit into its output rows.
-func (a *Attention) combine(u *attnUnit, out []float32, parts *attnPartials, rotV int) {
+// combine merges the partials of a split unit, in chunk order, into its
+// output rows: the arithmetic of runJob's loop over the chunks.
+func (a *Attention) combine(kv *KVLayer, out []float32, u *attnUnit, parts *attnPartials) {
 	hs := a.HeadSize
-	group := a.NHeads / a.NKVHeads
-	qw := a.NHeads * hs
-	m := (u.t1 - u.t0) * group
-	for r := range m {
-		t := u.t0 + r/group
-		h := u.kvh*group + r%group
-		dst := out[t*qw+h*hs : t*qw+h*hs+hs]
-		best := float32(noMax)
-		for c := range u.nchunk {
-			pi := (u.part+c)*parts.rows + r
-			if parts.l[pi] > 0 {
-				best = max(best, parts.m[pi])
-			}
-		}
-		clear(dst)
-		var sum float32
-		for c := range u.nchunk {
-			pi := (u.part+c)*parts.rows + r
-			if !(parts.l[pi] > 0) {
-				continue
-			}
-			w := expApprox(parts.m[pi] - best)
-			sum += w * parts.l[pi]
-			po := parts.o[pi*hs : pi*hs+hs]
-			for d, v := range po {
-				dst[d] += w * v
-			}
-		}
-		if sum > 0 {
-			inv := 1 / sum
-			for d := range dst {
-				dst[d] *= inv
-			}
-		}
-		if rotV > 0 {
-			fwht(dst, rotV)
+	m := (u.t1 - u.t0) * (a.NHeads / a.NKVHeads)
+	state := func(c int) attnState {
+		pi := u.part + c
+		return attnState{
+			mx: parts.m[pi*parts.rows : pi*parts.rows+m],
+			l:  parts.l[pi*parts.rows : pi*parts.rows+m],
+			o:  parts.o[pi*parts.rows*hs : (pi*parts.rows+m)*hs],
 		}
 	}
+	total := state(0)
+	for c := 1; c < u.nchunk; c++ {
+		mergeSoftmax(total, state(c), m, hs)
+	}
+	a.writeOut(kv, out, u, total)
 }

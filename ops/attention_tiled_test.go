@@ -601,3 +601,44 @@ func TestKVStoreQ8_0(t *testing.T) {
 		}
 	}
 }
+
+// TestAttentionTiledBatchInvariant: a token's result is the same bit for
+// bit whatever batch it comes in: with its whole prompt chunk, in a piece
+// of it, alone (as a decode step), or beside another sequence's tokens
+// (the server's prompt cache evaluates a repeated prompt in other pieces
+// than the first time, and must give the same logits).
+func TestAttentionTiledBatchInvariant(t *testing.T) {
+	pool := NewPool(2)
+	defer pool.Close()
+	rng := rand.New(rand.NewPCG(11, 11))
+	for _, typ := range []KVType{KVF16, KVQ8_0} {
+		// The whole batch has enough units (10 runs × 8 KV heads) to run
+		// each unit's chunks in one job; the pieces split them.
+		c := newAttnCase(t, rng, typ, 40, 8, 64, 64, []attnSeq{{2500, 130, 0}, {700, 1, 1}, {10, 1, 0}, {1100, 1, 0}, {3000, 1, 0}, {64, 1, 1}, {1024, 1, 0}, {2047, 1, 0}})
+		if units, nparts, _ := c.a.plan(c.b); nparts != 0 || len(units) < attnMinUnits {
+			t.Fatalf("the whole batch is split (%d units, %d partials)", len(units), nparts)
+		}
+		full := c.run(t, pool)
+		qw := c.a.NHeads * c.a.HeadSize
+		for _, sub := range [][]int{{0}, {129}, {57}, {3, 4, 5, 6, 7, 8, 9, 10}, {100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110, 111, 112, 113, 114, 115, 116, 117, 118, 119, 120, 121, 122, 123, 124, 125, 126, 127, 128, 129}, {130, 60, 61}} {
+			b := &AttnBatch{Block: c.b.Block, Tables: c.b.Tables}
+			var q []float32
+			for _, tk := range sub {
+				b.Pos = append(b.Pos, c.b.Pos[tk])
+				b.Seq = append(b.Seq, c.b.Seq[tk])
+				q = append(q, c.q[tk*qw:(tk+1)*qw]...)
+			}
+			out := make([]float32, len(q))
+			if err := c.a.Run(pool, c.kv, q, out, b); err != nil {
+				t.Fatal(err)
+			}
+			for i, tk := range sub {
+				for j := range qw {
+					if g, w := out[i*qw+j], full[tk*qw+j]; math.Float32bits(g) != math.Float32bits(w) {
+						t.Fatalf("%s: token %d in the batch %v: value %d = %v, in the whole batch %v", typ, tk, sub, j, g, w)
+					}
+				}
+			}
+		}
+	}
+}
