@@ -34,7 +34,7 @@ func registerCompletions(c *cobra.Command) {
 			return synth.Layouts(), cobra.ShellCompDirectiveNoFileComp
 		},
 		"vocab":   gguf,
-		"kv-type": values("f16", "f32"),
+		"kv-type": values("f16", "q8_0", "q4_0", "f32"),
 	}
 	if c.Name() == "synth" {
 		comps["output"] = gguf
