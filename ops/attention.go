@@ -7,49 +7,6 @@ import (
 	"unsafe"
 )
 
-// KVLayer is the key and value cache of one layer: Ctx rows of
-// Width = nKVHeads*headSize values, in f16 (llama.cpp's default) or f32.
-type KVLayer struct {
-	F16      bool
-	Ctx      int
-	Width    int
-	K16, V16 []uint16  // [Ctx][Width] when F16
-	K32, V32 []float32 // [Ctx][Width] otherwise
-}
-
-// NewKVLayer allocates the cache of one layer.
-func NewKVLayer(ctx, width int, f16 bool) *KVLayer {
-	l := &KVLayer{F16: f16, Ctx: ctx, Width: width}
-	if f16 {
-		l.K16 = make([]uint16, ctx*width)
-		l.V16 = make([]uint16, ctx*width)
-	} else {
-		l.K32 = make([]float32, ctx*width)
-		l.V32 = make([]float32, ctx*width)
-	}
-	return l
-}
-
-// Bytes is the memory the layer's cache holds.
-func (l *KVLayer) Bytes() int64 {
-	if l.F16 {
-		return int64(len(l.K16)+len(l.V16)) * 2
-	}
-	return int64(len(l.K32)+len(l.V32)) * 4
-}
-
-// Store writes the key and value rows of position pos.
-func (l *KVLayer) Store(pos int, k, v []float32) {
-	o := pos * l.Width
-	if l.F16 {
-		cvtF16Kernel(l.K16[o:o+l.Width], k[:l.Width])
-		cvtF16Kernel(l.V16[o:o+l.Width], v[:l.Width])
-		return
-	}
-	copy(l.K32[o:o+l.Width], k)
-	copy(l.V32[o:o+l.Width], v)
-}
-
 // Attention is causal grouped-query attention for a batch of nTok query
 // rows at positions pos0..pos0+nTok-1, over the cache rows 0..pos of each.
 type Attention struct {
@@ -65,23 +22,65 @@ func (a *Attention) Check() error {
 	return nil
 }
 
-// Run computes out[t] (NHeads*HeadSize) from q[t] for t < nTok. With an f16
-// cache (llama.cpp's default) the query and the attention weights are
-// rounded to f16 before their products, as llama.cpp's CPU path converts
-// them to the cache's type, and the products run on the level's F16
-// kernels: per job, one head and up to attnTokens tokens, whose scores
-// share each key row's conversion. Every (token, head) is computed the same
-// way whatever the job it falls in, so threads do not change the result.
-func (a *Attention) Run(p *Pool, kv *KVLayer, q, out []float32, nTok, pos0 int) {
-	if !kv.F16 {
+// checkCache validates the head layout against a cache: its rows hold
+// every KV head, and with a quantized type each head is whole blocks.
+func (a *Attention) checkCache(kv *KVLayer) error {
+	if err := a.Check(); err != nil {
+		return err
+	}
+	if kv == nil {
+		return fmt.Errorf("attention: no KV cache")
+	}
+	if kv.Width != a.NKVHeads*a.HeadSize || kv.HeadSize != a.HeadSize {
+		return fmt.Errorf("attention: %d KV heads of %d over a cache of rows of %d values, heads of %d", a.NKVHeads, a.HeadSize, kv.Width, kv.HeadSize)
+	}
+	if kv.RotK < 0 || kv.RotK&(kv.RotK-1) != 0 || kv.RotK > 0 && a.HeadSize%kv.RotK != 0 ||
+		kv.RotV < 0 || kv.RotV&(kv.RotV-1) != 0 || kv.RotV > 0 && a.HeadSize%kv.RotV != 0 {
+		return fmt.Errorf("attention: KV cache rotations of %d and %d do not divide heads of %d", kv.RotK, kv.RotV, a.HeadSize)
+	}
+	if err := kv.Type.checkWidth("head size", a.HeadSize); err != nil {
+		return fmt.Errorf("attention: %w", err)
+	}
+	if rb := kv.RowBytes(); len(kv.K) < kv.Rows*rb || len(kv.V) < kv.Rows*rb {
+		return fmt.Errorf("attention: KV cache of %d rows of %d bytes holds %d/%d bytes", kv.Rows, rb, len(kv.K), len(kv.V))
+	}
+	return nil
+}
+
+// RunContiguous computes out[t] (NHeads*HeadSize) from q[t] for t < nTok,
+// tokens at positions pos0+t that attend to cells 0..pos0+t of an f16 or
+// f32 cache (a single sequence stored in order). It is the attention
+// before the paged cache, kept as the reference of llama.cpp's
+// flash-attention-off semantics that Run approximates (and for the
+// benchmarks that compare the two): with an f16 cache the query and the
+// normalised attention weights are rounded to f16 before their products,
+// as llama.cpp's CPU path converts them to the cache's type, and the
+// products run on the level's F16 kernels: per job, one head and up to
+// attnTokens tokens, whose scores share each key row's conversion. Each
+// job reads every key and value row it sees, so its memory traffic grows
+// with tokens times heads times depth; Run reads each row once per tile
+// of queries and KV head. Every (token, head) is computed the same way
+// whatever the job it falls in, so threads do not change the result.
+func (a *Attention) RunContiguous(p *Pool, kv *KVLayer, q, out []float32, nTok, pos0 int) error {
+	if err := a.checkCache(kv); err != nil {
+		return err
+	}
+	if nTok < 0 || pos0 < 0 || pos0+nTok > kv.Rows || len(q) < nTok*a.NHeads*a.HeadSize || len(out) < nTok*a.NHeads*a.HeadSize {
+		return fmt.Errorf("attention: %d tokens from position %d over %d cells, %d query and %d output values", nTok, pos0, kv.Rows, len(q), len(out))
+	}
+	switch kv.Type {
+	case KVF32:
 		a.runF32(p, kv, q, out, nTok, pos0)
-		return
+		return nil
+	case KVF16:
+	default:
+		return fmt.Errorf("attention: RunContiguous takes an f16 or f32 cache, not %s", kv.Type)
 	}
 	hs := a.HeadSize
 	qw := a.NHeads * hs
 	group := a.NHeads / a.NKVHeads
 	blocks := (nTok + attnTokens - 1) / attnTokens
-	kb, vb := u16Bytes(kv.K16), u16Bytes(kv.V16)
+	kb, vb := kv.K, kv.V
 	ws := 2 * kv.Width
 	// One job is a head over up to attnTokens tokens: microseconds at
 	// short contexts, so decode hands out a few per chunk.
@@ -117,6 +116,7 @@ func (a *Attention) Run(p *Pool, kv *KVLayer, q, out []float32, nTok, pos0 int) 
 			}
 		}
 	})
+	return nil
 }
 
 // attnTokens is how many tokens of one head a job takes together.
@@ -158,6 +158,7 @@ func (a *Attention) runF32(p *Pool, kv *KVLayer, q, out []float32, nTok, pos0 in
 	qw := a.NHeads * a.HeadSize
 	group := a.NHeads / a.NKVHeads
 	hs := a.HeadSize
+	k32, v32 := bytesF32(kv.K), bytesF32(kv.V)
 	p.Run(nTok*a.NHeads, 1, func(lo, hi int) {
 		scores := make([]float32, pos0+nTok)
 		acc := make([]float64, hs)
@@ -169,7 +170,7 @@ func (a *Attention) runF32(p *Pool, kv *KVLayer, q, out []float32, nTok, pos0 in
 			s := scores[:n]
 			for j := 0; j < n; j++ {
 				o := j*kv.Width + kvh*hs
-				k := kv.K32[o : o+hs]
+				k := k32[o : o+hs]
 				var dot float64
 				for i, v := range qh {
 					dot += float64(v) * float64(k[i])
@@ -181,7 +182,7 @@ func (a *Attention) runF32(p *Pool, kv *KVLayer, q, out []float32, nTok, pos0 in
 			for j := 0; j < n; j++ {
 				w := s[j]
 				o := j*kv.Width + kvh*hs
-				vr := kv.V32[o : o+hs]
+				vr := v32[o : o+hs]
 				for i := range acc {
 					acc[i] += float64(w) * float64(vr[i])
 				}

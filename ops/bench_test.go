@@ -82,9 +82,14 @@ func BenchmarkQuantizeActLevels(b *testing.B) {
 func BenchmarkAttention(b *testing.B) {
 	a := &Attention{NHeads: 16, NKVHeads: 8, HeadSize: 128, Scale: DefaultScale(128)}
 	rng := rand.New(rand.NewPCG(3, 4))
-	kv := NewKVLayer(256, 8*128, true)
+	kv, err := NewKVLayer(256, 8, 128, KVF16)
+	if err != nil {
+		b.Fatal(err)
+	}
 	for pos := 0; pos < 256; pos++ {
-		kv.Store(pos, gaussRow(1024, rng), gaussRow(1024, rng))
+		if err := kv.Store(pos, gaussRow(1024, rng), gaussRow(1024, rng)); err != nil {
+			b.Fatal(err)
+		}
 	}
 	for _, c := range []struct {
 		name       string
@@ -99,7 +104,7 @@ func BenchmarkAttention(b *testing.B) {
 				}
 				defer SetCPULevel(SupportedLevels()[len(SupportedLevels())-1])
 				for b.Loop() {
-					a.Run(nil, kv, q, out, c.nTok, c.pos0)
+					a.RunContiguous(nil, kv, q, out, c.nTok, c.pos0)
 				}
 			})
 		}

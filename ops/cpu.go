@@ -102,6 +102,7 @@ func SetCPULevel(l Level) error {
 	}
 	setPackedLevel(l)
 	f16Rows, f16Axpy = rowsF16Generic, axpyF16Generic
+	attnKernelsActive = attnKernelsGeneric
 	swigluKernel, expShiftKernel = swigluGeneric, nil
 	cvtF16Kernel, scaleRoundF16Kernel = F32ToF16Slice, nil
 	if l != LevelGeneric {
@@ -110,6 +111,9 @@ func SetCPULevel(l Level) error {
 		}
 		if d, a := archFloat(l); d != nil {
 			f16Rows, f16Axpy = d, a
+		}
+		if k := archAttn(l); k != nil {
+			attnKernelsActive = *k
 		}
 		if sw, ex := archVMath(l); sw != nil {
 			swigluKernel, expShiftKernel = sw, ex

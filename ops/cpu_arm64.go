@@ -57,6 +57,8 @@ func archPacked(Level, gguf.Type) packedMulFunc { return nil }
 
 func archVMath(Level) (swigluFunc, expShiftFunc) { return nil, nil }
 
+func archAttn(Level) *attnKernels { return nil }
+
 func archCvtF16(Level) (func(dst []uint16, src []float32), func(x []float32, scale float32)) {
 	return nil, nil
 }

@@ -13,6 +13,8 @@ func archFloat(Level) (rowsFunc, axpyFunc) { return nil, nil }
 
 func archVMath(Level) (swigluFunc, expShiftFunc) { return nil, nil }
 
+func archAttn(Level) *attnKernels { return nil }
+
 func archCvtF16(Level) (func(dst []uint16, src []float32), func(x []float32, scale float32)) {
 	return nil, nil
 }

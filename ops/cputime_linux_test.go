@@ -17,3 +17,15 @@ func threadCPUTime() time.Duration {
 	}
 	return time.Duration(ts.Nano())
 }
+
+// processCPUTime is the CPU time all threads of the process have used
+// (CLOCK_PROCESS_CPUTIME_ID): a multi-threaded kernel's work on a shared
+// machine.
+func processCPUTime() time.Duration {
+	var ts syscall.Timespec
+	const clockProcessCPUTime = 2
+	if _, _, e := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, clockProcessCPUTime, uintptr(unsafe.Pointer(&ts)), 0); e != 0 {
+		return 0
+	}
+	return time.Duration(ts.Nano())
+}

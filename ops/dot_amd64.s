@@ -15224,6 +15224,1095 @@ scaleRoundF16AVX2_done:
 	VZEROUPPER
 	RET
 
+// func attnGemmAVX2_1x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, FMA3
+TEXT ·attnGemmAVX2_1x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         c+40(FP), DI
+	MOVQ         ldc+48(FP), R8
+	MOVQ         DI, R8
+	VMOVUPS      (R8), Y0
+	MOVQ         rs+64(FP), R8
+	TESTQ        R8, R8
+	JZ           attnGemmAVX2_1x1_noscale
+	VBROADCASTSS (R8), Y1
+	VMULPS       Y1, Y0, Y0
+
+attnGemmAVX2_1x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX2_1x1_store
+
+attnGemmAVX2_1x1_loop:
+	VMOVUPS      (CX), Y1
+	VBROADCASTSS (AX), Y2
+	VFMADD231PS  Y2, Y1, Y0
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX2_1x1_loop
+
+attnGemmAVX2_1x1_store:
+	MOVQ    DI, R8
+	VMOVUPS Y0, (R8)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX2_1x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, FMA3
+TEXT ·attnGemmAVX2_1x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         c+40(FP), DI
+	MOVQ         ldc+48(FP), R8
+	MOVQ         DI, R8
+	VMOVUPS      (R8), Y0
+	VMOVUPS      32(R8), Y1
+	MOVQ         rs+64(FP), R8
+	TESTQ        R8, R8
+	JZ           attnGemmAVX2_1x2_noscale
+	VBROADCASTSS (R8), Y2
+	VMULPS       Y2, Y0, Y0
+	VMULPS       Y2, Y1, Y1
+
+attnGemmAVX2_1x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX2_1x2_store
+
+attnGemmAVX2_1x2_loop:
+	VMOVUPS      (CX), Y2
+	VMOVUPS      32(CX), Y3
+	VBROADCASTSS (AX), Y4
+	VFMADD231PS  Y4, Y2, Y0
+	VFMADD231PS  Y4, Y3, Y1
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX2_1x2_loop
+
+attnGemmAVX2_1x2_store:
+	MOVQ    DI, R8
+	VMOVUPS Y0, (R8)
+	VMOVUPS Y1, 32(R8)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX2_2x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, FMA3
+TEXT ·attnGemmAVX2_2x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	MOVQ         c+40(FP), R8
+	MOVQ         ldc+48(FP), R9
+	MOVQ         R8, R10
+	VMOVUPS      (R10), Y0
+	ADDQ         R9, R10
+	VMOVUPS      (R10), Y1
+	MOVQ         rs+64(FP), R10
+	TESTQ        R10, R10
+	JZ           attnGemmAVX2_2x1_noscale
+	VBROADCASTSS (R10), Y2
+	VMULPS       Y2, Y0, Y0
+	VBROADCASTSS 4(R10), Y2
+	VMULPS       Y2, Y1, Y1
+
+attnGemmAVX2_2x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX2_2x1_store
+
+attnGemmAVX2_2x1_loop:
+	VMOVUPS      (CX), Y2
+	VBROADCASTSS (AX), Y3
+	VFMADD231PS  Y3, Y2, Y0
+	VBROADCASTSS (AX)(DI*1), Y3
+	VFMADD231PS  Y3, Y2, Y1
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX2_2x1_loop
+
+attnGemmAVX2_2x1_store:
+	MOVQ    R8, R10
+	VMOVUPS Y0, (R10)
+	ADDQ    R9, R10
+	VMOVUPS Y1, (R10)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX2_2x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, FMA3
+TEXT ·attnGemmAVX2_2x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	MOVQ         c+40(FP), R8
+	MOVQ         ldc+48(FP), R9
+	MOVQ         R8, R10
+	VMOVUPS      (R10), Y0
+	VMOVUPS      32(R10), Y1
+	ADDQ         R9, R10
+	VMOVUPS      (R10), Y2
+	VMOVUPS      32(R10), Y3
+	MOVQ         rs+64(FP), R10
+	TESTQ        R10, R10
+	JZ           attnGemmAVX2_2x2_noscale
+	VBROADCASTSS (R10), Y4
+	VMULPS       Y4, Y0, Y0
+	VMULPS       Y4, Y1, Y1
+	VBROADCASTSS 4(R10), Y4
+	VMULPS       Y4, Y2, Y2
+	VMULPS       Y4, Y3, Y3
+
+attnGemmAVX2_2x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX2_2x2_store
+
+attnGemmAVX2_2x2_loop:
+	VMOVUPS      (CX), Y4
+	VMOVUPS      32(CX), Y5
+	VBROADCASTSS (AX), Y6
+	VFMADD231PS  Y6, Y4, Y0
+	VFMADD231PS  Y6, Y5, Y1
+	VBROADCASTSS (AX)(DI*1), Y6
+	VFMADD231PS  Y6, Y4, Y2
+	VFMADD231PS  Y6, Y5, Y3
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX2_2x2_loop
+
+attnGemmAVX2_2x2_store:
+	MOVQ    R8, R10
+	VMOVUPS Y0, (R10)
+	VMOVUPS Y1, 32(R10)
+	ADDQ    R9, R10
+	VMOVUPS Y2, (R10)
+	VMOVUPS Y3, 32(R10)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX2_3x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, FMA3
+TEXT ·attnGemmAVX2_3x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	MOVQ         c+40(FP), R9
+	MOVQ         ldc+48(FP), R10
+	MOVQ         R9, R11
+	VMOVUPS      (R11), Y0
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Y1
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Y2
+	MOVQ         rs+64(FP), R11
+	TESTQ        R11, R11
+	JZ           attnGemmAVX2_3x1_noscale
+	VBROADCASTSS (R11), Y3
+	VMULPS       Y3, Y0, Y0
+	VBROADCASTSS 4(R11), Y3
+	VMULPS       Y3, Y1, Y1
+	VBROADCASTSS 8(R11), Y3
+	VMULPS       Y3, Y2, Y2
+
+attnGemmAVX2_3x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX2_3x1_store
+
+attnGemmAVX2_3x1_loop:
+	VMOVUPS      (CX), Y3
+	VBROADCASTSS (AX), Y4
+	VFMADD231PS  Y4, Y3, Y0
+	VBROADCASTSS (AX)(DI*1), Y4
+	VFMADD231PS  Y4, Y3, Y1
+	VBROADCASTSS (AX)(R8*1), Y4
+	VFMADD231PS  Y4, Y3, Y2
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX2_3x1_loop
+
+attnGemmAVX2_3x1_store:
+	MOVQ    R9, R11
+	VMOVUPS Y0, (R11)
+	ADDQ    R10, R11
+	VMOVUPS Y1, (R11)
+	ADDQ    R10, R11
+	VMOVUPS Y2, (R11)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX2_3x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, FMA3
+TEXT ·attnGemmAVX2_3x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	MOVQ         c+40(FP), R9
+	MOVQ         ldc+48(FP), R10
+	MOVQ         R9, R11
+	VMOVUPS      (R11), Y0
+	VMOVUPS      32(R11), Y1
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Y2
+	VMOVUPS      32(R11), Y3
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Y4
+	VMOVUPS      32(R11), Y5
+	MOVQ         rs+64(FP), R11
+	TESTQ        R11, R11
+	JZ           attnGemmAVX2_3x2_noscale
+	VBROADCASTSS (R11), Y6
+	VMULPS       Y6, Y0, Y0
+	VMULPS       Y6, Y1, Y1
+	VBROADCASTSS 4(R11), Y6
+	VMULPS       Y6, Y2, Y2
+	VMULPS       Y6, Y3, Y3
+	VBROADCASTSS 8(R11), Y6
+	VMULPS       Y6, Y4, Y4
+	VMULPS       Y6, Y5, Y5
+
+attnGemmAVX2_3x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX2_3x2_store
+
+attnGemmAVX2_3x2_loop:
+	VMOVUPS      (CX), Y6
+	VMOVUPS      32(CX), Y7
+	VBROADCASTSS (AX), Y8
+	VFMADD231PS  Y8, Y6, Y0
+	VFMADD231PS  Y8, Y7, Y1
+	VBROADCASTSS (AX)(DI*1), Y8
+	VFMADD231PS  Y8, Y6, Y2
+	VFMADD231PS  Y8, Y7, Y3
+	VBROADCASTSS (AX)(R8*1), Y8
+	VFMADD231PS  Y8, Y6, Y4
+	VFMADD231PS  Y8, Y7, Y5
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX2_3x2_loop
+
+attnGemmAVX2_3x2_store:
+	MOVQ    R9, R11
+	VMOVUPS Y0, (R11)
+	VMOVUPS Y1, 32(R11)
+	ADDQ    R10, R11
+	VMOVUPS Y2, (R11)
+	VMOVUPS Y3, 32(R11)
+	ADDQ    R10, R11
+	VMOVUPS Y4, (R11)
+	VMOVUPS Y5, 32(R11)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX2_4x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, FMA3
+TEXT ·attnGemmAVX2_4x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	MOVQ         c+40(FP), R10
+	MOVQ         ldc+48(FP), R11
+	MOVQ         R10, R12
+	VMOVUPS      (R12), Y0
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Y1
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Y2
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Y3
+	MOVQ         rs+64(FP), R12
+	TESTQ        R12, R12
+	JZ           attnGemmAVX2_4x1_noscale
+	VBROADCASTSS (R12), Y4
+	VMULPS       Y4, Y0, Y0
+	VBROADCASTSS 4(R12), Y4
+	VMULPS       Y4, Y1, Y1
+	VBROADCASTSS 8(R12), Y4
+	VMULPS       Y4, Y2, Y2
+	VBROADCASTSS 12(R12), Y4
+	VMULPS       Y4, Y3, Y3
+
+attnGemmAVX2_4x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX2_4x1_store
+
+attnGemmAVX2_4x1_loop:
+	VMOVUPS      (CX), Y4
+	VBROADCASTSS (AX), Y5
+	VFMADD231PS  Y5, Y4, Y0
+	VBROADCASTSS (AX)(DI*1), Y5
+	VFMADD231PS  Y5, Y4, Y1
+	VBROADCASTSS (AX)(R8*1), Y5
+	VFMADD231PS  Y5, Y4, Y2
+	VBROADCASTSS (AX)(R9*1), Y5
+	VFMADD231PS  Y5, Y4, Y3
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX2_4x1_loop
+
+attnGemmAVX2_4x1_store:
+	MOVQ    R10, R12
+	VMOVUPS Y0, (R12)
+	ADDQ    R11, R12
+	VMOVUPS Y1, (R12)
+	ADDQ    R11, R12
+	VMOVUPS Y2, (R12)
+	ADDQ    R11, R12
+	VMOVUPS Y3, (R12)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX2_4x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, FMA3
+TEXT ·attnGemmAVX2_4x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	MOVQ         c+40(FP), R10
+	MOVQ         ldc+48(FP), R11
+	MOVQ         R10, R12
+	VMOVUPS      (R12), Y0
+	VMOVUPS      32(R12), Y1
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Y2
+	VMOVUPS      32(R12), Y3
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Y4
+	VMOVUPS      32(R12), Y5
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Y6
+	VMOVUPS      32(R12), Y7
+	MOVQ         rs+64(FP), R12
+	TESTQ        R12, R12
+	JZ           attnGemmAVX2_4x2_noscale
+	VBROADCASTSS (R12), Y8
+	VMULPS       Y8, Y0, Y0
+	VMULPS       Y8, Y1, Y1
+	VBROADCASTSS 4(R12), Y8
+	VMULPS       Y8, Y2, Y2
+	VMULPS       Y8, Y3, Y3
+	VBROADCASTSS 8(R12), Y8
+	VMULPS       Y8, Y4, Y4
+	VMULPS       Y8, Y5, Y5
+	VBROADCASTSS 12(R12), Y8
+	VMULPS       Y8, Y6, Y6
+	VMULPS       Y8, Y7, Y7
+
+attnGemmAVX2_4x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX2_4x2_store
+
+attnGemmAVX2_4x2_loop:
+	VMOVUPS      (CX), Y8
+	VMOVUPS      32(CX), Y9
+	VBROADCASTSS (AX), Y10
+	VFMADD231PS  Y10, Y8, Y0
+	VFMADD231PS  Y10, Y9, Y1
+	VBROADCASTSS (AX)(DI*1), Y10
+	VFMADD231PS  Y10, Y8, Y2
+	VFMADD231PS  Y10, Y9, Y3
+	VBROADCASTSS (AX)(R8*1), Y10
+	VFMADD231PS  Y10, Y8, Y4
+	VFMADD231PS  Y10, Y9, Y5
+	VBROADCASTSS (AX)(R9*1), Y10
+	VFMADD231PS  Y10, Y8, Y6
+	VFMADD231PS  Y10, Y9, Y7
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX2_4x2_loop
+
+attnGemmAVX2_4x2_store:
+	MOVQ    R10, R12
+	VMOVUPS Y0, (R12)
+	VMOVUPS Y1, 32(R12)
+	ADDQ    R11, R12
+	VMOVUPS Y2, (R12)
+	VMOVUPS Y3, 32(R12)
+	ADDQ    R11, R12
+	VMOVUPS Y4, (R12)
+	VMOVUPS Y5, 32(R12)
+	ADDQ    R11, R12
+	VMOVUPS Y6, (R12)
+	VMOVUPS Y7, 32(R12)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX2_5x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, FMA3
+TEXT ·attnGemmAVX2_5x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	MOVQ         c+40(FP), R11
+	MOVQ         ldc+48(FP), R12
+	MOVQ         R11, R13
+	VMOVUPS      (R13), Y0
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Y1
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Y2
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Y3
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Y4
+	MOVQ         rs+64(FP), R13
+	TESTQ        R13, R13
+	JZ           attnGemmAVX2_5x1_noscale
+	VBROADCASTSS (R13), Y5
+	VMULPS       Y5, Y0, Y0
+	VBROADCASTSS 4(R13), Y5
+	VMULPS       Y5, Y1, Y1
+	VBROADCASTSS 8(R13), Y5
+	VMULPS       Y5, Y2, Y2
+	VBROADCASTSS 12(R13), Y5
+	VMULPS       Y5, Y3, Y3
+	VBROADCASTSS 16(R13), Y5
+	VMULPS       Y5, Y4, Y4
+
+attnGemmAVX2_5x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX2_5x1_store
+
+attnGemmAVX2_5x1_loop:
+	VMOVUPS      (CX), Y5
+	VBROADCASTSS (AX), Y6
+	VFMADD231PS  Y6, Y5, Y0
+	VBROADCASTSS (AX)(DI*1), Y6
+	VFMADD231PS  Y6, Y5, Y1
+	VBROADCASTSS (AX)(R8*1), Y6
+	VFMADD231PS  Y6, Y5, Y2
+	VBROADCASTSS (AX)(R9*1), Y6
+	VFMADD231PS  Y6, Y5, Y3
+	VBROADCASTSS (AX)(R10*1), Y6
+	VFMADD231PS  Y6, Y5, Y4
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX2_5x1_loop
+
+attnGemmAVX2_5x1_store:
+	MOVQ    R11, R13
+	VMOVUPS Y0, (R13)
+	ADDQ    R12, R13
+	VMOVUPS Y1, (R13)
+	ADDQ    R12, R13
+	VMOVUPS Y2, (R13)
+	ADDQ    R12, R13
+	VMOVUPS Y3, (R13)
+	ADDQ    R12, R13
+	VMOVUPS Y4, (R13)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX2_5x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, FMA3
+TEXT ·attnGemmAVX2_5x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	MOVQ         c+40(FP), R11
+	MOVQ         ldc+48(FP), R12
+	MOVQ         R11, R13
+	VMOVUPS      (R13), Y0
+	VMOVUPS      32(R13), Y1
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Y2
+	VMOVUPS      32(R13), Y3
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Y4
+	VMOVUPS      32(R13), Y5
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Y6
+	VMOVUPS      32(R13), Y7
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Y8
+	VMOVUPS      32(R13), Y9
+	MOVQ         rs+64(FP), R13
+	TESTQ        R13, R13
+	JZ           attnGemmAVX2_5x2_noscale
+	VBROADCASTSS (R13), Y10
+	VMULPS       Y10, Y0, Y0
+	VMULPS       Y10, Y1, Y1
+	VBROADCASTSS 4(R13), Y10
+	VMULPS       Y10, Y2, Y2
+	VMULPS       Y10, Y3, Y3
+	VBROADCASTSS 8(R13), Y10
+	VMULPS       Y10, Y4, Y4
+	VMULPS       Y10, Y5, Y5
+	VBROADCASTSS 12(R13), Y10
+	VMULPS       Y10, Y6, Y6
+	VMULPS       Y10, Y7, Y7
+	VBROADCASTSS 16(R13), Y10
+	VMULPS       Y10, Y8, Y8
+	VMULPS       Y10, Y9, Y9
+
+attnGemmAVX2_5x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX2_5x2_store
+
+attnGemmAVX2_5x2_loop:
+	VMOVUPS      (CX), Y10
+	VMOVUPS      32(CX), Y11
+	VBROADCASTSS (AX), Y12
+	VFMADD231PS  Y12, Y10, Y0
+	VFMADD231PS  Y12, Y11, Y1
+	VBROADCASTSS (AX)(DI*1), Y12
+	VFMADD231PS  Y12, Y10, Y2
+	VFMADD231PS  Y12, Y11, Y3
+	VBROADCASTSS (AX)(R8*1), Y12
+	VFMADD231PS  Y12, Y10, Y4
+	VFMADD231PS  Y12, Y11, Y5
+	VBROADCASTSS (AX)(R9*1), Y12
+	VFMADD231PS  Y12, Y10, Y6
+	VFMADD231PS  Y12, Y11, Y7
+	VBROADCASTSS (AX)(R10*1), Y12
+	VFMADD231PS  Y12, Y10, Y8
+	VFMADD231PS  Y12, Y11, Y9
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX2_5x2_loop
+
+attnGemmAVX2_5x2_store:
+	MOVQ    R11, R13
+	VMOVUPS Y0, (R13)
+	VMOVUPS Y1, 32(R13)
+	ADDQ    R12, R13
+	VMOVUPS Y2, (R13)
+	VMOVUPS Y3, 32(R13)
+	ADDQ    R12, R13
+	VMOVUPS Y4, (R13)
+	VMOVUPS Y5, 32(R13)
+	ADDQ    R12, R13
+	VMOVUPS Y6, (R13)
+	VMOVUPS Y7, 32(R13)
+	ADDQ    R12, R13
+	VMOVUPS Y8, (R13)
+	VMOVUPS Y9, 32(R13)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX2_6x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, FMA3
+TEXT ·attnGemmAVX2_6x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	LEAQ         (R10)(DI*1), R11
+	MOVQ         c+40(FP), R12
+	MOVQ         ldc+48(FP), R13
+	MOVQ         R12, R14
+	VMOVUPS      (R14), Y0
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Y1
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Y2
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Y3
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Y4
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Y5
+	MOVQ         rs+64(FP), R14
+	TESTQ        R14, R14
+	JZ           attnGemmAVX2_6x1_noscale
+	VBROADCASTSS (R14), Y6
+	VMULPS       Y6, Y0, Y0
+	VBROADCASTSS 4(R14), Y6
+	VMULPS       Y6, Y1, Y1
+	VBROADCASTSS 8(R14), Y6
+	VMULPS       Y6, Y2, Y2
+	VBROADCASTSS 12(R14), Y6
+	VMULPS       Y6, Y3, Y3
+	VBROADCASTSS 16(R14), Y6
+	VMULPS       Y6, Y4, Y4
+	VBROADCASTSS 20(R14), Y6
+	VMULPS       Y6, Y5, Y5
+
+attnGemmAVX2_6x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX2_6x1_store
+
+attnGemmAVX2_6x1_loop:
+	VMOVUPS      (CX), Y6
+	VBROADCASTSS (AX), Y7
+	VFMADD231PS  Y7, Y6, Y0
+	VBROADCASTSS (AX)(DI*1), Y7
+	VFMADD231PS  Y7, Y6, Y1
+	VBROADCASTSS (AX)(R8*1), Y7
+	VFMADD231PS  Y7, Y6, Y2
+	VBROADCASTSS (AX)(R9*1), Y7
+	VFMADD231PS  Y7, Y6, Y3
+	VBROADCASTSS (AX)(R10*1), Y7
+	VFMADD231PS  Y7, Y6, Y4
+	VBROADCASTSS (AX)(R11*1), Y7
+	VFMADD231PS  Y7, Y6, Y5
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX2_6x1_loop
+
+attnGemmAVX2_6x1_store:
+	MOVQ    R12, R14
+	VMOVUPS Y0, (R14)
+	ADDQ    R13, R14
+	VMOVUPS Y1, (R14)
+	ADDQ    R13, R14
+	VMOVUPS Y2, (R14)
+	ADDQ    R13, R14
+	VMOVUPS Y3, (R14)
+	ADDQ    R13, R14
+	VMOVUPS Y4, (R14)
+	ADDQ    R13, R14
+	VMOVUPS Y5, (R14)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX2_6x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, FMA3
+TEXT ·attnGemmAVX2_6x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	LEAQ         (R10)(DI*1), R11
+	MOVQ         c+40(FP), R12
+	MOVQ         ldc+48(FP), R13
+	MOVQ         R12, R14
+	VMOVUPS      (R14), Y0
+	VMOVUPS      32(R14), Y1
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Y2
+	VMOVUPS      32(R14), Y3
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Y4
+	VMOVUPS      32(R14), Y5
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Y6
+	VMOVUPS      32(R14), Y7
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Y8
+	VMOVUPS      32(R14), Y9
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Y10
+	VMOVUPS      32(R14), Y11
+	MOVQ         rs+64(FP), R14
+	TESTQ        R14, R14
+	JZ           attnGemmAVX2_6x2_noscale
+	VBROADCASTSS (R14), Y12
+	VMULPS       Y12, Y0, Y0
+	VMULPS       Y12, Y1, Y1
+	VBROADCASTSS 4(R14), Y12
+	VMULPS       Y12, Y2, Y2
+	VMULPS       Y12, Y3, Y3
+	VBROADCASTSS 8(R14), Y12
+	VMULPS       Y12, Y4, Y4
+	VMULPS       Y12, Y5, Y5
+	VBROADCASTSS 12(R14), Y12
+	VMULPS       Y12, Y6, Y6
+	VMULPS       Y12, Y7, Y7
+	VBROADCASTSS 16(R14), Y12
+	VMULPS       Y12, Y8, Y8
+	VMULPS       Y12, Y9, Y9
+	VBROADCASTSS 20(R14), Y12
+	VMULPS       Y12, Y10, Y10
+	VMULPS       Y12, Y11, Y11
+
+attnGemmAVX2_6x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX2_6x2_store
+
+attnGemmAVX2_6x2_loop:
+	VMOVUPS      (CX), Y12
+	VMOVUPS      32(CX), Y13
+	VBROADCASTSS (AX), Y14
+	VFMADD231PS  Y14, Y12, Y0
+	VFMADD231PS  Y14, Y13, Y1
+	VBROADCASTSS (AX)(DI*1), Y14
+	VFMADD231PS  Y14, Y12, Y2
+	VFMADD231PS  Y14, Y13, Y3
+	VBROADCASTSS (AX)(R8*1), Y14
+	VFMADD231PS  Y14, Y12, Y4
+	VFMADD231PS  Y14, Y13, Y5
+	VBROADCASTSS (AX)(R9*1), Y14
+	VFMADD231PS  Y14, Y12, Y6
+	VFMADD231PS  Y14, Y13, Y7
+	VBROADCASTSS (AX)(R10*1), Y14
+	VFMADD231PS  Y14, Y12, Y8
+	VFMADD231PS  Y14, Y13, Y9
+	VBROADCASTSS (AX)(R11*1), Y14
+	VFMADD231PS  Y14, Y12, Y10
+	VFMADD231PS  Y14, Y13, Y11
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX2_6x2_loop
+
+attnGemmAVX2_6x2_store:
+	MOVQ    R12, R14
+	VMOVUPS Y0, (R14)
+	VMOVUPS Y1, 32(R14)
+	ADDQ    R13, R14
+	VMOVUPS Y2, (R14)
+	VMOVUPS Y3, 32(R14)
+	ADDQ    R13, R14
+	VMOVUPS Y4, (R14)
+	VMOVUPS Y5, 32(R14)
+	ADDQ    R13, R14
+	VMOVUPS Y6, (R14)
+	VMOVUPS Y7, 32(R14)
+	ADDQ    R13, R14
+	VMOVUPS Y8, (R14)
+	VMOVUPS Y9, 32(R14)
+	ADDQ    R13, R14
+	VMOVUPS Y10, (R14)
+	VMOVUPS Y11, 32(R14)
+	VZEROUPPER
+	RET
+
+// func attnSoftmaxAVX2(s *float32, kt int, nv int, ld uintptr, lim *int32, k0 int32, scale float32, mx *float32, l *float32, ms *float32, round int)
+// Requires: AVX, AVX2, F16C, FMA3
+TEXT ·attnSoftmaxAVX2(SB), NOSPLIT, $0-80
+	MOVQ s+0(FP), AX
+	MOVQ nv+16(FP), CX
+	MOVQ ld+24(FP), DX
+	MOVQ lim+32(FP), BX
+	MOVQ mx+48(FP), SI
+	MOVQ l+56(FP), DI
+	MOVQ ms+64(FP), R8
+
+attnSoftmaxAVX2_col:
+	VMOVDQU      (BX), Y0
+	MOVL         k0+40(FP), R9
+	VMOVD        R9, X1
+	VPBROADCASTD X1, Y2
+	VMOVUPS      f_ninf<>+0(SB), Y3
+	VBROADCASTSS scale+44(FP), Y4
+	MOVQ         AX, R9
+	MOVQ         kt+8(FP), R10
+
+attnSoftmaxAVX2_max:
+	VMULPS       (R9), Y4, Y5
+	VPSUBD       Y2, Y0, Y6
+	VPSRAD       $0x1f, Y6, Y6
+	VANDNPS      Y5, Y6, Y5
+	VANDPS       f_ninf<>+0(SB), Y6, Y6
+	VORPS        Y6, Y5, Y5
+	VMOVUPS      Y5, (R9)
+	VMAXPS       Y5, Y3, Y3
+	VPADDD       i32_ones<>+0(SB), Y2, Y2
+	ADDQ         DX, R9
+	DECQ         R10
+	JNZ          attnSoftmaxAVX2_max
+	VMAXPS       (SI), Y3, Y3
+	VMOVUPS      (SI), Y2
+	VSUBPS       Y3, Y2, Y2
+	VMAXPS       f_exp_lo<>+0(SB), Y2, Y2
+	VMINPS       f_exp_hi<>+0(SB), Y2, Y2
+	VMOVUPS      f_exp_round<>+0(SB), Y4
+	VFMADD231PS  f_exp_log2e<>+0(SB), Y2, Y4
+	VSUBPS       f_exp_round<>+0(SB), Y4, Y5
+	VFNMADD231PS f_exp_ln2hi<>+0(SB), Y5, Y2
+	VFNMADD231PS f_exp_ln2lo<>+0(SB), Y5, Y2
+	VMULPS       Y2, Y2, Y5
+	VMOVUPS      f_exp_c4<>+0(SB), Y6
+	VFMADD231PS  f_exp_c5<>+0(SB), Y2, Y6
+	VMOVUPS      f_exp_c2<>+0(SB), Y7
+	VFMADD231PS  f_exp_c3<>+0(SB), Y2, Y7
+	VFMADD213PS  Y7, Y5, Y6
+	VMULPS       f_exp_c1<>+0(SB), Y2, Y7
+	VFMADD213PS  Y7, Y5, Y6
+	VPSLLD       $0x17, Y4, Y4
+	VPADDD       f_one<>+0(SB), Y4, Y4
+	VFMADD213PS  Y4, Y4, Y6
+	VMOVAPS      Y6, Y2
+	VMOVUPS      Y2, (R8)
+	VMOVUPS      Y3, (SI)
+	VMULPS       (DI), Y2, Y4
+	VPBROADCASTD X1, Y2
+	MOVQ         AX, R9
+	MOVQ         kt+8(FP), R10
+
+attnSoftmaxAVX2_exp:
+	VMOVUPS      (R9), Y1
+	VSUBPS       Y3, Y1, Y1
+	VMAXPS       f_exp_lo<>+0(SB), Y1, Y1
+	VMINPS       f_exp_hi<>+0(SB), Y1, Y1
+	VMOVUPS      f_exp_round<>+0(SB), Y5
+	VFMADD231PS  f_exp_log2e<>+0(SB), Y1, Y5
+	VSUBPS       f_exp_round<>+0(SB), Y5, Y6
+	VFNMADD231PS f_exp_ln2hi<>+0(SB), Y6, Y1
+	VFNMADD231PS f_exp_ln2lo<>+0(SB), Y6, Y1
+	VMULPS       Y1, Y1, Y6
+	VMOVUPS      f_exp_c4<>+0(SB), Y7
+	VFMADD231PS  f_exp_c5<>+0(SB), Y1, Y7
+	VMOVUPS      f_exp_c2<>+0(SB), Y8
+	VFMADD231PS  f_exp_c3<>+0(SB), Y1, Y8
+	VFMADD213PS  Y8, Y6, Y7
+	VMULPS       f_exp_c1<>+0(SB), Y1, Y8
+	VFMADD213PS  Y8, Y6, Y7
+	VPSLLD       $0x17, Y5, Y5
+	VPADDD       f_one<>+0(SB), Y5, Y5
+	VFMADD213PS  Y5, Y5, Y7
+	VMOVAPS      Y7, Y1
+	VPSUBD       Y2, Y0, Y5
+	VPSRAD       $0x1f, Y5, Y5
+	VANDNPS      Y1, Y5, Y1
+	VADDPS       Y1, Y4, Y4
+	CMPQ         round+72(FP), $0x00
+	JEQ          attnSoftmaxAVX2_noround
+	VCVTPS2PH    $0x00, Y1, X1
+	VCVTPH2PS    X1, Y1
+
+attnSoftmaxAVX2_noround:
+	VMOVUPS Y1, (R9)
+	VPADDD  i32_ones<>+0(SB), Y2, Y2
+	ADDQ    DX, R9
+	DECQ    R10
+	JNZ     attnSoftmaxAVX2_exp
+	VMOVUPS Y4, (DI)
+	ADDQ    $0x20, AX
+	ADDQ    $0x20, BX
+	ADDQ    $0x20, SI
+	ADDQ    $0x20, DI
+	ADDQ    $0x20, R8
+	DECQ    CX
+	JNZ     attnSoftmaxAVX2_col
+	VZEROUPPER
+	RET
+
+DATA f_ninf<>+0(SB)/8, $0xff800000ff800000
+DATA f_ninf<>+8(SB)/8, $0xff800000ff800000
+DATA f_ninf<>+16(SB)/8, $0xff800000ff800000
+DATA f_ninf<>+24(SB)/8, $0xff800000ff800000
+DATA f_ninf<>+32(SB)/8, $0xff800000ff800000
+DATA f_ninf<>+40(SB)/8, $0xff800000ff800000
+DATA f_ninf<>+48(SB)/8, $0xff800000ff800000
+DATA f_ninf<>+56(SB)/8, $0xff800000ff800000
+GLOBL f_ninf<>(SB), RODATA|NOPTR, $64
+
+DATA i32_ones<>+0(SB)/8, $0x0000000100000001
+DATA i32_ones<>+8(SB)/8, $0x0000000100000001
+DATA i32_ones<>+16(SB)/8, $0x0000000100000001
+DATA i32_ones<>+24(SB)/8, $0x0000000100000001
+DATA i32_ones<>+32(SB)/8, $0x0000000100000001
+DATA i32_ones<>+40(SB)/8, $0x0000000100000001
+DATA i32_ones<>+48(SB)/8, $0x0000000100000001
+DATA i32_ones<>+56(SB)/8, $0x0000000100000001
+GLOBL i32_ones<>(SB), RODATA|NOPTR, $64
+
+// func attnPrefetchRows(src *byte, stride uintptr, rows int, lines int)
+// Requires: MMX+
+TEXT ·attnPrefetchRows(SB), NOSPLIT, $0-32
+	MOVQ src+0(FP), AX
+	MOVQ stride+8(FP), CX
+	MOVQ rows+16(FP), DX
+
+attnPrefetchRows_row:
+	MOVQ AX, BX
+	MOVQ lines+24(FP), SI
+
+attnPrefetchRows_line:
+	PREFETCHT1 (BX)
+	ADDQ       $0x40, BX
+	DECQ       SI
+	JNZ        attnPrefetchRows_line
+	ADDQ       CX, AX
+	DECQ       DX
+	JNZ        attnPrefetchRows_row
+	RET
+
+// func attnLoadF16AVX2(dst *float32, src *byte, stride uintptr, rows int, nv int)
+// Requires: AVX, F16C
+TEXT ·attnLoadF16AVX2(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), AX
+	MOVQ src+8(FP), CX
+	MOVQ stride+16(FP), DX
+	MOVQ rows+24(FP), BX
+
+attnLoadF16AVX2_row:
+	MOVQ CX, SI
+	MOVQ nv+32(FP), DI
+
+attnLoadF16AVX2_vec:
+	VCVTPH2PS (SI), Y0
+	VMOVUPS   Y0, (AX)
+	ADDQ      $0x10, SI
+	ADDQ      $0x20, AX
+	DECQ      DI
+	JNZ       attnLoadF16AVX2_vec
+	ADDQ      DX, CX
+	DECQ      BX
+	JNZ       attnLoadF16AVX2_row
+	VZEROUPPER
+	RET
+
+// func attnLoadQ80AVX2(dst *float32, src *byte, stride uintptr, rows int, nb int)
+// Requires: AVX, AVX2, F16C
+TEXT ·attnLoadQ80AVX2(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), AX
+	MOVQ src+8(FP), CX
+	MOVQ stride+16(FP), DX
+	MOVQ rows+24(FP), BX
+
+attnLoadQ80AVX2_row:
+	MOVQ CX, SI
+	MOVQ nb+32(FP), DI
+
+attnLoadQ80AVX2_block:
+	VPBROADCASTW (SI), X0
+	VCVTPH2PS    X0, Y0
+	VPMOVSXBD    2(SI), Y1
+	VCVTDQ2PS    Y1, Y1
+	VMULPS       Y0, Y1, Y1
+	VMOVUPS      Y1, (AX)
+	VPMOVSXBD    10(SI), Y1
+	VCVTDQ2PS    Y1, Y1
+	VMULPS       Y0, Y1, Y1
+	VMOVUPS      Y1, 32(AX)
+	VPMOVSXBD    18(SI), Y1
+	VCVTDQ2PS    Y1, Y1
+	VMULPS       Y0, Y1, Y1
+	VMOVUPS      Y1, 64(AX)
+	VPMOVSXBD    26(SI), Y1
+	VCVTDQ2PS    Y1, Y1
+	VMULPS       Y0, Y1, Y1
+	VMOVUPS      Y1, 96(AX)
+	ADDQ         $0x22, SI
+	ADDQ         $0x80, AX
+	DECQ         DI
+	JNZ          attnLoadQ80AVX2_block
+	ADDQ         DX, CX
+	DECQ         BX
+	JNZ          attnLoadQ80AVX2_row
+	VZEROUPPER
+	RET
+
+// func attnLoadQ40AVX2(dst *float32, src *byte, stride uintptr, rows int, nb int)
+// Requires: AVX, AVX2, F16C
+TEXT ·attnLoadQ40AVX2(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), AX
+	MOVQ src+8(FP), CX
+	MOVQ stride+16(FP), DX
+	MOVQ rows+24(FP), BX
+
+attnLoadQ40AVX2_row:
+	MOVQ CX, SI
+	MOVQ nb+32(FP), DI
+
+attnLoadQ40AVX2_block:
+	VPBROADCASTW (SI), X0
+	VCVTPH2PS    X0, Y0
+	VPMOVZXBD    2(SI), Y1
+	VPAND        i32_0f<>+0(SB), Y1, Y2
+	VPSRLD       $0x04, Y1, Y1
+	VPSUBD       i32_8<>+0(SB), Y2, Y2
+	VCVTDQ2PS    Y2, Y2
+	VMULPS       Y0, Y2, Y2
+	VMOVUPS      Y2, (AX)
+	VPSUBD       i32_8<>+0(SB), Y1, Y1
+	VCVTDQ2PS    Y1, Y1
+	VMULPS       Y0, Y1, Y1
+	VMOVUPS      Y1, 64(AX)
+	VPMOVZXBD    10(SI), Y1
+	VPAND        i32_0f<>+0(SB), Y1, Y2
+	VPSRLD       $0x04, Y1, Y1
+	VPSUBD       i32_8<>+0(SB), Y2, Y2
+	VCVTDQ2PS    Y2, Y2
+	VMULPS       Y0, Y2, Y2
+	VMOVUPS      Y2, 32(AX)
+	VPSUBD       i32_8<>+0(SB), Y1, Y1
+	VCVTDQ2PS    Y1, Y1
+	VMULPS       Y0, Y1, Y1
+	VMOVUPS      Y1, 96(AX)
+	ADDQ         $0x12, SI
+	ADDQ         $0x80, AX
+	DECQ         DI
+	JNZ          attnLoadQ40AVX2_block
+	ADDQ         DX, CX
+	DECQ         BX
+	JNZ          attnLoadQ40AVX2_row
+	VZEROUPPER
+	RET
+
+DATA i32_0f<>+0(SB)/8, $0x0000000f0000000f
+DATA i32_0f<>+8(SB)/8, $0x0000000f0000000f
+DATA i32_0f<>+16(SB)/8, $0x0000000f0000000f
+DATA i32_0f<>+24(SB)/8, $0x0000000f0000000f
+DATA i32_0f<>+32(SB)/8, $0x0000000f0000000f
+DATA i32_0f<>+40(SB)/8, $0x0000000f0000000f
+DATA i32_0f<>+48(SB)/8, $0x0000000f0000000f
+DATA i32_0f<>+56(SB)/8, $0x0000000f0000000f
+GLOBL i32_0f<>(SB), RODATA|NOPTR, $64
+
+DATA i32_8<>+0(SB)/8, $0x0000000800000008
+DATA i32_8<>+8(SB)/8, $0x0000000800000008
+DATA i32_8<>+16(SB)/8, $0x0000000800000008
+DATA i32_8<>+24(SB)/8, $0x0000000800000008
+DATA i32_8<>+32(SB)/8, $0x0000000800000008
+DATA i32_8<>+40(SB)/8, $0x0000000800000008
+DATA i32_8<>+48(SB)/8, $0x0000000800000008
+DATA i32_8<>+56(SB)/8, $0x0000000800000008
+GLOBL i32_8<>(SB), RODATA|NOPTR, $64
+
 // func mulQ4KAVXVNNI1(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
 // Requires: AVX, AVX2, AVX_VNNI, F16C, FMA3
 TEXT ·mulQ4KAVXVNNI1(SB), NOSPLIT, $96-56
@@ -40382,6 +41471,2179 @@ scaleRoundF16AVX512_done:
 	VZEROUPPER
 	RET
 
+// func attnGemmAVX512_1x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_1x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         c+40(FP), DI
+	MOVQ         ldc+48(FP), R8
+	MOVQ         DI, R8
+	VMOVUPS      (R8), Z0
+	MOVQ         rs+64(FP), R8
+	TESTQ        R8, R8
+	JZ           attnGemmAVX512_1x1_noscale
+	VBROADCASTSS (R8), Z1
+	VMULPS       Z1, Z0, Z0
+
+attnGemmAVX512_1x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_1x1_store
+
+attnGemmAVX512_1x1_loop:
+	VMOVUPS      (CX), Z1
+	VBROADCASTSS (AX), Z2
+	VFMADD231PS  Z2, Z1, Z0
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_1x1_loop
+
+attnGemmAVX512_1x1_store:
+	MOVQ    DI, R8
+	VMOVUPS Z0, (R8)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_1x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_1x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         c+40(FP), DI
+	MOVQ         ldc+48(FP), R8
+	MOVQ         DI, R8
+	VMOVUPS      (R8), Z0
+	VMOVUPS      64(R8), Z1
+	MOVQ         rs+64(FP), R8
+	TESTQ        R8, R8
+	JZ           attnGemmAVX512_1x2_noscale
+	VBROADCASTSS (R8), Z2
+	VMULPS       Z2, Z0, Z0
+	VMULPS       Z2, Z1, Z1
+
+attnGemmAVX512_1x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_1x2_store
+
+attnGemmAVX512_1x2_loop:
+	VMOVUPS      (CX), Z2
+	VMOVUPS      64(CX), Z3
+	VBROADCASTSS (AX), Z4
+	VFMADD231PS  Z4, Z2, Z0
+	VFMADD231PS  Z4, Z3, Z1
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_1x2_loop
+
+attnGemmAVX512_1x2_store:
+	MOVQ    DI, R8
+	VMOVUPS Z0, (R8)
+	VMOVUPS Z1, 64(R8)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_1x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_1x3(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         c+40(FP), DI
+	MOVQ         ldc+48(FP), R8
+	MOVQ         DI, R8
+	VMOVUPS      (R8), Z0
+	VMOVUPS      64(R8), Z1
+	VMOVUPS      128(R8), Z2
+	MOVQ         rs+64(FP), R8
+	TESTQ        R8, R8
+	JZ           attnGemmAVX512_1x3_noscale
+	VBROADCASTSS (R8), Z3
+	VMULPS       Z3, Z0, Z0
+	VMULPS       Z3, Z1, Z1
+	VMULPS       Z3, Z2, Z2
+
+attnGemmAVX512_1x3_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_1x3_store
+
+attnGemmAVX512_1x3_loop:
+	VMOVUPS      (CX), Z3
+	VMOVUPS      64(CX), Z4
+	VMOVUPS      128(CX), Z5
+	VBROADCASTSS (AX), Z6
+	VFMADD231PS  Z6, Z3, Z0
+	VFMADD231PS  Z6, Z4, Z1
+	VFMADD231PS  Z6, Z5, Z2
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_1x3_loop
+
+attnGemmAVX512_1x3_store:
+	MOVQ    DI, R8
+	VMOVUPS Z0, (R8)
+	VMOVUPS Z1, 64(R8)
+	VMOVUPS Z2, 128(R8)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_1x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_1x4(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         c+40(FP), DI
+	MOVQ         ldc+48(FP), R8
+	MOVQ         DI, R8
+	VMOVUPS      (R8), Z0
+	VMOVUPS      64(R8), Z1
+	VMOVUPS      128(R8), Z2
+	VMOVUPS      192(R8), Z3
+	MOVQ         rs+64(FP), R8
+	TESTQ        R8, R8
+	JZ           attnGemmAVX512_1x4_noscale
+	VBROADCASTSS (R8), Z4
+	VMULPS       Z4, Z0, Z0
+	VMULPS       Z4, Z1, Z1
+	VMULPS       Z4, Z2, Z2
+	VMULPS       Z4, Z3, Z3
+
+attnGemmAVX512_1x4_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_1x4_store
+
+attnGemmAVX512_1x4_loop:
+	VMOVUPS      (CX), Z4
+	VMOVUPS      64(CX), Z5
+	VMOVUPS      128(CX), Z6
+	VMOVUPS      192(CX), Z7
+	VBROADCASTSS (AX), Z8
+	VFMADD231PS  Z8, Z4, Z0
+	VFMADD231PS  Z8, Z5, Z1
+	VFMADD231PS  Z8, Z6, Z2
+	VFMADD231PS  Z8, Z7, Z3
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_1x4_loop
+
+attnGemmAVX512_1x4_store:
+	MOVQ    DI, R8
+	VMOVUPS Z0, (R8)
+	VMOVUPS Z1, 64(R8)
+	VMOVUPS Z2, 128(R8)
+	VMOVUPS Z3, 192(R8)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_2x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_2x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	MOVQ         c+40(FP), R8
+	MOVQ         ldc+48(FP), R9
+	MOVQ         R8, R10
+	VMOVUPS      (R10), Z0
+	ADDQ         R9, R10
+	VMOVUPS      (R10), Z1
+	MOVQ         rs+64(FP), R10
+	TESTQ        R10, R10
+	JZ           attnGemmAVX512_2x1_noscale
+	VBROADCASTSS (R10), Z2
+	VMULPS       Z2, Z0, Z0
+	VBROADCASTSS 4(R10), Z2
+	VMULPS       Z2, Z1, Z1
+
+attnGemmAVX512_2x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_2x1_store
+
+attnGemmAVX512_2x1_loop:
+	VMOVUPS      (CX), Z2
+	VBROADCASTSS (AX), Z3
+	VFMADD231PS  Z3, Z2, Z0
+	VBROADCASTSS (AX)(DI*1), Z3
+	VFMADD231PS  Z3, Z2, Z1
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_2x1_loop
+
+attnGemmAVX512_2x1_store:
+	MOVQ    R8, R10
+	VMOVUPS Z0, (R10)
+	ADDQ    R9, R10
+	VMOVUPS Z1, (R10)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_2x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_2x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	MOVQ         c+40(FP), R8
+	MOVQ         ldc+48(FP), R9
+	MOVQ         R8, R10
+	VMOVUPS      (R10), Z0
+	VMOVUPS      64(R10), Z1
+	ADDQ         R9, R10
+	VMOVUPS      (R10), Z2
+	VMOVUPS      64(R10), Z3
+	MOVQ         rs+64(FP), R10
+	TESTQ        R10, R10
+	JZ           attnGemmAVX512_2x2_noscale
+	VBROADCASTSS (R10), Z4
+	VMULPS       Z4, Z0, Z0
+	VMULPS       Z4, Z1, Z1
+	VBROADCASTSS 4(R10), Z4
+	VMULPS       Z4, Z2, Z2
+	VMULPS       Z4, Z3, Z3
+
+attnGemmAVX512_2x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_2x2_store
+
+attnGemmAVX512_2x2_loop:
+	VMOVUPS      (CX), Z4
+	VMOVUPS      64(CX), Z5
+	VBROADCASTSS (AX), Z6
+	VFMADD231PS  Z6, Z4, Z0
+	VFMADD231PS  Z6, Z5, Z1
+	VBROADCASTSS (AX)(DI*1), Z6
+	VFMADD231PS  Z6, Z4, Z2
+	VFMADD231PS  Z6, Z5, Z3
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_2x2_loop
+
+attnGemmAVX512_2x2_store:
+	MOVQ    R8, R10
+	VMOVUPS Z0, (R10)
+	VMOVUPS Z1, 64(R10)
+	ADDQ    R9, R10
+	VMOVUPS Z2, (R10)
+	VMOVUPS Z3, 64(R10)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_2x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_2x3(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	MOVQ         c+40(FP), R8
+	MOVQ         ldc+48(FP), R9
+	MOVQ         R8, R10
+	VMOVUPS      (R10), Z0
+	VMOVUPS      64(R10), Z1
+	VMOVUPS      128(R10), Z2
+	ADDQ         R9, R10
+	VMOVUPS      (R10), Z3
+	VMOVUPS      64(R10), Z4
+	VMOVUPS      128(R10), Z5
+	MOVQ         rs+64(FP), R10
+	TESTQ        R10, R10
+	JZ           attnGemmAVX512_2x3_noscale
+	VBROADCASTSS (R10), Z6
+	VMULPS       Z6, Z0, Z0
+	VMULPS       Z6, Z1, Z1
+	VMULPS       Z6, Z2, Z2
+	VBROADCASTSS 4(R10), Z6
+	VMULPS       Z6, Z3, Z3
+	VMULPS       Z6, Z4, Z4
+	VMULPS       Z6, Z5, Z5
+
+attnGemmAVX512_2x3_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_2x3_store
+
+attnGemmAVX512_2x3_loop:
+	VMOVUPS      (CX), Z6
+	VMOVUPS      64(CX), Z7
+	VMOVUPS      128(CX), Z8
+	VBROADCASTSS (AX), Z9
+	VFMADD231PS  Z9, Z6, Z0
+	VFMADD231PS  Z9, Z7, Z1
+	VFMADD231PS  Z9, Z8, Z2
+	VBROADCASTSS (AX)(DI*1), Z9
+	VFMADD231PS  Z9, Z6, Z3
+	VFMADD231PS  Z9, Z7, Z4
+	VFMADD231PS  Z9, Z8, Z5
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_2x3_loop
+
+attnGemmAVX512_2x3_store:
+	MOVQ    R8, R10
+	VMOVUPS Z0, (R10)
+	VMOVUPS Z1, 64(R10)
+	VMOVUPS Z2, 128(R10)
+	ADDQ    R9, R10
+	VMOVUPS Z3, (R10)
+	VMOVUPS Z4, 64(R10)
+	VMOVUPS Z5, 128(R10)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_2x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_2x4(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	MOVQ         c+40(FP), R8
+	MOVQ         ldc+48(FP), R9
+	MOVQ         R8, R10
+	VMOVUPS      (R10), Z0
+	VMOVUPS      64(R10), Z1
+	VMOVUPS      128(R10), Z2
+	VMOVUPS      192(R10), Z3
+	ADDQ         R9, R10
+	VMOVUPS      (R10), Z4
+	VMOVUPS      64(R10), Z5
+	VMOVUPS      128(R10), Z6
+	VMOVUPS      192(R10), Z7
+	MOVQ         rs+64(FP), R10
+	TESTQ        R10, R10
+	JZ           attnGemmAVX512_2x4_noscale
+	VBROADCASTSS (R10), Z8
+	VMULPS       Z8, Z0, Z0
+	VMULPS       Z8, Z1, Z1
+	VMULPS       Z8, Z2, Z2
+	VMULPS       Z8, Z3, Z3
+	VBROADCASTSS 4(R10), Z8
+	VMULPS       Z8, Z4, Z4
+	VMULPS       Z8, Z5, Z5
+	VMULPS       Z8, Z6, Z6
+	VMULPS       Z8, Z7, Z7
+
+attnGemmAVX512_2x4_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_2x4_store
+
+attnGemmAVX512_2x4_loop:
+	VMOVUPS      (CX), Z8
+	VMOVUPS      64(CX), Z9
+	VMOVUPS      128(CX), Z10
+	VMOVUPS      192(CX), Z11
+	VBROADCASTSS (AX), Z12
+	VFMADD231PS  Z12, Z8, Z0
+	VFMADD231PS  Z12, Z9, Z1
+	VFMADD231PS  Z12, Z10, Z2
+	VFMADD231PS  Z12, Z11, Z3
+	VBROADCASTSS (AX)(DI*1), Z12
+	VFMADD231PS  Z12, Z8, Z4
+	VFMADD231PS  Z12, Z9, Z5
+	VFMADD231PS  Z12, Z10, Z6
+	VFMADD231PS  Z12, Z11, Z7
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_2x4_loop
+
+attnGemmAVX512_2x4_store:
+	MOVQ    R8, R10
+	VMOVUPS Z0, (R10)
+	VMOVUPS Z1, 64(R10)
+	VMOVUPS Z2, 128(R10)
+	VMOVUPS Z3, 192(R10)
+	ADDQ    R9, R10
+	VMOVUPS Z4, (R10)
+	VMOVUPS Z5, 64(R10)
+	VMOVUPS Z6, 128(R10)
+	VMOVUPS Z7, 192(R10)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_3x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_3x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	MOVQ         c+40(FP), R9
+	MOVQ         ldc+48(FP), R10
+	MOVQ         R9, R11
+	VMOVUPS      (R11), Z0
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Z1
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Z2
+	MOVQ         rs+64(FP), R11
+	TESTQ        R11, R11
+	JZ           attnGemmAVX512_3x1_noscale
+	VBROADCASTSS (R11), Z3
+	VMULPS       Z3, Z0, Z0
+	VBROADCASTSS 4(R11), Z3
+	VMULPS       Z3, Z1, Z1
+	VBROADCASTSS 8(R11), Z3
+	VMULPS       Z3, Z2, Z2
+
+attnGemmAVX512_3x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_3x1_store
+
+attnGemmAVX512_3x1_loop:
+	VMOVUPS      (CX), Z3
+	VBROADCASTSS (AX), Z4
+	VFMADD231PS  Z4, Z3, Z0
+	VBROADCASTSS (AX)(DI*1), Z4
+	VFMADD231PS  Z4, Z3, Z1
+	VBROADCASTSS (AX)(R8*1), Z4
+	VFMADD231PS  Z4, Z3, Z2
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_3x1_loop
+
+attnGemmAVX512_3x1_store:
+	MOVQ    R9, R11
+	VMOVUPS Z0, (R11)
+	ADDQ    R10, R11
+	VMOVUPS Z1, (R11)
+	ADDQ    R10, R11
+	VMOVUPS Z2, (R11)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_3x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_3x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	MOVQ         c+40(FP), R9
+	MOVQ         ldc+48(FP), R10
+	MOVQ         R9, R11
+	VMOVUPS      (R11), Z0
+	VMOVUPS      64(R11), Z1
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Z2
+	VMOVUPS      64(R11), Z3
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Z4
+	VMOVUPS      64(R11), Z5
+	MOVQ         rs+64(FP), R11
+	TESTQ        R11, R11
+	JZ           attnGemmAVX512_3x2_noscale
+	VBROADCASTSS (R11), Z6
+	VMULPS       Z6, Z0, Z0
+	VMULPS       Z6, Z1, Z1
+	VBROADCASTSS 4(R11), Z6
+	VMULPS       Z6, Z2, Z2
+	VMULPS       Z6, Z3, Z3
+	VBROADCASTSS 8(R11), Z6
+	VMULPS       Z6, Z4, Z4
+	VMULPS       Z6, Z5, Z5
+
+attnGemmAVX512_3x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_3x2_store
+
+attnGemmAVX512_3x2_loop:
+	VMOVUPS      (CX), Z6
+	VMOVUPS      64(CX), Z7
+	VBROADCASTSS (AX), Z8
+	VFMADD231PS  Z8, Z6, Z0
+	VFMADD231PS  Z8, Z7, Z1
+	VBROADCASTSS (AX)(DI*1), Z8
+	VFMADD231PS  Z8, Z6, Z2
+	VFMADD231PS  Z8, Z7, Z3
+	VBROADCASTSS (AX)(R8*1), Z8
+	VFMADD231PS  Z8, Z6, Z4
+	VFMADD231PS  Z8, Z7, Z5
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_3x2_loop
+
+attnGemmAVX512_3x2_store:
+	MOVQ    R9, R11
+	VMOVUPS Z0, (R11)
+	VMOVUPS Z1, 64(R11)
+	ADDQ    R10, R11
+	VMOVUPS Z2, (R11)
+	VMOVUPS Z3, 64(R11)
+	ADDQ    R10, R11
+	VMOVUPS Z4, (R11)
+	VMOVUPS Z5, 64(R11)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_3x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_3x3(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	MOVQ         c+40(FP), R9
+	MOVQ         ldc+48(FP), R10
+	MOVQ         R9, R11
+	VMOVUPS      (R11), Z0
+	VMOVUPS      64(R11), Z1
+	VMOVUPS      128(R11), Z2
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Z3
+	VMOVUPS      64(R11), Z4
+	VMOVUPS      128(R11), Z5
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Z6
+	VMOVUPS      64(R11), Z7
+	VMOVUPS      128(R11), Z8
+	MOVQ         rs+64(FP), R11
+	TESTQ        R11, R11
+	JZ           attnGemmAVX512_3x3_noscale
+	VBROADCASTSS (R11), Z9
+	VMULPS       Z9, Z0, Z0
+	VMULPS       Z9, Z1, Z1
+	VMULPS       Z9, Z2, Z2
+	VBROADCASTSS 4(R11), Z9
+	VMULPS       Z9, Z3, Z3
+	VMULPS       Z9, Z4, Z4
+	VMULPS       Z9, Z5, Z5
+	VBROADCASTSS 8(R11), Z9
+	VMULPS       Z9, Z6, Z6
+	VMULPS       Z9, Z7, Z7
+	VMULPS       Z9, Z8, Z8
+
+attnGemmAVX512_3x3_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_3x3_store
+
+attnGemmAVX512_3x3_loop:
+	VMOVUPS      (CX), Z9
+	VMOVUPS      64(CX), Z10
+	VMOVUPS      128(CX), Z11
+	VBROADCASTSS (AX), Z12
+	VFMADD231PS  Z12, Z9, Z0
+	VFMADD231PS  Z12, Z10, Z1
+	VFMADD231PS  Z12, Z11, Z2
+	VBROADCASTSS (AX)(DI*1), Z12
+	VFMADD231PS  Z12, Z9, Z3
+	VFMADD231PS  Z12, Z10, Z4
+	VFMADD231PS  Z12, Z11, Z5
+	VBROADCASTSS (AX)(R8*1), Z12
+	VFMADD231PS  Z12, Z9, Z6
+	VFMADD231PS  Z12, Z10, Z7
+	VFMADD231PS  Z12, Z11, Z8
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_3x3_loop
+
+attnGemmAVX512_3x3_store:
+	MOVQ    R9, R11
+	VMOVUPS Z0, (R11)
+	VMOVUPS Z1, 64(R11)
+	VMOVUPS Z2, 128(R11)
+	ADDQ    R10, R11
+	VMOVUPS Z3, (R11)
+	VMOVUPS Z4, 64(R11)
+	VMOVUPS Z5, 128(R11)
+	ADDQ    R10, R11
+	VMOVUPS Z6, (R11)
+	VMOVUPS Z7, 64(R11)
+	VMOVUPS Z8, 128(R11)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_3x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_3x4(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	MOVQ         c+40(FP), R9
+	MOVQ         ldc+48(FP), R10
+	MOVQ         R9, R11
+	VMOVUPS      (R11), Z0
+	VMOVUPS      64(R11), Z1
+	VMOVUPS      128(R11), Z2
+	VMOVUPS      192(R11), Z3
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Z4
+	VMOVUPS      64(R11), Z5
+	VMOVUPS      128(R11), Z6
+	VMOVUPS      192(R11), Z7
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Z8
+	VMOVUPS      64(R11), Z9
+	VMOVUPS      128(R11), Z10
+	VMOVUPS      192(R11), Z11
+	MOVQ         rs+64(FP), R11
+	TESTQ        R11, R11
+	JZ           attnGemmAVX512_3x4_noscale
+	VBROADCASTSS (R11), Z12
+	VMULPS       Z12, Z0, Z0
+	VMULPS       Z12, Z1, Z1
+	VMULPS       Z12, Z2, Z2
+	VMULPS       Z12, Z3, Z3
+	VBROADCASTSS 4(R11), Z12
+	VMULPS       Z12, Z4, Z4
+	VMULPS       Z12, Z5, Z5
+	VMULPS       Z12, Z6, Z6
+	VMULPS       Z12, Z7, Z7
+	VBROADCASTSS 8(R11), Z12
+	VMULPS       Z12, Z8, Z8
+	VMULPS       Z12, Z9, Z9
+	VMULPS       Z12, Z10, Z10
+	VMULPS       Z12, Z11, Z11
+
+attnGemmAVX512_3x4_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_3x4_store
+
+attnGemmAVX512_3x4_loop:
+	VMOVUPS      (CX), Z12
+	VMOVUPS      64(CX), Z13
+	VMOVUPS      128(CX), Z14
+	VMOVUPS      192(CX), Z15
+	VBROADCASTSS (AX), Z16
+	VFMADD231PS  Z16, Z12, Z0
+	VFMADD231PS  Z16, Z13, Z1
+	VFMADD231PS  Z16, Z14, Z2
+	VFMADD231PS  Z16, Z15, Z3
+	VBROADCASTSS (AX)(DI*1), Z16
+	VFMADD231PS  Z16, Z12, Z4
+	VFMADD231PS  Z16, Z13, Z5
+	VFMADD231PS  Z16, Z14, Z6
+	VFMADD231PS  Z16, Z15, Z7
+	VBROADCASTSS (AX)(R8*1), Z16
+	VFMADD231PS  Z16, Z12, Z8
+	VFMADD231PS  Z16, Z13, Z9
+	VFMADD231PS  Z16, Z14, Z10
+	VFMADD231PS  Z16, Z15, Z11
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_3x4_loop
+
+attnGemmAVX512_3x4_store:
+	MOVQ    R9, R11
+	VMOVUPS Z0, (R11)
+	VMOVUPS Z1, 64(R11)
+	VMOVUPS Z2, 128(R11)
+	VMOVUPS Z3, 192(R11)
+	ADDQ    R10, R11
+	VMOVUPS Z4, (R11)
+	VMOVUPS Z5, 64(R11)
+	VMOVUPS Z6, 128(R11)
+	VMOVUPS Z7, 192(R11)
+	ADDQ    R10, R11
+	VMOVUPS Z8, (R11)
+	VMOVUPS Z9, 64(R11)
+	VMOVUPS Z10, 128(R11)
+	VMOVUPS Z11, 192(R11)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_4x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_4x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	MOVQ         c+40(FP), R10
+	MOVQ         ldc+48(FP), R11
+	MOVQ         R10, R12
+	VMOVUPS      (R12), Z0
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z1
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z2
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z3
+	MOVQ         rs+64(FP), R12
+	TESTQ        R12, R12
+	JZ           attnGemmAVX512_4x1_noscale
+	VBROADCASTSS (R12), Z4
+	VMULPS       Z4, Z0, Z0
+	VBROADCASTSS 4(R12), Z4
+	VMULPS       Z4, Z1, Z1
+	VBROADCASTSS 8(R12), Z4
+	VMULPS       Z4, Z2, Z2
+	VBROADCASTSS 12(R12), Z4
+	VMULPS       Z4, Z3, Z3
+
+attnGemmAVX512_4x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_4x1_store
+
+attnGemmAVX512_4x1_loop:
+	VMOVUPS      (CX), Z4
+	VBROADCASTSS (AX), Z5
+	VFMADD231PS  Z5, Z4, Z0
+	VBROADCASTSS (AX)(DI*1), Z5
+	VFMADD231PS  Z5, Z4, Z1
+	VBROADCASTSS (AX)(R8*1), Z5
+	VFMADD231PS  Z5, Z4, Z2
+	VBROADCASTSS (AX)(R9*1), Z5
+	VFMADD231PS  Z5, Z4, Z3
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_4x1_loop
+
+attnGemmAVX512_4x1_store:
+	MOVQ    R10, R12
+	VMOVUPS Z0, (R12)
+	ADDQ    R11, R12
+	VMOVUPS Z1, (R12)
+	ADDQ    R11, R12
+	VMOVUPS Z2, (R12)
+	ADDQ    R11, R12
+	VMOVUPS Z3, (R12)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_4x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_4x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	MOVQ         c+40(FP), R10
+	MOVQ         ldc+48(FP), R11
+	MOVQ         R10, R12
+	VMOVUPS      (R12), Z0
+	VMOVUPS      64(R12), Z1
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z2
+	VMOVUPS      64(R12), Z3
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z4
+	VMOVUPS      64(R12), Z5
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z6
+	VMOVUPS      64(R12), Z7
+	MOVQ         rs+64(FP), R12
+	TESTQ        R12, R12
+	JZ           attnGemmAVX512_4x2_noscale
+	VBROADCASTSS (R12), Z8
+	VMULPS       Z8, Z0, Z0
+	VMULPS       Z8, Z1, Z1
+	VBROADCASTSS 4(R12), Z8
+	VMULPS       Z8, Z2, Z2
+	VMULPS       Z8, Z3, Z3
+	VBROADCASTSS 8(R12), Z8
+	VMULPS       Z8, Z4, Z4
+	VMULPS       Z8, Z5, Z5
+	VBROADCASTSS 12(R12), Z8
+	VMULPS       Z8, Z6, Z6
+	VMULPS       Z8, Z7, Z7
+
+attnGemmAVX512_4x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_4x2_store
+
+attnGemmAVX512_4x2_loop:
+	VMOVUPS      (CX), Z8
+	VMOVUPS      64(CX), Z9
+	VBROADCASTSS (AX), Z10
+	VFMADD231PS  Z10, Z8, Z0
+	VFMADD231PS  Z10, Z9, Z1
+	VBROADCASTSS (AX)(DI*1), Z10
+	VFMADD231PS  Z10, Z8, Z2
+	VFMADD231PS  Z10, Z9, Z3
+	VBROADCASTSS (AX)(R8*1), Z10
+	VFMADD231PS  Z10, Z8, Z4
+	VFMADD231PS  Z10, Z9, Z5
+	VBROADCASTSS (AX)(R9*1), Z10
+	VFMADD231PS  Z10, Z8, Z6
+	VFMADD231PS  Z10, Z9, Z7
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_4x2_loop
+
+attnGemmAVX512_4x2_store:
+	MOVQ    R10, R12
+	VMOVUPS Z0, (R12)
+	VMOVUPS Z1, 64(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z2, (R12)
+	VMOVUPS Z3, 64(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z4, (R12)
+	VMOVUPS Z5, 64(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z6, (R12)
+	VMOVUPS Z7, 64(R12)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_4x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_4x3(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	MOVQ         c+40(FP), R10
+	MOVQ         ldc+48(FP), R11
+	MOVQ         R10, R12
+	VMOVUPS      (R12), Z0
+	VMOVUPS      64(R12), Z1
+	VMOVUPS      128(R12), Z2
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z3
+	VMOVUPS      64(R12), Z4
+	VMOVUPS      128(R12), Z5
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z6
+	VMOVUPS      64(R12), Z7
+	VMOVUPS      128(R12), Z8
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z9
+	VMOVUPS      64(R12), Z10
+	VMOVUPS      128(R12), Z11
+	MOVQ         rs+64(FP), R12
+	TESTQ        R12, R12
+	JZ           attnGemmAVX512_4x3_noscale
+	VBROADCASTSS (R12), Z12
+	VMULPS       Z12, Z0, Z0
+	VMULPS       Z12, Z1, Z1
+	VMULPS       Z12, Z2, Z2
+	VBROADCASTSS 4(R12), Z12
+	VMULPS       Z12, Z3, Z3
+	VMULPS       Z12, Z4, Z4
+	VMULPS       Z12, Z5, Z5
+	VBROADCASTSS 8(R12), Z12
+	VMULPS       Z12, Z6, Z6
+	VMULPS       Z12, Z7, Z7
+	VMULPS       Z12, Z8, Z8
+	VBROADCASTSS 12(R12), Z12
+	VMULPS       Z12, Z9, Z9
+	VMULPS       Z12, Z10, Z10
+	VMULPS       Z12, Z11, Z11
+
+attnGemmAVX512_4x3_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_4x3_store
+
+attnGemmAVX512_4x3_loop:
+	VMOVUPS      (CX), Z12
+	VMOVUPS      64(CX), Z13
+	VMOVUPS      128(CX), Z14
+	VBROADCASTSS (AX), Z15
+	VFMADD231PS  Z15, Z12, Z0
+	VFMADD231PS  Z15, Z13, Z1
+	VFMADD231PS  Z15, Z14, Z2
+	VBROADCASTSS (AX)(DI*1), Z15
+	VFMADD231PS  Z15, Z12, Z3
+	VFMADD231PS  Z15, Z13, Z4
+	VFMADD231PS  Z15, Z14, Z5
+	VBROADCASTSS (AX)(R8*1), Z15
+	VFMADD231PS  Z15, Z12, Z6
+	VFMADD231PS  Z15, Z13, Z7
+	VFMADD231PS  Z15, Z14, Z8
+	VBROADCASTSS (AX)(R9*1), Z15
+	VFMADD231PS  Z15, Z12, Z9
+	VFMADD231PS  Z15, Z13, Z10
+	VFMADD231PS  Z15, Z14, Z11
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_4x3_loop
+
+attnGemmAVX512_4x3_store:
+	MOVQ    R10, R12
+	VMOVUPS Z0, (R12)
+	VMOVUPS Z1, 64(R12)
+	VMOVUPS Z2, 128(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z3, (R12)
+	VMOVUPS Z4, 64(R12)
+	VMOVUPS Z5, 128(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z6, (R12)
+	VMOVUPS Z7, 64(R12)
+	VMOVUPS Z8, 128(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z9, (R12)
+	VMOVUPS Z10, 64(R12)
+	VMOVUPS Z11, 128(R12)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_4x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_4x4(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	MOVQ         c+40(FP), R10
+	MOVQ         ldc+48(FP), R11
+	MOVQ         R10, R12
+	VMOVUPS      (R12), Z0
+	VMOVUPS      64(R12), Z1
+	VMOVUPS      128(R12), Z2
+	VMOVUPS      192(R12), Z3
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z4
+	VMOVUPS      64(R12), Z5
+	VMOVUPS      128(R12), Z6
+	VMOVUPS      192(R12), Z7
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z8
+	VMOVUPS      64(R12), Z9
+	VMOVUPS      128(R12), Z10
+	VMOVUPS      192(R12), Z11
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z12
+	VMOVUPS      64(R12), Z13
+	VMOVUPS      128(R12), Z14
+	VMOVUPS      192(R12), Z15
+	MOVQ         rs+64(FP), R12
+	TESTQ        R12, R12
+	JZ           attnGemmAVX512_4x4_noscale
+	VBROADCASTSS (R12), Z16
+	VMULPS       Z16, Z0, Z0
+	VMULPS       Z16, Z1, Z1
+	VMULPS       Z16, Z2, Z2
+	VMULPS       Z16, Z3, Z3
+	VBROADCASTSS 4(R12), Z16
+	VMULPS       Z16, Z4, Z4
+	VMULPS       Z16, Z5, Z5
+	VMULPS       Z16, Z6, Z6
+	VMULPS       Z16, Z7, Z7
+	VBROADCASTSS 8(R12), Z16
+	VMULPS       Z16, Z8, Z8
+	VMULPS       Z16, Z9, Z9
+	VMULPS       Z16, Z10, Z10
+	VMULPS       Z16, Z11, Z11
+	VBROADCASTSS 12(R12), Z16
+	VMULPS       Z16, Z12, Z12
+	VMULPS       Z16, Z13, Z13
+	VMULPS       Z16, Z14, Z14
+	VMULPS       Z16, Z15, Z15
+
+attnGemmAVX512_4x4_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_4x4_store
+
+attnGemmAVX512_4x4_loop:
+	VMOVUPS      (CX), Z16
+	VMOVUPS      64(CX), Z17
+	VMOVUPS      128(CX), Z18
+	VMOVUPS      192(CX), Z19
+	VBROADCASTSS (AX), Z20
+	VFMADD231PS  Z20, Z16, Z0
+	VFMADD231PS  Z20, Z17, Z1
+	VFMADD231PS  Z20, Z18, Z2
+	VFMADD231PS  Z20, Z19, Z3
+	VBROADCASTSS (AX)(DI*1), Z20
+	VFMADD231PS  Z20, Z16, Z4
+	VFMADD231PS  Z20, Z17, Z5
+	VFMADD231PS  Z20, Z18, Z6
+	VFMADD231PS  Z20, Z19, Z7
+	VBROADCASTSS (AX)(R8*1), Z20
+	VFMADD231PS  Z20, Z16, Z8
+	VFMADD231PS  Z20, Z17, Z9
+	VFMADD231PS  Z20, Z18, Z10
+	VFMADD231PS  Z20, Z19, Z11
+	VBROADCASTSS (AX)(R9*1), Z20
+	VFMADD231PS  Z20, Z16, Z12
+	VFMADD231PS  Z20, Z17, Z13
+	VFMADD231PS  Z20, Z18, Z14
+	VFMADD231PS  Z20, Z19, Z15
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_4x4_loop
+
+attnGemmAVX512_4x4_store:
+	MOVQ    R10, R12
+	VMOVUPS Z0, (R12)
+	VMOVUPS Z1, 64(R12)
+	VMOVUPS Z2, 128(R12)
+	VMOVUPS Z3, 192(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z4, (R12)
+	VMOVUPS Z5, 64(R12)
+	VMOVUPS Z6, 128(R12)
+	VMOVUPS Z7, 192(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z8, (R12)
+	VMOVUPS Z9, 64(R12)
+	VMOVUPS Z10, 128(R12)
+	VMOVUPS Z11, 192(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z12, (R12)
+	VMOVUPS Z13, 64(R12)
+	VMOVUPS Z14, 128(R12)
+	VMOVUPS Z15, 192(R12)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_5x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_5x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	MOVQ         c+40(FP), R11
+	MOVQ         ldc+48(FP), R12
+	MOVQ         R11, R13
+	VMOVUPS      (R13), Z0
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z1
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z2
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z3
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z4
+	MOVQ         rs+64(FP), R13
+	TESTQ        R13, R13
+	JZ           attnGemmAVX512_5x1_noscale
+	VBROADCASTSS (R13), Z5
+	VMULPS       Z5, Z0, Z0
+	VBROADCASTSS 4(R13), Z5
+	VMULPS       Z5, Z1, Z1
+	VBROADCASTSS 8(R13), Z5
+	VMULPS       Z5, Z2, Z2
+	VBROADCASTSS 12(R13), Z5
+	VMULPS       Z5, Z3, Z3
+	VBROADCASTSS 16(R13), Z5
+	VMULPS       Z5, Z4, Z4
+
+attnGemmAVX512_5x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_5x1_store
+
+attnGemmAVX512_5x1_loop:
+	VMOVUPS      (CX), Z5
+	VBROADCASTSS (AX), Z6
+	VFMADD231PS  Z6, Z5, Z0
+	VBROADCASTSS (AX)(DI*1), Z6
+	VFMADD231PS  Z6, Z5, Z1
+	VBROADCASTSS (AX)(R8*1), Z6
+	VFMADD231PS  Z6, Z5, Z2
+	VBROADCASTSS (AX)(R9*1), Z6
+	VFMADD231PS  Z6, Z5, Z3
+	VBROADCASTSS (AX)(R10*1), Z6
+	VFMADD231PS  Z6, Z5, Z4
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_5x1_loop
+
+attnGemmAVX512_5x1_store:
+	MOVQ    R11, R13
+	VMOVUPS Z0, (R13)
+	ADDQ    R12, R13
+	VMOVUPS Z1, (R13)
+	ADDQ    R12, R13
+	VMOVUPS Z2, (R13)
+	ADDQ    R12, R13
+	VMOVUPS Z3, (R13)
+	ADDQ    R12, R13
+	VMOVUPS Z4, (R13)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_5x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_5x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	MOVQ         c+40(FP), R11
+	MOVQ         ldc+48(FP), R12
+	MOVQ         R11, R13
+	VMOVUPS      (R13), Z0
+	VMOVUPS      64(R13), Z1
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z2
+	VMOVUPS      64(R13), Z3
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z4
+	VMOVUPS      64(R13), Z5
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z6
+	VMOVUPS      64(R13), Z7
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z8
+	VMOVUPS      64(R13), Z9
+	MOVQ         rs+64(FP), R13
+	TESTQ        R13, R13
+	JZ           attnGemmAVX512_5x2_noscale
+	VBROADCASTSS (R13), Z10
+	VMULPS       Z10, Z0, Z0
+	VMULPS       Z10, Z1, Z1
+	VBROADCASTSS 4(R13), Z10
+	VMULPS       Z10, Z2, Z2
+	VMULPS       Z10, Z3, Z3
+	VBROADCASTSS 8(R13), Z10
+	VMULPS       Z10, Z4, Z4
+	VMULPS       Z10, Z5, Z5
+	VBROADCASTSS 12(R13), Z10
+	VMULPS       Z10, Z6, Z6
+	VMULPS       Z10, Z7, Z7
+	VBROADCASTSS 16(R13), Z10
+	VMULPS       Z10, Z8, Z8
+	VMULPS       Z10, Z9, Z9
+
+attnGemmAVX512_5x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_5x2_store
+
+attnGemmAVX512_5x2_loop:
+	VMOVUPS      (CX), Z10
+	VMOVUPS      64(CX), Z11
+	VBROADCASTSS (AX), Z12
+	VFMADD231PS  Z12, Z10, Z0
+	VFMADD231PS  Z12, Z11, Z1
+	VBROADCASTSS (AX)(DI*1), Z12
+	VFMADD231PS  Z12, Z10, Z2
+	VFMADD231PS  Z12, Z11, Z3
+	VBROADCASTSS (AX)(R8*1), Z12
+	VFMADD231PS  Z12, Z10, Z4
+	VFMADD231PS  Z12, Z11, Z5
+	VBROADCASTSS (AX)(R9*1), Z12
+	VFMADD231PS  Z12, Z10, Z6
+	VFMADD231PS  Z12, Z11, Z7
+	VBROADCASTSS (AX)(R10*1), Z12
+	VFMADD231PS  Z12, Z10, Z8
+	VFMADD231PS  Z12, Z11, Z9
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_5x2_loop
+
+attnGemmAVX512_5x2_store:
+	MOVQ    R11, R13
+	VMOVUPS Z0, (R13)
+	VMOVUPS Z1, 64(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z2, (R13)
+	VMOVUPS Z3, 64(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z4, (R13)
+	VMOVUPS Z5, 64(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z6, (R13)
+	VMOVUPS Z7, 64(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z8, (R13)
+	VMOVUPS Z9, 64(R13)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_5x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_5x3(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	MOVQ         c+40(FP), R11
+	MOVQ         ldc+48(FP), R12
+	MOVQ         R11, R13
+	VMOVUPS      (R13), Z0
+	VMOVUPS      64(R13), Z1
+	VMOVUPS      128(R13), Z2
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z3
+	VMOVUPS      64(R13), Z4
+	VMOVUPS      128(R13), Z5
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z6
+	VMOVUPS      64(R13), Z7
+	VMOVUPS      128(R13), Z8
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z9
+	VMOVUPS      64(R13), Z10
+	VMOVUPS      128(R13), Z11
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z12
+	VMOVUPS      64(R13), Z13
+	VMOVUPS      128(R13), Z14
+	MOVQ         rs+64(FP), R13
+	TESTQ        R13, R13
+	JZ           attnGemmAVX512_5x3_noscale
+	VBROADCASTSS (R13), Z15
+	VMULPS       Z15, Z0, Z0
+	VMULPS       Z15, Z1, Z1
+	VMULPS       Z15, Z2, Z2
+	VBROADCASTSS 4(R13), Z15
+	VMULPS       Z15, Z3, Z3
+	VMULPS       Z15, Z4, Z4
+	VMULPS       Z15, Z5, Z5
+	VBROADCASTSS 8(R13), Z15
+	VMULPS       Z15, Z6, Z6
+	VMULPS       Z15, Z7, Z7
+	VMULPS       Z15, Z8, Z8
+	VBROADCASTSS 12(R13), Z15
+	VMULPS       Z15, Z9, Z9
+	VMULPS       Z15, Z10, Z10
+	VMULPS       Z15, Z11, Z11
+	VBROADCASTSS 16(R13), Z15
+	VMULPS       Z15, Z12, Z12
+	VMULPS       Z15, Z13, Z13
+	VMULPS       Z15, Z14, Z14
+
+attnGemmAVX512_5x3_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_5x3_store
+
+attnGemmAVX512_5x3_loop:
+	VMOVUPS      (CX), Z15
+	VMOVUPS      64(CX), Z16
+	VMOVUPS      128(CX), Z17
+	VBROADCASTSS (AX), Z18
+	VFMADD231PS  Z18, Z15, Z0
+	VFMADD231PS  Z18, Z16, Z1
+	VFMADD231PS  Z18, Z17, Z2
+	VBROADCASTSS (AX)(DI*1), Z18
+	VFMADD231PS  Z18, Z15, Z3
+	VFMADD231PS  Z18, Z16, Z4
+	VFMADD231PS  Z18, Z17, Z5
+	VBROADCASTSS (AX)(R8*1), Z18
+	VFMADD231PS  Z18, Z15, Z6
+	VFMADD231PS  Z18, Z16, Z7
+	VFMADD231PS  Z18, Z17, Z8
+	VBROADCASTSS (AX)(R9*1), Z18
+	VFMADD231PS  Z18, Z15, Z9
+	VFMADD231PS  Z18, Z16, Z10
+	VFMADD231PS  Z18, Z17, Z11
+	VBROADCASTSS (AX)(R10*1), Z18
+	VFMADD231PS  Z18, Z15, Z12
+	VFMADD231PS  Z18, Z16, Z13
+	VFMADD231PS  Z18, Z17, Z14
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_5x3_loop
+
+attnGemmAVX512_5x3_store:
+	MOVQ    R11, R13
+	VMOVUPS Z0, (R13)
+	VMOVUPS Z1, 64(R13)
+	VMOVUPS Z2, 128(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z3, (R13)
+	VMOVUPS Z4, 64(R13)
+	VMOVUPS Z5, 128(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z6, (R13)
+	VMOVUPS Z7, 64(R13)
+	VMOVUPS Z8, 128(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z9, (R13)
+	VMOVUPS Z10, 64(R13)
+	VMOVUPS Z11, 128(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z12, (R13)
+	VMOVUPS Z13, 64(R13)
+	VMOVUPS Z14, 128(R13)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_5x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_5x4(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	MOVQ         c+40(FP), R11
+	MOVQ         ldc+48(FP), R12
+	MOVQ         R11, R13
+	VMOVUPS      (R13), Z0
+	VMOVUPS      64(R13), Z1
+	VMOVUPS      128(R13), Z2
+	VMOVUPS      192(R13), Z3
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z4
+	VMOVUPS      64(R13), Z5
+	VMOVUPS      128(R13), Z6
+	VMOVUPS      192(R13), Z7
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z8
+	VMOVUPS      64(R13), Z9
+	VMOVUPS      128(R13), Z10
+	VMOVUPS      192(R13), Z11
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z12
+	VMOVUPS      64(R13), Z13
+	VMOVUPS      128(R13), Z14
+	VMOVUPS      192(R13), Z15
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z16
+	VMOVUPS      64(R13), Z17
+	VMOVUPS      128(R13), Z18
+	VMOVUPS      192(R13), Z19
+	MOVQ         rs+64(FP), R13
+	TESTQ        R13, R13
+	JZ           attnGemmAVX512_5x4_noscale
+	VBROADCASTSS (R13), Z20
+	VMULPS       Z20, Z0, Z0
+	VMULPS       Z20, Z1, Z1
+	VMULPS       Z20, Z2, Z2
+	VMULPS       Z20, Z3, Z3
+	VBROADCASTSS 4(R13), Z20
+	VMULPS       Z20, Z4, Z4
+	VMULPS       Z20, Z5, Z5
+	VMULPS       Z20, Z6, Z6
+	VMULPS       Z20, Z7, Z7
+	VBROADCASTSS 8(R13), Z20
+	VMULPS       Z20, Z8, Z8
+	VMULPS       Z20, Z9, Z9
+	VMULPS       Z20, Z10, Z10
+	VMULPS       Z20, Z11, Z11
+	VBROADCASTSS 12(R13), Z20
+	VMULPS       Z20, Z12, Z12
+	VMULPS       Z20, Z13, Z13
+	VMULPS       Z20, Z14, Z14
+	VMULPS       Z20, Z15, Z15
+	VBROADCASTSS 16(R13), Z20
+	VMULPS       Z20, Z16, Z16
+	VMULPS       Z20, Z17, Z17
+	VMULPS       Z20, Z18, Z18
+	VMULPS       Z20, Z19, Z19
+
+attnGemmAVX512_5x4_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_5x4_store
+
+attnGemmAVX512_5x4_loop:
+	VMOVUPS      (CX), Z20
+	VMOVUPS      64(CX), Z21
+	VMOVUPS      128(CX), Z22
+	VMOVUPS      192(CX), Z23
+	VBROADCASTSS (AX), Z24
+	VFMADD231PS  Z24, Z20, Z0
+	VFMADD231PS  Z24, Z21, Z1
+	VFMADD231PS  Z24, Z22, Z2
+	VFMADD231PS  Z24, Z23, Z3
+	VBROADCASTSS (AX)(DI*1), Z24
+	VFMADD231PS  Z24, Z20, Z4
+	VFMADD231PS  Z24, Z21, Z5
+	VFMADD231PS  Z24, Z22, Z6
+	VFMADD231PS  Z24, Z23, Z7
+	VBROADCASTSS (AX)(R8*1), Z24
+	VFMADD231PS  Z24, Z20, Z8
+	VFMADD231PS  Z24, Z21, Z9
+	VFMADD231PS  Z24, Z22, Z10
+	VFMADD231PS  Z24, Z23, Z11
+	VBROADCASTSS (AX)(R9*1), Z24
+	VFMADD231PS  Z24, Z20, Z12
+	VFMADD231PS  Z24, Z21, Z13
+	VFMADD231PS  Z24, Z22, Z14
+	VFMADD231PS  Z24, Z23, Z15
+	VBROADCASTSS (AX)(R10*1), Z24
+	VFMADD231PS  Z24, Z20, Z16
+	VFMADD231PS  Z24, Z21, Z17
+	VFMADD231PS  Z24, Z22, Z18
+	VFMADD231PS  Z24, Z23, Z19
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_5x4_loop
+
+attnGemmAVX512_5x4_store:
+	MOVQ    R11, R13
+	VMOVUPS Z0, (R13)
+	VMOVUPS Z1, 64(R13)
+	VMOVUPS Z2, 128(R13)
+	VMOVUPS Z3, 192(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z4, (R13)
+	VMOVUPS Z5, 64(R13)
+	VMOVUPS Z6, 128(R13)
+	VMOVUPS Z7, 192(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z8, (R13)
+	VMOVUPS Z9, 64(R13)
+	VMOVUPS Z10, 128(R13)
+	VMOVUPS Z11, 192(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z12, (R13)
+	VMOVUPS Z13, 64(R13)
+	VMOVUPS Z14, 128(R13)
+	VMOVUPS Z15, 192(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z16, (R13)
+	VMOVUPS Z17, 64(R13)
+	VMOVUPS Z18, 128(R13)
+	VMOVUPS Z19, 192(R13)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_6x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_6x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	LEAQ         (R10)(DI*1), R11
+	MOVQ         c+40(FP), R12
+	MOVQ         ldc+48(FP), R13
+	MOVQ         R12, R14
+	VMOVUPS      (R14), Z0
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z1
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z2
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z3
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z4
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z5
+	MOVQ         rs+64(FP), R14
+	TESTQ        R14, R14
+	JZ           attnGemmAVX512_6x1_noscale
+	VBROADCASTSS (R14), Z6
+	VMULPS       Z6, Z0, Z0
+	VBROADCASTSS 4(R14), Z6
+	VMULPS       Z6, Z1, Z1
+	VBROADCASTSS 8(R14), Z6
+	VMULPS       Z6, Z2, Z2
+	VBROADCASTSS 12(R14), Z6
+	VMULPS       Z6, Z3, Z3
+	VBROADCASTSS 16(R14), Z6
+	VMULPS       Z6, Z4, Z4
+	VBROADCASTSS 20(R14), Z6
+	VMULPS       Z6, Z5, Z5
+
+attnGemmAVX512_6x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_6x1_store
+
+attnGemmAVX512_6x1_loop:
+	VMOVUPS      (CX), Z6
+	VBROADCASTSS (AX), Z7
+	VFMADD231PS  Z7, Z6, Z0
+	VBROADCASTSS (AX)(DI*1), Z7
+	VFMADD231PS  Z7, Z6, Z1
+	VBROADCASTSS (AX)(R8*1), Z7
+	VFMADD231PS  Z7, Z6, Z2
+	VBROADCASTSS (AX)(R9*1), Z7
+	VFMADD231PS  Z7, Z6, Z3
+	VBROADCASTSS (AX)(R10*1), Z7
+	VFMADD231PS  Z7, Z6, Z4
+	VBROADCASTSS (AX)(R11*1), Z7
+	VFMADD231PS  Z7, Z6, Z5
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_6x1_loop
+
+attnGemmAVX512_6x1_store:
+	MOVQ    R12, R14
+	VMOVUPS Z0, (R14)
+	ADDQ    R13, R14
+	VMOVUPS Z1, (R14)
+	ADDQ    R13, R14
+	VMOVUPS Z2, (R14)
+	ADDQ    R13, R14
+	VMOVUPS Z3, (R14)
+	ADDQ    R13, R14
+	VMOVUPS Z4, (R14)
+	ADDQ    R13, R14
+	VMOVUPS Z5, (R14)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_6x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_6x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	LEAQ         (R10)(DI*1), R11
+	MOVQ         c+40(FP), R12
+	MOVQ         ldc+48(FP), R13
+	MOVQ         R12, R14
+	VMOVUPS      (R14), Z0
+	VMOVUPS      64(R14), Z1
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z2
+	VMOVUPS      64(R14), Z3
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z4
+	VMOVUPS      64(R14), Z5
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z6
+	VMOVUPS      64(R14), Z7
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z8
+	VMOVUPS      64(R14), Z9
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z10
+	VMOVUPS      64(R14), Z11
+	MOVQ         rs+64(FP), R14
+	TESTQ        R14, R14
+	JZ           attnGemmAVX512_6x2_noscale
+	VBROADCASTSS (R14), Z12
+	VMULPS       Z12, Z0, Z0
+	VMULPS       Z12, Z1, Z1
+	VBROADCASTSS 4(R14), Z12
+	VMULPS       Z12, Z2, Z2
+	VMULPS       Z12, Z3, Z3
+	VBROADCASTSS 8(R14), Z12
+	VMULPS       Z12, Z4, Z4
+	VMULPS       Z12, Z5, Z5
+	VBROADCASTSS 12(R14), Z12
+	VMULPS       Z12, Z6, Z6
+	VMULPS       Z12, Z7, Z7
+	VBROADCASTSS 16(R14), Z12
+	VMULPS       Z12, Z8, Z8
+	VMULPS       Z12, Z9, Z9
+	VBROADCASTSS 20(R14), Z12
+	VMULPS       Z12, Z10, Z10
+	VMULPS       Z12, Z11, Z11
+
+attnGemmAVX512_6x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_6x2_store
+
+attnGemmAVX512_6x2_loop:
+	VMOVUPS      (CX), Z12
+	VMOVUPS      64(CX), Z13
+	VBROADCASTSS (AX), Z14
+	VFMADD231PS  Z14, Z12, Z0
+	VFMADD231PS  Z14, Z13, Z1
+	VBROADCASTSS (AX)(DI*1), Z14
+	VFMADD231PS  Z14, Z12, Z2
+	VFMADD231PS  Z14, Z13, Z3
+	VBROADCASTSS (AX)(R8*1), Z14
+	VFMADD231PS  Z14, Z12, Z4
+	VFMADD231PS  Z14, Z13, Z5
+	VBROADCASTSS (AX)(R9*1), Z14
+	VFMADD231PS  Z14, Z12, Z6
+	VFMADD231PS  Z14, Z13, Z7
+	VBROADCASTSS (AX)(R10*1), Z14
+	VFMADD231PS  Z14, Z12, Z8
+	VFMADD231PS  Z14, Z13, Z9
+	VBROADCASTSS (AX)(R11*1), Z14
+	VFMADD231PS  Z14, Z12, Z10
+	VFMADD231PS  Z14, Z13, Z11
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_6x2_loop
+
+attnGemmAVX512_6x2_store:
+	MOVQ    R12, R14
+	VMOVUPS Z0, (R14)
+	VMOVUPS Z1, 64(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z2, (R14)
+	VMOVUPS Z3, 64(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z4, (R14)
+	VMOVUPS Z5, 64(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z6, (R14)
+	VMOVUPS Z7, 64(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z8, (R14)
+	VMOVUPS Z9, 64(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z10, (R14)
+	VMOVUPS Z11, 64(R14)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_6x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_6x3(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	LEAQ         (R10)(DI*1), R11
+	MOVQ         c+40(FP), R12
+	MOVQ         ldc+48(FP), R13
+	MOVQ         R12, R14
+	VMOVUPS      (R14), Z0
+	VMOVUPS      64(R14), Z1
+	VMOVUPS      128(R14), Z2
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z3
+	VMOVUPS      64(R14), Z4
+	VMOVUPS      128(R14), Z5
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z6
+	VMOVUPS      64(R14), Z7
+	VMOVUPS      128(R14), Z8
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z9
+	VMOVUPS      64(R14), Z10
+	VMOVUPS      128(R14), Z11
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z12
+	VMOVUPS      64(R14), Z13
+	VMOVUPS      128(R14), Z14
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z15
+	VMOVUPS      64(R14), Z16
+	VMOVUPS      128(R14), Z17
+	MOVQ         rs+64(FP), R14
+	TESTQ        R14, R14
+	JZ           attnGemmAVX512_6x3_noscale
+	VBROADCASTSS (R14), Z18
+	VMULPS       Z18, Z0, Z0
+	VMULPS       Z18, Z1, Z1
+	VMULPS       Z18, Z2, Z2
+	VBROADCASTSS 4(R14), Z18
+	VMULPS       Z18, Z3, Z3
+	VMULPS       Z18, Z4, Z4
+	VMULPS       Z18, Z5, Z5
+	VBROADCASTSS 8(R14), Z18
+	VMULPS       Z18, Z6, Z6
+	VMULPS       Z18, Z7, Z7
+	VMULPS       Z18, Z8, Z8
+	VBROADCASTSS 12(R14), Z18
+	VMULPS       Z18, Z9, Z9
+	VMULPS       Z18, Z10, Z10
+	VMULPS       Z18, Z11, Z11
+	VBROADCASTSS 16(R14), Z18
+	VMULPS       Z18, Z12, Z12
+	VMULPS       Z18, Z13, Z13
+	VMULPS       Z18, Z14, Z14
+	VBROADCASTSS 20(R14), Z18
+	VMULPS       Z18, Z15, Z15
+	VMULPS       Z18, Z16, Z16
+	VMULPS       Z18, Z17, Z17
+
+attnGemmAVX512_6x3_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_6x3_store
+
+attnGemmAVX512_6x3_loop:
+	VMOVUPS      (CX), Z18
+	VMOVUPS      64(CX), Z19
+	VMOVUPS      128(CX), Z20
+	VBROADCASTSS (AX), Z21
+	VFMADD231PS  Z21, Z18, Z0
+	VFMADD231PS  Z21, Z19, Z1
+	VFMADD231PS  Z21, Z20, Z2
+	VBROADCASTSS (AX)(DI*1), Z21
+	VFMADD231PS  Z21, Z18, Z3
+	VFMADD231PS  Z21, Z19, Z4
+	VFMADD231PS  Z21, Z20, Z5
+	VBROADCASTSS (AX)(R8*1), Z21
+	VFMADD231PS  Z21, Z18, Z6
+	VFMADD231PS  Z21, Z19, Z7
+	VFMADD231PS  Z21, Z20, Z8
+	VBROADCASTSS (AX)(R9*1), Z21
+	VFMADD231PS  Z21, Z18, Z9
+	VFMADD231PS  Z21, Z19, Z10
+	VFMADD231PS  Z21, Z20, Z11
+	VBROADCASTSS (AX)(R10*1), Z21
+	VFMADD231PS  Z21, Z18, Z12
+	VFMADD231PS  Z21, Z19, Z13
+	VFMADD231PS  Z21, Z20, Z14
+	VBROADCASTSS (AX)(R11*1), Z21
+	VFMADD231PS  Z21, Z18, Z15
+	VFMADD231PS  Z21, Z19, Z16
+	VFMADD231PS  Z21, Z20, Z17
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_6x3_loop
+
+attnGemmAVX512_6x3_store:
+	MOVQ    R12, R14
+	VMOVUPS Z0, (R14)
+	VMOVUPS Z1, 64(R14)
+	VMOVUPS Z2, 128(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z3, (R14)
+	VMOVUPS Z4, 64(R14)
+	VMOVUPS Z5, 128(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z6, (R14)
+	VMOVUPS Z7, 64(R14)
+	VMOVUPS Z8, 128(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z9, (R14)
+	VMOVUPS Z10, 64(R14)
+	VMOVUPS Z11, 128(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z12, (R14)
+	VMOVUPS Z13, 64(R14)
+	VMOVUPS Z14, 128(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z15, (R14)
+	VMOVUPS Z16, 64(R14)
+	VMOVUPS Z17, 128(R14)
+	VZEROUPPER
+	RET
+
+// func attnGemmAVX512_6x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmAVX512_6x4(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	LEAQ         (R10)(DI*1), R11
+	MOVQ         c+40(FP), R12
+	MOVQ         ldc+48(FP), R13
+	MOVQ         R12, R14
+	VMOVUPS      (R14), Z0
+	VMOVUPS      64(R14), Z1
+	VMOVUPS      128(R14), Z2
+	VMOVUPS      192(R14), Z3
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z4
+	VMOVUPS      64(R14), Z5
+	VMOVUPS      128(R14), Z6
+	VMOVUPS      192(R14), Z7
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z8
+	VMOVUPS      64(R14), Z9
+	VMOVUPS      128(R14), Z10
+	VMOVUPS      192(R14), Z11
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z12
+	VMOVUPS      64(R14), Z13
+	VMOVUPS      128(R14), Z14
+	VMOVUPS      192(R14), Z15
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z16
+	VMOVUPS      64(R14), Z17
+	VMOVUPS      128(R14), Z18
+	VMOVUPS      192(R14), Z19
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z20
+	VMOVUPS      64(R14), Z21
+	VMOVUPS      128(R14), Z22
+	VMOVUPS      192(R14), Z23
+	MOVQ         rs+64(FP), R14
+	TESTQ        R14, R14
+	JZ           attnGemmAVX512_6x4_noscale
+	VBROADCASTSS (R14), Z24
+	VMULPS       Z24, Z0, Z0
+	VMULPS       Z24, Z1, Z1
+	VMULPS       Z24, Z2, Z2
+	VMULPS       Z24, Z3, Z3
+	VBROADCASTSS 4(R14), Z24
+	VMULPS       Z24, Z4, Z4
+	VMULPS       Z24, Z5, Z5
+	VMULPS       Z24, Z6, Z6
+	VMULPS       Z24, Z7, Z7
+	VBROADCASTSS 8(R14), Z24
+	VMULPS       Z24, Z8, Z8
+	VMULPS       Z24, Z9, Z9
+	VMULPS       Z24, Z10, Z10
+	VMULPS       Z24, Z11, Z11
+	VBROADCASTSS 12(R14), Z24
+	VMULPS       Z24, Z12, Z12
+	VMULPS       Z24, Z13, Z13
+	VMULPS       Z24, Z14, Z14
+	VMULPS       Z24, Z15, Z15
+	VBROADCASTSS 16(R14), Z24
+	VMULPS       Z24, Z16, Z16
+	VMULPS       Z24, Z17, Z17
+	VMULPS       Z24, Z18, Z18
+	VMULPS       Z24, Z19, Z19
+	VBROADCASTSS 20(R14), Z24
+	VMULPS       Z24, Z20, Z20
+	VMULPS       Z24, Z21, Z21
+	VMULPS       Z24, Z22, Z22
+	VMULPS       Z24, Z23, Z23
+
+attnGemmAVX512_6x4_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmAVX512_6x4_store
+
+attnGemmAVX512_6x4_loop:
+	VMOVUPS      (CX), Z24
+	VMOVUPS      64(CX), Z25
+	VMOVUPS      128(CX), Z26
+	VMOVUPS      192(CX), Z27
+	VBROADCASTSS (AX), Z28
+	VFMADD231PS  Z28, Z24, Z0
+	VFMADD231PS  Z28, Z25, Z1
+	VFMADD231PS  Z28, Z26, Z2
+	VFMADD231PS  Z28, Z27, Z3
+	VBROADCASTSS (AX)(DI*1), Z28
+	VFMADD231PS  Z28, Z24, Z4
+	VFMADD231PS  Z28, Z25, Z5
+	VFMADD231PS  Z28, Z26, Z6
+	VFMADD231PS  Z28, Z27, Z7
+	VBROADCASTSS (AX)(R8*1), Z28
+	VFMADD231PS  Z28, Z24, Z8
+	VFMADD231PS  Z28, Z25, Z9
+	VFMADD231PS  Z28, Z26, Z10
+	VFMADD231PS  Z28, Z27, Z11
+	VBROADCASTSS (AX)(R9*1), Z28
+	VFMADD231PS  Z28, Z24, Z12
+	VFMADD231PS  Z28, Z25, Z13
+	VFMADD231PS  Z28, Z26, Z14
+	VFMADD231PS  Z28, Z27, Z15
+	VBROADCASTSS (AX)(R10*1), Z28
+	VFMADD231PS  Z28, Z24, Z16
+	VFMADD231PS  Z28, Z25, Z17
+	VFMADD231PS  Z28, Z26, Z18
+	VFMADD231PS  Z28, Z27, Z19
+	VBROADCASTSS (AX)(R11*1), Z28
+	VFMADD231PS  Z28, Z24, Z20
+	VFMADD231PS  Z28, Z25, Z21
+	VFMADD231PS  Z28, Z26, Z22
+	VFMADD231PS  Z28, Z27, Z23
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmAVX512_6x4_loop
+
+attnGemmAVX512_6x4_store:
+	MOVQ    R12, R14
+	VMOVUPS Z0, (R14)
+	VMOVUPS Z1, 64(R14)
+	VMOVUPS Z2, 128(R14)
+	VMOVUPS Z3, 192(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z4, (R14)
+	VMOVUPS Z5, 64(R14)
+	VMOVUPS Z6, 128(R14)
+	VMOVUPS Z7, 192(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z8, (R14)
+	VMOVUPS Z9, 64(R14)
+	VMOVUPS Z10, 128(R14)
+	VMOVUPS Z11, 192(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z12, (R14)
+	VMOVUPS Z13, 64(R14)
+	VMOVUPS Z14, 128(R14)
+	VMOVUPS Z15, 192(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z16, (R14)
+	VMOVUPS Z17, 64(R14)
+	VMOVUPS Z18, 128(R14)
+	VMOVUPS Z19, 192(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z20, (R14)
+	VMOVUPS Z21, 64(R14)
+	VMOVUPS Z22, 128(R14)
+	VMOVUPS Z23, 192(R14)
+	VZEROUPPER
+	RET
+
+// func attnSoftmaxAVX512(s *float32, kt int, nv int, ld uintptr, lim *int32, k0 int32, scale float32, mx *float32, l *float32, ms *float32, round int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·attnSoftmaxAVX512(SB), NOSPLIT, $0-80
+	MOVQ s+0(FP), AX
+	MOVQ nv+16(FP), CX
+	MOVQ ld+24(FP), DX
+	MOVQ lim+32(FP), BX
+	MOVQ mx+48(FP), SI
+	MOVQ l+56(FP), DI
+	MOVQ ms+64(FP), R8
+
+attnSoftmaxAVX512_col:
+	VMOVDQU32    (BX), Z0
+	MOVL         k0+40(FP), R9
+	VMOVD        R9, X1
+	VPBROADCASTD X1, Z2
+	VMOVUPS      f_ninf<>+0(SB), Z3
+	VBROADCASTSS scale+44(FP), Z4
+	MOVQ         AX, R9
+	MOVQ         kt+8(FP), R10
+
+attnSoftmaxAVX512_max:
+	VMULPS       (R9), Z4, Z5
+	VPSUBD       Z2, Z0, Z6
+	VPSRAD       $0x1f, Z6, Z6
+	VANDNPS      Z5, Z6, Z5
+	VANDPS       f_ninf<>+0(SB), Z6, Z6
+	VORPS        Z6, Z5, Z5
+	VMOVUPS      Z5, (R9)
+	VMAXPS       Z5, Z3, Z3
+	VPADDD       i32_ones<>+0(SB), Z2, Z2
+	ADDQ         DX, R9
+	DECQ         R10
+	JNZ          attnSoftmaxAVX512_max
+	VMAXPS       (SI), Z3, Z3
+	VMOVUPS      (SI), Z2
+	VSUBPS       Z3, Z2, Z2
+	VMAXPS       f_exp_lo<>+0(SB), Z2, Z2
+	VMINPS       f_exp_hi<>+0(SB), Z2, Z2
+	VMOVUPS      f_exp_round<>+0(SB), Z4
+	VFMADD231PS  f_exp_log2e<>+0(SB), Z2, Z4
+	VSUBPS       f_exp_round<>+0(SB), Z4, Z5
+	VFNMADD231PS f_exp_ln2hi<>+0(SB), Z5, Z2
+	VFNMADD231PS f_exp_ln2lo<>+0(SB), Z5, Z2
+	VMULPS       Z2, Z2, Z5
+	VMOVUPS      f_exp_c4<>+0(SB), Z6
+	VFMADD231PS  f_exp_c5<>+0(SB), Z2, Z6
+	VMOVUPS      f_exp_c2<>+0(SB), Z7
+	VFMADD231PS  f_exp_c3<>+0(SB), Z2, Z7
+	VFMADD213PS  Z7, Z5, Z6
+	VMULPS       f_exp_c1<>+0(SB), Z2, Z7
+	VFMADD213PS  Z7, Z5, Z6
+	VPSLLD       $0x17, Z4, Z4
+	VPADDD       f_one<>+0(SB), Z4, Z4
+	VFMADD213PS  Z4, Z4, Z6
+	VMOVAPS      Z6, Z2
+	VMOVUPS      Z2, (R8)
+	VMOVUPS      Z3, (SI)
+	VMULPS       (DI), Z2, Z4
+	VPBROADCASTD X1, Z2
+	MOVQ         AX, R9
+	MOVQ         kt+8(FP), R10
+
+attnSoftmaxAVX512_exp:
+	VMOVUPS      (R9), Z1
+	VSUBPS       Z3, Z1, Z1
+	VMAXPS       f_exp_lo<>+0(SB), Z1, Z1
+	VMINPS       f_exp_hi<>+0(SB), Z1, Z1
+	VMOVUPS      f_exp_round<>+0(SB), Z5
+	VFMADD231PS  f_exp_log2e<>+0(SB), Z1, Z5
+	VSUBPS       f_exp_round<>+0(SB), Z5, Z6
+	VFNMADD231PS f_exp_ln2hi<>+0(SB), Z6, Z1
+	VFNMADD231PS f_exp_ln2lo<>+0(SB), Z6, Z1
+	VMULPS       Z1, Z1, Z6
+	VMOVUPS      f_exp_c4<>+0(SB), Z7
+	VFMADD231PS  f_exp_c5<>+0(SB), Z1, Z7
+	VMOVUPS      f_exp_c2<>+0(SB), Z8
+	VFMADD231PS  f_exp_c3<>+0(SB), Z1, Z8
+	VFMADD213PS  Z8, Z6, Z7
+	VMULPS       f_exp_c1<>+0(SB), Z1, Z8
+	VFMADD213PS  Z8, Z6, Z7
+	VPSLLD       $0x17, Z5, Z5
+	VPADDD       f_one<>+0(SB), Z5, Z5
+	VFMADD213PS  Z5, Z5, Z7
+	VMOVAPS      Z7, Z1
+	VPSUBD       Z2, Z0, Z5
+	VPSRAD       $0x1f, Z5, Z5
+	VANDNPS      Z1, Z5, Z1
+	VADDPS       Z1, Z4, Z4
+	CMPQ         round+72(FP), $0x00
+	JEQ          attnSoftmaxAVX512_noround
+	VCVTPS2PH    $0x00, Z1, Y1
+	VCVTPH2PS    Y1, Z1
+
+attnSoftmaxAVX512_noround:
+	VMOVUPS Z1, (R9)
+	VPADDD  i32_ones<>+0(SB), Z2, Z2
+	ADDQ    DX, R9
+	DECQ    R10
+	JNZ     attnSoftmaxAVX512_exp
+	VMOVUPS Z4, (DI)
+	ADDQ    $0x40, AX
+	ADDQ    $0x40, BX
+	ADDQ    $0x40, SI
+	ADDQ    $0x40, DI
+	ADDQ    $0x40, R8
+	DECQ    CX
+	JNZ     attnSoftmaxAVX512_col
+	VZEROUPPER
+	RET
+
+// func attnLoadF16AVX512(dst *float32, src *byte, stride uintptr, rows int, nv int)
+// Requires: AVX, AVX512F
+TEXT ·attnLoadF16AVX512(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), AX
+	MOVQ src+8(FP), CX
+	MOVQ stride+16(FP), DX
+	MOVQ rows+24(FP), BX
+
+attnLoadF16AVX512_row:
+	MOVQ CX, SI
+	MOVQ nv+32(FP), DI
+
+attnLoadF16AVX512_vec:
+	VCVTPH2PS (SI), Z0
+	VMOVUPS   Z0, (AX)
+	ADDQ      $0x20, SI
+	ADDQ      $0x40, AX
+	DECQ      DI
+	JNZ       attnLoadF16AVX512_vec
+	ADDQ      DX, CX
+	DECQ      BX
+	JNZ       attnLoadF16AVX512_row
+	VZEROUPPER
+	RET
+
+// func attnLoadQ80AVX512(dst *float32, src *byte, stride uintptr, rows int, nb int)
+// Requires: AVX, AVX2, AVX512F
+TEXT ·attnLoadQ80AVX512(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), AX
+	MOVQ src+8(FP), CX
+	MOVQ stride+16(FP), DX
+	MOVQ rows+24(FP), BX
+
+attnLoadQ80AVX512_row:
+	MOVQ CX, SI
+	MOVQ nb+32(FP), DI
+
+attnLoadQ80AVX512_block:
+	VPBROADCASTW (SI), Y0
+	VCVTPH2PS    Y0, Z0
+	VPMOVSXBD    2(SI), Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z0, Z1, Z1
+	VMOVUPS      Z1, (AX)
+	VPMOVSXBD    18(SI), Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z0, Z1, Z1
+	VMOVUPS      Z1, 64(AX)
+	ADDQ         $0x22, SI
+	ADDQ         $0x80, AX
+	DECQ         DI
+	JNZ          attnLoadQ80AVX512_block
+	ADDQ         DX, CX
+	DECQ         BX
+	JNZ          attnLoadQ80AVX512_row
+	VZEROUPPER
+	RET
+
+// func attnLoadQ40AVX512(dst *float32, src *byte, stride uintptr, rows int, nb int)
+// Requires: AVX, AVX2, AVX512F
+TEXT ·attnLoadQ40AVX512(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), AX
+	MOVQ src+8(FP), CX
+	MOVQ stride+16(FP), DX
+	MOVQ rows+24(FP), BX
+
+attnLoadQ40AVX512_row:
+	MOVQ CX, SI
+	MOVQ nb+32(FP), DI
+
+attnLoadQ40AVX512_block:
+	VPBROADCASTW (SI), Y0
+	VCVTPH2PS    Y0, Z0
+	VPMOVZXBD    2(SI), Z1
+	VPANDD       i32_0f<>+0(SB), Z1, Z2
+	VPSRLD       $0x04, Z1, Z1
+	VPSUBD       i32_8<>+0(SB), Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z0, Z2, Z2
+	VMOVUPS      Z2, (AX)
+	VPSUBD       i32_8<>+0(SB), Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z0, Z1, Z1
+	VMOVUPS      Z1, 64(AX)
+	ADDQ         $0x12, SI
+	ADDQ         $0x80, AX
+	DECQ         DI
+	JNZ          attnLoadQ40AVX512_block
+	ADDQ         DX, CX
+	DECQ         BX
+	JNZ          attnLoadQ40AVX512_row
+	VZEROUPPER
+	RET
+
 // func mulQ4KVNNI1(w *byte, rows int, x *byte, xs uintptr, out *float32, os uintptr, nb int)
 // Requires: AVX, AVX2, AVX512BW, AVX512F, AVX512VL, AVX512_VNNI
 TEXT ·mulQ4KVNNI1(SB), NOSPLIT, $0-56
@@ -55253,6 +58515,2179 @@ scaleRoundF16VNNI_loop:
 	JNZ       scaleRoundF16VNNI_loop
 
 scaleRoundF16VNNI_done:
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_1x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_1x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         c+40(FP), DI
+	MOVQ         ldc+48(FP), R8
+	MOVQ         DI, R8
+	VMOVUPS      (R8), Z0
+	MOVQ         rs+64(FP), R8
+	TESTQ        R8, R8
+	JZ           attnGemmVNNI_1x1_noscale
+	VBROADCASTSS (R8), Z1
+	VMULPS       Z1, Z0, Z0
+
+attnGemmVNNI_1x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_1x1_store
+
+attnGemmVNNI_1x1_loop:
+	VMOVUPS      (CX), Z1
+	VBROADCASTSS (AX), Z2
+	VFMADD231PS  Z2, Z1, Z0
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_1x1_loop
+
+attnGemmVNNI_1x1_store:
+	MOVQ    DI, R8
+	VMOVUPS Z0, (R8)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_1x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_1x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         c+40(FP), DI
+	MOVQ         ldc+48(FP), R8
+	MOVQ         DI, R8
+	VMOVUPS      (R8), Z0
+	VMOVUPS      64(R8), Z1
+	MOVQ         rs+64(FP), R8
+	TESTQ        R8, R8
+	JZ           attnGemmVNNI_1x2_noscale
+	VBROADCASTSS (R8), Z2
+	VMULPS       Z2, Z0, Z0
+	VMULPS       Z2, Z1, Z1
+
+attnGemmVNNI_1x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_1x2_store
+
+attnGemmVNNI_1x2_loop:
+	VMOVUPS      (CX), Z2
+	VMOVUPS      64(CX), Z3
+	VBROADCASTSS (AX), Z4
+	VFMADD231PS  Z4, Z2, Z0
+	VFMADD231PS  Z4, Z3, Z1
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_1x2_loop
+
+attnGemmVNNI_1x2_store:
+	MOVQ    DI, R8
+	VMOVUPS Z0, (R8)
+	VMOVUPS Z1, 64(R8)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_1x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_1x3(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         c+40(FP), DI
+	MOVQ         ldc+48(FP), R8
+	MOVQ         DI, R8
+	VMOVUPS      (R8), Z0
+	VMOVUPS      64(R8), Z1
+	VMOVUPS      128(R8), Z2
+	MOVQ         rs+64(FP), R8
+	TESTQ        R8, R8
+	JZ           attnGemmVNNI_1x3_noscale
+	VBROADCASTSS (R8), Z3
+	VMULPS       Z3, Z0, Z0
+	VMULPS       Z3, Z1, Z1
+	VMULPS       Z3, Z2, Z2
+
+attnGemmVNNI_1x3_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_1x3_store
+
+attnGemmVNNI_1x3_loop:
+	VMOVUPS      (CX), Z3
+	VMOVUPS      64(CX), Z4
+	VMOVUPS      128(CX), Z5
+	VBROADCASTSS (AX), Z6
+	VFMADD231PS  Z6, Z3, Z0
+	VFMADD231PS  Z6, Z4, Z1
+	VFMADD231PS  Z6, Z5, Z2
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_1x3_loop
+
+attnGemmVNNI_1x3_store:
+	MOVQ    DI, R8
+	VMOVUPS Z0, (R8)
+	VMOVUPS Z1, 64(R8)
+	VMOVUPS Z2, 128(R8)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_1x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_1x4(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         c+40(FP), DI
+	MOVQ         ldc+48(FP), R8
+	MOVQ         DI, R8
+	VMOVUPS      (R8), Z0
+	VMOVUPS      64(R8), Z1
+	VMOVUPS      128(R8), Z2
+	VMOVUPS      192(R8), Z3
+	MOVQ         rs+64(FP), R8
+	TESTQ        R8, R8
+	JZ           attnGemmVNNI_1x4_noscale
+	VBROADCASTSS (R8), Z4
+	VMULPS       Z4, Z0, Z0
+	VMULPS       Z4, Z1, Z1
+	VMULPS       Z4, Z2, Z2
+	VMULPS       Z4, Z3, Z3
+
+attnGemmVNNI_1x4_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_1x4_store
+
+attnGemmVNNI_1x4_loop:
+	VMOVUPS      (CX), Z4
+	VMOVUPS      64(CX), Z5
+	VMOVUPS      128(CX), Z6
+	VMOVUPS      192(CX), Z7
+	VBROADCASTSS (AX), Z8
+	VFMADD231PS  Z8, Z4, Z0
+	VFMADD231PS  Z8, Z5, Z1
+	VFMADD231PS  Z8, Z6, Z2
+	VFMADD231PS  Z8, Z7, Z3
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_1x4_loop
+
+attnGemmVNNI_1x4_store:
+	MOVQ    DI, R8
+	VMOVUPS Z0, (R8)
+	VMOVUPS Z1, 64(R8)
+	VMOVUPS Z2, 128(R8)
+	VMOVUPS Z3, 192(R8)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_2x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_2x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	MOVQ         c+40(FP), R8
+	MOVQ         ldc+48(FP), R9
+	MOVQ         R8, R10
+	VMOVUPS      (R10), Z0
+	ADDQ         R9, R10
+	VMOVUPS      (R10), Z1
+	MOVQ         rs+64(FP), R10
+	TESTQ        R10, R10
+	JZ           attnGemmVNNI_2x1_noscale
+	VBROADCASTSS (R10), Z2
+	VMULPS       Z2, Z0, Z0
+	VBROADCASTSS 4(R10), Z2
+	VMULPS       Z2, Z1, Z1
+
+attnGemmVNNI_2x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_2x1_store
+
+attnGemmVNNI_2x1_loop:
+	VMOVUPS      (CX), Z2
+	VBROADCASTSS (AX), Z3
+	VFMADD231PS  Z3, Z2, Z0
+	VBROADCASTSS (AX)(DI*1), Z3
+	VFMADD231PS  Z3, Z2, Z1
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_2x1_loop
+
+attnGemmVNNI_2x1_store:
+	MOVQ    R8, R10
+	VMOVUPS Z0, (R10)
+	ADDQ    R9, R10
+	VMOVUPS Z1, (R10)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_2x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_2x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	MOVQ         c+40(FP), R8
+	MOVQ         ldc+48(FP), R9
+	MOVQ         R8, R10
+	VMOVUPS      (R10), Z0
+	VMOVUPS      64(R10), Z1
+	ADDQ         R9, R10
+	VMOVUPS      (R10), Z2
+	VMOVUPS      64(R10), Z3
+	MOVQ         rs+64(FP), R10
+	TESTQ        R10, R10
+	JZ           attnGemmVNNI_2x2_noscale
+	VBROADCASTSS (R10), Z4
+	VMULPS       Z4, Z0, Z0
+	VMULPS       Z4, Z1, Z1
+	VBROADCASTSS 4(R10), Z4
+	VMULPS       Z4, Z2, Z2
+	VMULPS       Z4, Z3, Z3
+
+attnGemmVNNI_2x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_2x2_store
+
+attnGemmVNNI_2x2_loop:
+	VMOVUPS      (CX), Z4
+	VMOVUPS      64(CX), Z5
+	VBROADCASTSS (AX), Z6
+	VFMADD231PS  Z6, Z4, Z0
+	VFMADD231PS  Z6, Z5, Z1
+	VBROADCASTSS (AX)(DI*1), Z6
+	VFMADD231PS  Z6, Z4, Z2
+	VFMADD231PS  Z6, Z5, Z3
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_2x2_loop
+
+attnGemmVNNI_2x2_store:
+	MOVQ    R8, R10
+	VMOVUPS Z0, (R10)
+	VMOVUPS Z1, 64(R10)
+	ADDQ    R9, R10
+	VMOVUPS Z2, (R10)
+	VMOVUPS Z3, 64(R10)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_2x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_2x3(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	MOVQ         c+40(FP), R8
+	MOVQ         ldc+48(FP), R9
+	MOVQ         R8, R10
+	VMOVUPS      (R10), Z0
+	VMOVUPS      64(R10), Z1
+	VMOVUPS      128(R10), Z2
+	ADDQ         R9, R10
+	VMOVUPS      (R10), Z3
+	VMOVUPS      64(R10), Z4
+	VMOVUPS      128(R10), Z5
+	MOVQ         rs+64(FP), R10
+	TESTQ        R10, R10
+	JZ           attnGemmVNNI_2x3_noscale
+	VBROADCASTSS (R10), Z6
+	VMULPS       Z6, Z0, Z0
+	VMULPS       Z6, Z1, Z1
+	VMULPS       Z6, Z2, Z2
+	VBROADCASTSS 4(R10), Z6
+	VMULPS       Z6, Z3, Z3
+	VMULPS       Z6, Z4, Z4
+	VMULPS       Z6, Z5, Z5
+
+attnGemmVNNI_2x3_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_2x3_store
+
+attnGemmVNNI_2x3_loop:
+	VMOVUPS      (CX), Z6
+	VMOVUPS      64(CX), Z7
+	VMOVUPS      128(CX), Z8
+	VBROADCASTSS (AX), Z9
+	VFMADD231PS  Z9, Z6, Z0
+	VFMADD231PS  Z9, Z7, Z1
+	VFMADD231PS  Z9, Z8, Z2
+	VBROADCASTSS (AX)(DI*1), Z9
+	VFMADD231PS  Z9, Z6, Z3
+	VFMADD231PS  Z9, Z7, Z4
+	VFMADD231PS  Z9, Z8, Z5
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_2x3_loop
+
+attnGemmVNNI_2x3_store:
+	MOVQ    R8, R10
+	VMOVUPS Z0, (R10)
+	VMOVUPS Z1, 64(R10)
+	VMOVUPS Z2, 128(R10)
+	ADDQ    R9, R10
+	VMOVUPS Z3, (R10)
+	VMOVUPS Z4, 64(R10)
+	VMOVUPS Z5, 128(R10)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_2x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_2x4(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	MOVQ         c+40(FP), R8
+	MOVQ         ldc+48(FP), R9
+	MOVQ         R8, R10
+	VMOVUPS      (R10), Z0
+	VMOVUPS      64(R10), Z1
+	VMOVUPS      128(R10), Z2
+	VMOVUPS      192(R10), Z3
+	ADDQ         R9, R10
+	VMOVUPS      (R10), Z4
+	VMOVUPS      64(R10), Z5
+	VMOVUPS      128(R10), Z6
+	VMOVUPS      192(R10), Z7
+	MOVQ         rs+64(FP), R10
+	TESTQ        R10, R10
+	JZ           attnGemmVNNI_2x4_noscale
+	VBROADCASTSS (R10), Z8
+	VMULPS       Z8, Z0, Z0
+	VMULPS       Z8, Z1, Z1
+	VMULPS       Z8, Z2, Z2
+	VMULPS       Z8, Z3, Z3
+	VBROADCASTSS 4(R10), Z8
+	VMULPS       Z8, Z4, Z4
+	VMULPS       Z8, Z5, Z5
+	VMULPS       Z8, Z6, Z6
+	VMULPS       Z8, Z7, Z7
+
+attnGemmVNNI_2x4_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_2x4_store
+
+attnGemmVNNI_2x4_loop:
+	VMOVUPS      (CX), Z8
+	VMOVUPS      64(CX), Z9
+	VMOVUPS      128(CX), Z10
+	VMOVUPS      192(CX), Z11
+	VBROADCASTSS (AX), Z12
+	VFMADD231PS  Z12, Z8, Z0
+	VFMADD231PS  Z12, Z9, Z1
+	VFMADD231PS  Z12, Z10, Z2
+	VFMADD231PS  Z12, Z11, Z3
+	VBROADCASTSS (AX)(DI*1), Z12
+	VFMADD231PS  Z12, Z8, Z4
+	VFMADD231PS  Z12, Z9, Z5
+	VFMADD231PS  Z12, Z10, Z6
+	VFMADD231PS  Z12, Z11, Z7
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_2x4_loop
+
+attnGemmVNNI_2x4_store:
+	MOVQ    R8, R10
+	VMOVUPS Z0, (R10)
+	VMOVUPS Z1, 64(R10)
+	VMOVUPS Z2, 128(R10)
+	VMOVUPS Z3, 192(R10)
+	ADDQ    R9, R10
+	VMOVUPS Z4, (R10)
+	VMOVUPS Z5, 64(R10)
+	VMOVUPS Z6, 128(R10)
+	VMOVUPS Z7, 192(R10)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_3x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_3x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	MOVQ         c+40(FP), R9
+	MOVQ         ldc+48(FP), R10
+	MOVQ         R9, R11
+	VMOVUPS      (R11), Z0
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Z1
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Z2
+	MOVQ         rs+64(FP), R11
+	TESTQ        R11, R11
+	JZ           attnGemmVNNI_3x1_noscale
+	VBROADCASTSS (R11), Z3
+	VMULPS       Z3, Z0, Z0
+	VBROADCASTSS 4(R11), Z3
+	VMULPS       Z3, Z1, Z1
+	VBROADCASTSS 8(R11), Z3
+	VMULPS       Z3, Z2, Z2
+
+attnGemmVNNI_3x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_3x1_store
+
+attnGemmVNNI_3x1_loop:
+	VMOVUPS      (CX), Z3
+	VBROADCASTSS (AX), Z4
+	VFMADD231PS  Z4, Z3, Z0
+	VBROADCASTSS (AX)(DI*1), Z4
+	VFMADD231PS  Z4, Z3, Z1
+	VBROADCASTSS (AX)(R8*1), Z4
+	VFMADD231PS  Z4, Z3, Z2
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_3x1_loop
+
+attnGemmVNNI_3x1_store:
+	MOVQ    R9, R11
+	VMOVUPS Z0, (R11)
+	ADDQ    R10, R11
+	VMOVUPS Z1, (R11)
+	ADDQ    R10, R11
+	VMOVUPS Z2, (R11)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_3x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_3x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	MOVQ         c+40(FP), R9
+	MOVQ         ldc+48(FP), R10
+	MOVQ         R9, R11
+	VMOVUPS      (R11), Z0
+	VMOVUPS      64(R11), Z1
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Z2
+	VMOVUPS      64(R11), Z3
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Z4
+	VMOVUPS      64(R11), Z5
+	MOVQ         rs+64(FP), R11
+	TESTQ        R11, R11
+	JZ           attnGemmVNNI_3x2_noscale
+	VBROADCASTSS (R11), Z6
+	VMULPS       Z6, Z0, Z0
+	VMULPS       Z6, Z1, Z1
+	VBROADCASTSS 4(R11), Z6
+	VMULPS       Z6, Z2, Z2
+	VMULPS       Z6, Z3, Z3
+	VBROADCASTSS 8(R11), Z6
+	VMULPS       Z6, Z4, Z4
+	VMULPS       Z6, Z5, Z5
+
+attnGemmVNNI_3x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_3x2_store
+
+attnGemmVNNI_3x2_loop:
+	VMOVUPS      (CX), Z6
+	VMOVUPS      64(CX), Z7
+	VBROADCASTSS (AX), Z8
+	VFMADD231PS  Z8, Z6, Z0
+	VFMADD231PS  Z8, Z7, Z1
+	VBROADCASTSS (AX)(DI*1), Z8
+	VFMADD231PS  Z8, Z6, Z2
+	VFMADD231PS  Z8, Z7, Z3
+	VBROADCASTSS (AX)(R8*1), Z8
+	VFMADD231PS  Z8, Z6, Z4
+	VFMADD231PS  Z8, Z7, Z5
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_3x2_loop
+
+attnGemmVNNI_3x2_store:
+	MOVQ    R9, R11
+	VMOVUPS Z0, (R11)
+	VMOVUPS Z1, 64(R11)
+	ADDQ    R10, R11
+	VMOVUPS Z2, (R11)
+	VMOVUPS Z3, 64(R11)
+	ADDQ    R10, R11
+	VMOVUPS Z4, (R11)
+	VMOVUPS Z5, 64(R11)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_3x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_3x3(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	MOVQ         c+40(FP), R9
+	MOVQ         ldc+48(FP), R10
+	MOVQ         R9, R11
+	VMOVUPS      (R11), Z0
+	VMOVUPS      64(R11), Z1
+	VMOVUPS      128(R11), Z2
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Z3
+	VMOVUPS      64(R11), Z4
+	VMOVUPS      128(R11), Z5
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Z6
+	VMOVUPS      64(R11), Z7
+	VMOVUPS      128(R11), Z8
+	MOVQ         rs+64(FP), R11
+	TESTQ        R11, R11
+	JZ           attnGemmVNNI_3x3_noscale
+	VBROADCASTSS (R11), Z9
+	VMULPS       Z9, Z0, Z0
+	VMULPS       Z9, Z1, Z1
+	VMULPS       Z9, Z2, Z2
+	VBROADCASTSS 4(R11), Z9
+	VMULPS       Z9, Z3, Z3
+	VMULPS       Z9, Z4, Z4
+	VMULPS       Z9, Z5, Z5
+	VBROADCASTSS 8(R11), Z9
+	VMULPS       Z9, Z6, Z6
+	VMULPS       Z9, Z7, Z7
+	VMULPS       Z9, Z8, Z8
+
+attnGemmVNNI_3x3_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_3x3_store
+
+attnGemmVNNI_3x3_loop:
+	VMOVUPS      (CX), Z9
+	VMOVUPS      64(CX), Z10
+	VMOVUPS      128(CX), Z11
+	VBROADCASTSS (AX), Z12
+	VFMADD231PS  Z12, Z9, Z0
+	VFMADD231PS  Z12, Z10, Z1
+	VFMADD231PS  Z12, Z11, Z2
+	VBROADCASTSS (AX)(DI*1), Z12
+	VFMADD231PS  Z12, Z9, Z3
+	VFMADD231PS  Z12, Z10, Z4
+	VFMADD231PS  Z12, Z11, Z5
+	VBROADCASTSS (AX)(R8*1), Z12
+	VFMADD231PS  Z12, Z9, Z6
+	VFMADD231PS  Z12, Z10, Z7
+	VFMADD231PS  Z12, Z11, Z8
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_3x3_loop
+
+attnGemmVNNI_3x3_store:
+	MOVQ    R9, R11
+	VMOVUPS Z0, (R11)
+	VMOVUPS Z1, 64(R11)
+	VMOVUPS Z2, 128(R11)
+	ADDQ    R10, R11
+	VMOVUPS Z3, (R11)
+	VMOVUPS Z4, 64(R11)
+	VMOVUPS Z5, 128(R11)
+	ADDQ    R10, R11
+	VMOVUPS Z6, (R11)
+	VMOVUPS Z7, 64(R11)
+	VMOVUPS Z8, 128(R11)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_3x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_3x4(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	MOVQ         c+40(FP), R9
+	MOVQ         ldc+48(FP), R10
+	MOVQ         R9, R11
+	VMOVUPS      (R11), Z0
+	VMOVUPS      64(R11), Z1
+	VMOVUPS      128(R11), Z2
+	VMOVUPS      192(R11), Z3
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Z4
+	VMOVUPS      64(R11), Z5
+	VMOVUPS      128(R11), Z6
+	VMOVUPS      192(R11), Z7
+	ADDQ         R10, R11
+	VMOVUPS      (R11), Z8
+	VMOVUPS      64(R11), Z9
+	VMOVUPS      128(R11), Z10
+	VMOVUPS      192(R11), Z11
+	MOVQ         rs+64(FP), R11
+	TESTQ        R11, R11
+	JZ           attnGemmVNNI_3x4_noscale
+	VBROADCASTSS (R11), Z12
+	VMULPS       Z12, Z0, Z0
+	VMULPS       Z12, Z1, Z1
+	VMULPS       Z12, Z2, Z2
+	VMULPS       Z12, Z3, Z3
+	VBROADCASTSS 4(R11), Z12
+	VMULPS       Z12, Z4, Z4
+	VMULPS       Z12, Z5, Z5
+	VMULPS       Z12, Z6, Z6
+	VMULPS       Z12, Z7, Z7
+	VBROADCASTSS 8(R11), Z12
+	VMULPS       Z12, Z8, Z8
+	VMULPS       Z12, Z9, Z9
+	VMULPS       Z12, Z10, Z10
+	VMULPS       Z12, Z11, Z11
+
+attnGemmVNNI_3x4_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_3x4_store
+
+attnGemmVNNI_3x4_loop:
+	VMOVUPS      (CX), Z12
+	VMOVUPS      64(CX), Z13
+	VMOVUPS      128(CX), Z14
+	VMOVUPS      192(CX), Z15
+	VBROADCASTSS (AX), Z16
+	VFMADD231PS  Z16, Z12, Z0
+	VFMADD231PS  Z16, Z13, Z1
+	VFMADD231PS  Z16, Z14, Z2
+	VFMADD231PS  Z16, Z15, Z3
+	VBROADCASTSS (AX)(DI*1), Z16
+	VFMADD231PS  Z16, Z12, Z4
+	VFMADD231PS  Z16, Z13, Z5
+	VFMADD231PS  Z16, Z14, Z6
+	VFMADD231PS  Z16, Z15, Z7
+	VBROADCASTSS (AX)(R8*1), Z16
+	VFMADD231PS  Z16, Z12, Z8
+	VFMADD231PS  Z16, Z13, Z9
+	VFMADD231PS  Z16, Z14, Z10
+	VFMADD231PS  Z16, Z15, Z11
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_3x4_loop
+
+attnGemmVNNI_3x4_store:
+	MOVQ    R9, R11
+	VMOVUPS Z0, (R11)
+	VMOVUPS Z1, 64(R11)
+	VMOVUPS Z2, 128(R11)
+	VMOVUPS Z3, 192(R11)
+	ADDQ    R10, R11
+	VMOVUPS Z4, (R11)
+	VMOVUPS Z5, 64(R11)
+	VMOVUPS Z6, 128(R11)
+	VMOVUPS Z7, 192(R11)
+	ADDQ    R10, R11
+	VMOVUPS Z8, (R11)
+	VMOVUPS Z9, 64(R11)
+	VMOVUPS Z10, 128(R11)
+	VMOVUPS Z11, 192(R11)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_4x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_4x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	MOVQ         c+40(FP), R10
+	MOVQ         ldc+48(FP), R11
+	MOVQ         R10, R12
+	VMOVUPS      (R12), Z0
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z1
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z2
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z3
+	MOVQ         rs+64(FP), R12
+	TESTQ        R12, R12
+	JZ           attnGemmVNNI_4x1_noscale
+	VBROADCASTSS (R12), Z4
+	VMULPS       Z4, Z0, Z0
+	VBROADCASTSS 4(R12), Z4
+	VMULPS       Z4, Z1, Z1
+	VBROADCASTSS 8(R12), Z4
+	VMULPS       Z4, Z2, Z2
+	VBROADCASTSS 12(R12), Z4
+	VMULPS       Z4, Z3, Z3
+
+attnGemmVNNI_4x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_4x1_store
+
+attnGemmVNNI_4x1_loop:
+	VMOVUPS      (CX), Z4
+	VBROADCASTSS (AX), Z5
+	VFMADD231PS  Z5, Z4, Z0
+	VBROADCASTSS (AX)(DI*1), Z5
+	VFMADD231PS  Z5, Z4, Z1
+	VBROADCASTSS (AX)(R8*1), Z5
+	VFMADD231PS  Z5, Z4, Z2
+	VBROADCASTSS (AX)(R9*1), Z5
+	VFMADD231PS  Z5, Z4, Z3
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_4x1_loop
+
+attnGemmVNNI_4x1_store:
+	MOVQ    R10, R12
+	VMOVUPS Z0, (R12)
+	ADDQ    R11, R12
+	VMOVUPS Z1, (R12)
+	ADDQ    R11, R12
+	VMOVUPS Z2, (R12)
+	ADDQ    R11, R12
+	VMOVUPS Z3, (R12)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_4x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_4x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	MOVQ         c+40(FP), R10
+	MOVQ         ldc+48(FP), R11
+	MOVQ         R10, R12
+	VMOVUPS      (R12), Z0
+	VMOVUPS      64(R12), Z1
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z2
+	VMOVUPS      64(R12), Z3
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z4
+	VMOVUPS      64(R12), Z5
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z6
+	VMOVUPS      64(R12), Z7
+	MOVQ         rs+64(FP), R12
+	TESTQ        R12, R12
+	JZ           attnGemmVNNI_4x2_noscale
+	VBROADCASTSS (R12), Z8
+	VMULPS       Z8, Z0, Z0
+	VMULPS       Z8, Z1, Z1
+	VBROADCASTSS 4(R12), Z8
+	VMULPS       Z8, Z2, Z2
+	VMULPS       Z8, Z3, Z3
+	VBROADCASTSS 8(R12), Z8
+	VMULPS       Z8, Z4, Z4
+	VMULPS       Z8, Z5, Z5
+	VBROADCASTSS 12(R12), Z8
+	VMULPS       Z8, Z6, Z6
+	VMULPS       Z8, Z7, Z7
+
+attnGemmVNNI_4x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_4x2_store
+
+attnGemmVNNI_4x2_loop:
+	VMOVUPS      (CX), Z8
+	VMOVUPS      64(CX), Z9
+	VBROADCASTSS (AX), Z10
+	VFMADD231PS  Z10, Z8, Z0
+	VFMADD231PS  Z10, Z9, Z1
+	VBROADCASTSS (AX)(DI*1), Z10
+	VFMADD231PS  Z10, Z8, Z2
+	VFMADD231PS  Z10, Z9, Z3
+	VBROADCASTSS (AX)(R8*1), Z10
+	VFMADD231PS  Z10, Z8, Z4
+	VFMADD231PS  Z10, Z9, Z5
+	VBROADCASTSS (AX)(R9*1), Z10
+	VFMADD231PS  Z10, Z8, Z6
+	VFMADD231PS  Z10, Z9, Z7
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_4x2_loop
+
+attnGemmVNNI_4x2_store:
+	MOVQ    R10, R12
+	VMOVUPS Z0, (R12)
+	VMOVUPS Z1, 64(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z2, (R12)
+	VMOVUPS Z3, 64(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z4, (R12)
+	VMOVUPS Z5, 64(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z6, (R12)
+	VMOVUPS Z7, 64(R12)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_4x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_4x3(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	MOVQ         c+40(FP), R10
+	MOVQ         ldc+48(FP), R11
+	MOVQ         R10, R12
+	VMOVUPS      (R12), Z0
+	VMOVUPS      64(R12), Z1
+	VMOVUPS      128(R12), Z2
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z3
+	VMOVUPS      64(R12), Z4
+	VMOVUPS      128(R12), Z5
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z6
+	VMOVUPS      64(R12), Z7
+	VMOVUPS      128(R12), Z8
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z9
+	VMOVUPS      64(R12), Z10
+	VMOVUPS      128(R12), Z11
+	MOVQ         rs+64(FP), R12
+	TESTQ        R12, R12
+	JZ           attnGemmVNNI_4x3_noscale
+	VBROADCASTSS (R12), Z12
+	VMULPS       Z12, Z0, Z0
+	VMULPS       Z12, Z1, Z1
+	VMULPS       Z12, Z2, Z2
+	VBROADCASTSS 4(R12), Z12
+	VMULPS       Z12, Z3, Z3
+	VMULPS       Z12, Z4, Z4
+	VMULPS       Z12, Z5, Z5
+	VBROADCASTSS 8(R12), Z12
+	VMULPS       Z12, Z6, Z6
+	VMULPS       Z12, Z7, Z7
+	VMULPS       Z12, Z8, Z8
+	VBROADCASTSS 12(R12), Z12
+	VMULPS       Z12, Z9, Z9
+	VMULPS       Z12, Z10, Z10
+	VMULPS       Z12, Z11, Z11
+
+attnGemmVNNI_4x3_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_4x3_store
+
+attnGemmVNNI_4x3_loop:
+	VMOVUPS      (CX), Z12
+	VMOVUPS      64(CX), Z13
+	VMOVUPS      128(CX), Z14
+	VBROADCASTSS (AX), Z15
+	VFMADD231PS  Z15, Z12, Z0
+	VFMADD231PS  Z15, Z13, Z1
+	VFMADD231PS  Z15, Z14, Z2
+	VBROADCASTSS (AX)(DI*1), Z15
+	VFMADD231PS  Z15, Z12, Z3
+	VFMADD231PS  Z15, Z13, Z4
+	VFMADD231PS  Z15, Z14, Z5
+	VBROADCASTSS (AX)(R8*1), Z15
+	VFMADD231PS  Z15, Z12, Z6
+	VFMADD231PS  Z15, Z13, Z7
+	VFMADD231PS  Z15, Z14, Z8
+	VBROADCASTSS (AX)(R9*1), Z15
+	VFMADD231PS  Z15, Z12, Z9
+	VFMADD231PS  Z15, Z13, Z10
+	VFMADD231PS  Z15, Z14, Z11
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_4x3_loop
+
+attnGemmVNNI_4x3_store:
+	MOVQ    R10, R12
+	VMOVUPS Z0, (R12)
+	VMOVUPS Z1, 64(R12)
+	VMOVUPS Z2, 128(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z3, (R12)
+	VMOVUPS Z4, 64(R12)
+	VMOVUPS Z5, 128(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z6, (R12)
+	VMOVUPS Z7, 64(R12)
+	VMOVUPS Z8, 128(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z9, (R12)
+	VMOVUPS Z10, 64(R12)
+	VMOVUPS Z11, 128(R12)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_4x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_4x4(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	MOVQ         c+40(FP), R10
+	MOVQ         ldc+48(FP), R11
+	MOVQ         R10, R12
+	VMOVUPS      (R12), Z0
+	VMOVUPS      64(R12), Z1
+	VMOVUPS      128(R12), Z2
+	VMOVUPS      192(R12), Z3
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z4
+	VMOVUPS      64(R12), Z5
+	VMOVUPS      128(R12), Z6
+	VMOVUPS      192(R12), Z7
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z8
+	VMOVUPS      64(R12), Z9
+	VMOVUPS      128(R12), Z10
+	VMOVUPS      192(R12), Z11
+	ADDQ         R11, R12
+	VMOVUPS      (R12), Z12
+	VMOVUPS      64(R12), Z13
+	VMOVUPS      128(R12), Z14
+	VMOVUPS      192(R12), Z15
+	MOVQ         rs+64(FP), R12
+	TESTQ        R12, R12
+	JZ           attnGemmVNNI_4x4_noscale
+	VBROADCASTSS (R12), Z16
+	VMULPS       Z16, Z0, Z0
+	VMULPS       Z16, Z1, Z1
+	VMULPS       Z16, Z2, Z2
+	VMULPS       Z16, Z3, Z3
+	VBROADCASTSS 4(R12), Z16
+	VMULPS       Z16, Z4, Z4
+	VMULPS       Z16, Z5, Z5
+	VMULPS       Z16, Z6, Z6
+	VMULPS       Z16, Z7, Z7
+	VBROADCASTSS 8(R12), Z16
+	VMULPS       Z16, Z8, Z8
+	VMULPS       Z16, Z9, Z9
+	VMULPS       Z16, Z10, Z10
+	VMULPS       Z16, Z11, Z11
+	VBROADCASTSS 12(R12), Z16
+	VMULPS       Z16, Z12, Z12
+	VMULPS       Z16, Z13, Z13
+	VMULPS       Z16, Z14, Z14
+	VMULPS       Z16, Z15, Z15
+
+attnGemmVNNI_4x4_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_4x4_store
+
+attnGemmVNNI_4x4_loop:
+	VMOVUPS      (CX), Z16
+	VMOVUPS      64(CX), Z17
+	VMOVUPS      128(CX), Z18
+	VMOVUPS      192(CX), Z19
+	VBROADCASTSS (AX), Z20
+	VFMADD231PS  Z20, Z16, Z0
+	VFMADD231PS  Z20, Z17, Z1
+	VFMADD231PS  Z20, Z18, Z2
+	VFMADD231PS  Z20, Z19, Z3
+	VBROADCASTSS (AX)(DI*1), Z20
+	VFMADD231PS  Z20, Z16, Z4
+	VFMADD231PS  Z20, Z17, Z5
+	VFMADD231PS  Z20, Z18, Z6
+	VFMADD231PS  Z20, Z19, Z7
+	VBROADCASTSS (AX)(R8*1), Z20
+	VFMADD231PS  Z20, Z16, Z8
+	VFMADD231PS  Z20, Z17, Z9
+	VFMADD231PS  Z20, Z18, Z10
+	VFMADD231PS  Z20, Z19, Z11
+	VBROADCASTSS (AX)(R9*1), Z20
+	VFMADD231PS  Z20, Z16, Z12
+	VFMADD231PS  Z20, Z17, Z13
+	VFMADD231PS  Z20, Z18, Z14
+	VFMADD231PS  Z20, Z19, Z15
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_4x4_loop
+
+attnGemmVNNI_4x4_store:
+	MOVQ    R10, R12
+	VMOVUPS Z0, (R12)
+	VMOVUPS Z1, 64(R12)
+	VMOVUPS Z2, 128(R12)
+	VMOVUPS Z3, 192(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z4, (R12)
+	VMOVUPS Z5, 64(R12)
+	VMOVUPS Z6, 128(R12)
+	VMOVUPS Z7, 192(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z8, (R12)
+	VMOVUPS Z9, 64(R12)
+	VMOVUPS Z10, 128(R12)
+	VMOVUPS Z11, 192(R12)
+	ADDQ    R11, R12
+	VMOVUPS Z12, (R12)
+	VMOVUPS Z13, 64(R12)
+	VMOVUPS Z14, 128(R12)
+	VMOVUPS Z15, 192(R12)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_5x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_5x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	MOVQ         c+40(FP), R11
+	MOVQ         ldc+48(FP), R12
+	MOVQ         R11, R13
+	VMOVUPS      (R13), Z0
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z1
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z2
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z3
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z4
+	MOVQ         rs+64(FP), R13
+	TESTQ        R13, R13
+	JZ           attnGemmVNNI_5x1_noscale
+	VBROADCASTSS (R13), Z5
+	VMULPS       Z5, Z0, Z0
+	VBROADCASTSS 4(R13), Z5
+	VMULPS       Z5, Z1, Z1
+	VBROADCASTSS 8(R13), Z5
+	VMULPS       Z5, Z2, Z2
+	VBROADCASTSS 12(R13), Z5
+	VMULPS       Z5, Z3, Z3
+	VBROADCASTSS 16(R13), Z5
+	VMULPS       Z5, Z4, Z4
+
+attnGemmVNNI_5x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_5x1_store
+
+attnGemmVNNI_5x1_loop:
+	VMOVUPS      (CX), Z5
+	VBROADCASTSS (AX), Z6
+	VFMADD231PS  Z6, Z5, Z0
+	VBROADCASTSS (AX)(DI*1), Z6
+	VFMADD231PS  Z6, Z5, Z1
+	VBROADCASTSS (AX)(R8*1), Z6
+	VFMADD231PS  Z6, Z5, Z2
+	VBROADCASTSS (AX)(R9*1), Z6
+	VFMADD231PS  Z6, Z5, Z3
+	VBROADCASTSS (AX)(R10*1), Z6
+	VFMADD231PS  Z6, Z5, Z4
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_5x1_loop
+
+attnGemmVNNI_5x1_store:
+	MOVQ    R11, R13
+	VMOVUPS Z0, (R13)
+	ADDQ    R12, R13
+	VMOVUPS Z1, (R13)
+	ADDQ    R12, R13
+	VMOVUPS Z2, (R13)
+	ADDQ    R12, R13
+	VMOVUPS Z3, (R13)
+	ADDQ    R12, R13
+	VMOVUPS Z4, (R13)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_5x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_5x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	MOVQ         c+40(FP), R11
+	MOVQ         ldc+48(FP), R12
+	MOVQ         R11, R13
+	VMOVUPS      (R13), Z0
+	VMOVUPS      64(R13), Z1
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z2
+	VMOVUPS      64(R13), Z3
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z4
+	VMOVUPS      64(R13), Z5
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z6
+	VMOVUPS      64(R13), Z7
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z8
+	VMOVUPS      64(R13), Z9
+	MOVQ         rs+64(FP), R13
+	TESTQ        R13, R13
+	JZ           attnGemmVNNI_5x2_noscale
+	VBROADCASTSS (R13), Z10
+	VMULPS       Z10, Z0, Z0
+	VMULPS       Z10, Z1, Z1
+	VBROADCASTSS 4(R13), Z10
+	VMULPS       Z10, Z2, Z2
+	VMULPS       Z10, Z3, Z3
+	VBROADCASTSS 8(R13), Z10
+	VMULPS       Z10, Z4, Z4
+	VMULPS       Z10, Z5, Z5
+	VBROADCASTSS 12(R13), Z10
+	VMULPS       Z10, Z6, Z6
+	VMULPS       Z10, Z7, Z7
+	VBROADCASTSS 16(R13), Z10
+	VMULPS       Z10, Z8, Z8
+	VMULPS       Z10, Z9, Z9
+
+attnGemmVNNI_5x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_5x2_store
+
+attnGemmVNNI_5x2_loop:
+	VMOVUPS      (CX), Z10
+	VMOVUPS      64(CX), Z11
+	VBROADCASTSS (AX), Z12
+	VFMADD231PS  Z12, Z10, Z0
+	VFMADD231PS  Z12, Z11, Z1
+	VBROADCASTSS (AX)(DI*1), Z12
+	VFMADD231PS  Z12, Z10, Z2
+	VFMADD231PS  Z12, Z11, Z3
+	VBROADCASTSS (AX)(R8*1), Z12
+	VFMADD231PS  Z12, Z10, Z4
+	VFMADD231PS  Z12, Z11, Z5
+	VBROADCASTSS (AX)(R9*1), Z12
+	VFMADD231PS  Z12, Z10, Z6
+	VFMADD231PS  Z12, Z11, Z7
+	VBROADCASTSS (AX)(R10*1), Z12
+	VFMADD231PS  Z12, Z10, Z8
+	VFMADD231PS  Z12, Z11, Z9
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_5x2_loop
+
+attnGemmVNNI_5x2_store:
+	MOVQ    R11, R13
+	VMOVUPS Z0, (R13)
+	VMOVUPS Z1, 64(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z2, (R13)
+	VMOVUPS Z3, 64(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z4, (R13)
+	VMOVUPS Z5, 64(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z6, (R13)
+	VMOVUPS Z7, 64(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z8, (R13)
+	VMOVUPS Z9, 64(R13)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_5x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_5x3(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	MOVQ         c+40(FP), R11
+	MOVQ         ldc+48(FP), R12
+	MOVQ         R11, R13
+	VMOVUPS      (R13), Z0
+	VMOVUPS      64(R13), Z1
+	VMOVUPS      128(R13), Z2
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z3
+	VMOVUPS      64(R13), Z4
+	VMOVUPS      128(R13), Z5
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z6
+	VMOVUPS      64(R13), Z7
+	VMOVUPS      128(R13), Z8
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z9
+	VMOVUPS      64(R13), Z10
+	VMOVUPS      128(R13), Z11
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z12
+	VMOVUPS      64(R13), Z13
+	VMOVUPS      128(R13), Z14
+	MOVQ         rs+64(FP), R13
+	TESTQ        R13, R13
+	JZ           attnGemmVNNI_5x3_noscale
+	VBROADCASTSS (R13), Z15
+	VMULPS       Z15, Z0, Z0
+	VMULPS       Z15, Z1, Z1
+	VMULPS       Z15, Z2, Z2
+	VBROADCASTSS 4(R13), Z15
+	VMULPS       Z15, Z3, Z3
+	VMULPS       Z15, Z4, Z4
+	VMULPS       Z15, Z5, Z5
+	VBROADCASTSS 8(R13), Z15
+	VMULPS       Z15, Z6, Z6
+	VMULPS       Z15, Z7, Z7
+	VMULPS       Z15, Z8, Z8
+	VBROADCASTSS 12(R13), Z15
+	VMULPS       Z15, Z9, Z9
+	VMULPS       Z15, Z10, Z10
+	VMULPS       Z15, Z11, Z11
+	VBROADCASTSS 16(R13), Z15
+	VMULPS       Z15, Z12, Z12
+	VMULPS       Z15, Z13, Z13
+	VMULPS       Z15, Z14, Z14
+
+attnGemmVNNI_5x3_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_5x3_store
+
+attnGemmVNNI_5x3_loop:
+	VMOVUPS      (CX), Z15
+	VMOVUPS      64(CX), Z16
+	VMOVUPS      128(CX), Z17
+	VBROADCASTSS (AX), Z18
+	VFMADD231PS  Z18, Z15, Z0
+	VFMADD231PS  Z18, Z16, Z1
+	VFMADD231PS  Z18, Z17, Z2
+	VBROADCASTSS (AX)(DI*1), Z18
+	VFMADD231PS  Z18, Z15, Z3
+	VFMADD231PS  Z18, Z16, Z4
+	VFMADD231PS  Z18, Z17, Z5
+	VBROADCASTSS (AX)(R8*1), Z18
+	VFMADD231PS  Z18, Z15, Z6
+	VFMADD231PS  Z18, Z16, Z7
+	VFMADD231PS  Z18, Z17, Z8
+	VBROADCASTSS (AX)(R9*1), Z18
+	VFMADD231PS  Z18, Z15, Z9
+	VFMADD231PS  Z18, Z16, Z10
+	VFMADD231PS  Z18, Z17, Z11
+	VBROADCASTSS (AX)(R10*1), Z18
+	VFMADD231PS  Z18, Z15, Z12
+	VFMADD231PS  Z18, Z16, Z13
+	VFMADD231PS  Z18, Z17, Z14
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_5x3_loop
+
+attnGemmVNNI_5x3_store:
+	MOVQ    R11, R13
+	VMOVUPS Z0, (R13)
+	VMOVUPS Z1, 64(R13)
+	VMOVUPS Z2, 128(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z3, (R13)
+	VMOVUPS Z4, 64(R13)
+	VMOVUPS Z5, 128(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z6, (R13)
+	VMOVUPS Z7, 64(R13)
+	VMOVUPS Z8, 128(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z9, (R13)
+	VMOVUPS Z10, 64(R13)
+	VMOVUPS Z11, 128(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z12, (R13)
+	VMOVUPS Z13, 64(R13)
+	VMOVUPS Z14, 128(R13)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_5x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_5x4(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	MOVQ         c+40(FP), R11
+	MOVQ         ldc+48(FP), R12
+	MOVQ         R11, R13
+	VMOVUPS      (R13), Z0
+	VMOVUPS      64(R13), Z1
+	VMOVUPS      128(R13), Z2
+	VMOVUPS      192(R13), Z3
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z4
+	VMOVUPS      64(R13), Z5
+	VMOVUPS      128(R13), Z6
+	VMOVUPS      192(R13), Z7
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z8
+	VMOVUPS      64(R13), Z9
+	VMOVUPS      128(R13), Z10
+	VMOVUPS      192(R13), Z11
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z12
+	VMOVUPS      64(R13), Z13
+	VMOVUPS      128(R13), Z14
+	VMOVUPS      192(R13), Z15
+	ADDQ         R12, R13
+	VMOVUPS      (R13), Z16
+	VMOVUPS      64(R13), Z17
+	VMOVUPS      128(R13), Z18
+	VMOVUPS      192(R13), Z19
+	MOVQ         rs+64(FP), R13
+	TESTQ        R13, R13
+	JZ           attnGemmVNNI_5x4_noscale
+	VBROADCASTSS (R13), Z20
+	VMULPS       Z20, Z0, Z0
+	VMULPS       Z20, Z1, Z1
+	VMULPS       Z20, Z2, Z2
+	VMULPS       Z20, Z3, Z3
+	VBROADCASTSS 4(R13), Z20
+	VMULPS       Z20, Z4, Z4
+	VMULPS       Z20, Z5, Z5
+	VMULPS       Z20, Z6, Z6
+	VMULPS       Z20, Z7, Z7
+	VBROADCASTSS 8(R13), Z20
+	VMULPS       Z20, Z8, Z8
+	VMULPS       Z20, Z9, Z9
+	VMULPS       Z20, Z10, Z10
+	VMULPS       Z20, Z11, Z11
+	VBROADCASTSS 12(R13), Z20
+	VMULPS       Z20, Z12, Z12
+	VMULPS       Z20, Z13, Z13
+	VMULPS       Z20, Z14, Z14
+	VMULPS       Z20, Z15, Z15
+	VBROADCASTSS 16(R13), Z20
+	VMULPS       Z20, Z16, Z16
+	VMULPS       Z20, Z17, Z17
+	VMULPS       Z20, Z18, Z18
+	VMULPS       Z20, Z19, Z19
+
+attnGemmVNNI_5x4_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_5x4_store
+
+attnGemmVNNI_5x4_loop:
+	VMOVUPS      (CX), Z20
+	VMOVUPS      64(CX), Z21
+	VMOVUPS      128(CX), Z22
+	VMOVUPS      192(CX), Z23
+	VBROADCASTSS (AX), Z24
+	VFMADD231PS  Z24, Z20, Z0
+	VFMADD231PS  Z24, Z21, Z1
+	VFMADD231PS  Z24, Z22, Z2
+	VFMADD231PS  Z24, Z23, Z3
+	VBROADCASTSS (AX)(DI*1), Z24
+	VFMADD231PS  Z24, Z20, Z4
+	VFMADD231PS  Z24, Z21, Z5
+	VFMADD231PS  Z24, Z22, Z6
+	VFMADD231PS  Z24, Z23, Z7
+	VBROADCASTSS (AX)(R8*1), Z24
+	VFMADD231PS  Z24, Z20, Z8
+	VFMADD231PS  Z24, Z21, Z9
+	VFMADD231PS  Z24, Z22, Z10
+	VFMADD231PS  Z24, Z23, Z11
+	VBROADCASTSS (AX)(R9*1), Z24
+	VFMADD231PS  Z24, Z20, Z12
+	VFMADD231PS  Z24, Z21, Z13
+	VFMADD231PS  Z24, Z22, Z14
+	VFMADD231PS  Z24, Z23, Z15
+	VBROADCASTSS (AX)(R10*1), Z24
+	VFMADD231PS  Z24, Z20, Z16
+	VFMADD231PS  Z24, Z21, Z17
+	VFMADD231PS  Z24, Z22, Z18
+	VFMADD231PS  Z24, Z23, Z19
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_5x4_loop
+
+attnGemmVNNI_5x4_store:
+	MOVQ    R11, R13
+	VMOVUPS Z0, (R13)
+	VMOVUPS Z1, 64(R13)
+	VMOVUPS Z2, 128(R13)
+	VMOVUPS Z3, 192(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z4, (R13)
+	VMOVUPS Z5, 64(R13)
+	VMOVUPS Z6, 128(R13)
+	VMOVUPS Z7, 192(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z8, (R13)
+	VMOVUPS Z9, 64(R13)
+	VMOVUPS Z10, 128(R13)
+	VMOVUPS Z11, 192(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z12, (R13)
+	VMOVUPS Z13, 64(R13)
+	VMOVUPS Z14, 128(R13)
+	VMOVUPS Z15, 192(R13)
+	ADDQ    R12, R13
+	VMOVUPS Z16, (R13)
+	VMOVUPS Z17, 64(R13)
+	VMOVUPS Z18, 128(R13)
+	VMOVUPS Z19, 192(R13)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_6x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_6x1(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	LEAQ         (R10)(DI*1), R11
+	MOVQ         c+40(FP), R12
+	MOVQ         ldc+48(FP), R13
+	MOVQ         R12, R14
+	VMOVUPS      (R14), Z0
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z1
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z2
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z3
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z4
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z5
+	MOVQ         rs+64(FP), R14
+	TESTQ        R14, R14
+	JZ           attnGemmVNNI_6x1_noscale
+	VBROADCASTSS (R14), Z6
+	VMULPS       Z6, Z0, Z0
+	VBROADCASTSS 4(R14), Z6
+	VMULPS       Z6, Z1, Z1
+	VBROADCASTSS 8(R14), Z6
+	VMULPS       Z6, Z2, Z2
+	VBROADCASTSS 12(R14), Z6
+	VMULPS       Z6, Z3, Z3
+	VBROADCASTSS 16(R14), Z6
+	VMULPS       Z6, Z4, Z4
+	VBROADCASTSS 20(R14), Z6
+	VMULPS       Z6, Z5, Z5
+
+attnGemmVNNI_6x1_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_6x1_store
+
+attnGemmVNNI_6x1_loop:
+	VMOVUPS      (CX), Z6
+	VBROADCASTSS (AX), Z7
+	VFMADD231PS  Z7, Z6, Z0
+	VBROADCASTSS (AX)(DI*1), Z7
+	VFMADD231PS  Z7, Z6, Z1
+	VBROADCASTSS (AX)(R8*1), Z7
+	VFMADD231PS  Z7, Z6, Z2
+	VBROADCASTSS (AX)(R9*1), Z7
+	VFMADD231PS  Z7, Z6, Z3
+	VBROADCASTSS (AX)(R10*1), Z7
+	VFMADD231PS  Z7, Z6, Z4
+	VBROADCASTSS (AX)(R11*1), Z7
+	VFMADD231PS  Z7, Z6, Z5
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_6x1_loop
+
+attnGemmVNNI_6x1_store:
+	MOVQ    R12, R14
+	VMOVUPS Z0, (R14)
+	ADDQ    R13, R14
+	VMOVUPS Z1, (R14)
+	ADDQ    R13, R14
+	VMOVUPS Z2, (R14)
+	ADDQ    R13, R14
+	VMOVUPS Z3, (R14)
+	ADDQ    R13, R14
+	VMOVUPS Z4, (R14)
+	ADDQ    R13, R14
+	VMOVUPS Z5, (R14)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_6x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_6x2(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	LEAQ         (R10)(DI*1), R11
+	MOVQ         c+40(FP), R12
+	MOVQ         ldc+48(FP), R13
+	MOVQ         R12, R14
+	VMOVUPS      (R14), Z0
+	VMOVUPS      64(R14), Z1
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z2
+	VMOVUPS      64(R14), Z3
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z4
+	VMOVUPS      64(R14), Z5
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z6
+	VMOVUPS      64(R14), Z7
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z8
+	VMOVUPS      64(R14), Z9
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z10
+	VMOVUPS      64(R14), Z11
+	MOVQ         rs+64(FP), R14
+	TESTQ        R14, R14
+	JZ           attnGemmVNNI_6x2_noscale
+	VBROADCASTSS (R14), Z12
+	VMULPS       Z12, Z0, Z0
+	VMULPS       Z12, Z1, Z1
+	VBROADCASTSS 4(R14), Z12
+	VMULPS       Z12, Z2, Z2
+	VMULPS       Z12, Z3, Z3
+	VBROADCASTSS 8(R14), Z12
+	VMULPS       Z12, Z4, Z4
+	VMULPS       Z12, Z5, Z5
+	VBROADCASTSS 12(R14), Z12
+	VMULPS       Z12, Z6, Z6
+	VMULPS       Z12, Z7, Z7
+	VBROADCASTSS 16(R14), Z12
+	VMULPS       Z12, Z8, Z8
+	VMULPS       Z12, Z9, Z9
+	VBROADCASTSS 20(R14), Z12
+	VMULPS       Z12, Z10, Z10
+	VMULPS       Z12, Z11, Z11
+
+attnGemmVNNI_6x2_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_6x2_store
+
+attnGemmVNNI_6x2_loop:
+	VMOVUPS      (CX), Z12
+	VMOVUPS      64(CX), Z13
+	VBROADCASTSS (AX), Z14
+	VFMADD231PS  Z14, Z12, Z0
+	VFMADD231PS  Z14, Z13, Z1
+	VBROADCASTSS (AX)(DI*1), Z14
+	VFMADD231PS  Z14, Z12, Z2
+	VFMADD231PS  Z14, Z13, Z3
+	VBROADCASTSS (AX)(R8*1), Z14
+	VFMADD231PS  Z14, Z12, Z4
+	VFMADD231PS  Z14, Z13, Z5
+	VBROADCASTSS (AX)(R9*1), Z14
+	VFMADD231PS  Z14, Z12, Z6
+	VFMADD231PS  Z14, Z13, Z7
+	VBROADCASTSS (AX)(R10*1), Z14
+	VFMADD231PS  Z14, Z12, Z8
+	VFMADD231PS  Z14, Z13, Z9
+	VBROADCASTSS (AX)(R11*1), Z14
+	VFMADD231PS  Z14, Z12, Z10
+	VFMADD231PS  Z14, Z13, Z11
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_6x2_loop
+
+attnGemmVNNI_6x2_store:
+	MOVQ    R12, R14
+	VMOVUPS Z0, (R14)
+	VMOVUPS Z1, 64(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z2, (R14)
+	VMOVUPS Z3, 64(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z4, (R14)
+	VMOVUPS Z5, 64(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z6, (R14)
+	VMOVUPS Z7, 64(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z8, (R14)
+	VMOVUPS Z9, 64(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z10, (R14)
+	VMOVUPS Z11, 64(R14)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_6x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_6x3(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	LEAQ         (R10)(DI*1), R11
+	MOVQ         c+40(FP), R12
+	MOVQ         ldc+48(FP), R13
+	MOVQ         R12, R14
+	VMOVUPS      (R14), Z0
+	VMOVUPS      64(R14), Z1
+	VMOVUPS      128(R14), Z2
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z3
+	VMOVUPS      64(R14), Z4
+	VMOVUPS      128(R14), Z5
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z6
+	VMOVUPS      64(R14), Z7
+	VMOVUPS      128(R14), Z8
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z9
+	VMOVUPS      64(R14), Z10
+	VMOVUPS      128(R14), Z11
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z12
+	VMOVUPS      64(R14), Z13
+	VMOVUPS      128(R14), Z14
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z15
+	VMOVUPS      64(R14), Z16
+	VMOVUPS      128(R14), Z17
+	MOVQ         rs+64(FP), R14
+	TESTQ        R14, R14
+	JZ           attnGemmVNNI_6x3_noscale
+	VBROADCASTSS (R14), Z18
+	VMULPS       Z18, Z0, Z0
+	VMULPS       Z18, Z1, Z1
+	VMULPS       Z18, Z2, Z2
+	VBROADCASTSS 4(R14), Z18
+	VMULPS       Z18, Z3, Z3
+	VMULPS       Z18, Z4, Z4
+	VMULPS       Z18, Z5, Z5
+	VBROADCASTSS 8(R14), Z18
+	VMULPS       Z18, Z6, Z6
+	VMULPS       Z18, Z7, Z7
+	VMULPS       Z18, Z8, Z8
+	VBROADCASTSS 12(R14), Z18
+	VMULPS       Z18, Z9, Z9
+	VMULPS       Z18, Z10, Z10
+	VMULPS       Z18, Z11, Z11
+	VBROADCASTSS 16(R14), Z18
+	VMULPS       Z18, Z12, Z12
+	VMULPS       Z18, Z13, Z13
+	VMULPS       Z18, Z14, Z14
+	VBROADCASTSS 20(R14), Z18
+	VMULPS       Z18, Z15, Z15
+	VMULPS       Z18, Z16, Z16
+	VMULPS       Z18, Z17, Z17
+
+attnGemmVNNI_6x3_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_6x3_store
+
+attnGemmVNNI_6x3_loop:
+	VMOVUPS      (CX), Z18
+	VMOVUPS      64(CX), Z19
+	VMOVUPS      128(CX), Z20
+	VBROADCASTSS (AX), Z21
+	VFMADD231PS  Z21, Z18, Z0
+	VFMADD231PS  Z21, Z19, Z1
+	VFMADD231PS  Z21, Z20, Z2
+	VBROADCASTSS (AX)(DI*1), Z21
+	VFMADD231PS  Z21, Z18, Z3
+	VFMADD231PS  Z21, Z19, Z4
+	VFMADD231PS  Z21, Z20, Z5
+	VBROADCASTSS (AX)(R8*1), Z21
+	VFMADD231PS  Z21, Z18, Z6
+	VFMADD231PS  Z21, Z19, Z7
+	VFMADD231PS  Z21, Z20, Z8
+	VBROADCASTSS (AX)(R9*1), Z21
+	VFMADD231PS  Z21, Z18, Z9
+	VFMADD231PS  Z21, Z19, Z10
+	VFMADD231PS  Z21, Z20, Z11
+	VBROADCASTSS (AX)(R10*1), Z21
+	VFMADD231PS  Z21, Z18, Z12
+	VFMADD231PS  Z21, Z19, Z13
+	VFMADD231PS  Z21, Z20, Z14
+	VBROADCASTSS (AX)(R11*1), Z21
+	VFMADD231PS  Z21, Z18, Z15
+	VFMADD231PS  Z21, Z19, Z16
+	VFMADD231PS  Z21, Z20, Z17
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_6x3_loop
+
+attnGemmVNNI_6x3_store:
+	MOVQ    R12, R14
+	VMOVUPS Z0, (R14)
+	VMOVUPS Z1, 64(R14)
+	VMOVUPS Z2, 128(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z3, (R14)
+	VMOVUPS Z4, 64(R14)
+	VMOVUPS Z5, 128(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z6, (R14)
+	VMOVUPS Z7, 64(R14)
+	VMOVUPS Z8, 128(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z9, (R14)
+	VMOVUPS Z10, 64(R14)
+	VMOVUPS Z11, 128(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z12, (R14)
+	VMOVUPS Z13, 64(R14)
+	VMOVUPS Z14, 128(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z15, (R14)
+	VMOVUPS Z16, 64(R14)
+	VMOVUPS Z17, 128(R14)
+	VZEROUPPER
+	RET
+
+// func attnGemmVNNI_6x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+// Requires: AVX, AVX512F
+TEXT ·attnGemmVNNI_6x4(SB), NOSPLIT, $0-72
+	MOVQ         a+0(FP), AX
+	MOVQ         b+24(FP), CX
+	MOVQ         k+56(FP), DX
+	MOVQ         sap+16(FP), BX
+	MOVQ         ldb+32(FP), SI
+	MOVQ         sai+8(FP), DI
+	LEAQ         (DI)(DI*1), R8
+	LEAQ         (R8)(DI*1), R9
+	LEAQ         (R9)(DI*1), R10
+	LEAQ         (R10)(DI*1), R11
+	MOVQ         c+40(FP), R12
+	MOVQ         ldc+48(FP), R13
+	MOVQ         R12, R14
+	VMOVUPS      (R14), Z0
+	VMOVUPS      64(R14), Z1
+	VMOVUPS      128(R14), Z2
+	VMOVUPS      192(R14), Z3
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z4
+	VMOVUPS      64(R14), Z5
+	VMOVUPS      128(R14), Z6
+	VMOVUPS      192(R14), Z7
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z8
+	VMOVUPS      64(R14), Z9
+	VMOVUPS      128(R14), Z10
+	VMOVUPS      192(R14), Z11
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z12
+	VMOVUPS      64(R14), Z13
+	VMOVUPS      128(R14), Z14
+	VMOVUPS      192(R14), Z15
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z16
+	VMOVUPS      64(R14), Z17
+	VMOVUPS      128(R14), Z18
+	VMOVUPS      192(R14), Z19
+	ADDQ         R13, R14
+	VMOVUPS      (R14), Z20
+	VMOVUPS      64(R14), Z21
+	VMOVUPS      128(R14), Z22
+	VMOVUPS      192(R14), Z23
+	MOVQ         rs+64(FP), R14
+	TESTQ        R14, R14
+	JZ           attnGemmVNNI_6x4_noscale
+	VBROADCASTSS (R14), Z24
+	VMULPS       Z24, Z0, Z0
+	VMULPS       Z24, Z1, Z1
+	VMULPS       Z24, Z2, Z2
+	VMULPS       Z24, Z3, Z3
+	VBROADCASTSS 4(R14), Z24
+	VMULPS       Z24, Z4, Z4
+	VMULPS       Z24, Z5, Z5
+	VMULPS       Z24, Z6, Z6
+	VMULPS       Z24, Z7, Z7
+	VBROADCASTSS 8(R14), Z24
+	VMULPS       Z24, Z8, Z8
+	VMULPS       Z24, Z9, Z9
+	VMULPS       Z24, Z10, Z10
+	VMULPS       Z24, Z11, Z11
+	VBROADCASTSS 12(R14), Z24
+	VMULPS       Z24, Z12, Z12
+	VMULPS       Z24, Z13, Z13
+	VMULPS       Z24, Z14, Z14
+	VMULPS       Z24, Z15, Z15
+	VBROADCASTSS 16(R14), Z24
+	VMULPS       Z24, Z16, Z16
+	VMULPS       Z24, Z17, Z17
+	VMULPS       Z24, Z18, Z18
+	VMULPS       Z24, Z19, Z19
+	VBROADCASTSS 20(R14), Z24
+	VMULPS       Z24, Z20, Z20
+	VMULPS       Z24, Z21, Z21
+	VMULPS       Z24, Z22, Z22
+	VMULPS       Z24, Z23, Z23
+
+attnGemmVNNI_6x4_noscale:
+	TESTQ DX, DX
+	JZ    attnGemmVNNI_6x4_store
+
+attnGemmVNNI_6x4_loop:
+	VMOVUPS      (CX), Z24
+	VMOVUPS      64(CX), Z25
+	VMOVUPS      128(CX), Z26
+	VMOVUPS      192(CX), Z27
+	VBROADCASTSS (AX), Z28
+	VFMADD231PS  Z28, Z24, Z0
+	VFMADD231PS  Z28, Z25, Z1
+	VFMADD231PS  Z28, Z26, Z2
+	VFMADD231PS  Z28, Z27, Z3
+	VBROADCASTSS (AX)(DI*1), Z28
+	VFMADD231PS  Z28, Z24, Z4
+	VFMADD231PS  Z28, Z25, Z5
+	VFMADD231PS  Z28, Z26, Z6
+	VFMADD231PS  Z28, Z27, Z7
+	VBROADCASTSS (AX)(R8*1), Z28
+	VFMADD231PS  Z28, Z24, Z8
+	VFMADD231PS  Z28, Z25, Z9
+	VFMADD231PS  Z28, Z26, Z10
+	VFMADD231PS  Z28, Z27, Z11
+	VBROADCASTSS (AX)(R9*1), Z28
+	VFMADD231PS  Z28, Z24, Z12
+	VFMADD231PS  Z28, Z25, Z13
+	VFMADD231PS  Z28, Z26, Z14
+	VFMADD231PS  Z28, Z27, Z15
+	VBROADCASTSS (AX)(R10*1), Z28
+	VFMADD231PS  Z28, Z24, Z16
+	VFMADD231PS  Z28, Z25, Z17
+	VFMADD231PS  Z28, Z26, Z18
+	VFMADD231PS  Z28, Z27, Z19
+	VBROADCASTSS (AX)(R11*1), Z28
+	VFMADD231PS  Z28, Z24, Z20
+	VFMADD231PS  Z28, Z25, Z21
+	VFMADD231PS  Z28, Z26, Z22
+	VFMADD231PS  Z28, Z27, Z23
+	ADDQ         BX, AX
+	ADDQ         SI, CX
+	DECQ         DX
+	JNZ          attnGemmVNNI_6x4_loop
+
+attnGemmVNNI_6x4_store:
+	MOVQ    R12, R14
+	VMOVUPS Z0, (R14)
+	VMOVUPS Z1, 64(R14)
+	VMOVUPS Z2, 128(R14)
+	VMOVUPS Z3, 192(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z4, (R14)
+	VMOVUPS Z5, 64(R14)
+	VMOVUPS Z6, 128(R14)
+	VMOVUPS Z7, 192(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z8, (R14)
+	VMOVUPS Z9, 64(R14)
+	VMOVUPS Z10, 128(R14)
+	VMOVUPS Z11, 192(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z12, (R14)
+	VMOVUPS Z13, 64(R14)
+	VMOVUPS Z14, 128(R14)
+	VMOVUPS Z15, 192(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z16, (R14)
+	VMOVUPS Z17, 64(R14)
+	VMOVUPS Z18, 128(R14)
+	VMOVUPS Z19, 192(R14)
+	ADDQ    R13, R14
+	VMOVUPS Z20, (R14)
+	VMOVUPS Z21, 64(R14)
+	VMOVUPS Z22, 128(R14)
+	VMOVUPS Z23, 192(R14)
+	VZEROUPPER
+	RET
+
+// func attnSoftmaxVNNI(s *float32, kt int, nv int, ld uintptr, lim *int32, k0 int32, scale float32, mx *float32, l *float32, ms *float32, round int)
+// Requires: AVX, AVX512DQ, AVX512F
+TEXT ·attnSoftmaxVNNI(SB), NOSPLIT, $0-80
+	MOVQ s+0(FP), AX
+	MOVQ nv+16(FP), CX
+	MOVQ ld+24(FP), DX
+	MOVQ lim+32(FP), BX
+	MOVQ mx+48(FP), SI
+	MOVQ l+56(FP), DI
+	MOVQ ms+64(FP), R8
+
+attnSoftmaxVNNI_col:
+	VMOVDQU32    (BX), Z0
+	MOVL         k0+40(FP), R9
+	VMOVD        R9, X1
+	VPBROADCASTD X1, Z2
+	VMOVUPS      f_ninf<>+0(SB), Z3
+	VBROADCASTSS scale+44(FP), Z4
+	MOVQ         AX, R9
+	MOVQ         kt+8(FP), R10
+
+attnSoftmaxVNNI_max:
+	VMULPS       (R9), Z4, Z5
+	VPSUBD       Z2, Z0, Z6
+	VPSRAD       $0x1f, Z6, Z6
+	VANDNPS      Z5, Z6, Z5
+	VANDPS       f_ninf<>+0(SB), Z6, Z6
+	VORPS        Z6, Z5, Z5
+	VMOVUPS      Z5, (R9)
+	VMAXPS       Z5, Z3, Z3
+	VPADDD       i32_ones<>+0(SB), Z2, Z2
+	ADDQ         DX, R9
+	DECQ         R10
+	JNZ          attnSoftmaxVNNI_max
+	VMAXPS       (SI), Z3, Z3
+	VMOVUPS      (SI), Z2
+	VSUBPS       Z3, Z2, Z2
+	VMAXPS       f_exp_lo<>+0(SB), Z2, Z2
+	VMINPS       f_exp_hi<>+0(SB), Z2, Z2
+	VMOVUPS      f_exp_round<>+0(SB), Z4
+	VFMADD231PS  f_exp_log2e<>+0(SB), Z2, Z4
+	VSUBPS       f_exp_round<>+0(SB), Z4, Z5
+	VFNMADD231PS f_exp_ln2hi<>+0(SB), Z5, Z2
+	VFNMADD231PS f_exp_ln2lo<>+0(SB), Z5, Z2
+	VMULPS       Z2, Z2, Z5
+	VMOVUPS      f_exp_c4<>+0(SB), Z6
+	VFMADD231PS  f_exp_c5<>+0(SB), Z2, Z6
+	VMOVUPS      f_exp_c2<>+0(SB), Z7
+	VFMADD231PS  f_exp_c3<>+0(SB), Z2, Z7
+	VFMADD213PS  Z7, Z5, Z6
+	VMULPS       f_exp_c1<>+0(SB), Z2, Z7
+	VFMADD213PS  Z7, Z5, Z6
+	VPSLLD       $0x17, Z4, Z4
+	VPADDD       f_one<>+0(SB), Z4, Z4
+	VFMADD213PS  Z4, Z4, Z6
+	VMOVAPS      Z6, Z2
+	VMOVUPS      Z2, (R8)
+	VMOVUPS      Z3, (SI)
+	VMULPS       (DI), Z2, Z4
+	VPBROADCASTD X1, Z2
+	MOVQ         AX, R9
+	MOVQ         kt+8(FP), R10
+
+attnSoftmaxVNNI_exp:
+	VMOVUPS      (R9), Z1
+	VSUBPS       Z3, Z1, Z1
+	VMAXPS       f_exp_lo<>+0(SB), Z1, Z1
+	VMINPS       f_exp_hi<>+0(SB), Z1, Z1
+	VMOVUPS      f_exp_round<>+0(SB), Z5
+	VFMADD231PS  f_exp_log2e<>+0(SB), Z1, Z5
+	VSUBPS       f_exp_round<>+0(SB), Z5, Z6
+	VFNMADD231PS f_exp_ln2hi<>+0(SB), Z6, Z1
+	VFNMADD231PS f_exp_ln2lo<>+0(SB), Z6, Z1
+	VMULPS       Z1, Z1, Z6
+	VMOVUPS      f_exp_c4<>+0(SB), Z7
+	VFMADD231PS  f_exp_c5<>+0(SB), Z1, Z7
+	VMOVUPS      f_exp_c2<>+0(SB), Z8
+	VFMADD231PS  f_exp_c3<>+0(SB), Z1, Z8
+	VFMADD213PS  Z8, Z6, Z7
+	VMULPS       f_exp_c1<>+0(SB), Z1, Z8
+	VFMADD213PS  Z8, Z6, Z7
+	VPSLLD       $0x17, Z5, Z5
+	VPADDD       f_one<>+0(SB), Z5, Z5
+	VFMADD213PS  Z5, Z5, Z7
+	VMOVAPS      Z7, Z1
+	VPSUBD       Z2, Z0, Z5
+	VPSRAD       $0x1f, Z5, Z5
+	VANDNPS      Z1, Z5, Z1
+	VADDPS       Z1, Z4, Z4
+	CMPQ         round+72(FP), $0x00
+	JEQ          attnSoftmaxVNNI_noround
+	VCVTPS2PH    $0x00, Z1, Y1
+	VCVTPH2PS    Y1, Z1
+
+attnSoftmaxVNNI_noround:
+	VMOVUPS Z1, (R9)
+	VPADDD  i32_ones<>+0(SB), Z2, Z2
+	ADDQ    DX, R9
+	DECQ    R10
+	JNZ     attnSoftmaxVNNI_exp
+	VMOVUPS Z4, (DI)
+	ADDQ    $0x40, AX
+	ADDQ    $0x40, BX
+	ADDQ    $0x40, SI
+	ADDQ    $0x40, DI
+	ADDQ    $0x40, R8
+	DECQ    CX
+	JNZ     attnSoftmaxVNNI_col
+	VZEROUPPER
+	RET
+
+// func attnLoadF16VNNI(dst *float32, src *byte, stride uintptr, rows int, nv int)
+// Requires: AVX, AVX512F
+TEXT ·attnLoadF16VNNI(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), AX
+	MOVQ src+8(FP), CX
+	MOVQ stride+16(FP), DX
+	MOVQ rows+24(FP), BX
+
+attnLoadF16VNNI_row:
+	MOVQ CX, SI
+	MOVQ nv+32(FP), DI
+
+attnLoadF16VNNI_vec:
+	VCVTPH2PS (SI), Z0
+	VMOVUPS   Z0, (AX)
+	ADDQ      $0x20, SI
+	ADDQ      $0x40, AX
+	DECQ      DI
+	JNZ       attnLoadF16VNNI_vec
+	ADDQ      DX, CX
+	DECQ      BX
+	JNZ       attnLoadF16VNNI_row
+	VZEROUPPER
+	RET
+
+// func attnLoadQ80VNNI(dst *float32, src *byte, stride uintptr, rows int, nb int)
+// Requires: AVX, AVX2, AVX512F
+TEXT ·attnLoadQ80VNNI(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), AX
+	MOVQ src+8(FP), CX
+	MOVQ stride+16(FP), DX
+	MOVQ rows+24(FP), BX
+
+attnLoadQ80VNNI_row:
+	MOVQ CX, SI
+	MOVQ nb+32(FP), DI
+
+attnLoadQ80VNNI_block:
+	VPBROADCASTW (SI), Y0
+	VCVTPH2PS    Y0, Z0
+	VPMOVSXBD    2(SI), Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z0, Z1, Z1
+	VMOVUPS      Z1, (AX)
+	VPMOVSXBD    18(SI), Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z0, Z1, Z1
+	VMOVUPS      Z1, 64(AX)
+	ADDQ         $0x22, SI
+	ADDQ         $0x80, AX
+	DECQ         DI
+	JNZ          attnLoadQ80VNNI_block
+	ADDQ         DX, CX
+	DECQ         BX
+	JNZ          attnLoadQ80VNNI_row
+	VZEROUPPER
+	RET
+
+// func attnLoadQ40VNNI(dst *float32, src *byte, stride uintptr, rows int, nb int)
+// Requires: AVX, AVX2, AVX512F
+TEXT ·attnLoadQ40VNNI(SB), NOSPLIT, $0-40
+	MOVQ dst+0(FP), AX
+	MOVQ src+8(FP), CX
+	MOVQ stride+16(FP), DX
+	MOVQ rows+24(FP), BX
+
+attnLoadQ40VNNI_row:
+	MOVQ CX, SI
+	MOVQ nb+32(FP), DI
+
+attnLoadQ40VNNI_block:
+	VPBROADCASTW (SI), Y0
+	VCVTPH2PS    Y0, Z0
+	VPMOVZXBD    2(SI), Z1
+	VPANDD       i32_0f<>+0(SB), Z1, Z2
+	VPSRLD       $0x04, Z1, Z1
+	VPSUBD       i32_8<>+0(SB), Z2, Z2
+	VCVTDQ2PS    Z2, Z2
+	VMULPS       Z0, Z2, Z2
+	VMOVUPS      Z2, (AX)
+	VPSUBD       i32_8<>+0(SB), Z1, Z1
+	VCVTDQ2PS    Z1, Z1
+	VMULPS       Z0, Z1, Z1
+	VMOVUPS      Z1, 64(AX)
+	ADDQ         $0x12, SI
+	ADDQ         $0x80, AX
+	DECQ         DI
+	JNZ          attnLoadQ40VNNI_block
+	ADDQ         DX, CX
+	DECQ         BX
+	JNZ          attnLoadQ40VNNI_row
 	VZEROUPPER
 	RET
 

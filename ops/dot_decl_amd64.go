@@ -164,6 +164,91 @@ func cvtF16AVX2(dst *byte, src *float32, n int)
 //go:noescape
 func scaleRoundF16AVX2(x *float32, n int, scale float32)
 
+// attnGemmAVX2_1x1 adds a 1-row, 1-vector block of A·B to C (AVX2).
+//
+//go:noescape
+func attnGemmAVX2_1x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX2_1x2 adds a 1-row, 2-vector block of A·B to C (AVX2).
+//
+//go:noescape
+func attnGemmAVX2_1x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX2_2x1 adds a 2-row, 1-vector block of A·B to C (AVX2).
+//
+//go:noescape
+func attnGemmAVX2_2x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX2_2x2 adds a 2-row, 2-vector block of A·B to C (AVX2).
+//
+//go:noescape
+func attnGemmAVX2_2x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX2_3x1 adds a 3-row, 1-vector block of A·B to C (AVX2).
+//
+//go:noescape
+func attnGemmAVX2_3x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX2_3x2 adds a 3-row, 2-vector block of A·B to C (AVX2).
+//
+//go:noescape
+func attnGemmAVX2_3x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX2_4x1 adds a 4-row, 1-vector block of A·B to C (AVX2).
+//
+//go:noescape
+func attnGemmAVX2_4x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX2_4x2 adds a 4-row, 2-vector block of A·B to C (AVX2).
+//
+//go:noescape
+func attnGemmAVX2_4x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX2_5x1 adds a 5-row, 1-vector block of A·B to C (AVX2).
+//
+//go:noescape
+func attnGemmAVX2_5x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX2_5x2 adds a 5-row, 2-vector block of A·B to C (AVX2).
+//
+//go:noescape
+func attnGemmAVX2_5x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX2_6x1 adds a 6-row, 1-vector block of A·B to C (AVX2).
+//
+//go:noescape
+func attnGemmAVX2_6x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX2_6x2 adds a 6-row, 2-vector block of A·B to C (AVX2).
+//
+//go:noescape
+func attnGemmAVX2_6x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnSoftmaxAVX2 advances the online softmax of nv vectors of columns of a score tile (AVX2).
+//
+//go:noescape
+func attnSoftmaxAVX2(s *float32, kt int, nv int, ld uintptr, lim *int32, k0 int32, scale float32, mx *float32, l *float32, ms *float32, round int)
+
+// attnPrefetchRows prefetches lines cache lines of each of rows rows into L2.
+//
+//go:noescape
+func attnPrefetchRows(src *byte, stride uintptr, rows int, lines int)
+
+// attnLoadF16AVX2 converts rows of f16 values to float32 (AVX2).
+//
+//go:noescape
+func attnLoadF16AVX2(dst *float32, src *byte, stride uintptr, rows int, nv int)
+
+// attnLoadQ80AVX2 dequantizes rows of Q8_0 blocks to float32 (AVX2).
+//
+//go:noescape
+func attnLoadQ80AVX2(dst *float32, src *byte, stride uintptr, rows int, nb int)
+
+// attnLoadQ40AVX2 dequantizes rows of Q4_0 blocks to float32 (AVX2).
+//
+//go:noescape
+func attnLoadQ40AVX2(dst *float32, src *byte, stride uintptr, rows int, nb int)
+
 // mulQ4KAVXVNNI1 multiplies rows of weights by 1 activation row(s) (AVXVNNI).
 //
 //go:noescape
@@ -444,6 +529,146 @@ func cvtF16AVX512(dst *byte, src *float32, n int)
 //go:noescape
 func scaleRoundF16AVX512(x *float32, n int, scale float32)
 
+// attnGemmAVX512_1x1 adds a 1-row, 1-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_1x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_1x2 adds a 1-row, 2-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_1x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_1x3 adds a 1-row, 3-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_1x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_1x4 adds a 1-row, 4-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_1x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_2x1 adds a 2-row, 1-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_2x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_2x2 adds a 2-row, 2-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_2x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_2x3 adds a 2-row, 3-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_2x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_2x4 adds a 2-row, 4-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_2x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_3x1 adds a 3-row, 1-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_3x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_3x2 adds a 3-row, 2-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_3x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_3x3 adds a 3-row, 3-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_3x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_3x4 adds a 3-row, 4-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_3x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_4x1 adds a 4-row, 1-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_4x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_4x2 adds a 4-row, 2-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_4x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_4x3 adds a 4-row, 3-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_4x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_4x4 adds a 4-row, 4-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_4x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_5x1 adds a 5-row, 1-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_5x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_5x2 adds a 5-row, 2-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_5x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_5x3 adds a 5-row, 3-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_5x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_5x4 adds a 5-row, 4-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_5x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_6x1 adds a 6-row, 1-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_6x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_6x2 adds a 6-row, 2-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_6x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_6x3 adds a 6-row, 3-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_6x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmAVX512_6x4 adds a 6-row, 4-vector block of A·B to C (AVX512).
+//
+//go:noescape
+func attnGemmAVX512_6x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnSoftmaxAVX512 advances the online softmax of nv vectors of columns of a score tile (AVX512).
+//
+//go:noescape
+func attnSoftmaxAVX512(s *float32, kt int, nv int, ld uintptr, lim *int32, k0 int32, scale float32, mx *float32, l *float32, ms *float32, round int)
+
+// attnLoadF16AVX512 converts rows of f16 values to float32 (AVX512).
+//
+//go:noescape
+func attnLoadF16AVX512(dst *float32, src *byte, stride uintptr, rows int, nv int)
+
+// attnLoadQ80AVX512 dequantizes rows of Q8_0 blocks to float32 (AVX512).
+//
+//go:noescape
+func attnLoadQ80AVX512(dst *float32, src *byte, stride uintptr, rows int, nb int)
+
+// attnLoadQ40AVX512 dequantizes rows of Q4_0 blocks to float32 (AVX512).
+//
+//go:noescape
+func attnLoadQ40AVX512(dst *float32, src *byte, stride uintptr, rows int, nb int)
+
 // mulQ4KVNNI1 multiplies rows of weights by 1 activation row(s) (VNNI).
 //
 //go:noescape
@@ -648,6 +873,146 @@ func cvtF16VNNI(dst *byte, src *float32, n int)
 //
 //go:noescape
 func scaleRoundF16VNNI(x *float32, n int, scale float32)
+
+// attnGemmVNNI_1x1 adds a 1-row, 1-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_1x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_1x2 adds a 1-row, 2-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_1x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_1x3 adds a 1-row, 3-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_1x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_1x4 adds a 1-row, 4-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_1x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_2x1 adds a 2-row, 1-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_2x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_2x2 adds a 2-row, 2-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_2x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_2x3 adds a 2-row, 3-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_2x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_2x4 adds a 2-row, 4-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_2x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_3x1 adds a 3-row, 1-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_3x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_3x2 adds a 3-row, 2-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_3x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_3x3 adds a 3-row, 3-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_3x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_3x4 adds a 3-row, 4-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_3x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_4x1 adds a 4-row, 1-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_4x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_4x2 adds a 4-row, 2-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_4x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_4x3 adds a 4-row, 3-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_4x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_4x4 adds a 4-row, 4-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_4x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_5x1 adds a 5-row, 1-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_5x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_5x2 adds a 5-row, 2-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_5x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_5x3 adds a 5-row, 3-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_5x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_5x4 adds a 5-row, 4-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_5x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_6x1 adds a 6-row, 1-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_6x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_6x2 adds a 6-row, 2-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_6x2(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_6x3 adds a 6-row, 3-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_6x3(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnGemmVNNI_6x4 adds a 6-row, 4-vector block of A·B to C (VNNI).
+//
+//go:noescape
+func attnGemmVNNI_6x4(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
+
+// attnSoftmaxVNNI advances the online softmax of nv vectors of columns of a score tile (VNNI).
+//
+//go:noescape
+func attnSoftmaxVNNI(s *float32, kt int, nv int, ld uintptr, lim *int32, k0 int32, scale float32, mx *float32, l *float32, ms *float32, round int)
+
+// attnLoadF16VNNI converts rows of f16 values to float32 (VNNI).
+//
+//go:noescape
+func attnLoadF16VNNI(dst *float32, src *byte, stride uintptr, rows int, nv int)
+
+// attnLoadQ80VNNI dequantizes rows of Q8_0 blocks to float32 (VNNI).
+//
+//go:noescape
+func attnLoadQ80VNNI(dst *float32, src *byte, stride uintptr, rows int, nb int)
+
+// attnLoadQ40VNNI dequantizes rows of Q4_0 blocks to float32 (VNNI).
+//
+//go:noescape
+func attnLoadQ40VNNI(dst *float32, src *byte, stride uintptr, rows int, nb int)
 
 // amxQ4K adds one group of 16 repacked Q4_K rows times the prepared activations into out, with AMX tiles (see ops/_asm/amx.go).
 //

@@ -150,16 +150,27 @@ func TestAttention(t *testing.T) {
 	const nh, nkv, hs, pos0, nTok = 8, 2, 16, 5, 4
 	a := &Attention{NHeads: nh, NKVHeads: nkv, HeadSize: hs, Scale: DefaultScale(hs)}
 	for _, f16 := range []bool{false, true} {
-		kv := NewKVLayer(16, nkv*hs, f16)
+		typ := KVF32
+		if f16 {
+			typ = KVF16
+		}
+		kv, err := NewKVLayer(16, nkv, hs, typ)
+		if err != nil {
+			t.Fatal(err)
+		}
 		keys := make([][]float32, pos0+nTok)
 		vals := make([][]float32, pos0+nTok)
 		for p := range keys {
 			keys[p], vals[p] = randVec(r, nkv*hs, 1), randVec(r, nkv*hs, 1)
-			kv.Store(p, keys[p], vals[p])
+			if err := kv.Store(p, keys[p], vals[p]); err != nil {
+				t.Fatal(err)
+			}
 		}
 		q := randVec(r, nTok*nh*hs, 1)
 		out := make([]float32, nTok*nh*hs)
-		a.Run(NewPool(3), kv, q, out, nTok, pos0)
+		if err := a.RunContiguous(NewPool(3), kv, q, out, nTok, pos0); err != nil {
+			t.Fatal(err)
+		}
 		want := make([]float64, len(out))
 		for tk := 0; tk < nTok; tk++ {
 			for h := 0; h < nh; h++ {

@@ -54,9 +54,6 @@ type Backend struct {
 	step    uint64     // steps begun
 	prof    *opProfile // Options.Profile; nil when off
 	notes   backend.Notes
-	// gathered holds a sequence's keys and values in order when its
-	// blocks are not (attention).
-	gathered *ops.KVLayer
 }
 
 // New sizes the buffers, scratch and KV caches of the ops that may run on
@@ -89,7 +86,7 @@ func New(w *Weights, pool *ops.Pool, opt Options) (*Backend, error) {
 				b.attns[op.Attn] = opsAttention(op.Attn)
 			}
 			if b.kv[op.Layer] == nil {
-				kv, err := newKVLayer(opt.KV, op.Attn.KVWidth())
+				kv, err := newKVLayer(opt.KV, op.Attn)
 				if err != nil {
 					return nil, err
 				}

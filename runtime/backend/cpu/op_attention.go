@@ -9,78 +9,47 @@ import (
 )
 
 // attention stores the batch's keys and values in the layer's cache, each
-// token at its sequence's cell for its position, then attends: each run
-// of one sequence's tokens over that sequence's cells.
+// token at its sequence's cell for its position, then attends: the tiled
+// kernel reads every sequence's cells through its block table, all the
+// batch's sequences in one call.
 func (b *Backend) attention(op *ir.Op, bt *ir.Batch, n int) error {
 	kv := b.kv[op.Layer]
-	for t := 0; t < n; t++ {
-		kv.Store(bt.Cell(t), b.row(op.In2, t), b.row(op.In3, t))
-	}
-	a := b.attns[op.Attn]
-	qw := b.prog.Bufs[op.In].Width
+	ab := &ops.AttnBatch{Pos: bt.Pos[:n], Seq: bt.Seq[:n], Tables: bt.Tables, Block: bt.Block}
+	kw, vw := b.prog.Bufs[op.In2].Width, b.prog.Bufs[op.In3].Width
 	var err error
-	bt.Runs(func(seq, lo, hi int) {
-		if err != nil {
-			return
+	if kw == kv.Width && vw == kv.Width {
+		err = kv.StoreBatch(b.pool, ab, b.bufs[op.In2][:n*kw], b.bufs[op.In3][:n*vw])
+	} else {
+		for t := 0; t < n && err == nil; t++ {
+			err = kv.Store(ab.Cell(t), b.row(op.In2, t)[:kv.Width], b.row(op.In3, t)[:kv.Width])
 		}
-		q, out := b.bufs[op.In][lo*qw:hi*qw], b.bufs[op.Out][lo*qw:hi*qw]
-		pos0 := int(bt.Pos[lo])
-		cache := kv
-		if !contiguous(bt.Tables[seq], pos0+hi-lo, bt.Block) {
-			// The kernel reads positions 0..p as rows 0..p: gather the
-			// sequence's rows when its blocks are not in order.
-			if cache, err = b.gather(kv, bt.Tables[seq], pos0+hi-lo, bt.Block); err != nil {
-				return
-			}
-		}
-		a.Run(b.pool, cache, q, out, hi-lo, pos0)
-	})
-	return err
+	}
+	if err != nil {
+		return fmt.Errorf("cpu: layer %d's KV cache: %w", op.Layer, err)
+	}
+	qw := b.prog.Bufs[op.In].Width
+	if err := b.attns[op.Attn].Run(b.pool, kv, b.bufs[op.In][:n*qw], b.bufs[op.Out][:n*qw], ab); err != nil {
+		return fmt.Errorf("cpu: layer %d's attention: %w", op.Layer, err)
+	}
+	return nil
 }
 
-// contiguous says whether the first n positions of a table lie in rows
-// 0..n-1.
-func contiguous(table []int32, n, block int) bool {
-	for k := 0; k*block < n; k++ {
-		if int(table[k]) != k {
-			return false
-		}
-	}
-	return true
-}
+// kvTypes are the CPU kernels' cache types, by the engine's.
+var kvTypes = map[kvcache.Type]ops.KVType{kvcache.F16: ops.KVF16, kvcache.Q8_0: ops.KVQ8_0, kvcache.Q4_0: ops.KVQ4_0, kvcache.F32: ops.KVF32}
 
-// gather copies the first n positions of a sequence into the backend's
-// gather cache, in order.
-func (b *Backend) gather(kv *ops.KVLayer, table []int32, n, block int) (*ops.KVLayer, error) {
-	g := b.gathered
-	if g == nil || g.Ctx < n || g.Width != kv.Width || g.F16 != kv.F16 {
-		g = ops.NewKVLayer(kv.Ctx, kv.Width, kv.F16)
-		b.gathered = g
+// newKVLayer makes the cache of an attention layer: every cell of the
+// engine's cache (whole blocks), in its type.
+func newKVLayer(kv kvcacheSpec, a *ir.Attention) (*ops.KVLayer, error) {
+	t, ok := kvTypes[kv.Type]
+	if !ok {
+		return nil, fmt.Errorf("cpu: a %s KV cache is not supported by this build's attention", kv.Type)
 	}
-	w := kv.Width
-	for p := 0; p < n; p += block {
-		src, dst := int(table[p/block])*block*w, p*w
-		m := min(block, n-p) * w
-		if kv.F16 {
-			copy(g.K16[dst:dst+m], kv.K16[src:src+m])
-			copy(g.V16[dst:dst+m], kv.V16[src:src+m])
-		} else {
-			copy(g.K32[dst:dst+m], kv.K32[src:src+m])
-			copy(g.V32[dst:dst+m], kv.V32[src:src+m])
-		}
+	rows := (kv.Rows + kvcache.DefaultBlock - 1) / kvcache.DefaultBlock * kvcache.DefaultBlock
+	l, err := ops.NewKVLayer(rows, a.NKVHeads, a.HeadSize, t)
+	if err != nil {
+		return nil, fmt.Errorf("cpu: %w", err)
 	}
-	return g, nil
-}
-
-// newKVLayer makes the cache of a layer of width values a row.
-func newKVLayer(kv kvcacheSpec, width int) (*ops.KVLayer, error) {
-	switch kv.Type {
-	case kvcache.F16:
-		return ops.NewKVLayer(kv.Rows, width, true), nil
-	case kvcache.F32:
-		return ops.NewKVLayer(kv.Rows, width, false), nil
-	}
-	return nil, fmt.Errorf("cpu: a %s KV cache is not supported by this build's attention", kv.Type)
+	return l, nil
 }
 
 // opsAttention is a as the CPU's kernels take it.

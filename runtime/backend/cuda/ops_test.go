@@ -520,14 +520,15 @@ func TestGPUOps(t *testing.T) {
 			width := c.kv * c.hs
 			k, v := g.randn(total*width, 1), g.randn(total*width, 1)
 			q := g.randn(c.nTok*c.heads*c.hs, 1)
-			kv := ops.NewKVLayer(total, width, true)
+			kv, err := ops.NewKVLayer(total, c.kv, c.hs, ops.KVF16)
+			g.check(err)
 			for p := 0; p < total; p++ {
-				kv.Store(p, k[p*width:(p+1)*width], v[p*width:(p+1)*width])
+				g.check(kv.Store(p, k[p*width:(p+1)*width], v[p*width:(p+1)*width]))
 			}
 			want := make([]float32, len(q))
 			pool := ops.NewPool(2)
 			defer pool.Close()
-			a.Run(pool, kv, q, want, c.nTok, c.pos0)
+			g.check(a.RunContiguous(pool, kv, q, want, c.nTok, c.pos0))
 
 			ctx := max(total, c.splitCtx)
 			kc, vc := g.alloc(2*ctx*width), g.alloc(2*ctx*width)
