@@ -169,6 +169,15 @@ func (p *pullProgress) Waiting(name string) {
 	fmt.Fprintf(p.w, "ats: pull: another pull of %s is running; waiting for it to finish\n", name)
 }
 
+// Verifying: the file is read back from the disk for its sha256.
+func (p *pullProgress) Verifying(name string, size int64) {
+	if p.bar != nil {
+		p.bar.Finish()
+		p.bar = nil
+	}
+	fmt.Fprintf(p.w, "%s: checking the sha256 of the %s on disk\n", name, sizeStr(size))
+}
+
 func (p *pullProgress) Retry(err error, wait time.Duration) {
 	if p.bar != nil {
 		p.bar.Clear()
@@ -268,8 +277,11 @@ names works wherever a model file does (ats run NAME, -m NAME).`,
 				}
 				tw.Flush()
 			}
-			if parts, _ := st.Partial(); len(parts) > 0 {
-				fmt.Fprintf(stderr, "%d unfinished download(s) in %s: ats pull the same model again to resume\n", len(parts), st.Dir)
+			if us, _ := st.Unfinished(); len(us) > 0 {
+				fmt.Fprintf(stderr, "unfinished downloads (ats pull the same model again to resume it, ats rm NAME to delete it):\n")
+				for _, u := range us {
+					fmt.Fprintf(stderr, "  %s: %s so far\n", u.Name, sizeStr(u.Bytes))
+				}
 			}
 			return nil
 		},
@@ -283,7 +295,7 @@ func newRmCmd() *cobra.Command {
 		Use:               "rm NAME...",
 		Aliases:           []string{"remove"},
 		Short:             "Delete pulled models",
-		Long:              "rm deletes pulled models (by any of their names) and their files from the models directory.",
+		Long:              "rm deletes pulled models (by any of their names) and their files from the models directory, and unfinished downloads (by the names ats list shows for them).",
 		Args:              cobra.MinimumNArgs(1),
 		ValidArgsFunction: completePulled,
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -293,6 +305,14 @@ func newRmCmd() *cobra.Command {
 			}
 			for _, name := range args {
 				m, err := st.Remove(name)
+				var nf *hub.NotFoundError
+				if errors.As(err, &nf) {
+					// Not a model: perhaps a download that did not finish.
+					if u, uerr := st.RemoveUnfinished(name); uerr == nil {
+						fmt.Fprintf(cmd.OutOrStdout(), "removed the unfinished download of %s (%s)\n", u.Name, sizeStr(u.Bytes))
+						continue
+					}
+				}
 				if err != nil {
 					return fmt.Errorf("rm: %w", err)
 				}
