@@ -32,6 +32,7 @@ per byte, and streams or computes the rest on the CPU.`,
 	// The model commands' shared habits (model_args.go): the model as an
 	// argument or a pulled name, -ngl, -v, value completion.
 	adaptModelCommands(root)
+	checkFlagBounds(root) // flag_bounds.go
 	return root
 }
 

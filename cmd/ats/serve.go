@@ -25,6 +25,7 @@ func init() {
 		var (
 			modelPath, host, apiKey, alias string
 			corsOrigins                    string
+			allowedHosts                   []string
 			port, ctxSize, thrds, queue    int
 			pf                             placementFlags
 			grace                          time.Duration
@@ -50,7 +51,11 @@ requests that leave a setting out.
 Beyond loopback, set --api-key (or $ATS_API_KEY): clients then send
 "Authorization: Bearer KEY". Web pages of other origins may call the API
 from a browser when --cors allows their origin (default: pages on
-localhost); the API key is still required.
+localhost); the API key is still required. Requests must name this server
+in their Host header: localhost, a loopback address or the address they
+reached; a server reached by a name (ats.example.com, behind a proxy) needs
+--allowed-hosts with that name. Other Hosts get 403: that is what a web
+page that points its own domain at this server (DNS rebinding) sends.
 
 On SIGINT or SIGTERM the server stops taking requests, lets running ones
 finish for --shutdown-grace (meanwhile /health answers 503 and new
@@ -75,6 +80,9 @@ once.`,
 				if err != nil {
 					return fmt.Errorf("serve: --cors: %w", err)
 				}
+				if _, err := server.ParseAllowedHosts(allowedHosts); err != nil {
+					return fmt.Errorf("serve: --allowed-hosts: %w", err)
+				}
 				stderr := cmd.ErrOrStderr()
 				level := slog.LevelWarn
 				if verbose {
@@ -97,7 +105,7 @@ once.`,
 				if alias == "" {
 					alias = strings.TrimSuffix(filepath.Base(modelPath), ".gguf")
 				}
-				scfg := server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: server.NVMLStats, PProf: pprof, CORS: cors}
+				scfg := server.Config{ModelName: alias, APIKey: apiKey, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: server.NVMLStats, PProf: pprof, CORS: cors, AllowedHosts: allowedHosts}
 				starting := server.Listen(ln, scfg)
 				url, remote := serveURLs(ln.Addr())
 				fmt.Fprintf(stderr, "ats: listening on %s; loading the model (/health answers 503 until it is ready)\n", url)
@@ -171,6 +179,7 @@ once.`,
 		f.StringVar(&apiKey, "api-key", "", "require this key as \"Authorization: Bearer KEY\" (default $ATS_API_KEY)")
 		f.StringVar(&alias, "alias", "", "model id in the API (default: the file name without .gguf)")
 		f.StringVar(&corsOrigins, "cors", server.DefaultCORS, "origins whose web pages may call the API from a browser: comma-separated origins (https://app.example.com), localhost (any port), * (all) or none")
+		f.StringSliceVar(&allowedHosts, "allowed-hosts", nil, "host names the server answers to besides localhost, loopback and the address it listens on: names (ats.example.com), domains (.example.com), addresses, or * (any: behind a proxy that checks the Host)")
 		f.IntVarP(&ctxSize, "ctx-size", "c", 0, "context size in tokens (0: the model's, at most 4096)")
 		f.IntVarP(&thrds, "threads", "t", 0, "CPU threads (0: all cores)")
 		pf.register(f)
