@@ -12,10 +12,9 @@ import (
 // holds what it sent for the read timeout: without a bound over all of
 // them, a few hundred stalled bodies take gigabytes (issue 33). The bytes
 // of the bodies being read are counted against MaxBodiesBytes as they
-// arrive (all of a declared Content-Length at once); a body that would
-// pass it gets 503 and its connection is closed, and the bytes are given
-// back once the body is decoded. The read timeout (ReadTimeout) bounds
-// how long a body may take.
+// arrive; a body that would pass it gets 503 and its connection is
+// closed, and the bytes are given back once the body is decoded. The read
+// timeout (ReadTimeout) bounds how long a body may take.
 
 // bodyBudget counts the bytes of request bodies in memory.
 type bodyBudget struct {
@@ -56,17 +55,14 @@ var errBodiesFull = errors.New("too many request bodies in memory")
 const bodyChunk = 64 << 10
 
 // readAll reads a body of at most limit bytes (r already enforces it)
-// within the budget. The caller gives back held once done with the bytes.
+// within the budget. The buffer grows (doubling, up to the declared
+// Content-Length) as bytes arrive, and only then takes from the budget:
+// a client must send the bytes it holds, declaring a length is not
+// enough. The caller gives back held once done with the bytes.
 func (b *bodyBudget) readAll(r io.Reader, contentLength, limit int64) (body []byte, held int64, err error) {
-	if contentLength > 0 {
-		// Reserve what the client declared, up to the limit (a longer
-		// body fails at the limit anyway).
-		n := min(contentLength, limit)
-		if !b.take(n) {
-			return nil, 0, errBodiesFull
-		}
-		held = n
-		body = make([]byte, 0, n)
+	most := limit + 1 // the reader fails past limit
+	if contentLength >= 0 {
+		most = min(contentLength, most)
 	}
 	var probe [1]byte
 	for {
@@ -83,7 +79,7 @@ func (b *bodyBudget) readAll(r io.Reader, contentLength, limit int64) (body []by
 				}
 				continue
 			}
-			size := min(max(2*int64(cap(body)), int64(cap(body))+bodyChunk), limit+1)
+			size := min(max(2*int64(cap(body)), int64(cap(body))+bodyChunk), max(most, int64(len(body))+1))
 			if !b.take(size - held) {
 				return nil, held, errBodiesFull
 			}

@@ -201,7 +201,8 @@ func TestCancelledRequestMetrics(t *testing.T) {
 
 // Issue 33: request bodies are bounded over all connections, not only
 // each: stalled bodies hold at most MaxBodiesBytes, the next one gets 503
-// at once, and the memory comes back when the read timeout ends them.
+// at once, and the memory comes back when the read timeout ends them. A
+// declared length takes nothing until its bytes come.
 func TestBodiesBoundedAcrossConnections(t *testing.T) {
 	sess := oracleSession(t, "tiny-qwen3-q4_k_m.gguf")
 	const each, all = 1 << 20, 4 << 20
@@ -230,8 +231,8 @@ func TestBodiesBoundedAcrossConnections(t *testing.T) {
 		}
 		return c, bufio.NewReader(c)
 	}
-	// Four declared bodies take the budget; so does the first chunk of a
-	// body of unknown length, as it arrives.
+	// Four bodies, of declared length and not, take the budget as their
+	// bytes arrive.
 	var conns []*bufio.Reader
 	for i := range 4 {
 		_, r := stall(i%2 == 1)
@@ -252,6 +253,18 @@ func TestBodiesBoundedAcrossConnections(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusServiceUnavailable || time.Since(start) > time.Second {
 		t.Errorf("the fifth body: %d after %v, want 503 at once", resp.StatusCode, time.Since(start))
+	}
+	// Declaring a length takes nothing before the bytes come.
+	c2, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	inUse := s.bodies.inUse()
+	fmt.Fprintf(c2, "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n", each)
+	time.Sleep(200 * time.Millisecond)
+	if n := s.bodies.inUse(); n != inUse {
+		t.Errorf("a declared, unsent body took %d bytes", n-inUse)
 	}
 	// The read timeout ends the stalled ones and gives the budget back.
 	for i, r := range conns {
