@@ -61,6 +61,7 @@ type Part struct {
 	Mapped     bool   // Data is an mmap, not a heap copy
 	Tail       []byte // padding after the last tensor (or the header), kept for exact round trips
 	unmap      func() error
+	stamp      fileStamp // the file when opened (changed.go)
 }
 
 // File is an opened model: one GGUF file, or every part of a split model
@@ -188,7 +189,7 @@ func checkPart(p *Part, i, count int) error {
 }
 
 func openPart(path string) (*Part, error) {
-	data, unmap, mapped, err := mapFile(path)
+	data, unmap, mapped, stamp, err := mapFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("gguf: %w", err)
 	}
@@ -198,7 +199,7 @@ func openPart(path string) (*Part, error) {
 		return nil, err
 	}
 	return &Part{Path: path, Version: h.version, KVs: h.kvs, Tensors: h.tensors, Alignment: h.alignment,
-		DataOffset: h.dataOffset, Data: data, Mapped: mapped, Tail: h.tail, unmap: unmap}, nil
+		DataOffset: h.dataOffset, Data: data, Mapped: mapped, Tail: h.tail, unmap: unmap, stamp: stamp}, nil
 }
 
 // Parse reads a GGUF image that is already in memory. The File's tensor
@@ -262,31 +263,42 @@ func (f *File) Size() int64 {
 }
 
 // mapFile maps path read-only, or reads it where mapping is unavailable.
-func mapFile(path string) (b []byte, unmap func() error, mapped bool, err error) {
+// stamp records the file as it was, for File.Changed.
+func mapFile(path string) (b []byte, unmap func() error, mapped bool, stamp fileStamp, err error) {
 	fd, err := os.Open(path)
 	if err != nil {
-		return nil, nil, false, err
+		return nil, nil, false, stamp, err
 	}
-	defer fd.Close()
+	keep := false // the descriptor stays open with the mapping (Changed reads it)
+	defer func() {
+		if !keep {
+			fd.Close()
+		}
+	}()
 	st, err := fd.Stat()
 	if err != nil {
-		return nil, nil, false, err
+		return nil, nil, false, stamp, err
 	}
 	if !st.Mode().IsRegular() {
-		return nil, nil, false, fmt.Errorf("%s: not a regular file", path)
+		return nil, nil, false, stamp, fmt.Errorf("%s: not a regular file", path)
 	}
 	size := st.Size()
 	if size == 0 {
-		return nil, nil, false, &ParseError{File: path, Offset: 0, Field: "magic", Msg: "empty file"}
+		return nil, nil, false, stamp, &ParseError{File: path, Offset: 0, Field: "magic", Msg: "empty file"}
 	}
+	stamp = fileStamp{path: path, size: size, mod: st.ModTime()}
 	if b, unmap, err := mmap(fd, size); err == nil {
-		return b, unmap, true, nil
+		if keepDescriptor {
+			keep, stamp.fd = true, fd
+			return b, func() error { return errors.Join(unmap(), fd.Close()) }, true, stamp, nil
+		}
+		return b, unmap, true, stamp, nil
 	}
 	b = make([]byte, size)
 	if _, err := fd.ReadAt(b, 0); err != nil {
-		return nil, nil, false, fmt.Errorf("%s: %w", path, err)
+		return nil, nil, false, stamp, fmt.Errorf("%s: %w", path, err)
 	}
-	return b, func() error { return nil }, false, nil
+	return b, func() error { return nil }, false, stamp, nil
 }
 
 // ReleasePages tells the operating system that the process no longer

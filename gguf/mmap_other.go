@@ -12,3 +12,6 @@ func mmap(*os.File, int64) ([]byte, func() error, error) {
 }
 
 func releasePages([]byte) error { return errors.ErrUnsupported }
+
+// keepDescriptor: nothing is mapped here.
+const keepDescriptor = false

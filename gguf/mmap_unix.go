@@ -23,3 +23,6 @@ func mmap(f *os.File, size int64) ([]byte, func() error, error) {
 // mapping) from the process: MADV_DONTNEED on a file mapping never loses
 // data, the next read faults the file's pages back in.
 func releasePages(b []byte) error { return unix.Madvise(b, unix.MADV_DONTNEED) }
+
+// keepDescriptor: the descriptor of a mapped file stays open, for Changed.
+const keepDescriptor = true

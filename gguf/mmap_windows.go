@@ -31,3 +31,7 @@ func mmap(f *os.File, size int64) ([]byte, func() error, error) {
 // releasePages leaves the pages be (Windows trims a read-only view's
 // working set itself under memory pressure) and says so.
 func releasePages([]byte) error { return errors.ErrUnsupported }
+
+// keepDescriptor: Windows does not let a mapped file be truncated, and an
+// open descriptor would keep it from being renamed; Changed stats the path.
+const keepDescriptor = false

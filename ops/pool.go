@@ -2,6 +2,7 @@ package ops
 
 import (
 	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,10 @@ type poolJob struct {
 	// the last chunks; whoever finishes the last one sends the token.
 	waiting atomic.Int32
 	wake    chan struct{}
+	// panicked holds the first panic of a chunk, which Run raises again
+	// on its caller: a worker goroutine has no one to recover it, so it
+	// would take the process down.
+	panicked atomic.Pointer[any]
 }
 
 type poolWorker struct {
@@ -100,8 +105,14 @@ func NewPool(threads int) *Pool {
 }
 
 // work is a worker's loop: wait for a new generation, help with its chunks.
+//
+// The kernels read the weights from the mapped model file, and a file
+// truncated while in use turns those reads into faults (SIGBUS): with
+// SetPanicOnFault they panic instead of killing the process, and the panic
+// reaches Run's caller, which can report it (the server does).
 func (p *Pool) work(w *poolWorker) {
 	defer p.wg.Done()
+	debug.SetPanicOnFault(true)
 	seen := p.cur.Load()
 	for {
 		j := p.waitJob(w, seen)
@@ -183,11 +194,22 @@ func (j *poolJob) help() {
 		if !j.next.CompareAndSwap(lo, hi) {
 			continue
 		}
-		j.fn(int(lo), int(hi))
+		j.run(lo, hi)
+	}
+}
+
+// run calls fn on a chunk and counts it done, even when fn panics (the
+// panic is kept for Run to raise): Run must not wait forever.
+func (j *poolJob) run(lo, hi int64) {
+	defer func() {
+		if r := recover(); r != nil {
+			j.panicked.CompareAndSwap(nil, &r)
+		}
 		if j.done.Add(hi-lo) == j.n && j.waiting.CompareAndSwap(1, 0) {
 			j.wake <- struct{}{}
 		}
-	}
+	}()
+	j.fn(int(lo), int(hi))
 }
 
 // Threads is the number of threads the pool runs on.
@@ -254,6 +276,9 @@ func (p *Pool) run(n, size int, guided bool, fn func(lo, hi int)) {
 	}
 	j.help()
 	p.waitDone(j)
+	if r := j.panicked.Load(); r != nil {
+		panic(*r)
+	}
 }
 
 // waitDone returns when every chunk of j is finished. The helpers still on

@@ -255,22 +255,26 @@ func (c *chatSession) answer(parent context.Context, user string) error {
 	// Older exchanges are dropped from a copy: if the message is too long
 	// even alone, the conversation stays as it was.
 	history, dropped := c.history, 0
+	tooLong := false
 	for {
-		var err error
-		prompt, err = c.sess.RenderChat(c.messagesWith(history, user), chat.Options{AddGenerationPrompt: true, Vars: c.vars()})
+		p, err := c.sess.RenderPrompt(c.messagesWith(history, user), chat.Options{AddGenerationPrompt: true, Vars: c.vars()})
 		if err != nil {
 			c.note("error: %v", err)
 			return nil
 		}
-		ids = c.sess.EncodeChat(prompt)
-		if len(ids)+reserve <= ctxSize || len(history) < 2 {
+		prompt = p.Text
+		// The template's special tokens are parsed, the messages' are
+		// text; a prompt past the context stops being tokenized there.
+		ids, err = chat.EncodePrompt(c.sess.Tok, p, ctxSize-1)
+		tooLong = err != nil
+		if !tooLong && len(ids)+reserve <= ctxSize || len(history) < 2 {
 			break
 		}
 		history = history[2:]
 		dropped++
 	}
-	if len(ids) >= ctxSize {
-		c.note("this message is too long: %d tokens, and the context holds %d (start ats chat with a larger --ctx-size); the conversation is kept", len(ids), ctxSize)
+	if tooLong {
+		c.note("this message is too long for the context of %d tokens (start ats chat with a larger --ctx-size); the conversation is kept", ctxSize)
 		return nil
 	}
 	if dropped > 0 {

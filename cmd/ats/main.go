@@ -35,6 +35,7 @@ per byte, and streams or computes the rest on the CPU.`,
 	// llama.cpp's flags ats does not have, named as typed (llama_flags.go).
 	root.SetFlagErrorFunc(flagError)
 	setPlaceholders(root)
+	checkFlagBounds(root) // flag_bounds.go
 	return root
 }
 

@@ -176,6 +176,15 @@ func (p *pullProgress) Waiting(name string) {
 	fmt.Fprintf(p.w, "ats: pull: another pull of %s is running; waiting for it to finish\n", name)
 }
 
+// Verifying: the file is read back from the disk for its sha256.
+func (p *pullProgress) Verifying(name string, size int64) {
+	if p.bar != nil {
+		p.bar.Finish()
+		p.bar = nil
+	}
+	fmt.Fprintf(p.w, "%s: checking the sha256 of the %s on disk\n", name, sizeStr(size))
+}
+
 func (p *pullProgress) Retry(err error, wait time.Duration) {
 	if p.bar != nil {
 		p.bar.Clear()
@@ -276,9 +285,9 @@ names works wherever a model file does (ats run NAME, -m NAME).`,
 				tw.Flush()
 			}
 			if us, _ := st.Unfinished(); len(us) > 0 {
-				fmt.Fprintf(stderr, "unfinished downloads (ats pull NAME resumes one, ats rm NAME deletes it):\n")
+				fmt.Fprintf(stderr, "unfinished downloads (ats pull the same model again to resume it, ats rm NAME to delete it):\n")
 				for _, u := range us {
-					fmt.Fprintf(stderr, "  %s\t%s so far\n", u.Name, sizeStr(u.Bytes))
+					fmt.Fprintf(stderr, "  %s: %s so far\n", u.Name, sizeStr(u.Bytes))
 				}
 			}
 			return nil

@@ -13,6 +13,7 @@ import (
 
 	"github.com/atsinfer/ats/runtime/session"
 	"github.com/atsinfer/ats/runtime/text/chat"
+	"github.com/atsinfer/ats/runtime/text/tokenizer"
 )
 
 func init() {
@@ -84,8 +85,13 @@ MODEL (or -m MODEL) is a GGUF file or the name of a pulled model.`,
 				if err := checkRepeatWindow(cfg.RepeatLastN, s.CtxSize()); err != nil {
 					return fmt.Errorf("run: --repeat-last-n: %w", err)
 				}
-				text := prompt
-				if !raw {
+				// A prompt the context cannot hold is refused as soon as
+				// that is known, before its tokens take memory.
+				limit := s.CtxSize() - 1
+				var ids []int
+				if raw {
+					ids, err = s.Tok.EncodeWith(prompt, tokenizer.EncodeOptions{AddBOS: s.Tok.AddBOS(), MaxTokens: limit})
+				} else {
 					var msgs []chat.Message
 					if system != "" {
 						msgs = append(msgs, chat.Message{Role: "system", Content: system})
@@ -95,14 +101,16 @@ MODEL (or -m MODEL) is a GGUF file or the name of a pulled model.`,
 					if cmd.Flags().Changed("think") {
 						opt.Vars = map[string]any{"enable_thinking": think}
 					}
-					if text, err = s.RenderChat(msgs, opt); err != nil {
+					var p chat.Prompt
+					if p, err = s.RenderPrompt(msgs, opt); err != nil {
 						return fmt.Errorf("run: %w (use --raw to send the prompt as it is)", err)
 					}
+					// The template's own special tokens are parsed; the
+					// prompt's are text.
+					ids, err = chat.EncodePrompt(s.Tok, p, limit)
 				}
-				// A chat-rendered prompt carries its own special tokens.
-				ids := s.Tok.Encode(text, s.Tok.AddBOS(), false)
-				if !raw {
-					ids = s.EncodeChat(text)
+				if err != nil {
+					return fmt.Errorf("run: %w; the context holds %d tokens (-c sets it)", err, s.CtxSize())
 				}
 				if len(ids) == 0 {
 					return errors.New("run: the prompt is empty")

@@ -45,9 +45,9 @@ func (s *samplingFlags) config() (sampler.Config, error) {
 		if i <= 0 {
 			return cfg, fmt.Errorf("--logit-bias %q: want TOKEN+BIAS or TOKEN-BIAS", lb)
 		}
-		tok, err := strconv.Atoi(lb[:i])
+		tok, err := sampler.ParseTokenID(lb[:i])
 		if err != nil {
-			return cfg, fmt.Errorf("--logit-bias %q: %q is not a token id", lb, lb[:i])
+			return cfg, fmt.Errorf("--logit-bias %q: %w", lb, err)
 		}
 		var bias float64
 		if v := strings.ToLower(lb[i+1:]); v == "inf" {

@@ -30,6 +30,7 @@ func init() {
 			embeddings                     bool
 			pooling                        string
 			corsOrigins                    string
+			allowedHosts                   []string
 			port, ctxSize, thrds, queue    int
 			parallel                       int
 			pf                             placementFlags
@@ -60,7 +61,11 @@ set the defaults for requests that leave a setting out.
 Beyond loopback, set --api-key (or $ATS_API_KEY): clients then send
 "Authorization: Bearer KEY". Web pages of other origins may call the API
 from a browser when --cors allows their origin (default: pages on
-localhost); the API key is still required.
+localhost); the API key is still required. Requests must name this server
+in their Host header: localhost, a loopback address or the address they
+reached; a server reached by a name (ats.example.com, behind a proxy) needs
+--allowed-hosts with that name. Other Hosts get 403: that is what a web
+page that points its own domain at this server (DNS rebinding) sends.
 
 On SIGINT or SIGTERM the server stops taking requests, lets running ones
 finish for --shutdown-grace (meanwhile /health answers 503 and new
@@ -84,6 +89,9 @@ once.`,
 				cors, err := server.ParseCORS(corsOrigins)
 				if err != nil {
 					return fmt.Errorf("serve: --cors: %w", err)
+				}
+				if _, err := server.ParseAllowedHosts(allowedHosts); err != nil {
+					return fmt.Errorf("serve: --allowed-hosts: %w", err)
 				}
 				stderr := cmd.ErrOrStderr()
 				level := slog.LevelWarn
@@ -111,7 +119,7 @@ once.`,
 					return fmt.Errorf("serve: --parallel %d: want 1 to %d", parallel, server.MaxParallel)
 				}
 				scfg := server.Config{ModelName: alias, APIKey: apiKey, Parallel: parallel, QueueLimit: queue, Sampling: &cfg, Log: log, GPUStats: nvmlStats, PProf: pprof, CORS: cors,
-					Embeddings: embeddings, Pooling: pooling}
+					Embeddings: embeddings, Pooling: pooling, AllowedHosts: allowedHosts}
 				starting := server.Listen(ln, scfg)
 				url, remote := serveURLs(ln.Addr())
 				fmt.Fprintf(stderr, "ats: listening on %s; loading the model (/health answers 503 until it is ready)\n", url)
@@ -194,6 +202,7 @@ once.`,
 		f.BoolVar(&embeddings, "embeddings", false, "serve /v1/embeddings and ollama's /api/embed (llama-server's --embeddings)")
 		f.StringVar(&pooling, "pooling", "", "how an embedding pools its tokens: mean, cls or last (default: what the model file says, else last)")
 		f.StringVar(&corsOrigins, "cors", server.DefaultCORS, "origins whose web pages may call the API from a browser: comma-separated origins (https://app.example.com), localhost (any port), * (all) or none")
+		f.StringSliceVar(&allowedHosts, "allowed-hosts", nil, "host names the server answers to besides localhost, loopback and the address it listens on: names (ats.example.com), domains (.example.com), addresses, or * (any: behind a proxy that checks the Host)")
 		f.IntVarP(&ctxSize, "ctx-size", "c", 0, "KV cache positions, shared by the slots; one request may use them all (0: the model's context, at most 4096)")
 		f.IntVarP(&thrds, "threads", "t", 0, "CPU threads (0: all cores)")
 		pf.register(f)

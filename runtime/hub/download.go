@@ -6,8 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"hash"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -56,6 +56,9 @@ type fetchSpec struct {
 	dest   string // where the complete, verified file goes
 	size   int64  // expected size; -1 unknown
 	sha256 string // expected hex digest; "" unknown
+	// created, when set, runs once the partial file has been made (the
+	// pull records itself as unfinished then).
+	created func() error
 }
 
 var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -70,54 +73,62 @@ func linkedDigest(h http.Header) string {
 	return ""
 }
 
+// Verifier is implemented by a Progress that wants to know when a file's
+// bytes are read back from the disk to check their sha256 (seconds for a
+// large model).
+type Verifier interface {
+	Verifying(name string, size int64)
+}
+
 // download is the state of one file's transfer.
+//
+// Bytes go into the partial file at explicit offsets, and have counts
+// only those written: a write that fails part way (a full disk) leaves
+// have at the end of what is there, the file is cut back to it, and the
+// next request resumes from exactly there. Issue 33 found the old way (an
+// appending write whose short count was dropped) put the retried bytes at
+// the wrong offset, and a digest of the stream then called the corrupt
+// file verified: the digest is now taken of the file on disk.
 type download struct {
 	c      *Client
 	spec   fetchSpec
-	f      *os.File
+	f      *os.File // nil until the first byte is to be written
 	have   int64
-	total  int64 // -1 until known
-	h      hash.Hash
+	total  int64  // -1 until known
 	linked string // X-Linked-Etag
 	p      Progress
 }
 
 // fetch downloads spec.url to spec.dest: into dest.partial, resuming what
 // an earlier pull left there with a Range request, retrying broken
-// transfers, then checks the size and the sha256 (the expected one, else
-// the one the hub sends with the file) and renames the file into place.
-// A file that fails the check is deleted.
+// transfers, then checks the size and the sha256 of the file on disk (the
+// expected one, else the one the hub sends with the file) and renames the
+// file into place. A file that fails the check is deleted. The partial
+// file (and its folder) is made only once the source answers with data:
+// a missing file leaves nothing behind.
 func (c *Client) fetch(ctx context.Context, spec fetchSpec, p Progress) (File, error) {
 	name := filepath.Base(spec.dest)
 	partial := spec.dest + partialSuffix
-	f, err := os.OpenFile(partial, os.O_RDWR|os.O_CREATE, 0o644)
-	if err != nil {
-		return File{}, err
-	}
-	d := &download{c: c, spec: spec, f: f, total: spec.size, h: sha256.New(), p: p}
+	d := &download{c: c, spec: spec, total: spec.size, p: p}
 	defer func() {
 		if d.f != nil {
 			d.f.Close()
 		}
 	}()
-	st, err := f.Stat()
-	if err != nil {
+	if f, err := os.OpenFile(partial, os.O_RDWR, 0); err == nil {
+		d.f = f
+		st, err := f.Stat()
+		if err != nil {
+			return File{}, err
+		}
+		d.have = st.Size()
+	} else if !errors.Is(err, fs.ErrNotExist) {
 		return File{}, err
 	}
-	d.have = st.Size()
 	if spec.size >= 0 && d.have > spec.size {
 		if err := d.restart(); err != nil {
 			return File{}, err
 		}
-	}
-	// The digest covers the whole file: read what is already there.
-	if d.have > 0 {
-		if _, err := io.Copy(d.h, io.NewSectionReader(f, 0, d.have)); err != nil {
-			return File{}, fmt.Errorf("%s: %w", partial, err)
-		}
-	}
-	if _, err := f.Seek(d.have, io.SeekStart); err != nil {
-		return File{}, err
 	}
 	p.Start(name, spec.size, d.have)
 
@@ -160,11 +171,29 @@ func (c *Client) fetch(ctx context.Context, spec fetchSpec, p Progress) (File, e
 		}
 		wait *= 2
 	}
-
-	if spec.size >= 0 && d.have != spec.size {
-		return File{}, fmt.Errorf("%s: %d bytes, the source lists %d", name, d.have, spec.size)
+	if err := d.create(); err != nil { // an empty file: nothing was written
+		return File{}, err
 	}
-	got := hex.EncodeToString(d.h.Sum(nil))
+	if err := d.f.Sync(); err != nil {
+		return File{}, fmt.Errorf("%s: %w", partial, err)
+	}
+
+	// What counts is what is on the disk: its size, and its sha256.
+	st, err := d.f.Stat()
+	if err != nil {
+		return File{}, fmt.Errorf("%s: %w", partial, err)
+	}
+	if st.Size() != d.have || spec.size >= 0 && st.Size() != spec.size {
+		return File{}, fmt.Errorf("%s: %s holds %d bytes, the download %d and the source lists %s", name, partial, st.Size(), d.have, sizeText(spec.size))
+	}
+	if v, ok := p.(Verifier); ok {
+		v.Verifying(name, st.Size())
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, io.NewSectionReader(d.f, 0, st.Size())); err != nil {
+		return File{}, fmt.Errorf("reading %s back: %w", partial, err)
+	}
+	got := hex.EncodeToString(h.Sum(nil))
 	want := spec.sha256
 	if want == "" {
 		want = d.linked
@@ -175,9 +204,6 @@ func (c *Client) fetch(ctx context.Context, spec fetchSpec, p Progress) (File, e
 		os.Remove(partial)
 		return File{}, &ChecksumError{File: name, Want: want, Got: got}
 	}
-	if err := d.f.Sync(); err != nil {
-		return File{}, fmt.Errorf("%s: %w", partial, err)
-	}
 	if err := d.f.Close(); err != nil {
 		return File{}, fmt.Errorf("%s: %w", partial, err)
 	}
@@ -185,9 +211,55 @@ func (c *Client) fetch(ctx context.Context, spec fetchSpec, p Progress) (File, e
 	if err := os.Rename(partial, spec.dest); err != nil {
 		return File{}, err
 	}
-	file := File{Name: name, Size: d.have, SHA256: got, Verified: want != "", URL: spec.url}
+	file := File{Name: name, Size: st.Size(), SHA256: got, Verified: want != "", URL: spec.url}
 	p.Done(file)
 	return file, nil
+}
+
+// create makes the partial file (and its folder) if it is not there yet.
+func (d *download) create() error {
+	if d.f != nil {
+		return nil
+	}
+	partial := d.spec.dest + partialSuffix
+	if err := os.MkdirAll(filepath.Dir(partial), 0o755); err != nil {
+		return fmt.Errorf("models directory: %w", err)
+	}
+	f, err := os.OpenFile(partial, os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	d.f = f
+	if d.spec.created != nil {
+		return d.spec.created()
+	}
+	return nil
+}
+
+// write puts b at the end of what was counted, and counts what was
+// written. On a failure the file is cut back to that count (a part of b
+// may have reached the disk), so the file always holds exactly have bytes.
+func (d *download) write(b []byte) error {
+	if err := d.create(); err != nil {
+		return err
+	}
+	n, err := d.c.writeAt(d.f, b, d.have)
+	d.have += int64(n)
+	d.p.Add(int64(n))
+	if err != nil {
+		d.f.Truncate(d.have)
+		return fmt.Errorf("writing %s: %w", d.f.Name(), err)
+	}
+	return nil
+}
+
+// writeAt writes b at off (Client.testWriteAt stands in for it in tests,
+// to make a disk full).
+func (c *Client) writeAt(f *os.File, b []byte, off int64) (int, error) {
+	if c.testWriteAt != nil {
+		return c.testWriteAt(f, b, off)
+	}
+	return f.WriteAt(b, off)
 }
 
 func sizeText(n int64) string {
@@ -200,14 +272,12 @@ func sizeText(n int64) string {
 // restart empties the partial file: the server sent the whole file, or
 // the partial one cannot belong to it.
 func (d *download) restart() error {
-	if err := d.f.Truncate(0); err != nil {
-		return err
-	}
-	if _, err := d.f.Seek(0, io.SeekStart); err != nil {
-		return err
+	if d.f != nil {
+		if err := d.f.Truncate(0); err != nil {
+			return err
+		}
 	}
 	d.have = 0
-	d.h.Reset()
 	return nil
 }
 
@@ -293,12 +363,9 @@ func (d *download) transfer(ctx context.Context) (done bool, err error) {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
 			stalled.Reset(d.c.stall())
-			if _, err := d.f.Write(buf[:n]); err != nil {
-				return false, fmt.Errorf("writing %s: %w", d.f.Name(), err)
+			if err := d.write(buf[:n]); err != nil {
+				return false, err
 			}
-			d.h.Write(buf[:n])
-			d.have += int64(n)
-			d.p.Add(int64(n))
 		}
 		if rerr == io.EOF {
 			if d.total < 0 {

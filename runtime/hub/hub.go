@@ -36,6 +36,10 @@ type Client struct {
 	// Stall is how long a transfer may go without a byte before it is
 	// broken off and resumed (default 60s).
 	Stall time.Duration
+
+	// testWriteAt, when set, writes the downloaded bytes instead of
+	// os.File.WriteAt (tests: a disk that fills up).
+	testWriteAt func(f *os.File, b []byte, off int64) (int, error)
 }
 
 // NewClient is a client for $HF_ENDPOINT (default the hub) with $HF_TOKEN.

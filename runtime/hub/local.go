@@ -2,12 +2,9 @@ package hub
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"time"
 )
@@ -102,90 +99,4 @@ func (s *Store) Import(path string, opt ImportOptions) (*Manifest, error) {
 		return nil, err
 	}
 	return m, nil
-}
-
-// Unfinished is a download that has not completed: its model's name (as
-// a pull names it) and its .partial files.
-type Unfinished struct {
-	Name  string
-	Dir   string
-	Files []string
-	Bytes int64
-}
-
-// Unfinished lists the downloads in progress or interrupted, by model.
-func (s *Store) Unfinished() ([]Unfinished, error) {
-	parts, err := s.Partial()
-	if err != nil {
-		return nil, err
-	}
-	byDir := map[string]*Unfinished{}
-	for p, n := range parts {
-		dir := filepath.Dir(p)
-		u := byDir[dir]
-		if u == nil {
-			u = &Unfinished{Dir: dir, Name: s.nameOf(dir)}
-			byDir[dir] = u
-		}
-		u.Files = append(u.Files, p)
-		u.Bytes += n
-	}
-	var out []Unfinished
-	for _, u := range byDir {
-		slices.Sort(u.Files)
-		out = append(out, *u)
-	}
-	slices.SortFunc(out, func(a, b Unfinished) int { return strings.Compare(a.Name, b.Name) })
-	return out, nil
-}
-
-// nameOf is the model name whose folder is dir (the inverse of dirFor:
-// the last folder is the tag).
-func (s *Store) nameOf(dir string) string {
-	rel, err := filepath.Rel(s.Dir, dir)
-	if err != nil {
-		return dir
-	}
-	segs := strings.Split(filepath.ToSlash(rel), "/")
-	if len(segs) < 2 {
-		return segs[0]
-	}
-	return strings.Join(segs[:len(segs)-1], "/") + ":" + segs[len(segs)-1]
-}
-
-// RemoveUnfinished deletes the unfinished download of the model name
-// means (its name as pulled, hf.co/ORG/REPO:QUANT, case aside).
-func (s *Store) RemoveUnfinished(name string) (Unfinished, error) {
-	us, err := s.Unfinished()
-	if err != nil {
-		return Unfinished{}, err
-	}
-	q := normalizeName(name)
-	if ref, err := ParseRef(name); err == nil && ref.URL == "" {
-		q = ref.String()
-	}
-	for _, u := range us {
-		if !strings.EqualFold(u.Name, q) {
-			continue
-		}
-		unlock, err := s.lockModel(context.Background(), u.Dir, u.Name, false, nil)
-		if err != nil {
-			return Unfinished{}, err
-		}
-		for _, f := range u.Files {
-			if err := os.Remove(f); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				unlock()
-				return Unfinished{}, fmt.Errorf("removing %s: %w", f, err)
-			}
-		}
-		unlock()
-		root := filepath.Clean(s.Dir)
-		for d := u.Dir; len(d) > len(root) && strings.HasPrefix(d, root); d = filepath.Dir(d) {
-			if os.Remove(d) != nil {
-				break
-			}
-		}
-		return u, nil
-	}
-	return Unfinished{}, &NotFoundError{Name: name, Dir: s.Dir}
 }

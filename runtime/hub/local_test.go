@@ -4,8 +4,6 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-
-	"github.com/google/go-cmp/cmp"
 )
 
 func TestParseRefWithoutHost(t *testing.T) {
@@ -51,29 +49,5 @@ func TestImportLocalFile(t *testing.T) {
 	}
 	if _, err := os.Stat(src); err != nil {
 		t.Errorf("rm removed the original file: %v", err)
-	}
-}
-
-func TestUnfinishedDownloads(t *testing.T) {
-	st := &Store{Dir: t.TempDir()}
-	dir := filepath.Join(st.Dir, "hf.co", "Org", "Tiny-GGUF", "Q4_K_M")
-	os.MkdirAll(dir, 0o755)
-	os.WriteFile(filepath.Join(dir, "tiny-q4_k_m.gguf.partial"), make([]byte, 100), 0o644)
-	us, err := st.Unfinished()
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []Unfinished{{Name: "hf.co/Org/Tiny-GGUF:Q4_K_M", Dir: dir, Files: []string{filepath.Join(dir, "tiny-q4_k_m.gguf.partial")}, Bytes: 100}}
-	if diff := cmp.Diff(want, us); diff != "" {
-		t.Fatalf("(-want +got):\n%s", diff)
-	}
-	if _, err := st.RemoveUnfinished("Org/Tiny-GGUF:Q4_K_M"); err != nil {
-		t.Fatal(err)
-	}
-	if us, _ := st.Unfinished(); len(us) != 0 {
-		t.Errorf("left %+v", us)
-	}
-	if _, err := os.Stat(filepath.Join(st.Dir, "hf.co")); err == nil {
-		t.Error("empty folders were left")
 	}
 }

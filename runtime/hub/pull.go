@@ -58,9 +58,8 @@ func (s *Store) Pull(ctx context.Context, c *Client, ref Ref, opt PullOptions) (
 	if err := s.checkNames(m); err != nil {
 		return nil, err
 	}
-	if err := os.MkdirAll(m.dir, 0o755); err != nil {
-		return nil, fmt.Errorf("models directory: %w", err)
-	}
+	// The model's folder is made with the first file's data (fetch): a
+	// pull that fails before leaves nothing in the models directory.
 	unlock, err := s.lockModel(ctx, m.dir, m.Name, true, opt.Progress)
 	if err != nil {
 		return nil, err
@@ -71,13 +70,23 @@ func (s *Store) Pull(ctx context.Context, c *Client, ref Ref, opt PullOptions) (
 		return nil, fmt.Errorf("%s holds %s already; pull with another --name or ats rm %s", m.dir, old.Name, old.Name)
 	}
 	res := &PullResult{Manifest: m}
+	recorded := false
+	record := func() error { // once: this folder holds an unfinished pull of m
+		if recorded {
+			return nil
+		}
+		recorded = true
+		return writePending(m)
+	}
 	for _, sp := range specs {
 		if f, ok := present(old, sp); ok {
 			m.Files = append(m.Files, f)
 			continue
 		}
+		sp.created = record
 		f, err := c.fetch(ctx, sp, opt.Progress)
 		if err != nil {
+			s.tidyUnfinished(m.dir)
 			return nil, err
 		}
 		m.Files = append(m.Files, f)
@@ -92,6 +101,7 @@ func (s *Store) Pull(ctx context.Context, c *Client, ref Ref, opt PullOptions) (
 	if err := writeManifest(m); err != nil {
 		return nil, err
 	}
+	os.Remove(filepath.Join(m.dir, PendingName))
 	// Files of an earlier version of the model that this one dropped.
 	if old != nil {
 		for _, f := range old.Files {

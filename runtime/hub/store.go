@@ -305,17 +305,21 @@ func (s *Store) Remove(name string) (*Manifest, error) {
 		if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("removing %s: %w", p, err)
 		}
-		os.Remove(p + partialSuffix)
 	}
+	// Downloads in progress in its folder: of these files, or of a newer
+	// version of the model.
+	if entries, err := os.ReadDir(m.dir); err == nil {
+		for _, e := range entries {
+			if !e.IsDir() && strings.HasSuffix(e.Name(), partialSuffix) {
+				os.Remove(filepath.Join(m.dir, e.Name()))
+			}
+		}
+	}
+	os.Remove(filepath.Join(m.dir, PendingName))
 	if err := os.Remove(filepath.Join(m.dir, ManifestName)); err != nil {
 		return nil, fmt.Errorf("removing %s: %w", filepath.Join(m.dir, ManifestName), err)
 	}
-	root := filepath.Clean(s.Dir)
-	for d := m.dir; len(d) > len(root) && strings.HasPrefix(d, root); d = filepath.Dir(d) {
-		if os.Remove(d) != nil { // not empty, or gone: stop
-			break
-		}
-	}
+	s.removeEmptyDirs(m.dir)
 	return m, nil
 }
 

@@ -527,10 +527,15 @@ func (s *Server) handleAnthropicCountTokens(w http.ResponseWriter, r *http.Reque
 		return
 	}
 	defer func() { <-s.prep.slot }()
-	prompt, err := s.render(j.msgs, chat.Options{AddGenerationPrompt: true, Tools: j.tools, Vars: j.vars, Context: r.Context()})
+	p, err := s.render(j.msgs, chat.Options{AddGenerationPrompt: true, Tools: j.tools, Vars: j.vars, Context: r.Context()})
 	if err != nil {
-		anthropicError(w, s.renderError(r.Context(), err, len(j.tools) > 0 || len(j.vars) > 0))
+		anthropicError(w, s.renderError(r.Context(), err, j.msgs, len(j.tools) > 0 || len(j.vars) > 0))
 		return
 	}
-	writeJSON(w, http.StatusOK, map[string]int{"input_tokens": len(s.sess.EncodeChat(prompt))}, s.cfg.WriteTimeout)
+	ids, e := s.encodePrompt(p)
+	if e != nil {
+		anthropicError(w, e)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int{"input_tokens": len(ids)}, s.cfg.WriteTimeout)
 }

@@ -127,17 +127,20 @@ func (s *Server) jobGeneration(endpoint string, j *chatJob, sink replySink, stre
 		if j.raw {
 			ids = j.rawPrompt
 		} else {
-			prompt, err := s.render(j.msgs, chat.Options{AddGenerationPrompt: true, Tools: tools, Vars: j.vars, Context: ctx})
+			p, err := s.render(j.msgs, chat.Options{AddGenerationPrompt: true, Tools: tools, Vars: j.vars, Context: ctx})
 			if err != nil {
-				return s.renderError(ctx, err, len(j.vars) > 0 || len(tools) > 0)
+				return s.renderError(ctx, err, j.msgs, len(j.vars) > 0 || len(tools) > 0)
 			}
 			if s.testHookPrompt != nil {
-				s.testHookPrompt(prompt)
+				s.testHookPrompt(p.Text)
 			}
-			think = thinkModeFor(s.tmpl.Source(), prompt)
-			thinkingOpen = ThinkingOpen(prompt)
-			ids = append(append([]int(nil), j.rawPrompt...), s.sess.EncodeChat(prompt)...)
-			s.noteWork(len(prompt))
+			think = thinkModeFor(s.tmpl.Source(), p.Text)
+			thinkingOpen = ThinkingOpen(p.Text)
+			encoded, e := s.encodePrompt(p)
+			if e != nil {
+				return e
+			}
+			ids = append(append([]int(nil), j.rawPrompt...), encoded...)
 		}
 		if len(ids) == 0 {
 			return badRequest("prompt", "the prompt is empty")

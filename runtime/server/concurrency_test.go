@@ -371,8 +371,8 @@ func TestSlowClients(t *testing.T) {
 		}
 	})
 	for _, c := range []struct{ name, send, want string }{
-		{"headers", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n", ""},
-		{"body", "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"messages\":", "400 Bad Request"},
+		{"headers", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n", ""},
+		{"body", "POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{\"messages\":", "400 Bad Request"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			conn, err := net.Dial("tcp", ln.Addr().String())

@@ -159,6 +159,8 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *generation)
 		s.met.cancelled.Inc()
 		if s.base.Err() != nil && r.Context().Err() == nil {
 			writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Message: "the server is shutting down"})
+		} else {
+			clientGone(w)
 		}
 		return
 	}
@@ -169,13 +171,16 @@ func (s *Server) generate(w http.ResponseWriter, r *http.Request, g *generation)
 		s.met.cancelled.Inc()
 		if s.base.Err() != nil && r.Context().Err() == nil {
 			writeError(w, &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Message: "the server is shutting down"})
+		} else {
+			clientGone(w)
 		}
 		return
 	}
 	// The end of the response is written here, after the worker has moved
 	// on, so the next request need not wait for it.
-	if g.err != nil && ctx.Err() != nil && s.base.Err() == nil {
-		return // the client is gone: nobody to tell
+	if g.err != nil && (ctx.Err() != nil && s.base.Err() == nil || isWriteError(g.err)) {
+		clientGone(w) // nobody to tell
+		return
 	}
 	g.out.end(g.res, g.err)
 }
@@ -186,6 +191,12 @@ func (s *Server) runJob(ctx context.Context, j *job, g *generation) {
 	s.met.queueWait.Observe(j.started.Sub(j.enqueued).Seconds())
 	defer func() {
 		if p := recover(); p != nil {
+			// A fault reading the weights: the model file was most likely
+			// truncated under the running generation.
+			if e := s.checkModelFile(); e != nil {
+				g.res, g.err = nil, e
+				return
+			}
 			s.q.onPanic(p)
 			g.res, g.err = nil, fmt.Errorf("internal error: %v", p)
 		}
@@ -193,6 +204,10 @@ func (s *Server) runJob(ctx context.Context, j *job, g *generation) {
 	if err := ctx.Err(); err != nil {
 		s.met.cancelled.Inc()
 		g.err = err
+		return
+	}
+	if e := s.checkModelFile(); e != nil {
+		g.err = e
 		return
 	}
 	if err := g.out.begin(); err != nil {
@@ -229,6 +244,13 @@ func (s *Server) runJob(ctx context.Context, j *job, g *generation) {
 		}
 	}
 	res, err := s.gen(ctx, g.prompt, opt)
+	if errors.Is(err, session.ErrStepPanicked) {
+		if e := s.checkModelFile(); e != nil {
+			err = e // the model file was truncated under the step
+		} else {
+			s.q.onPanic(err)
+		}
+	}
 	g.res, g.err = res, err
 	if res != nil {
 		s.met.observeGeneration(res, g.received, first)
@@ -298,20 +320,6 @@ func (s *Server) checkLength(prompt []int, max int, maxParam string) *apiError {
 	return nil
 }
 
-// render applies the chat template. The template was loaded by New and is
-// safe for concurrent use, so handlers render before queueing and a bad
-// conversation is rejected without waiting for the model.
-func (s *Server) render(msgs []chat.Message, opt chat.Options) (string, error) {
-	tok := s.sess.Tok
-	if tok.BOS() >= 0 {
-		opt.BOS = tok.TokenText(tok.BOS())
-	}
-	if tok.EOS() >= 0 {
-		opt.EOS = tok.TokenText(tok.EOS())
-	}
-	return s.tmpl.Render(msgs, opt)
-}
-
 // reservedVars are template variables a request may not set through
 // chat_template_kwargs, since the server sets them.
 var reservedVars = map[string]bool{
@@ -338,7 +346,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request, v any) *apiError {
 	rc := http.NewResponseController(w)
 	rc.SetReadDeadline(time.Now().Add(s.cfg.ReadTimeout))
-	e := decodeBody(w, r, s.cfg.MaxBodyBytes, v)
+	e := decodeBody(w, r, s.cfg.MaxBodyBytes, s.bodies, v)
 	if e != nil {
 		// The body may be unread (too large, too slow): close the
 		// connection after the error rather than wait for the rest.
@@ -441,10 +449,11 @@ func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, receive
 		g.opt.OnLogits = out.onLogits
 	}
 	g.prepare = func(ctx context.Context) *apiError {
-		prompt, err := s.render(msgs, chat.Options{AddGenerationPrompt: true, Tools: tools, Vars: vars, Context: ctx})
+		p, err := s.render(msgs, chat.Options{AddGenerationPrompt: true, Tools: tools, Vars: vars, Context: ctx})
 		if err != nil {
-			return s.renderError(ctx, err, len(vars) > 0 || len(tools) > 0)
+			return s.renderError(ctx, err, msgs, len(vars) > 0 || len(tools) > 0)
 		}
+		prompt := p.Text
 		if s.testHookPrompt != nil {
 			s.testHookPrompt(prompt)
 		}
@@ -462,8 +471,10 @@ func (s *Server) chatGeneration(w http.ResponseWriter, req *chatRequest, receive
 		if con != nil {
 			g.opt.Constraint = con.NewMatcher()
 		}
-		ids := s.sess.EncodeChat(prompt)
-		s.noteWork(len(prompt))
+		ids, e := s.encodePrompt(p)
+		if e != nil {
+			return e
+		}
 		if e := s.checkLength(ids, max, maxParam); e != nil {
 			return e
 		}
@@ -671,14 +682,16 @@ func (s *Server) completionPrompt(raw json.RawMessage) ([]int, string, *apiError
 	}
 	var text string
 	if err := json.Unmarshal(raw, &text); err == nil {
-		return s.sess.EncodeChat(text), text, nil
+		ids, e := s.encodeText(text, "prompt")
+		return ids, text, e
 	}
 	var texts []string
 	if err := json.Unmarshal(raw, &texts); err == nil {
 		if len(texts) != 1 {
 			return nil, "", badRequest("prompt", "prompt has %d strings; ats completes one prompt per request", len(texts))
 		}
-		return s.sess.EncodeChat(texts[0]), texts[0], nil
+		ids, e := s.encodeText(texts[0], "prompt")
+		return ids, texts[0], e
 	}
 	var ids []int
 	if err := json.Unmarshal(raw, &ids); err != nil {
@@ -749,7 +762,6 @@ func (s *Server) completionGeneration(w http.ResponseWriter, req *completionRequ
 		if e != nil {
 			return e
 		}
-		s.noteWork(len(text))
 		if len(ids) == 0 {
 			return badRequest("prompt", "the prompt is empty")
 		}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -91,10 +92,12 @@ func (s *Server) checkSampling(cfg sampler.Config) *apiError {
 
 // renderError explains why the chat template failed on a request. The
 // template rendered a plain conversation when the server started, so a
-// failure is most likely the request's doing: a conversation the template
-// refuses, one so large that it breaks the template's limits, or
+// failure is the request's doing (a 400, never a 500): a conversation the
+// template refuses, one so large that it breaks the template's limits, a
+// field in a shape the template cannot take (tool-call arguments that are
+// not a JSON object, for templates that iterate them), or
 // chat_template_kwargs or tools it cannot take (withInputs).
-func (s *Server) renderError(ctx context.Context, err error, withInputs bool) *apiError {
+func (s *Server) renderError(ctx context.Context, err error, msgs []chat.Message, withInputs bool) *apiError {
 	var te *chat.TemplateError
 	var le *chat.LimitError
 	switch {
@@ -104,8 +107,29 @@ func (s *Server) renderError(ctx context.Context, err error, withInputs bool) *a
 		return withCode(badRequest("messages", "the model's chat template broke its %s limit on this request: %v", le.Limit, le), "template_limit_exceeded")
 	case ctx.Err() != nil:
 		return asAPIError(ctx.Err())
-	case withInputs:
+	case errors.Is(err, chat.ErrTooManyPlaceholders):
+		return badRequest("messages", "%v", err)
+	}
+	if param := argumentsNotObject(msgs); param != "" {
+		return badRequest(param, "%s is not a JSON object, and the model's chat template needs one there: %v", param, err)
+	}
+	if withInputs {
 		return badRequest("chat_template_kwargs", "the model's chat template failed on this request's chat_template_kwargs or tools: %v", err)
 	}
-	return internalError(fmt.Errorf("rendering the chat template: %w", err))
+	return badRequest("messages", "the model's chat template failed on this conversation: %v", err)
+}
+
+// argumentsNotObject names the first tool call whose arguments are not a
+// JSON object ("" when all are): templates that iterate the arguments
+// (.items()) fail on anything else.
+func argumentsNotObject(msgs []chat.Message) string {
+	for i, m := range msgs {
+		for j, c := range m.ToolCalls {
+			var obj map[string]json.RawMessage
+			if json.Unmarshal([]byte(c.Function.Arguments), &obj) != nil || obj == nil {
+				return fmt.Sprintf("messages[%d].tool_calls[%d].function.arguments", i, j)
+			}
+		}
+	}
+	return ""
 }

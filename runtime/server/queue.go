@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"runtime/debug"
 	"sync"
 	"time"
 )
@@ -128,8 +129,12 @@ func (q *queue) wait(j *job) bool {
 	return true
 }
 
-// work runs jobs until the queue is closed and empty.
+// work runs jobs until the queue is closed and empty. A fault reading
+// the mapped model file (truncated while served) panics rather than
+// killing the process, here and in the scheduler's step, and the job
+// reports it (modelfile.go).
 func (q *queue) work() {
+	debug.SetPanicOnFault(true)
 	for {
 		q.mu.Lock()
 		next := -1

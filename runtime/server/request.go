@@ -9,7 +9,6 @@ import (
 	"math"
 	"net/http"
 	"reflect"
-	"strconv"
 	"strings"
 
 	"github.com/atsinfer/ats/runtime/text/chat"
@@ -196,16 +195,20 @@ const maxStops = 16
 
 // decodeBody reads a JSON request body into v, turning every way it can be
 // wrong into a 400 (or 413) that says what is wrong.
-func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, v any) *apiError {
+func decodeBody(w http.ResponseWriter, r *http.Request, limit int64, budget *bodyBudget, v any) *apiError {
 	// The Content-Type is not checked: curl -d sends
 	// application/x-www-form-urlencoded unless told otherwise, and the
 	// body is JSON all the same.
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	body, held, err := budget.readAll(http.MaxBytesReader(w, r.Body, limit), r.ContentLength, limit)
+	defer budget.give(held)
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		switch {
+		case errors.As(err, &mbe):
 			return &apiError{Status: http.StatusRequestEntityTooLarge, Type: typeInvalidRequest,
 				Message: fmt.Sprintf("request body is larger than %d bytes", mbe.Limit)}
+		case errors.Is(err, errBodiesFull):
+			return busyBodies(budget.max)
 		}
 		return badRequest("", "reading the request body: %v", err)
 	}
@@ -325,9 +328,9 @@ func (p *samplingParams) samplerConfig(def sampler.Config, nVocab int) (sampler.
 	if len(p.LogitBias) > 0 {
 		cfg.LogitBias = make(map[int]float32, len(p.LogitBias))
 		for k, v := range p.LogitBias {
-			id, err := strconv.Atoi(k)
+			id, err := sampler.ParseTokenID(k)
 			if err != nil {
-				return cfg, badRequest("logit_bias", "logit_bias key %q is not a token id", k)
+				return cfg, badRequest("logit_bias", "logit_bias key %q: %v", k, err)
 			}
 			if id < 0 || id >= nVocab {
 				return cfg, badRequest("logit_bias", "logit_bias token %d is outside the vocabulary [0, %d)", id, nVocab)

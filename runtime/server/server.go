@@ -76,6 +76,15 @@ type Config struct {
 	// CORS says which other origins' web pages may call the API (nil:
 	// ParseCORS(DefaultCORS), pages on localhost).
 	CORS *CORSPolicy
+	// AllowedHosts are the Host names the server answers besides
+	// localhost, loopback addresses and the address a connection reached
+	// (ParseAllowedHosts' syntax; hosts.go): other Hosts get 403, which
+	// stops DNS rebinding.
+	AllowedHosts []string
+	// MaxBodiesBytes bounds the request bodies held at once, over all
+	// connections (default 64 MiB, at least MaxBodyBytes); past it a
+	// request gets 503 (body.go).
+	MaxBodiesBytes int64
 	// PProf serves Go's profiles under /debug/pprof/ (off by default: they
 	// reveal the process's internals and cost CPU while taken).
 	PProf bool
@@ -108,6 +117,10 @@ func (cfg *Config) setDefaults() {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 8 << 20
 	}
+	if cfg.MaxBodiesBytes <= 0 {
+		cfg.MaxBodiesBytes = 64 << 20
+	}
+	cfg.MaxBodiesBytes = max(cfg.MaxBodiesBytes, cfg.MaxBodyBytes)
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -132,6 +145,8 @@ type Server struct {
 	prep    *preparation       // admitted requests' rendering and tokenizing (limits.go)
 	met     *metrics
 	cors    *CORSPolicy
+	hosts   *HostPolicy
+	bodies  *bodyBudget // request bodies in memory (body.go)
 	handler http.Handler
 
 	structured structuredCache // response_format and forced tool calls (structured.go)
@@ -145,6 +160,8 @@ type Server struct {
 	base      context.Context
 	cancelAll context.CancelFunc
 	shutting  atomic.Bool
+
+	fileErr atomic.Pointer[apiError] // set once the model file changed on disk (modelfile.go)
 
 	mu      sync.Mutex
 	httpSrv *http.Server
@@ -195,6 +212,10 @@ func New(sess *session.Session, cfg Config) (*Server, error) {
 		}
 		cfg.CORS = p
 	}
+	hosts, err := ParseAllowedHosts(cfg.AllowedHosts)
+	if err != nil {
+		return nil, fmt.Errorf("server: %w", err)
+	}
 	nVocab := sess.Model.Hyper().NVocab
 	if _, err := sampler.New(def, nVocab); err != nil {
 		return nil, fmt.Errorf("server: default sampling: %w", err)
@@ -218,6 +239,8 @@ func New(sess *session.Session, cfg Config) (*Server, error) {
 		created: time.Now().Unix(),
 		fp:      fingerprint(sess.Model),
 		cors:    cfg.CORS,
+		hosts:   hosts,
+		bodies:  &bodyBudget{max: cfg.MaxBodiesBytes},
 	}
 	if fi, err := os.Stat(sess.Model.File.Path); err == nil {
 		s.created = fi.ModTime().Unix()
@@ -398,12 +421,15 @@ func (s *Server) routes() http.Handler {
 			if code == 0 {
 				code = http.StatusOK
 			}
+			if rec.gone || !rec.wrote && r.Context().Err() != nil {
+				code = statusClientClosed
+			}
 			s.met.requests.WithLabelValues(endpoint, fmt.Sprint(code)).Inc()
 			s.met.requestDuration.WithLabelValues(endpoint).Observe(time.Since(start).Seconds())
 			s.cfg.Log.Info("request", "method", r.Method, "path", r.URL.Path, "status", code, "duration", time.Since(start).Round(time.Microsecond))
 		}()
 
-		if !s.applyCORS(rec, r) {
+		if !s.checkHost(rec, r) || !s.applyCORS(rec, r) {
 			return
 		}
 		path := r.URL.Path
@@ -489,6 +515,28 @@ type statusRecorder struct {
 	http.ResponseWriter
 	code  int
 	wrote bool
+	gone  bool // the client left before the response was complete
+}
+
+// statusClientClosed is what the metrics and the log count a request as
+// when its client left before the response was complete (nginx's 499):
+// not the 200 its headers may already have said.
+const statusClientClosed = 499
+
+// clientGone marks the request whose response w writes as abandoned by
+// its client.
+func clientGone(w http.ResponseWriter) {
+	for {
+		switch x := w.(type) {
+		case *statusRecorder:
+			x.gone = true
+			return
+		case interface{ Unwrap() http.ResponseWriter }:
+			w = x.Unwrap()
+		default:
+			return
+		}
+	}
 }
 
 func (r *statusRecorder) WriteHeader(code int) {
@@ -512,6 +560,8 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	status, code := "ok", http.StatusOK
 	if s.shutting.Load() {
 		status, code = "shutting down", http.StatusServiceUnavailable
+	} else if s.checkModelFile() != nil {
+		status, code = "model file changed", http.StatusServiceUnavailable
 	}
 	writeJSON(w, code, map[string]any{"status": status, "model": s.cfg.ModelName, "queue": waiting, "busy": running > 0,
 		"slots_idle": s.cfg.Parallel - running, "slots_processing": running}, s.cfg.WriteTimeout)

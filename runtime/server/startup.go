@@ -2,6 +2,7 @@ package server
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -16,6 +17,7 @@ import (
 // the same.
 type Starting struct {
 	cfg    Config
+	hosts  *HostPolicy
 	hs     *http.Server
 	srv    atomic.Pointer[Server]
 	served chan error
@@ -26,6 +28,11 @@ type Starting struct {
 func Listen(ln net.Listener, cfg Config) *Starting {
 	cfg.setDefaults()
 	st := &Starting{cfg: cfg, served: make(chan error, 1)}
+	// Not answering other Hosts while loading either; a bad list is
+	// New's error to report, meanwhile only the default hosts pass.
+	if st.hosts, _ = ParseAllowedHosts(cfg.AllowedHosts); st.hosts == nil {
+		st.hosts, _ = ParseAllowedHosts(nil)
+	}
 	st.hs = newHTTPServer(http.HandlerFunc(st.serveHTTP), &st.cfg)
 	go func() {
 		err := st.hs.Serve(ln)
@@ -40,6 +47,12 @@ func Listen(ln net.Listener, cfg Config) *Starting {
 func (st *Starting) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	if s := st.srv.Load(); s != nil {
 		s.handler.ServeHTTP(w, r)
+		return
+	}
+	if !st.hosts.allowsHost(r) {
+		w.Header().Set("Connection", "close")
+		writeError(w, withCode(&apiError{Status: http.StatusForbidden, Type: typePermission,
+			Message: fmt.Sprintf("the Host %q is not one this server answers to (--allowed-hosts)", r.Host)}, "host_not_allowed"))
 		return
 	}
 	path := strings.TrimPrefix(r.URL.Path, "/v1")

@@ -42,7 +42,15 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
+	// Tokenizing takes memory with the text: one request at a time, with
+	// the generation requests' own preparation (limits.go).
+	select {
+	case s.prep.slot <- struct{}{}:
+	case <-r.Context().Done():
+		return
+	}
 	ids, e := s.tokenizeContent(req)
+	<-s.prep.slot
 	if e != nil {
 		writeError(w, e)
 		return

@@ -41,7 +41,7 @@ func findBrowser(t *testing.T) string {
 // newBrowser starts a headless browser with a fresh profile and returns a
 // context for one tab. The flags keep Chromium off the network (it would
 // otherwise call Google's services at start).
-func newBrowser(t *testing.T, width, height int) *tab {
+func newBrowser(t *testing.T, width, height int, extra ...chromedp.ExecAllocatorOption) *tab {
 	t.Helper()
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(findBrowser(t)),
@@ -53,6 +53,7 @@ func newBrowser(t *testing.T, width, height int) *tab {
 		chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(width, height),
 	)
+	opts = append(opts, extra...)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	t.Cleanup(cancel)
 	alloc, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime/debug"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -326,6 +327,7 @@ func runTask(f func(*Engine) error, e *Engine) (err error) {
 // loop runs steps while there is work, and sleeps otherwise.
 func (s *Scheduler) loop() {
 	defer close(s.exited)
+	debug.SetPanicOnFault(true) // see stepRecovered
 	for {
 		s.mu.Lock()
 		closed := s.closed
@@ -567,7 +569,7 @@ func (s *Scheduler) runRows(rows []row, observe func(StepInfo)) {
 			b.Logits = append(b.Logits, int32(rw.hi-1))
 		}
 	}
-	logits, err := s.e.Ctx.Step(b)
+	logits, err := s.stepRecovered(b)
 	s.step++
 	if observe != nil {
 		u, blk := s.e.Ctx.KV().Usage(), s.e.Ctx.KV().Block()
@@ -617,6 +619,21 @@ func (s *Scheduler) runRows(rows []row, observe func(StepInfo)) {
 		}
 	}
 }
+
+// stepRecovered runs a step; a panic in it (a fault reading a model file
+// truncated under the engine: the loop turns faults into panics) fails
+// the step's requests instead of the process.
+func (s *Scheduler) stepRecovered(b *ir.Batch) (logits []float32, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("%w: %v", ErrStepPanicked, p)
+		}
+	}()
+	return s.e.Ctx.Step(b)
+}
+
+// ErrStepPanicked is wrapped by the error of requests whose step panicked.
+var ErrStepPanicked = errors.New("the step panicked")
 
 // evictFor frees room in the cache for n more positions of r's sequence:
 // idle slots' kept sequences go, the longest idle first (their full blocks

@@ -49,8 +49,11 @@ func LoadTokenizer(m *model.Model, warn func(string)) (*tokenizer.Tokenizer, err
 	if err != nil {
 		return nil, fmt.Errorf("%s: tokenizer: %w", m.File.Path, err)
 	}
-	if tok.VocabSize() > m.Hyper().NVocab {
-		return nil, fmt.Errorf("%s: the tokenizer has %d tokens but the model only %d rows of embeddings", m.File.Path, tok.VocabSize(), m.Hyper().NVocab)
+	// llama.cpp refuses a file whose embeddings do not have a row per
+	// token too; converters pad the vocabulary ([PAD] tokens) instead. A
+	// row without a token would be sampled as a token with no text.
+	if tok.VocabSize() != m.Hyper().NVocab {
+		return nil, fmt.Errorf("%s: the tokenizer has %d tokens but token_embd.weight has %d rows; they must match (pad the vocabulary when converting, as llama.cpp's converter does)", m.File.Path, tok.VocabSize(), m.Hyper().NVocab)
 	}
 	return tok, nil
 }
@@ -117,10 +120,17 @@ func (s *Session) checkTokens(tokens []int) error {
 
 // RenderChat applies the chat template to messages.
 func (s *Session) RenderChat(msgs []chat.Message, opt chat.Options) (string, error) {
+	p, err := s.RenderPrompt(msgs, opt)
+	return p.Text, err
+}
+
+// RenderPrompt applies the chat template to messages for chat.EncodePrompt,
+// which keeps the control-token texts of the messages plain text.
+func (s *Session) RenderPrompt(msgs []chat.Message, opt chat.Options) (chat.Prompt, error) {
 	if s.Template == nil {
 		t, err := loadTemplate(s.Model, s.warn)
 		if err != nil {
-			return "", err
+			return chat.Prompt{}, err
 		}
 		s.Template = t
 	}
@@ -130,7 +140,8 @@ func (s *Session) RenderChat(msgs []chat.Message, opt chat.Options) (string, err
 	if opt.EOS == "" && s.Tok.EOS() >= 0 {
 		opt.EOS = s.Tok.TokenText(s.Tok.EOS())
 	}
-	out, err := s.Template.Render(msgs, opt)
+	opt.Tokenizer = s.Tok
+	out, err := s.Template.RenderPrompt(msgs, opt)
 	// A model's own template that breaks a limit (issue 13) is set aside
 	// for the built-in one of its family, so a chat can go on.
 	var le *chat.LimitError
@@ -138,7 +149,7 @@ func (s *Session) RenderChat(msgs []chat.Message, opt chat.Options) (string, err
 		if fb, ok := chat.Fallback(chat.Detect(s.Template.Source())); ok {
 			s.warn(fmt.Sprintf("chat template: %v; using the built-in %s template from now on", err, fb.Family()))
 			s.Template = fb
-			return fb.Render(msgs, opt)
+			return fb.RenderPrompt(msgs, opt)
 		}
 	}
 	return out, err

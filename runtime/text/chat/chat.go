@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/atsinfer/ats/internal/jinja"
+	"github.com/atsinfer/ats/runtime/text/tokenizer"
 )
 
 // Message is one turn of a conversation, in the shape of OpenAI's chat API
@@ -82,6 +83,10 @@ type Options struct {
 	// set, stops it when cancelled.
 	Limits  *Limits
 	Context context.Context
+	// Tokenizer is the model's: when set, RenderPrompt finds the
+	// control-token texts in the conversation's strings and reports them
+	// in Prompt.Plain, so that EncodePrompt keeps them plain text.
+	Tokenizer *tokenizer.Tokenizer
 }
 
 // Limits bound one rendering of a template. A template comes from the model
@@ -125,6 +130,7 @@ type Template struct {
 	src    string
 	family string // the built-in family for a fallback, "" for a model's own template
 	t      *jinja.Template
+	avoid  map[rune]bool // private use characters of src, which placeholders must not be (prompt.go)
 }
 
 // ErrNoTemplate is returned by Load for an empty template source.
@@ -141,7 +147,7 @@ func New(src string) (*Template, error) {
 	if err != nil {
 		return nil, fmt.Errorf("chat: parse template: %w", err)
 	}
-	return &Template{src: src, t: t}, nil
+	return &Template{src: src, t: t, avoid: placeholderRunesOf(src)}, nil
 }
 
 // Source returns the template text as given to New.
@@ -153,9 +159,18 @@ func (t *Template) Family() string { return t.family }
 
 // Render renders the conversation into a prompt.
 func (t *Template) Render(msgs []Message, opt Options) (string, error) {
-	data, err := templateData(msgs, opt)
+	p, err := t.RenderPrompt(msgs, opt)
+	return p.Text, err
+}
+
+// RenderPrompt renders the conversation into a prompt and, when
+// opt.Tokenizer is set, says which of its bytes are control-token texts
+// that came from the conversation (see Prompt).
+func (t *Template) RenderPrompt(msgs []Message, opt Options) (Prompt, error) {
+	prot := newProtector(opt.Tokenizer, t.avoid)
+	data, err := templateData(msgs, opt, prot)
 	if err != nil {
-		return "", err
+		return Prompt{}, err
 	}
 	lim := DefaultLimits()
 	if opt.Limits != nil {
@@ -164,19 +179,27 @@ func (t *Template) Render(msgs []Message, opt Options) (string, error) {
 	out, err := t.t.RenderLimited(data, jinja.Limits{Timeout: lim.Timeout, Context: opt.Context, MaxOutput: lim.MaxOutput,
 		MaxAlloc: lim.MaxAlloc, MaxDepth: lim.MaxDepth, MaxSteps: lim.MaxSteps})
 	if err != nil {
-		return "", fmt.Errorf("chat: render template: %w", err)
+		return Prompt{}, fmt.Errorf("chat: render template: %w", err)
 	}
-	return out, nil
+	p, err := prot.restore(out, lim.MaxOutput)
+	if err != nil {
+		return Prompt{}, fmt.Errorf("chat: render template: %w", err)
+	}
+	return p, nil
 }
 
-// templateData builds the variables HF's apply_chat_template passes.
-func templateData(msgs []Message, opt Options) (map[string]jinja.Value, error) {
+// templateData builds the variables HF's apply_chat_template passes; prot,
+// when not nil, protects the strings that come from the caller.
+func templateData(msgs []Message, opt Options, prot *protector) (map[string]jinja.Value, error) {
 	data := make(map[string]jinja.Value, 8+len(opt.Vars))
 	for k, v := range opt.Vars {
 		if reserved[k] {
 			return nil, fmt.Errorf("chat: Vars[%q] would replace a variable Render sets itself", k)
 		}
 		val, err := toValue(v)
+		if err == nil {
+			val, err = prot.protectValue(val, 0)
+		}
 		if err != nil {
 			return nil, fmt.Errorf("chat: Vars[%q]: %w", k, err)
 		}
@@ -185,7 +208,11 @@ func templateData(msgs []Message, opt Options) (map[string]jinja.Value, error) {
 
 	list := make([]jinja.Value, len(msgs))
 	for i, m := range msgs {
-		list[i] = messageValue(m)
+		v, err := messageValue(m, prot)
+		if err != nil {
+			return nil, fmt.Errorf("chat: message %d: %w", i, err)
+		}
+		list[i] = v
 	}
 	data["messages"] = jinja.NewList(list)
 
@@ -195,6 +222,9 @@ func templateData(msgs []Message, opt Options) (map[string]jinja.Value, error) {
 		tools := make([]jinja.Value, len(opt.Tools))
 		for i, tool := range opt.Tools {
 			v, err := toValue(tool)
+			if err == nil {
+				v, err = prot.protectValue(v, 0)
+			}
 			if err != nil {
 				return nil, fmt.Errorf("chat: Tools[%d]: %w", i, err)
 			}
@@ -207,8 +237,10 @@ func templateData(msgs []Message, opt Options) (map[string]jinja.Value, error) {
 	data["bos_token"] = jinja.NewString(opt.BOS)
 	data["eos_token"] = jinja.NewString(opt.EOS)
 	data["raise_exception"] = jinja.NewLimitedCallable("raise_exception", raiseException)
-	data["strftime_now"] = jinja.NewCallable("strftime_now", strftimeNow)
-	data[tojsonFilter] = jinja.NewLimitedCallable("tojson", tojson)
+	data["strftime_now"] = jinja.NewLimitedCallable("strftime_now", strftimeNow)
+	data[tojsonFilter] = jinja.NewLimitedCallable("tojson", func(b *jinja.Budget, args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
+		return tojson(b, args, kwargs, prot)
+	})
 	return data, nil
 }
 
@@ -237,42 +269,65 @@ func ReservedVar(name string) bool { return reserved[name] }
 //   - tool-call arguments are a mapping when they parse as a JSON object
 //     (templates iterate them or pass them through tojson), else the raw
 //     string.
-func messageValue(m Message) jinja.Value {
+func messageValue(m Message, prot *protector) (jinja.Value, error) {
 	d := jinja.NewDict()
 	dict := d.AsDict()
+	// str protects a string of the caller's; the first error sticks.
+	var err error
+	str := func(s string) jinja.Value {
+		if err == nil {
+			s, err = prot.protect(s)
+		}
+		return jinja.NewString(s)
+	}
 	dict.Set("role", jinja.NewString(m.Role))
-	dict.Set("content", jinja.NewString(m.Content))
+	dict.Set("content", str(m.Content))
 	if m.ReasoningContent != "" {
-		dict.Set("reasoning_content", jinja.NewString(m.ReasoningContent))
+		dict.Set("reasoning_content", str(m.ReasoningContent))
 	}
 	if len(m.ToolCalls) > 0 {
 		calls := make([]jinja.Value, len(m.ToolCalls))
 		for i, c := range m.ToolCalls {
-			calls[i] = toolCallValue(c)
+			var cerr error
+			if calls[i], cerr = toolCallValue(c, prot); cerr != nil && err == nil {
+				err = cerr
+			}
 		}
 		dict.Set("tool_calls", jinja.NewList(calls))
 	}
 	if m.ToolCallID != "" {
-		dict.Set("tool_call_id", jinja.NewString(m.ToolCallID))
+		dict.Set("tool_call_id", str(m.ToolCallID))
 	}
 	if m.Name != "" {
-		dict.Set("name", jinja.NewString(m.Name))
+		dict.Set("name", str(m.Name))
 	}
-	return d
+	return d, err
 }
 
-func toolCallValue(c ToolCall) jinja.Value {
+func toolCallValue(c ToolCall, prot *protector) (jinja.Value, error) {
 	fn := jinja.NewDict()
-	fn.AsDict().Set("name", jinja.NewString(c.Function.Name))
+	name, err := prot.protect(c.Function.Name)
+	if err != nil {
+		return jinja.Undefined(), err
+	}
+	fn.AsDict().Set("name", jinja.NewString(name))
 	args := jinja.NewString(c.Function.Arguments)
 	if v, err := parseJSON([]byte(c.Function.Arguments)); err == nil && v.IsDict() {
 		args = v
+	}
+	// Parsed first, so that a placeholder never breaks the JSON.
+	if args, err = prot.protectValue(args, 0); err != nil {
+		return jinja.Undefined(), err
 	}
 	fn.AsDict().Set("arguments", args)
 
 	d := jinja.NewDict()
 	if c.ID != "" {
-		d.AsDict().Set("id", jinja.NewString(c.ID))
+		id, err := prot.protect(c.ID)
+		if err != nil {
+			return jinja.Undefined(), err
+		}
+		d.AsDict().Set("id", jinja.NewString(id))
 	}
 	typ := c.Type
 	if typ == "" {
@@ -280,7 +335,7 @@ func toolCallValue(c ToolCall) jinja.Value {
 	}
 	d.AsDict().Set("type", jinja.NewString(typ))
 	d.AsDict().Set("function", fn)
-	return d
+	return d, nil
 }
 
 // TemplateError is the error a template raises itself through

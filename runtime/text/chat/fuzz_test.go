@@ -98,7 +98,7 @@ func BenchmarkRenderLimits(b *testing.B) {
 	msgs = append(msgs, Message{Role: "user", Content: "last"})
 	// The engine's unlimited path (no budget at all), for comparison.
 	b.Run("unbudgeted", func(b *testing.B) {
-		data, err := templateData(msgs, Options{AddGenerationPrompt: true})
+		data, err := templateData(msgs, Options{AddGenerationPrompt: true}, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -18,6 +18,9 @@ func TestTemplateLimits(t *testing.T) {
 		{"nested range", `{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}`, "memory"},
 		{"self-containing list", `{% set l = [] %}{{ l.append(l) }}{{ l | tojson }}`, "nesting"},
 		{"raise a huge value", `{% set ns = namespace(x=[1]) %}{% for i in range(60) %}{% set ns.x = [ns.x, ns.x] %}{% endfor %}{{ raise_exception(ns.x) }}`, "output size"},
+		// Issue 33: 20 MB of format made 40 MB of prompt, which the
+		// tokenizer then took gigabytes for.
+		{"strftime of a huge format", `{{ strftime_now('%Y' * 10000000) }}`, "output size"},
 	}
 	lim := DefaultLimits()
 	lim.MaxOutput, lim.MaxAlloc = 4<<20, 16<<20

@@ -12,13 +12,24 @@ import (
 // now is the clock strftime_now reads; tests replace it.
 var now = time.Now
 
+// maxStrftimeGrowth bounds how much longer strftime's result is than its
+// format: %F gives 10 bytes for 2, and no directive gives more per byte.
+const maxStrftimeGrowth = 5
+
 // strftimeNow is HF's strftime_now(format): datetime.now().strftime(format),
-// local time. Llama 3.1 uses it to date its system prompt.
-func strftimeNow(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+// local time. Llama 3.1 uses it to date its system prompt. The result
+// counts against the rendering's limits before it is built, at its
+// longest, so a format of millions of directives is a limit error rather
+// than a prompt of tens of megabytes.
+func strftimeNow(b *jinja.Budget, args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
 	if len(args) != 1 || !args[0].IsString() {
 		return jinja.Undefined(), fmt.Errorf("strftime_now: want one format string")
 	}
-	return jinja.NewString(strftime(args[0].AsString(), now())), nil
+	format := args[0].AsString()
+	if err := b.Alloc(int64(len(format))*maxStrftimeGrowth, "strftime_now's result"); err != nil {
+		return jinja.Undefined(), err
+	}
+	return jinja.NewString(strftime(format, now())), nil
 }
 
 // strftime implements the C/Python strftime directives that templates use,

@@ -21,11 +21,14 @@ const tojsonFilter = "__ats_tojson"
 // engine's own tojson differs with indent= (Go's encoding/json: sorted
 // keys, <>& escaped) and in float formatting (1e6 vs 1000000.0), and
 // models see tool schemas and call arguments through this filter.
-func tojson(b *jinja.Budget, args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
+//
+// prot, which may be nil, knows the placeholders of the rendering
+// (prompt.go).
+func tojson(b *jinja.Budget, args []jinja.Value, kwargs map[string]jinja.Value, prot *protector) (jinja.Value, error) {
 	if len(args) == 0 {
 		return jinja.Undefined(), fmt.Errorf("tojson: no value")
 	}
-	o := jsonOptions{b: b}
+	o := jsonOptions{b: b, prot: prot}
 	// HF's signature, in order: tojson(x, ensure_ascii, indent, separators, sort_keys).
 	names := []string{"ensure_ascii", "indent", "separators", "sort_keys"}
 	opts := map[string]jinja.Value{}
@@ -81,6 +84,7 @@ type jsonOptions struct {
 	b                     *jinja.Budget // the rendering's limits
 	ensureASCII, sortKeys bool
 	indented              bool
+	prot                  *protector // nil: no placeholders
 	indent                string
 	itemSep, keySep       string
 }
@@ -132,7 +136,9 @@ func (o *jsonOptions) encode(sb *strings.Builder, v jinja.Value, depth int) erro
 		if err := o.grow(sb, 6*int64(len(v.AsString()))); err != nil {
 			return err
 		}
-		o.encodeString(sb, v.AsString())
+		if err := o.encodeString(sb, v.AsString()); err != nil {
+			return err
+		}
 	case v.IsList():
 		items := v.AsList().Items
 		if len(items) == 0 {
@@ -176,7 +182,9 @@ func (o *jsonOptions) encode(sb *strings.Builder, v jinja.Value, depth int) erro
 			if err := o.grow(sb, 6*int64(len(k)+len(o.keySep)+len(o.itemSep))); err != nil {
 				return err
 			}
-			o.encodeString(sb, k)
+			if err := o.encodeString(sb, k); err != nil {
+				return err
+			}
 			sb.WriteString(o.keySep)
 			if err := o.encode(sb, d.Data[k], depth+1); err != nil {
 				return err
@@ -195,10 +203,43 @@ func (o *jsonOptions) encode(sb *strings.Builder, v jinja.Value, depth int) erro
 // encodeString escapes like Python's json module: with ensure_ascii off
 // only '"', '\\' and control characters; with it on, also everything
 // outside printable ASCII, as \uXXXX (surrogate pairs above U+FFFF).
-func (o *jsonOptions) encodeString(sb *strings.Builder, s string) {
+func (o *jsonOptions) encodeString(sb *strings.Builder, s string) error {
 	sb.WriteByte('"')
+	if err := o.escape(sb, s, true); err != nil {
+		return err
+	}
+	sb.WriteByte('"')
+	return nil
+}
+
+// escape writes s escaped. With placeholders, a placeholder (prompt.go)
+// is written as it is when its text needs no escaping, so that the text
+// put back for it is what the escaping would have written; otherwise the
+// escaped text itself is written, protected in its turn.
+func (o *jsonOptions) escape(sb *strings.Builder, s string, placeholders bool) error {
 	for i := 0; i < len(s); {
 		r, size := utf8.DecodeRuneInString(s[i:])
+		if placeholders && isPlaceholder(r) {
+			if text, ok := o.prot.text(r); ok {
+				var esc strings.Builder
+				if err := o.escape(&esc, text, false); err != nil {
+					return err
+				}
+				out := s[i : i+size]
+				if esc.String() != text {
+					var err error
+					if out, err = o.prot.protect(esc.String()); err != nil {
+						return err
+					}
+					if err := o.grow(sb, int64(len(out))); err != nil {
+						return err
+					}
+				}
+				sb.WriteString(out)
+				i += size
+				continue
+			}
+		}
 		switch {
 		case r == '"':
 			sb.WriteString(`\"`)
@@ -228,7 +269,7 @@ func (o *jsonOptions) encodeString(sb *strings.Builder, s string) {
 		}
 		i += size
 	}
-	sb.WriteByte('"')
+	return nil
 }
 
 func utf16Pair(r rune) (rune, rune) {

@@ -18,9 +18,10 @@ import (
 // merge mentions gets an id past the vocabulary. A merge table keyed by id
 // pairs then replaces llama.cpp's string-pair map.
 type bpe struct {
-	nTokens int32
-	merges  map[uint64]bpeMerge
-	byteID  [256]int32 // id of each single byte's symbol, -1 when none
+	nTokens     int32
+	maxTokenLen int // bytes of the longest token's text
+	merges      map[uint64]bpeMerge
+	byteID      [256]int32 // id of each single byte's symbol, -1 when none
 	// fallback lists, per raw byte, the tokens llama.cpp emits for a final
 	// symbol that is not a token: one per byte of its byte-level text that is
 	// itself a one-byte token (usually none: such symbols cannot arise from a
@@ -40,6 +41,7 @@ func pairKey(l, r int32) uint64 { return uint64(uint32(l))<<32 | uint64(uint32(r
 func newBPE(tokens []string, toID map[string]int32, merges []string, ignoreMerges bool) (*bpe, error) {
 	m := &bpe{
 		nTokens:      int32(len(tokens)),
+		maxTokenLen:  maxLen(tokens),
 		ignoreMerges: ignoreMerges,
 		toID:         toID,
 	}
@@ -164,39 +166,56 @@ func splitMerge(s string) (left, right string, ok bool) {
 	return s[:j+1], s[j+2:], true
 }
 
+// bpeSymbol is a symbol of a word being merged. Symbols start as one per
+// byte, and symbol i always starts at byte i (merging keeps the left
+// symbol), so it ends where the next live one starts: no offsets or
+// lengths are stored. With the queue's 8-byte entries that keeps a long
+// word to about 30 bytes of work memory per byte.
 type bpeSymbol struct {
-	id         int32 // interned id, -1 for a byte no merge or token knows
-	start, n   int32 // byte range in the word; n == 0 once merged away
+	id         int32 // interned id; -1 for a byte no merge or token knows; deadSymbol once merged away
 	prev, next int32
 }
 
-type bpePair struct {
-	rank, left, right int32
-	lid, rid          int32 // symbol ids when the pair was queued
-	result            int32 // id of the merged symbol
-}
+const deadSymbol = -3
+
+// bpePair is a queued merge of the symbol at left with the one after it.
+// The rank names the merge, so the pair is still valid when popped exactly
+// when the two symbols there now have that merge's rank.
+type bpePair struct{ rank, left int32 }
 
 type bpeScratch struct {
 	syms []bpeSymbol
 	heap []bpePair
 	enc  []byte
-	ids  []int32
 }
 
-// encode appends the tokens of text, split into words by pre.
-func (m *bpe) encode(dst []int, pre *preTokenizer, text string) []int {
+// maxKeptScratch is the most symbols a pooled scratch keeps between calls:
+// a huge word's buffers go to the garbage collector instead of staying
+// in the pool.
+const maxKeptScratch = 1 << 16
+
+// encode appends the tokens of text, split into words by pre. When limit
+// is set, words stop being tokenized once it says so.
+func (m *bpe) encode(dst []int, pre *preTokenizer, text string, lim *limiter) []int {
 	sc := m.scratch.Get().(*bpeScratch)
-	defer m.scratch.Put(sc)
+	defer func() {
+		if cap(sc.syms) <= maxKeptScratch {
+			m.scratch.Put(sc)
+		}
+	}()
 	memo := newWordMemo(len(text))
-	tokenize := func(word string) []int32 { return m.bpeWord(sc, word) }
-	pre.words(text, func(word string) { dst = memo.encode(dst, word, tokenize) })
+	tokenize := func(dst []int, word string) []int { return m.bpeWord(sc, dst, word) }
+	pre.words(text, func(word string) {
+		if lim.word(len(dst), len(word)) {
+			dst = memo.encode(dst, word, tokenize)
+		}
+	})
 	return dst
 }
 
-// bpeWord runs BPE on word; the result aliases sc.ids.
-func (m *bpe) bpeWord(sc *bpeScratch, word string) []int32 {
-	out := sc.ids[:0]
-	if m.ignoreMerges {
+// bpeWord runs BPE on word and appends its tokens to out.
+func (m *bpe) bpeWord(sc *bpeScratch, out []int, word string) []int {
+	if m.ignoreMerges && len(word) <= m.maxTokenLen {
 		// Llama 3: a word that is a token is taken whole, even where the
 		// merges would split it differently.
 		sc.enc = sc.enc[:0]
@@ -204,61 +223,99 @@ func (m *bpe) bpeWord(sc *bpeScratch, word string) []int32 {
 			sc.enc = utf8.AppendRune(sc.enc, byteToRune[word[i]])
 		}
 		if id, ok := m.toID[string(sc.enc)]; ok {
-			sc.ids = append(out, id)
-			return sc.ids
+			return append(out, int(id))
 		}
 	}
+	n := int32(len(word))
 	syms := sc.syms[:0]
-	for i := 0; i < len(word); i++ {
-		syms = append(syms, bpeSymbol{id: m.byteID[word[i]], start: int32(i), n: 1, prev: int32(i) - 1, next: int32(i) + 1})
+	if cap(syms) < len(word) {
+		syms = make([]bpeSymbol, 0, len(word))
 	}
-	if len(syms) > 0 {
-		syms[len(syms)-1].next = -1
+	for i := range n {
+		syms = append(syms, bpeSymbol{id: m.byteID[word[i]], prev: i - 1, next: i + 1})
 	}
-	h := pairHeap(sc.heap[:0])
-	push := func(l, r int32) {
-		if l < 0 || r < 0 {
-			return
+	if n > 0 {
+		syms[n-1].next = -1
+	}
+	// rankAt is the rank of merging the symbol at l with the next one, -1
+	// when they have none.
+	rankAt := func(l int32) (bpeMerge, bool) {
+		r := syms[l].next
+		if r < 0 {
+			return bpeMerge{}, false
 		}
 		a, b := syms[l].id, syms[r].id
 		if a < 0 || b < 0 {
+			return bpeMerge{}, false
+		}
+		mg, ok := m.merges[pairKey(a, b)]
+		return mg, ok
+	}
+	valid := func(q bpePair) bool {
+		if syms[q.left].id == deadSymbol {
+			return false
+		}
+		mg, ok := rankAt(q.left)
+		return ok && mg.rank == q.rank
+	}
+	h := pairHeap(sc.heap[:0])
+	if cap(h) < len(word) {
+		h = make(pairHeap, 0, len(word))
+	}
+	alive := n
+	push := func(l int32) {
+		if l < 0 {
 			return
 		}
-		if mg, ok := m.merges[pairKey(a, b)]; ok {
-			h.push(bpePair{rank: mg.rank, left: l, right: r, lid: a, rid: b, result: mg.result})
+		if mg, ok := rankAt(l); ok {
+			// Stale pairs pile up in long words: rather than grow the
+			// queue, drop them once they are half of it, so it stays
+			// within about twice the live symbols.
+			if len(h) == cap(h) && len(h) > 2*int(alive)+64 {
+				h = h.compact(valid)
+			}
+			h.push(bpePair{rank: mg.rank, left: l})
 		}
 	}
-	for i := int32(1); i < int32(len(syms)); i++ {
-		push(i-1, i)
+	for i := int32(0); i+1 < n; i++ {
+		push(i)
 	}
 	for len(h) > 0 {
 		p := h.pop()
-		l, r := &syms[p.left], &syms[p.right]
-		// Stale: one side was merged away or grew since the pair was queued.
-		if l.n == 0 || r.n == 0 || l.id != p.lid || r.id != p.rid {
+		l := &syms[p.left]
+		if l.id == deadSymbol {
 			continue
 		}
-		l.id = p.result
-		l.n += r.n
-		r.n = 0
-		l.next = r.next
-		if r.next >= 0 {
-			syms[r.next].prev = p.left
+		mg, ok := rankAt(p.left)
+		if !ok || mg.rank != p.rank {
+			continue // stale: one side changed since the pair was queued
 		}
-		push(l.prev, p.left)
-		push(p.left, l.next)
+		r := l.next
+		l.id = mg.result
+		l.next = syms[r].next
+		syms[r].id = deadSymbol
+		if l.next >= 0 {
+			syms[l.next].prev = p.left
+		}
+		alive--
+		push(l.prev)
+		push(p.left)
 	}
-	for i := int32(0); len(syms) > 0 && i >= 0; i = syms[i].next {
+	for i := int32(0); n > 0 && i >= 0; i = syms[i].next {
 		s := syms[i]
 		if s.id >= 0 && s.id < m.nTokens {
-			out = append(out, s.id)
+			out = append(out, int(s.id))
 			continue
 		}
-		for j := s.start; j < s.start+s.n; j++ {
-			out = append(out, m.fallback[word[j]]...)
+		end := n
+		if s.next >= 0 {
+			end = s.next
+		}
+		for j := i; j < end; j++ {
+			out = appendIDs(out, m.fallback[word[j]])
 		}
 	}
-	sc.syms, sc.heap, sc.ids = syms, h, out
+	sc.syms, sc.heap = syms, h
 	return out
 }
 
@@ -289,20 +346,47 @@ func (h *pairHeap) pop() bpePair {
 	last := len(s) - 1
 	s[0] = s[last]
 	s = s[:last]
-	for i := 0; ; {
+	s.down(0)
+	*h = s
+	return top
+}
+
+// compact keeps the entries valid reports true for and restores the heap
+// order.
+func (h pairHeap) compact(valid func(bpePair) bool) pairHeap {
+	s := h[:0]
+	for _, p := range h {
+		if valid(p) {
+			s = append(s, p)
+		}
+	}
+	for i := len(s)/2 - 1; i >= 0; i-- {
+		s.down(i)
+	}
+	return s
+}
+
+func (h pairHeap) down(i int) {
+	for {
 		l, r, min := 2*i+1, 2*i+2, i
-		if l < len(s) && s.less(l, min) {
+		if l < len(h) && h.less(l, min) {
 			min = l
 		}
-		if r < len(s) && s.less(r, min) {
+		if r < len(h) && h.less(r, min) {
 			min = r
 		}
 		if min == i {
-			break
+			return
 		}
-		s[i], s[min] = s[min], s[i]
+		h[i], h[min] = h[min], h[i]
 		i = min
 	}
-	*h = s
-	return top
+}
+
+func maxLen(ss []string) int {
+	n := 0
+	for _, s := range ss {
+		n = max(n, len(s))
+	}
+	return n
 }

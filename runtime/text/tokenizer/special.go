@@ -62,14 +62,28 @@ type fragment struct{ start, end, token int }
 type specialHit struct{ k, pos int } // k indexes m.ids
 
 // partition splits text into raw fragments and special tokens; attrs are the
-// tokenizer's (their strip bits are set after the matcher is built).
-func (m *specialMatcher) partition(text string, parseSpecial bool, attrs []attr) []fragment {
+// tokenizer's (their strip bits are set after the matcher is built). With
+// parseSpecial, control tokens are matched except where they overlap a
+// range of plain (sorted, not overlapping).
+func (m *specialMatcher) partition(text string, parseSpecial bool, plain []Range, attrs []attr) []fragment {
 	whole := []fragment{{0, len(text), -1}}
 	if len(m.ids) == 0 || (!parseSpecial && !m.anyUser) {
 		return whole
 	}
 	usable := func(k int32) bool {
 		return parseSpecial || attrs[m.ids[k]]&(attrControl|attrUnknown) == 0
+	}
+	// inPlain reports whether a control token at [i, i+n) overlaps a plain
+	// range; positions only grow, so p only moves forward.
+	p := 0
+	inPlain := func(k int32, i int) bool {
+		if attrs[m.ids[k]]&(attrControl|attrUnknown) == 0 {
+			return false // user-defined tokens are matched anywhere
+		}
+		for p < len(plain) && plain[p].End <= i {
+			p++
+		}
+		return p < len(plain) && plain[p].Start < i+len(m.texts[k])
 	}
 	var hits []specialHit
 	for i := 0; i < len(text); i++ {
@@ -78,13 +92,13 @@ func (m *specialMatcher) partition(text string, parseSpecial bool, attrs []attr)
 			continue
 		}
 		for _, k := range m.single[b] {
-			if usable(k) {
+			if usable(k) && !inPlain(k, i) {
 				hits = append(hits, specialHit{int(k), i})
 			}
 		}
 		if i+1 < len(text) {
 			for _, k := range m.byPair[uint16(b)<<8|uint16(text[i+1])] {
-				if usable(k) && strings.HasPrefix(text[i:], m.texts[k]) {
+				if usable(k) && strings.HasPrefix(text[i:], m.texts[k]) && !inPlain(k, i) {
 					hits = append(hits, specialHit{int(k), i})
 				}
 			}

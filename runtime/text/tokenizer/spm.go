@@ -67,30 +67,43 @@ func spaceOnlyLeads(tok string) bool {
 	return true
 }
 
+// spmSymbol is a symbol of a word being merged: a character at first,
+// then merged runs. It ends where the next live symbol starts, so only the
+// start is stored (12 bytes a character, with the queue's 12-byte entries
+// about 40 bytes of work memory per byte of a long word at most).
 type spmSymbol struct {
-	start, n   int32 // byte range; n == 0 once merged away
+	start      int32 // -1 once merged away
 	prev, next int32
 }
 
+// spmBigram is a queued merge of the symbol at left with the one after it
+// into a token of size bytes; it is still valid when popped exactly when
+// the two symbols there now span size bytes (both only grow).
 type spmBigram struct {
-	score       float32
-	left, right int32
-	size        int32
+	score      float32
+	left, size int32
 }
 
 type spmScratch struct {
 	syms []spmSymbol
 	heap bigramHeap
-	ids  []int32
 }
 
 // encode appends the tokens of text, whose spaces must already be escaped.
-func (m *spm) encode(dst []int, text string) []int {
+// When limit is set, words stop being tokenized once it says so.
+func (m *spm) encode(dst []int, text string, lim *limiter) []int {
 	sc := m.scratch.Get().(*spmScratch)
-	defer m.scratch.Put(sc)
-	tokenize := func(word string) []int32 { return m.encodeWord(sc, word) }
+	defer func() {
+		if cap(sc.syms) <= maxKeptScratch {
+			m.scratch.Put(sc)
+		}
+	}()
+	tokenize := func(dst []int, word string) []int { return m.encodeWord(sc, dst, word) }
 	if !m.splitWords {
-		return appendIDs(dst, tokenize(text))
+		if !lim.word(len(dst), len(text)) {
+			return dst
+		}
+		return tokenize(dst, text)
 	}
 	// Words start at a ▁ that follows something else. The cut points must
 	// be symbol starts as encodeWord finds them (which matters for invalid
@@ -101,78 +114,105 @@ func (m *spm) encode(dst []int, text string) []int {
 		n := min(utf8SeqLen(text[off]), len(text)-off)
 		space := text[off:off+n] == spmSpace
 		if space && !prevSpace && off > start {
+			if !lim.word(len(dst), off-start) {
+				return dst
+			}
 			dst = memo.encode(dst, text[start:off], tokenize)
 			start = off
 		}
 		prevSpace = space
 		off += n
 	}
+	if !lim.word(len(dst), len(text)-start) {
+		return dst
+	}
 	return memo.encode(dst, text[start:], tokenize)
 }
 
-// encodeWord runs the merge queue over one word (or the whole text); the
-// result aliases sc.ids.
-func (m *spm) encodeWord(sc *spmScratch, text string) []int32 {
-	out := sc.ids[:0]
+// encodeWord runs the merge queue over one word (or the whole text) and
+// appends its tokens to out.
+func (m *spm) encodeWord(sc *spmScratch, out []int, text string) []int {
 	if text == "" {
 		return out
 	}
 	syms := sc.syms[:0]
+	if cap(syms) < len(text) {
+		syms = make([]spmSymbol, 0, len(text)) // at most one symbol a byte
+	}
 	for off := 0; off < len(text); {
 		n := min(utf8SeqLen(text[off]), len(text)-off)
 		i := int32(len(syms))
-		syms = append(syms, spmSymbol{start: int32(off), n: int32(n), prev: i - 1, next: i + 1})
+		syms = append(syms, spmSymbol{start: int32(off), prev: i - 1, next: i + 1})
 		off += n
 	}
 	syms[len(syms)-1].next = -1
+	end := func(i int32) int32 {
+		if nx := syms[i].next; nx >= 0 {
+			return syms[nx].start
+		}
+		return int32(len(text))
+	}
 
+	valid := func(b spmBigram) bool {
+		l := syms[b.left]
+		return l.start >= 0 && l.next >= 0 && end(l.next)-l.start == b.size
+	}
 	h := sc.heap[:0]
-	tryAdd := func(l, r int32) {
-		if l < 0 || r < 0 {
+	if cap(h) < len(syms) {
+		h = make(bigramHeap, 0, len(syms))
+	}
+	alive := len(syms)
+	tryAdd := func(l int32) {
+		if l < 0 || syms[l].next < 0 {
 			return
 		}
-		s := text[syms[l].start : syms[r].start+syms[r].n]
+		s := text[syms[l].start:end(syms[l].next)]
 		id, ok := m.toID[s]
 		if !ok {
 			return
 		}
-		h.push(spmBigram{score: m.scores[id], left: l, right: r, size: int32(len(s))})
+		// Drop stale bigrams rather than grow the queue once they are
+		// half of it.
+		if len(h) == cap(h) && len(h) > 2*alive+64 {
+			h = h.compact(valid)
+		}
+		h.push(spmBigram{score: m.scores[id], left: l, size: int32(len(s))})
 	}
-	for i := int32(1); i < int32(len(syms)); i++ {
-		tryAdd(i-1, i)
+	for i := int32(0); i+1 < int32(len(syms)); i++ {
+		tryAdd(i)
 	}
 	for len(h) > 0 {
 		b := h.pop()
-		l, r := &syms[b.left], &syms[b.right]
-		if l.n == 0 || r.n == 0 || l.n+r.n != b.size {
+		if !valid(b) {
 			continue // one side already merged elsewhere
 		}
-		l.n += r.n
-		r.n = 0
-		l.next = r.next
-		if r.next >= 0 {
-			syms[r.next].prev = b.left
+		l := &syms[b.left]
+		r := l.next
+		l.next = syms[r].next
+		syms[r].start = -1
+		if l.next >= 0 {
+			syms[l.next].prev = b.left
 		}
-		tryAdd(l.prev, b.left)
-		tryAdd(b.left, l.next)
+		alive--
+		tryAdd(l.prev)
+		tryAdd(b.left)
 	}
 	// A merged symbol is always a token (it was found as one when queued),
 	// so llama.cpp's re-segmentation of non-token symbols reduces to the
 	// byte fallback for single characters the vocabulary lacks.
 	for i := int32(0); i >= 0; i = syms[i].next {
-		s := syms[i]
-		piece := text[s.start : s.start+s.n]
+		piece := text[syms[i].start:end(i)]
 		if id, ok := m.toID[piece]; ok {
-			out = append(out, id)
+			out = append(out, int(id))
 			continue
 		}
 		for j := 0; j < len(piece); j++ {
 			if id := m.byteTok[piece[j]]; id >= 0 {
-				out = append(out, id)
+				out = append(out, int(id))
 			}
 		}
 	}
-	sc.syms, sc.heap, sc.ids = syms, h, out
+	sc.syms, sc.heap = syms, h
 	return out
 }
 
@@ -207,20 +247,39 @@ func (h *bigramHeap) pop() spmBigram {
 	last := len(s) - 1
 	s[0] = s[last]
 	s = s[:last]
-	for i := 0; ; {
+	s.down(0)
+	*h = s
+	return top
+}
+
+func (h bigramHeap) down(i int) {
+	for {
 		l, r, best := 2*i+1, 2*i+2, i
-		if l < len(s) && s.before(l, best) {
+		if l < len(h) && h.before(l, best) {
 			best = l
 		}
-		if r < len(s) && s.before(r, best) {
+		if r < len(h) && h.before(r, best) {
 			best = r
 		}
 		if best == i {
-			break
+			return
 		}
-		s[i], s[best] = s[best], s[i]
+		h[i], h[best] = h[best], h[i]
 		i = best
 	}
-	*h = s
-	return top
+}
+
+// compact keeps the entries valid reports true for and restores the heap
+// order.
+func (h bigramHeap) compact(valid func(spmBigram) bool) bigramHeap {
+	s := h[:0]
+	for _, b := range h {
+		if valid(b) {
+			s = append(s, b)
+		}
+	}
+	for i := len(s)/2 - 1; i >= 0; i-- {
+		s.down(i)
+	}
+	return s
 }

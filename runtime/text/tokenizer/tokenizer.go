@@ -92,6 +92,9 @@ type Tokenizer struct {
 
 	special specialMatcher
 
+	maxTokenBytes int  // the most bytes of text one token covers (setLimits)
+	stripping     bool // some special token swallows whitespace
+
 	preName string // pre-tokenizer in use (BPE)
 	pre     *preTokenizer
 	bpe     *bpe
@@ -150,6 +153,7 @@ func FromGGUF(f *gguf.File, warn func(string)) (*Tokenizer, error) {
 	t.special = newSpecialMatcher(t.tokens, t.attrs)
 	t.applyStripRules(strings.ToLower(name))
 	t.setPieces()
+	t.setLimits()
 
 	switch t.kind {
 	case kindBPE:
@@ -474,40 +478,15 @@ func optString(f *gguf.File, key string) (string, error) {
 // their ids; without it they are tokenized as plain text. User-defined
 // tokens (Qwen's <think>, ...) are always matched, as in llama.cpp.
 func (t *Tokenizer) Encode(text string, addBOS, parseSpecial bool) []int {
-	out := make([]int, 0, len(text)/4+8) // about 4 bytes per token in English
-	if addBOS && t.bos >= 0 {
-		out = append(out, t.bos)
-	}
-	if text == "" {
-		return out
-	}
-	prevSpecial := true // SPM: the first fragment gets the space prefix
-	for _, fr := range t.special.partition(text, parseSpecial, t.attrs) {
-		if fr.token >= 0 {
-			out = append(out, fr.token)
-			prevSpecial = true
-			continue
-		}
-		raw := text[fr.start:fr.end]
-		switch t.kind {
-		case kindSPM:
-			if t.addSpacePrefix && prevSpecial {
-				raw = " " + raw
-			}
-			out = t.spm.encode(out, escapeSpaces(raw))
-		case kindBPE:
-			out = t.encodeBPE(out, raw)
-		}
-		prevSpecial = false
-	}
-	return out
+	ids, _ := t.EncodeWith(text, EncodeOptions{AddBOS: addBOS, ParseSpecial: parseSpecial})
+	return ids
 }
 
 // encodeBPE appends the tokens of a fragment free of special tokens.
-func (t *Tokenizer) encodeBPE(dst []int, text string) []int {
+func (t *Tokenizer) encodeBPE(dst []int, text string, lim *limiter) []int {
 	// llama.cpp reads text as code points, turning each byte of invalid
 	// UTF-8 into U+FFFD before byte-level encoding.
-	return t.bpe.encode(dst, t.pre, sanitizeUTF8(text))
+	return t.bpe.encode(dst, t.pre, sanitizeUTF8(text), lim)
 }
 
 // wordMemo remembers, within one Encode call, the tokens of each word seen.
@@ -525,6 +504,7 @@ type idSpan struct{ off, n int32 } // a word's tokens in arena
 const (
 	memoMinText    = 512
 	memoMaxEntries = 1 << 18
+	memoMaxWord    = 256
 )
 
 func newWordMemo(textLen int) *wordMemo {
@@ -534,18 +514,22 @@ func newWordMemo(textLen int) *wordMemo {
 	return &wordMemo{words: make(map[string]idSpan, 256)}
 }
 
-// encode appends the tokens of word, from memory or from tokenize (whose
-// result may be overwritten by its next call).
-func (c *wordMemo) encode(dst []int, word string, tokenize func(string) []int32) []int {
+// encode appends the tokens of word, from memory or from tokenize (which
+// appends them to dst). Words longer than memoMaxWord are not remembered:
+// they seldom repeat, and would cost their length again in the arena.
+func (c *wordMemo) encode(dst []int, word string, tokenize func(dst []int, word string) []int) []int {
 	if sp, ok := c.words[word]; ok {
 		return appendIDs(dst, c.arena[sp.off:sp.off+sp.n])
 	}
-	ids := tokenize(word)
-	if c.words != nil && len(c.words) < memoMaxEntries {
-		c.words[word] = idSpan{int32(len(c.arena)), int32(len(ids))}
-		c.arena = append(c.arena, ids...)
+	start := len(dst)
+	dst = tokenize(dst, word)
+	if c.words != nil && len(c.words) < memoMaxEntries && len(word) <= memoMaxWord {
+		c.words[word] = idSpan{int32(len(c.arena)), int32(len(dst) - start)}
+		for _, id := range dst[start:] {
+			c.arena = append(c.arena, int32(id))
+		}
 	}
-	return appendIDs(dst, ids)
+	return dst
 }
 
 func appendIDs(dst []int, ids []int32) []int {
