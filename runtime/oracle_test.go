@@ -165,7 +165,7 @@ func TestOracles(t *testing.T) {
 // count: each output value is computed by one worker in a fixed order.
 func TestThreadsIdentical(t *testing.T) {
 	dir := filepath.Join(testenv.SharedDir(t), "testdata", "oracle")
-	for _, name := range []string{"tiny-qwen3moe-q4_k_m", "tiny-glm4-q8_0", "tiny-llama-q4_0", "tiny-qwen3-f16"} {
+	for _, name := range []string{"tiny-qwen3moe-q4_k_m", "tiny-glm4-q4_k_m", "tiny-llama-q4_0", "tiny-qwen3-f16"} {
 		t.Run(name, func(t *testing.T) {
 			path := filepath.Join(dir, name+".gguf")
 			want := loadOracle(t, filepath.Join(dir, name+".logits.json"))

@@ -82,7 +82,7 @@ func TestUnitsRoles(t *testing.T) {
 	for name, want := range map[string]string{
 		"tiny-qwen3-q4_k_m":    "attn_q attn_k attn_v attention attn_output ffn_gate ffn_up ffn_down",
 		"tiny-qwen3moe-q4_k_m": "attn_q attn_k attn_v attention attn_output ffn_moe",
-		"tiny-glm4-q8_0":       "attn_q attn_k attn_v attention attn_output ffn_up ffn_down",
+		"tiny-glm4-q4_k_m":     "attn_q attn_k attn_v attention attn_output ffn_up ffn_down",
 	} {
 		t.Run(name, func(t *testing.T) {
 			m := openOracle(t, name)

@@ -38,7 +38,7 @@ func TestModelAsArgument(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"run", m, "-m", oracleModel(t, "tiny-llama-f32"), "-p", "x"}, "the model is given twice"},
+		{[]string{"run", m, "-m", oracleModel(t, "tiny-qwen3-f16"), "-p", "x"}, "the model is given twice"},
 		{[]string{"run", m, "extra", "-p", "x"}, "accepts at most 1 arg"},
 		{[]string{"chat"}, "no model given: ats chat MODEL or -m MODEL"},
 		{[]string{"bench", "-p", "0", "-n", "1"}, "no model given"},
