@@ -63,7 +63,7 @@ func oracleFiles(t *testing.T) []string {
 	dir := filepath.Join(testenv.SharedDir(t), "testdata", "oracle")
 	files, _ := filepath.Glob(filepath.Join(dir, "*.gguf"))
 	if len(files) == 0 {
-		t.Skipf("no oracle models in %s", dir)
+		t.Fatalf("no oracle models in %s", dir)
 	}
 	return files
 }
@@ -335,7 +335,7 @@ func TestGPUGraphMatchesEager(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			path := filepath.Join(dir, name+".gguf")
 			if _, err := os.Stat(path); err != nil {
-				t.Skip(err)
+				t.Fatal(err)
 			}
 			want := loadOracle(t, filepath.Join(dir, name+".logits.json"))
 			want.Generated = want.Generated[:6]
@@ -414,7 +414,7 @@ func TestGPUTruncate(t *testing.T) {
 		}
 	}
 	if path == "" {
-		t.Skip("no tiny-qwen3 oracle model")
+		t.Fatal("no tiny-qwen3 oracle model")
 	}
 	m, err := Open(path)
 	if err != nil {

@@ -116,7 +116,7 @@ func TestOracles(t *testing.T) {
 	dir := filepath.Join(testenv.SharedDir(t), "testdata", "oracle")
 	files, _ := filepath.Glob(filepath.Join(dir, "*.gguf"))
 	if len(files) == 0 {
-		t.Skipf("no oracle models in %s", dir)
+		t.Fatalf("no oracle models in %s", dir)
 	}
 	for _, path := range files {
 		name := strings.TrimSuffix(filepath.Base(path), ".gguf")
@@ -335,7 +335,7 @@ func TestCPUOracleRoutes(t *testing.T) {
 	dir := filepath.Join(testenv.SharedDir(t), "testdata", "oracle")
 	files, _ := filepath.Glob(filepath.Join(dir, "*moe*.gguf"))
 	if len(files) == 0 {
-		t.Skipf("no MoE oracle models in %s", dir)
+		t.Fatalf("no MoE oracle models in %s", dir)
 	}
 	for _, path := range files {
 		name := strings.TrimSuffix(filepath.Base(path), ".gguf")

@@ -19,7 +19,7 @@ func openOracle(t *testing.T, name string) *Model {
 	t.Helper()
 	path := filepath.Join(testenv.SharedDir(t), "testdata", "oracle", name+".gguf")
 	if _, err := os.Stat(path); err != nil {
-		t.Skip(err)
+		t.Fatal(err)
 	}
 	m, err := Open(path)
 	if err != nil {
@@ -269,7 +269,7 @@ func TestSchedules(t *testing.T) {
 func TestHyperChecks(t *testing.T) {
 	src := filepath.Join(testenv.SharedDir(t), "testdata", "oracle", "tiny-qwen3-q4_k_m.gguf")
 	if _, err := os.Stat(src); err != nil {
-		t.Skip(err)
+		t.Fatal(err)
 	}
 	for _, c := range []struct {
 		key  string

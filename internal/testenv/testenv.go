@@ -55,22 +55,6 @@ func SharedDir(t testing.TB) string {
 	return d
 }
 
-// Glob returns the files matching pattern (relative to the folder that
-// holds testdata/, e.g. "testdata/oracle/*.gguf"), skipping the test when
-// nothing matches.
-func Glob(t testing.TB, pattern string) []string {
-	t.Helper()
-	d := SharedDir(t)
-	m, err := filepath.Glob(filepath.Join(d, pattern))
-	if err != nil {
-		t.Fatalf("bad pattern %q: %v", pattern, err)
-	}
-	if len(m) == 0 {
-		t.Skipf("no test files match %s in %s", pattern, d)
-	}
-	return m
-}
-
 func sharedDir() (string, error) {
 	if env := os.Getenv(EnvShared); env != "" {
 		if hasTestdata(env) {
