@@ -55,6 +55,22 @@ func SharedDir(t testing.TB) string {
 	return d
 }
 
+// Glob returns the files matching pattern (relative to the folder that
+// holds testdata/, e.g. "testdata/oracle/*.gguf"). Nothing matching fails
+// the test: the data is in the repository.
+func Glob(t testing.TB, pattern string) []string {
+	t.Helper()
+	d := SharedDir(t)
+	m, err := filepath.Glob(filepath.Join(d, pattern))
+	if err != nil {
+		t.Fatalf("bad pattern %q: %v", pattern, err)
+	}
+	if len(m) == 0 {
+		t.Fatalf("no test files match %s in %s", pattern, d)
+	}
+	return m
+}
+
 func sharedDir() (string, error) {
 	if env := os.Getenv(EnvShared); env != "" {
 		if hasTestdata(env) {
@@ -69,6 +85,9 @@ func sharedDir() (string, error) {
 			return
 		}
 		unpacked.dir, unpacked.err = Unpack(filepath.Join(root, "testdata"), cacheDir())
+		if unpacked.err != nil {
+			unpacked.err = fmt.Errorf("%w ($%s chooses where it is unpacked)", unpacked.err, EnvCache)
+		}
 	})
 	return unpacked.dir, unpacked.err
 }

@@ -182,3 +182,10 @@ func TestF16ToBF16(t *testing.T) {
 		t.Errorf("NaN became %#04x", got)
 	}
 }
+
+func TestGlob(t *testing.T) {
+	t.Setenv(EnvShared, "")
+	if m := Glob(t, "testdata/oracle/long/*-kvq8.logits.json"); len(m) != 4 {
+		t.Errorf("%d long-context q8_0 oracles, want 4: %v", len(m), m)
+	}
+}
