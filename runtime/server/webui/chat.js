@@ -201,7 +201,7 @@ function startEdit(i) {
 
 function resendEdited(i, text) {
   const c = current();
-  if (streaming || !c) return;
+  if (streaming || !c || checkCustom() instanceof Error) return;
   c.messages = c.messages.slice(0, i + 1);
   c.messages[i].content = text;
   if (i === 0) c.title = titleOf(text);
@@ -212,6 +212,7 @@ function resendEdited(i, text) {
 function regenerate() {
   const c = current();
   if (streaming || !c || !c.messages.length || c.messages[c.messages.length - 1].role !== "assistant") return;
+  if (checkCustom() instanceof Error) return;
   c.messages.pop();
   generate(c);
 }
@@ -307,8 +308,7 @@ function requestBody(c) {
 }
 
 async function send(text) {
-  if (streaming || !text.trim()) return;
-  if (checkCustom() instanceof Error) return;
+  if (streaming || !text.trim() || checkCustom() instanceof Error) return;
   const c = current() || newConversation();
   if (c.messages.length === 0) c.title = titleOf(text);
   c.messages.push({ role: "user", content: text });
@@ -319,11 +319,6 @@ async function send(text) {
 // message at the end.
 async function generate(c) {
   if (streaming) return;
-  if (checkCustom() instanceof Error) {
-    persist();
-    renderMessages();
-    return;
-  }
   const body = requestBody(c);
   const msg = { role: "assistant", content: "", reasoning: "", pending: true };
   c.messages.push(msg);
@@ -437,7 +432,8 @@ function init() {
     ev.preventDefault();
     const input = $("input");
     const text = input.value;
-    if (!text.trim() || streaming) return;
+    // Invalid extra request fields keep the message in the box, said why.
+    if (!text.trim() || streaming || checkCustom() instanceof Error) return;
     input.value = "";
     send(text);
   });
