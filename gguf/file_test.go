@@ -134,7 +134,7 @@ func BenchmarkOpen(b *testing.B) {
 		}
 	}
 	if path == "" {
-		b.Skip("no shared vocabulary file")
+		b.Fatal("no vocabulary file in the test data")
 	}
 	b.Logf("%s (%d bytes)", filepath.Base(path), best)
 	b.SetBytes(best)

@@ -23,7 +23,7 @@ func sharedFiles(t testing.TB) []string {
 		files = append(files, m...)
 	}
 	if len(files) == 0 {
-		t.Skipf("no .gguf files under %s/testdata", d)
+		t.Fatalf("no .gguf files under %s/testdata", d)
 	}
 	return files
 }

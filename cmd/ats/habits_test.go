@@ -38,7 +38,7 @@ func TestModelAsArgument(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"run", m, "-m", oracleModel(t, "tiny-llama-f32"), "-p", "x"}, "the model is given twice"},
+		{[]string{"run", m, "-m", oracleModel(t, "tiny-qwen3-f16"), "-p", "x"}, "the model is given twice"},
 		{[]string{"run", m, "extra", "-p", "x"}, "accepts at most 1 arg"},
 		{[]string{"chat"}, "no model given: ats chat MODEL or -m MODEL"},
 		{[]string{"bench", "-p", "0", "-n", "1"}, "no model given"},
@@ -176,11 +176,27 @@ func TestVersionFlag(t *testing.T) {
 		{Key: "vcs", Value: "git"}, {Key: "vcs.revision", Value: "0123456789abcdef0123"},
 		{Key: "vcs.time", Value: "2025-06-01T10:00:00Z"}, {Key: "vcs.modified", Value: "true"},
 	}}
-	if got, want := commitOf(bi), " (commit 0123456789ab, modified, 2025-06-01)"; got != want {
+	if got, want := commitOf("", "", bi), " (commit 0123456789ab, modified, 2025-06-01)"; got != want {
 		t.Errorf("commitOf = %q, want %q", got, want)
 	}
-	if got := commitOf(&debug.BuildInfo{}); got != "" {
+	if got := commitOf("", "", &debug.BuildInfo{}); got != "" {
 		t.Errorf("no VCS settings: %q", got)
+	}
+	// A release build: the commit and date given with -ldflags -X win.
+	if got, want := commitOf("fedcba9876543210fedcba9876543210fedcba98", "2026-12-01T10:00:00Z", bi), " (commit fedcba987654, built 2026-12-01)"; got != want {
+		t.Errorf("release commitOf = %q, want %q", got, want)
+	}
+	for _, tc := range []struct {
+		set, module, want string
+	}{
+		{"v1.2.3", "v0.0.1", "v1.2.3"},
+		{"dev", "v0.4.0", "v0.4.0"}, // go install ...@v0.4.0
+		{"dev", "(devel)", "dev"},
+		{"dev", "", "dev"},
+	} {
+		if got := versionOf(tc.set, &debug.BuildInfo{Main: debug.Module{Version: tc.module}}); got != tc.want {
+			t.Errorf("versionOf(%q, module %q) = %q, want %q", tc.set, tc.module, got, tc.want)
+		}
 	}
 }
 

@@ -37,7 +37,7 @@ func inspectSharedFiles(t *testing.T) []string {
 		files = append(files, m...)
 	}
 	if len(files) == 0 {
-		t.Skipf("no .gguf files under %s/testdata", d)
+		t.Fatalf("no .gguf files under %s/testdata", d)
 	}
 	return files
 }

@@ -58,7 +58,7 @@ func TestRunRawTokensDeterministic(t *testing.T) {
 // TestRunGreedyMatchesEval checks that run --temp 0 produces the tokens
 // eval's greedy decode does for the same prompt.
 func TestRunGreedyMatchesEval(t *testing.T) {
-	m := oracleModel(t, "tiny-llama-f32")
+	m := oracleModel(t, "tiny-qwen3-f16")
 	ids, _, err := runATSIn(t, "", "tokenize", "-m", m, "hello world")
 	if err != nil {
 		t.Fatal(err)

@@ -8,8 +8,13 @@ import (
 	"github.com/spf13/cobra"
 )
 
-// version is set at build time with -ldflags "-X main.version=v0.1.0".
-var version = "dev"
+// Release builds set these with -ldflags (see .goreleaser.yaml):
+// -X main.version=v0.1.0 -X main.commit=SHA -X main.date=RFC3339.
+var (
+	version = "dev"
+	commit  = ""
+	date    = ""
+)
 
 func init() {
 	register(func() *cobra.Command {
@@ -26,16 +31,38 @@ func init() {
 }
 
 // versionLine is what `ats version` and `ats --version` print: the
-// version, the commit it was built from (from the build info Go records
-// when building inside a git checkout) and the platform.
+// version, the commit it was built from and when, the Go version and the
+// platform.
 func versionLine() string {
 	bi, _ := debug.ReadBuildInfo()
-	return fmt.Sprintf("ats %s%s %s %s/%s", version, commitOf(bi), runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	return fmt.Sprintf("ats %s%s %s %s/%s", versionOf(version, bi), commitOf(commit, date, bi), runtime.Version(), runtime.GOOS, runtime.GOARCH)
 }
 
-// commitOf is " (COMMIT[, modified][, DATE])" from the VCS settings of a
-// build, "" when it has none (go run, go test, a build outside git).
-func commitOf(bi *debug.BuildInfo) string {
+// versionOf is the version set at build time, else the module version Go
+// recorded (go install github.com/atsinfer/ats/cmd/ats@v0.1.0 records
+// v0.1.0), else "dev".
+func versionOf(set string, bi *debug.BuildInfo) string {
+	if set != "dev" && set != "" {
+		return set
+	}
+	if bi != nil && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+// commitOf is " (commit COMMIT, built DATE)" for a release build, whose
+// commit and date were set at build time; otherwise " (commit COMMIT[,
+// modified][, DATE])" from the VCS settings Go records when it builds in a
+// git checkout, and "" without them (go run, go test, a build outside git).
+func commitOf(setCommit, setDate string, bi *debug.BuildInfo) string {
+	if setCommit != "" {
+		s := " (commit " + short(setCommit)
+		if len(setDate) >= 10 {
+			s += ", built " + setDate[:10]
+		}
+		return s + ")"
+	}
 	if bi == nil {
 		return ""
 	}
@@ -54,10 +81,7 @@ func commitOf(bi *debug.BuildInfo) string {
 	if rev == "" {
 		return ""
 	}
-	if len(rev) > 12 {
-		rev = rev[:12]
-	}
-	s := " (commit " + rev
+	s := " (commit " + short(rev)
 	if modified {
 		s += ", modified"
 	}
@@ -65,4 +89,11 @@ func commitOf(bi *debug.BuildInfo) string {
 		s += ", " + when[:10]
 	}
 	return s + ")"
+}
+
+func short(rev string) string {
+	if len(rev) > 12 {
+		return rev[:12]
+	}
+	return rev
 }

@@ -49,7 +49,7 @@ func withVocab(t *testing.T, model string, n int) string {
 // llama.cpp (the tensor's shape must match the vocabulary), naming both
 // counts.
 func TestVocabularyShorterThanEmbeddings(t *testing.T) {
-	path := withVocab(t, "tiny-llama-f32", 100)
+	path := withVocab(t, "tiny-qwen3-f16", 100)
 	_, _, err := runATSIn(t, "", "run", "-m", path, "-p", "hi", "-n", "2", "-t", "2", "-c", "256")
 	if err == nil || !strings.Contains(err.Error(), "100 tokens") || !strings.Contains(err.Error(), "512 rows") {
 		t.Fatalf("error %v, want one naming the 100 tokens and the 512 rows", err)

@@ -190,9 +190,9 @@ func TestStreamParser(t *testing.T) {
 
 func TestDetectToolFormat(t *testing.T) {
 	read := func(name string) string {
-		b, err := os.ReadFile(filepath.Join("..", "chat", "testdata", name))
+		b, err := os.ReadFile(filepath.Join("..", "text", "chat", "testdata", name))
 		if err != nil {
-			t.Skip(err)
+			t.Fatal(err)
 		}
 		return string(b)
 	}

@@ -323,7 +323,7 @@ func serveFile(t *testing.T, path string, setup ...func(*Server)) *testServer {
 // 20000 model.gguf) is an error for each request from then on, and /health
 // says so, instead of a SIGBUS that kills the process.
 func TestModelFileTruncatedWhileServing(t *testing.T) {
-	for _, name := range []string{"tiny-llama-f32.gguf", "tiny-qwen3-q4_k_m.gguf"} {
+	for _, name := range []string{"tiny-qwen3-f16.gguf", "tiny-qwen3-q4_k_m.gguf"} {
 		t.Run(name, func(t *testing.T) {
 			path := copyModel(t, name)
 			ts := serveFile(t, path)
@@ -351,7 +351,7 @@ func TestModelFileTruncatedWhileServing(t *testing.T) {
 // The same, truncated in the middle of a generation: the kernels fault on
 // the weights, the request ends with the error, the process lives on.
 func TestModelFileTruncatedDuringGeneration(t *testing.T) {
-	path := copyModel(t, "tiny-llama-f32.gguf")
+	path := copyModel(t, "tiny-qwen3-f16.gguf")
 	var once sync.Once
 	var truncated atomic.Bool
 	ts := serveFile(t, path, func(s *Server) {

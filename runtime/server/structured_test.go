@@ -166,7 +166,7 @@ func TestForcedToolCall(t *testing.T) {
 	}{
 		{"tiny-qwen3-q4_k_m.gguf", FormatHermes},
 		{"tiny-llama-q8_0.gguf", FormatLlama3},
-		{"tiny-glm4-q8_0.gguf", FormatGLM4},
+		{"tiny-glm4-q4_k_m.gguf", FormatGLM4},
 	} {
 		t.Run(tc.format.String(), func(t *testing.T) {
 			ts := startModel(t, oracleSessionCtx(t, tc.model, 3072))

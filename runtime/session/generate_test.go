@@ -37,7 +37,7 @@ var greedy = func() sampler.Config {
 }()
 
 func TestGenerateGreedyMatchesOracle(t *testing.T) {
-	s, want := oracleSession(t, "tiny-llama-f32")
+	s, want := oracleSession(t, "tiny-qwen3-f16")
 	res, err := s.Generate(context.Background(), want.Prompt, GenerateOptions{Sampler: greedy, MaxTokens: len(want.Generated)})
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +53,7 @@ func TestGenerateGreedyMatchesOracle(t *testing.T) {
 // TestPromptCache checks that a prompt extending the previous one reuses
 // the cache and produces what a fresh session would.
 func TestPromptCache(t *testing.T) {
-	s, want := oracleSession(t, "tiny-qwen3-q6_k")
+	s, want := oracleSession(t, "tiny-qwen3-q5_k_m")
 	first, err := s.Generate(context.Background(), want.Prompt[:10], GenerateOptions{Sampler: greedy, MaxTokens: 3})
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +68,7 @@ func TestPromptCache(t *testing.T) {
 		// The last generated token was sampled but never evaluated.
 		t.Errorf("reused %d cached tokens, want %d", got.CachedTokens, 10+len(first.Tokens)-1)
 	}
-	fresh, _ := oracleSession(t, "tiny-qwen3-q6_k")
+	fresh, _ := oracleSession(t, "tiny-qwen3-q5_k_m")
 	ref, err := fresh.Generate(context.Background(), next, GenerateOptions{Sampler: greedy, MaxTokens: 5})
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ func TestPromptCache(t *testing.T) {
 }
 
 func TestGenerateStopsAndCancels(t *testing.T) {
-	s, want := oracleSession(t, "tiny-qwen3-q6_k")
+	s, want := oracleSession(t, "tiny-qwen3-q5_k_m")
 	full, err := s.Generate(context.Background(), want.Prompt, GenerateOptions{Sampler: greedy, MaxTokens: 12})
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +155,7 @@ func (c *scripted) Accept(tok int) error {
 }
 
 func TestGenerateConstraintAndLogits(t *testing.T) {
-	s, want := oracleSession(t, "tiny-qwen3-q6_k")
+	s, want := oracleSession(t, "tiny-qwen3-q5_k_m")
 	n := s.Model.Hyper().NVocab
 	c := &scripted{n: n, eog: s.Tok.EOS(), script: []int{300, 301, 7, 300}, mask: make([]uint64, (n+63)/64)}
 	var seen []int

@@ -1,8 +1,11 @@
 // The chat page: conversations kept in localStorage, replies streamed from
-// /v1/chat/completions (server-sent events), reasoning folded away, a stop
-// button that aborts the request (the server then stops generating).
+// /v1/chat/completions (server-sent events) and shown as markdown
+// (markdown.js: never as HTML), reasoning folded away, a stop button that
+// aborts the request (the server then stops generating), regenerate for
+// the last reply and edit-and-resend for a message of the user.
 
-import { api, apiKey, setAPIKey, el, load, save, showModelName, APIError } from "./common.js";
+import { api, apiKey, setAPIKey, el, load, save, showModelName, copyText, APIError } from "./common.js";
+import { renderMarkdown } from "./markdown.js";
 
 const convStore = "ats.conversations";
 const currentStore = "ats.current";
@@ -84,23 +87,32 @@ function remove(id) {
 
 // ---- messages ----
 
-// messageView builds the element of one message and returns it with the
-// parts a stream updates.
-function messageView(m) {
+let views = []; // the views of the current conversation's messages, in order
+
+// messageView builds the element of one message (the i-th of its
+// conversation) and returns it with the parts a stream updates.
+function messageView(m, i) {
   const content = el("div", { class: "content" });
   const reasoningText = el("div", { class: "reasoning-text" });
   const reasoningLabel = el("summary", { text: "Reasoning" });
   const reasoning = el("details", { class: "reasoning" }, reasoningLabel, reasoningText);
   const meta = el("div", { class: "meta" });
-  const box = el("div", { class: "message " + m.role, "data-role": m.role },
-    el("div", { class: "role", text: m.role === "user" ? "You" : "Model" }), reasoning, content, meta);
-  const view = { box, content, reasoning, reasoningText, reasoningLabel, meta };
+  const actions = el("div", { class: "actions" });
+  const box = el("div", { class: "message " + m.role, "data-role": m.role, "data-index": i },
+    el("div", { class: "role", text: m.role === "user" ? "You" : "Model" }), reasoning, content, meta, actions);
+  const view = { box, content, reasoning, reasoningText, reasoningLabel, meta, actions, index: i, shown: null };
   updateView(view, m);
   return view;
 }
 
 function updateView(v, m) {
-  v.content.textContent = m.content || "";
+  // Replies are markdown; what the user typed shows as typed.
+  const text = m.content || "";
+  if (v.shown !== text) {
+    v.shown = text;
+    if (m.role === "assistant") v.content.replaceChildren(renderMarkdown(text, copyText));
+    else v.content.textContent = text;
+  }
   const r = m.reasoning || "";
   v.reasoning.hidden = r === "";
   v.reasoningText.textContent = r;
@@ -118,6 +130,29 @@ function updateView(v, m) {
   v.meta.textContent = parts.join(" · ");
   v.meta.classList.toggle("error", !!m.error);
   if (m.error) v.meta.textContent = (parts.length ? parts.join(" · ") + " · " : "") + "error: " + m.error;
+  renderActions(v, m);
+}
+
+// renderActions puts a message's buttons under it: Edit for the user's,
+// Copy for replies, and Regenerate for the last reply.
+function renderActions(v, m) {
+  const c = current();
+  const last = c && v.index === c.messages.length - 1;
+  const buttons = [];
+  if (!m.pending) {
+    if (m.role === "user") {
+      buttons.push(el("button", { type: "button", class: "act-edit", text: "Edit", title: "Edit this message and send it again",
+        onclick: () => startEdit(v.index) }));
+    } else {
+      buttons.push(el("button", { type: "button", class: "act-copy", text: "Copy", title: "Copy the reply's text",
+        onclick: (ev) => copyText(m.content || "", ev.currentTarget) }));
+      if (last) {
+        buttons.push(el("button", { type: "button", class: "act-regenerate", text: "Regenerate", title: "Ask for another reply",
+          onclick: regenerate }));
+      }
+    }
+  }
+  v.actions.replaceChildren(...buttons);
 }
 
 function renderMessages() {
@@ -126,12 +161,64 @@ function renderMessages() {
   const c = current();
   const msgs = c ? c.messages : [];
   $("empty").hidden = msgs.length > 0;
-  for (const m of msgs) box.append(messageView(m).box);
+  views = msgs.map((m, i) => messageView(m, i));
+  for (const v of views) box.append(v.box);
   box.scrollTop = box.scrollHeight;
 }
 
 function nearBottom(box) {
   return box.scrollHeight - box.scrollTop - box.clientHeight < 80;
+}
+
+// startEdit turns the i-th message (the user's) into a text box; sending
+// it drops everything after it and asks for a new reply.
+function startEdit(i) {
+  const c = current();
+  if (streaming || !c || !c.messages[i] || c.messages[i].role !== "user") return;
+  const v = views[i];
+  const input = el("textarea", { class: "edit-input", rows: "3", "aria-label": "Edit the message" });
+  input.value = c.messages[i].content || "";
+  const send = () => {
+    const text = input.value;
+    if (!text.trim()) return;
+    resendEdited(i, text);
+  };
+  input.addEventListener("keydown", (ev) => {
+    if (ev.key === "Enter" && !ev.shiftKey && !ev.isComposing) {
+      ev.preventDefault();
+      send();
+    } else if (ev.key === "Escape") {
+      renderMessages();
+    }
+  });
+  v.content.replaceChildren(input);
+  v.shown = null;
+  v.actions.replaceChildren(
+    el("button", { type: "button", class: "edit-send primary", text: "Send", onclick: send }),
+    el("button", { type: "button", class: "edit-cancel", text: "Cancel", onclick: () => renderMessages() }));
+  input.focus();
+}
+
+function resendEdited(i, text) {
+  const c = current();
+  if (streaming || !c || checkCustom() instanceof Error) return;
+  c.messages = c.messages.slice(0, i + 1);
+  c.messages[i].content = text;
+  if (i === 0) c.title = titleOf(text);
+  generate(c);
+}
+
+// regenerate replaces the last reply with a new one.
+function regenerate() {
+  const c = current();
+  if (streaming || !c || !c.messages.length || c.messages[c.messages.length - 1].role !== "assistant") return;
+  if (checkCustom() instanceof Error) return;
+  c.messages.pop();
+  generate(c);
+}
+
+function titleOf(text) {
+  return text.trim().replace(/\s+/g, " ").slice(0, 48);
 }
 
 // ---- settings ----
@@ -221,11 +308,17 @@ function requestBody(c) {
 }
 
 async function send(text) {
-  if (streaming || !text.trim()) return;
-  if (checkCustom() instanceof Error) return;
-  let c = current() || newConversation();
-  if (c.messages.length === 0) c.title = text.trim().replace(/\s+/g, " ").slice(0, 48);
+  if (streaming || !text.trim() || checkCustom() instanceof Error) return;
+  const c = current() || newConversation();
+  if (c.messages.length === 0) c.title = titleOf(text);
   c.messages.push({ role: "user", content: text });
+  await generate(c);
+}
+
+// generate asks for the reply to c's messages and streams it into a new
+// message at the end.
+async function generate(c) {
+  if (streaming) return;
   const body = requestBody(c);
   const msg = { role: "assistant", content: "", reasoning: "", pending: true };
   c.messages.push(msg);
@@ -235,8 +328,7 @@ async function send(text) {
   renderSidebar();
   renderMessages();
   const box = $("messages");
-  const view = messageView(msg);
-  box.lastChild.replaceWith(view.box);
+  const view = views[views.length - 1];
   const controller = new AbortController();
   streaming = { controller, msg, view };
   setBusy(true);
@@ -304,10 +396,21 @@ async function readStream(resp, msg, view, box) {
         if (choice.finish_reason) msg.finish = choice.finish_reason;
       }
       if (chunk.timings) msg.stats = chunk.timings;
-      updateView(view, msg);
-      if (follow) box.scrollTop = box.scrollHeight;
+      scheduleUpdate(view, msg, box, follow);
     }
   }
+}
+
+// scheduleUpdate redraws a streaming message once per frame, however many
+// pieces arrive in it: the markdown is rendered anew each time.
+let frame = 0;
+function scheduleUpdate(view, msg, box, follow) {
+  if (frame) return;
+  frame = requestAnimationFrame(() => {
+    frame = 0;
+    updateView(view, msg);
+    if (follow) box.scrollTop = box.scrollHeight;
+  });
 }
 
 function setBusy(busy) {
@@ -329,7 +432,8 @@ function init() {
     ev.preventDefault();
     const input = $("input");
     const text = input.value;
-    if (!text.trim() || streaming) return;
+    // Invalid extra request fields keep the message in the box, said why.
+    if (!text.trim() || streaming || checkCustom() instanceof Error) return;
     input.value = "";
     send(text);
   });

@@ -98,9 +98,59 @@ export function fmtRate(n, unit) {
   return (n >= 100 ? n.toFixed(0) : n.toFixed(1)) + " " + unit;
 }
 
-// showModelName puts the served model's id in the top bar and returns it.
+// firstState is the state the server wrote into the page (the model's
+// name; on the machine page also the metrics and the placement map), or
+// null for a page without it.
+export function firstState() {
+  const e = document.getElementById("first-state");
+  if (!e) return null;
+  try {
+    const v = JSON.parse(e.textContent);
+    return v && typeof v === "object" && v.model ? v : null;
+  } catch {
+    return null;
+  }
+}
+
+// copyText puts text on the clipboard and says so on button.
+export async function copyText(text, button) {
+  let ok = false;
+  try {
+    await navigator.clipboard.writeText(text);
+    ok = true;
+  } catch {
+    // No clipboard API (an insecure origin): the old way.
+    const area = el("textarea", { class: "copy-buffer", readonly: true });
+    area.value = text;
+    document.body.append(area);
+    area.select();
+    try {
+      ok = document.execCommand("copy");
+    } catch {
+      ok = false;
+    }
+    area.remove();
+  }
+  if (button) {
+    const was = button.dataset.label || button.textContent;
+    button.dataset.label = was;
+    button.textContent = ok ? "Copied" : "Copy failed";
+    setTimeout(() => (button.textContent = was), 1500);
+  }
+  return ok;
+}
+
+// showModelName puts the served model's id in the top bar and returns it:
+// from the page's first state, or from /v1/models when the server wants a
+// key (to say so when none is set).
 export async function showModelName() {
   const out = document.getElementById("model-name");
+  const st = firstState();
+  if (st && !st.key_needed) {
+    out.textContent = st.model;
+    out.title = "the model this server runs";
+    return st.model;
+  }
   try {
     const resp = await api("/v1/models");
     const list = await resp.json();

@@ -1,8 +1,10 @@
 // The machine page: the placement map of the loaded model (GET
 // /v1/ats/placement) and live figures from /metrics. Every figure the
-// server does not report says so, rather than showing a made-up zero.
+// server does not report says so, rather than showing a made-up zero. The
+// first figures and the map come with the page (its first state), so it
+// shows them at once; with an API key they come from the API.
 
-import { api, el, fmtBytes, fmtRate, showModelName } from "./common.js";
+import { api, el, fmtBytes, fmtRate, firstState, showModelName, APIError } from "./common.js";
 
 const $ = (id) => document.getElementById(id);
 const pollMS = 2000;
@@ -126,6 +128,12 @@ function renderMetrics(mets) {
     (running ? " · 1 running" : "");
 }
 
+function showMetrics(text) {
+  renderMetrics(parseMetrics(text));
+  $("metrics-status").textContent = "Live from /metrics, every " + pollMS / 1000 + " s.";
+  $("metrics-status").classList.remove("error");
+}
+
 async function pollMetrics() {
   if (document.hidden) {
     // Nobody is looking: ask again later rather than load the server.
@@ -133,10 +141,7 @@ async function pollMetrics() {
     return;
   }
   try {
-    const text = await (await api("/metrics")).text();
-    renderMetrics(parseMetrics(text));
-    $("metrics-status").textContent = "Live from /metrics, every " + pollMS / 1000 + " s.";
-    $("metrics-status").classList.remove("error");
+    showMetrics(await (await api("/metrics")).text());
   } catch (e) {
     renderMetrics(null);
     $("metrics-status").textContent = "Metrics " + notReported + ": " + e.message;
@@ -148,13 +153,23 @@ async function pollMetrics() {
 // ---- the placement map ----
 
 async function loadPlacement() {
-  const status = $("placement-status");
   try {
-    placement = await (await api("/v1/ats/placement")).json();
+    showPlacement(await (await api("/v1/ats/placement")).json(), null);
+  } catch (e) {
+    showPlacement(null, e);
+  }
+}
+
+// showPlacement draws the map p, or says why there is none (e: the API's
+// error; status 404 when the model runs on the CPU only).
+function showPlacement(p, e) {
+  const status = $("placement-status");
+  if (p) {
+    placement = p;
     status.textContent = "";
     status.classList.remove("error");
     renderPlacement(placement);
-  } catch (e) {
+  } else {
     placement = null;
     $("placement-map").replaceChildren();
     $("placement-outside").replaceChildren();
@@ -253,4 +268,12 @@ function renderPlacement(p) {
 }
 
 showModelName();
-loadPlacement().then(pollMetrics);
+const first = firstState();
+if (first && !first.key_needed && typeof first.metrics === "string") {
+  if (first.placement) showPlacement(first.placement, null);
+  else showPlacement(null, new APIError(first.placement_status || 500, first.placement_message || "no placement map"));
+  showMetrics(first.metrics);
+  setTimeout(pollMetrics, pollMS);
+} else {
+  loadPlacement().then(pollMetrics);
+}

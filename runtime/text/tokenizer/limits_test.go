@@ -84,10 +84,13 @@ func TestEncodeMemoryIsLinear(t *testing.T) {
 		for shape, text := range hostileTexts(n) {
 			var ids []int
 			got := float64(allocated(func() { ids = tok.Encode(text, true, true) })) / float64(len(text))
-			// The invalid bytes become 3-byte U+FFFD for byte-level BPE.
+			// The invalid bytes become 3-byte U+FFFD for byte-level BPE:
+			// up to three tokens a byte where the vocabulary has no
+			// merges for it (the repository's trimmed vocabularies), and
+			// a token's output and symbols cost about 64 bytes.
 			limit := 72.0
 			if shape == "invalid" && tok.kind == kindBPE {
-				limit = 3 * 40
+				limit = max(3*40, 48+64*float64(len(ids))/float64(len(text)))
 			}
 			if got > limit {
 				t.Errorf("%s, %s: %.1f bytes allocated per byte of text (%d tokens), want at most %.0f", name, shape, got, len(ids), limit)
