@@ -50,7 +50,7 @@ func sources(t *testing.T) []string {
 // from compute_90 only in their .target line and a launch bound).
 var (
 	builtArchs   = []int{75, 80, 86, 89, 90}
-	committedPTX = []int{75, 90}
+	committedPTX = []int{90}
 )
 
 // ptxArchs returns the architectures of the committed PTX files of name.

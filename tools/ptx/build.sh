@@ -3,7 +3,7 @@
 # (ARCHS, default 75 80 86 89 90):
 #
 #   cudadrv/kernels/ptx/<name>.compute_<arch>.ptx  PTX of the archs in PTX_KEEP
-#                                                  (default 75 90), to be read
+#                                                  (default 90), to be read
 #   cudadrv/kernels/fatbin/<name>.fatbin           SASS for sm_<arch> of every
 #                                                  arch (ptxas on that PTX),
 #                                                  plus every PTX, compressed
@@ -17,11 +17,13 @@
 # the device only when no SASS fits: GPUs newer than the newest arch (sm_100,
 # sm_120) run the compute_90 PTX. cudadrv/kernels.Select states that rule.
 # The PTX files of PTX_KEEP stay beside the fatbins to be read and reviewed;
-# the fatbins carry the same bytes, and the PTX of every arch. Only compute_75
-# (two m16n8k8 for each m16n8k16) and compute_90 are committed: the PTX of
-# compute_80, 86 and 89 is compute_90's but for its .target line (and, in
-# attention, a launch bound), and three more copies (19 MB) made the tree
-# too large to carry to the GPU machine.
+# the fatbins carry the same bytes, and the PTX of every arch. Only
+# compute_90 is committed: the PTX of compute_80, 86 and 89 is compute_90's
+# but for its .target line (and, in attention, a launch bound), and
+# compute_75's differs in its tensor-core instructions (two m16n8k8 for
+# each m16n8k16); more copies (26 MB) made the tree too large to carry to
+# the GPU machine. PTX_KEEP="75 90" writes compute_75's too, and
+# cuobjdump -ptx prints any of them from a fatbin.
 #
 # Why CUDA 11.8's nvcc: a driver JIT-compiles PTX only up to the PTX ISA
 # version of its own CUDA release, and nvcc writes the ISA version of its
@@ -44,7 +46,7 @@
 set -euo pipefail
 
 ARCHS=${ARCHS:-"75 80 86 89 90"}
-PTX_KEEP=${PTX_KEEP:-"75 90"}
+PTX_KEEP=${PTX_KEEP:-"90"}
 NVCC=${NVCC:-nvcc}
 PTXAS=${PTXAS:-ptxas}
 FATBINARY=${FATBINARY:-fatbinary}
