@@ -38,6 +38,7 @@ type benchResult struct {
 	NThreads    int       `json:"n_threads"`
 	NPrompt     int       `json:"n_prompt"`
 	NGen        int       `json:"n_gen"`
+	NDepth      int       `json:"n_depth"`
 	Test        string    `json:"test"`
 	Time        string    `json:"test_time"`
 	AvgNs       int64     `json:"avg_ns"`
@@ -92,6 +93,7 @@ type benchOptions struct {
 	models   []string
 	prompts  []int
 	gens     []int
+	depths   []int
 	threads  []int
 	reps     int
 	batch    int
@@ -105,7 +107,7 @@ type benchOptions struct {
 func init() {
 	register(func() *cobra.Command {
 		var o benchOptions
-		var prompts, gens, threads string
+		var prompts, gens, depths, threads string
 		cmd := &cobra.Command{
 			Use:   "bench MODEL... [-p 512] [-n 128] [-r 5] [-t THREADS] [-o md|json|csv]",
 			Short: "Measure prompt processing and generation speed, like llama-bench",
@@ -116,7 +118,12 @@ warm-up run, and reports the mean and standard deviation over the
 repetitions, the way llama-bench does (its output formats and JSON field
 names too, so the two tools' results can be put side by side).
 
--p, -n and -t take comma-separated lists; -p 0 or -n 0 skips that test.`,
+-d N (llama-bench's --n-depth) runs each test after N tokens of context:
+the N tokens are evaluated once, untimed, and every run starts from them
+(pp512 @ d4096: 512 prompt tokens at positions 4096..4607).
+
+-p, -n, -d and -t take comma-separated lists; -p 0 or -n 0 skips that
+test.`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				var err error
@@ -124,6 +131,9 @@ names too, so the two tools' results can be put side by side).
 					return err
 				}
 				if o.gens, err = parseIntList("-n", gens, 0); err != nil {
+					return err
+				}
+				if o.depths, err = parseIntList("-d", depths, 0); err != nil {
 					return err
 				}
 				if o.threads, err = parseIntList("-t", threads, 1); err != nil {
@@ -147,6 +157,7 @@ names too, so the two tools' results can be put side by side).
 		f.StringSliceVarP(&o.models, "model", "m", nil, "GGUF model file (repeat or comma-separate for several)")
 		f.StringVarP(&prompts, "n-prompt", "p", "512", "prompt lengths to test (comma separated; 0: none)")
 		f.StringVarP(&gens, "n-gen", "n", "128", "generation lengths to test (comma separated; 0: none)")
+		f.StringVarP(&depths, "n-depth", "d", "0", "tokens of context before each test (comma separated; llama-bench's -d)")
 		f.StringVarP(&threads, "threads", "t", strconv.Itoa(ops.DefaultThreads()), "CPU threads (comma separated)")
 		f.IntVarP(&o.reps, "repetitions", "r", 5, "repetitions of each test")
 		f.IntVarP(&o.batch, "batch-size", "b", 512, "most prompt tokens computed together")
@@ -219,14 +230,20 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 		}
 		for _, th := range o.threads {
 			var tests []benchResult
-			for _, p := range o.prompts {
-				if p > 0 {
-					tests = append(tests, benchResult{NPrompt: p, Test: fmt.Sprintf("pp%d", p)})
+			for _, d := range o.depths {
+				at := ""
+				if d > 0 {
+					at = fmt.Sprintf(" @ d%d", d) // llama-bench's name of a test at depth
 				}
-			}
-			for _, n := range o.gens {
-				if n > 0 {
-					tests = append(tests, benchResult{NGen: n, Test: fmt.Sprintf("tg%d", n)})
+				for _, p := range o.prompts {
+					if p > 0 {
+						tests = append(tests, benchResult{NPrompt: p, NDepth: d, Test: fmt.Sprintf("pp%d%s", p, at)})
+					}
+				}
+				for _, n := range o.gens {
+					if n > 0 {
+						tests = append(tests, benchResult{NGen: n, NDepth: d, Test: fmt.Sprintf("tg%d%s", n, at)})
+					}
 				}
 			}
 			for _, r := range tests {
@@ -416,11 +433,12 @@ func fillCommon(r *benchResult, info modelInfo, threads, batch int) {
 	}
 }
 
-// benchOne runs one test: a warm-up, then o.reps timed runs, each from an
-// empty cache with fresh random tokens.
+// benchOne runs one test: a warm-up, then o.reps timed runs, each from
+// the test's depth (an empty cache, or NDepth random tokens evaluated
+// once) with fresh random tokens.
 func benchOne(m *model.Model, weights *cpu.Weights, r *benchResult, o benchOptions, stderr io.Writer) error {
 	h := m.Hyper()
-	ctxSize := r.NPrompt + r.NGen
+	ctxSize := r.NDepth + r.NPrompt + r.NGen
 	copt := session.Options{Threads: r.NThreads, CtxSize: ctxSize, Batch: o.batch, Weights: weights}
 	if err := o.place.apply(&copt, stderr); err != nil {
 		return err
@@ -455,8 +473,13 @@ func benchOne(m *model.Model, weights *cpu.Weights, r *benchResult, o benchOptio
 		}
 		return t
 	}
+	if r.NDepth > 0 {
+		if _, err := c.Eval(seq, tokens(r.NDepth), false); err != nil {
+			return fmt.Errorf("bench: the %d tokens of depth: %w", r.NDepth, err)
+		}
+	}
 	run := func(warm bool) (time.Duration, error) {
-		seq.Truncate(0)
+		seq.Truncate(r.NDepth)
 		if r.NPrompt > 0 {
 			toks := tokens(r.NPrompt)
 			start := time.Now()
@@ -582,11 +605,11 @@ func printMarkdownRow(w io.Writer, r *benchResult) {
 func writeCSV(w io.Writer, rs []benchResult) error {
 	cw := csv.NewWriter(w)
 	cw.Write([]string{"build_commit", "cpu_info", "cpu_level", "backends", "model_filename", "model_type", "model_size", "model_n_params",
-		"n_batch", "n_threads", "n_prompt", "n_gen", "test", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts"})
+		"n_batch", "n_threads", "n_prompt", "n_gen", "n_depth", "test", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts"})
 	for _, r := range rs {
 		cw.Write([]string{r.Build, r.CPUInfo, r.CPULevel, r.Backend, r.ModelFile, r.ModelType,
 			strconv.FormatInt(r.ModelSize, 10), strconv.FormatInt(r.ModelParams, 10),
-			strconv.Itoa(r.NBatch), strconv.Itoa(r.NThreads), strconv.Itoa(r.NPrompt), strconv.Itoa(r.NGen), r.Test, r.Time,
+			strconv.Itoa(r.NBatch), strconv.Itoa(r.NThreads), strconv.Itoa(r.NPrompt), strconv.Itoa(r.NGen), strconv.Itoa(r.NDepth), r.Test, r.Time,
 			strconv.FormatInt(r.AvgNs, 10), strconv.FormatInt(r.StddevNs, 10),
 			strconv.FormatFloat(r.AvgTs, 'f', 6, 64), strconv.FormatFloat(r.StddevTs, 'f', 6, 64)})
 	}

@@ -3,7 +3,9 @@ package main
 import (
 	"encoding/csv"
 	"encoding/json"
+	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -80,7 +82,7 @@ func TestBenchMarkdownAndCSV(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 2 || rows[0][12] != "test" || rows[1][12] != "pp8" {
+	if len(rows) != 2 || rows[0][12] != "n_depth" || rows[0][13] != "test" || rows[1][13] != "pp8" {
 		t.Errorf("csv: %q", rows)
 	}
 }
@@ -149,5 +151,36 @@ func TestPrefillFloor(t *testing.T) {
 		if d := got - c.want; d < -time.Microsecond || d > time.Microsecond {
 			t.Errorf("%s: %v, want %v", c.name, got, c.want)
 		}
+	}
+}
+
+// -d runs each test after that many tokens of context, as llama-bench's
+// --n-depth: the tests are named pp16 @ d64 and carry n_depth.
+func TestBenchDepth(t *testing.T) {
+	m := tinyModel(t)
+	out, _, err := runATS(t, "bench", "-m", m, "-p", "16", "-n", "4", "-d", "0,64", "-r", "1", "-t", "2", "-o", "json", "--backend", "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs []struct {
+		Test   string  `json:"test"`
+		NDepth int     `json:"n_depth"`
+		AvgTs  float64 `json:"avg_ts"`
+	}
+	if err := json.Unmarshal([]byte(out), &rs); err != nil {
+		t.Fatalf("not a JSON array: %v\n%s", err, out)
+	}
+	var got []string
+	for _, r := range rs {
+		got = append(got, fmt.Sprintf("%s/%d", r.Test, r.NDepth))
+		if !(r.AvgTs > 0) {
+			t.Errorf("%s: avg_ts %v", r.Test, r.AvgTs)
+		}
+	}
+	if want := []string{"pp16/0", "tg4/0", "pp16 @ d64/64", "tg4 @ d64/64"}; !slices.Equal(got, want) {
+		t.Errorf("tests %v, want %v", got, want)
+	}
+	if _, _, err := runATS(t, "bench", "-m", m, "-d", "-1"); err == nil || !strings.Contains(err.Error(), "-d") {
+		t.Errorf("-d -1: %v", err)
 	}
 }
