@@ -102,12 +102,13 @@ type benchOptions struct {
 	progress bool
 	place    placementFlags
 	stress   string // cpu=PCT or gpu=PCT: the load experiment instead of the tests
+	serve    serveBenchOptions
 }
 
 func init() {
 	register(func() *cobra.Command {
 		var o benchOptions
-		var prompts, gens, depths, threads string
+		var prompts, gens, depths, threads, concurrency string
 		cmd := &cobra.Command{
 			Use:   "bench MODEL... [-p 512] [-n 128] [-r 5] [-t THREADS] [-o md|json|csv]",
 			Short: "Measure prompt processing and generation speed, like llama-bench",
@@ -123,7 +124,16 @@ the N tokens are evaluated once, untimed, and every run starts from them
 (pp512 @ d4096: 512 prompt tokens at positions 4096..4607).
 
 -p, -n, -d and -t take comma-separated lists; -p 0 or -n 0 skips that
-test.`,
+test.
+
+--serve URL loads a running OpenAI-compatible server instead (ats serve,
+llama-server, ...): at each --concurrency C, C streamed completions of -n
+tokens (the first value) start together, at temperature 0 with ignore_eos,
+after one warm-up request; -p sets about how many prompt tokens each has
+(default: a short prompt). It prints the aggregate tokens per second, time
+to first token and time per output token at p50 and p99, and the mean
+rate of a request; --late also times a request that arrives while the
+others decode; -o json gives every request's figures.`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				var err error
@@ -138,6 +148,25 @@ test.`,
 				}
 				if o.threads, err = parseIntList("-t", threads, 1); err != nil {
 					return err
+				}
+				if o.serve.url != "" {
+					if o.serve.concurrency, err = parseIntList("--concurrency", concurrency, 1); err != nil {
+						return err
+					}
+					o.serve.tokens = o.gens[0]
+					if o.serve.tokens < 1 {
+						return fmt.Errorf("bench --serve: -n %d: the requests must generate tokens", o.serve.tokens)
+					}
+					if cmd.Flags().Changed("n-prompt") {
+						o.serve.promptTokens = o.prompts[0]
+					}
+					if o.output == "csv" {
+						return fmt.Errorf("bench --serve: -o csv: want md or json")
+					}
+					if len(o.models) > 0 {
+						return fmt.Errorf("bench --serve measures the server's model: give no -m")
+					}
+					return runServeBench(cmd.OutOrStdout(), cmd.ErrOrStderr(), o.serve, o.output)
 				}
 				if len(o.models) == 0 {
 					return fmt.Errorf("bench: -m MODEL is required")
@@ -165,6 +194,12 @@ test.`,
 		f.BoolVar(&o.noWarmup, "no-warmup", false, "skip the warm-up run")
 		f.BoolVar(&o.progress, "progress", false, "print each run to stderr as it finishes")
 		o.place.register(f)
+		f.StringVar(&o.serve.url, "serve", "", "load the OpenAI-compatible server at this URL instead of running a model (http://127.0.0.1:8080)")
+		f.StringVar(&concurrency, "concurrency", "1,4,8,16", "with --serve: requests at once (comma separated)")
+		f.StringVar(&o.serve.apiKey, "api-key", "", "with --serve: the server's API key")
+		f.StringVar(&o.serve.model, "served-model", "", "with --serve: the model field of the requests (servers of several models)")
+		f.BoolVar(&o.serve.late, "late", false, "with --serve: also time the first token of a request that arrives while the others decode")
+		f.DurationVar(&o.serve.timeout, "timeout", 30*time.Minute, "with --serve: the longest a request may take")
 		f.StringVar(&o.stress, "stress", "", "load experiment: decode (tg of -n) static and with dynamic promotion, each with and without a competing load: cpu=PCT (busy threads on that share of the cores) or gpu=PCT (GPU memory and link busy that share of the time)")
 		return cmd
 	})

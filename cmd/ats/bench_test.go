@@ -184,3 +184,41 @@ func TestBenchDepth(t *testing.T) {
 		t.Errorf("-d -1: %v", err)
 	}
 }
+
+// bench --serve loads a running server: every request streams its tokens,
+// the rows carry rates and latencies, and a late request is timed.
+func TestBenchServe(t *testing.T) {
+	m := oracleModel(t, "tiny-qwen3-q4_k_m")
+	url, _, _ := startServe(t, "-m", m, "--parallel", "2", "-c", "1024")
+	out, stderr, err := runATS(t, "bench", "--serve", url, "--concurrency", "1,2", "-n", "6", "--late", "-o", "json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	var rs []serveBenchResult
+	if err := json.Unmarshal([]byte(out), &rs); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if len(rs) != 2 || rs[0].Concurrency != 1 || rs[1].Concurrency != 2 {
+		t.Fatalf("rows %+v", rs)
+	}
+	for _, r := range rs {
+		if r.Failed != 0 || len(r.Requests) != r.Concurrency || !(r.Aggregate > 0) || !(r.TTFTp50 > 0) || !(r.TPOTp50 > 0) {
+			t.Errorf("row %+v", r)
+		}
+		for _, q := range r.Requests {
+			if q.Tokens != 6 || q.PromptTokens == 0 {
+				t.Errorf("request %+v: want 6 tokens (ignore_eos) and its prompt's count", q)
+			}
+		}
+	}
+	if !(rs[1].LateTTFT > 0) {
+		t.Errorf("no late request timed at concurrency 2: %+v", rs[1])
+	}
+	md, _, err := runATS(t, "bench", "--serve", url, "--concurrency", "2", "-n", "4", "-p", "50")
+	if err != nil || !strings.Contains(md, "| concurrency |") || !strings.Contains(md, "\n| 2 | ") {
+		t.Errorf("markdown: %v\n%s", err, md)
+	}
+	if _, _, err := runATS(t, "bench", "--serve", "http://127.0.0.1:1", "-n", "4"); err == nil || !strings.Contains(err.Error(), "warm-up") {
+		t.Errorf("no server: %v", err)
+	}
+}

@@ -118,6 +118,9 @@ func takeModelArgs(cmd *cobra.Command, args []string) error {
 	}
 	if sv, ok := f.Value.(pflag.SliceValue); ok {
 		vals := append(sv.GetSlice(), args...)
+		if serve := cmd.Flags().Lookup("serve"); len(vals) == 0 && serve != nil && serve.Changed {
+			return nil // bench --serve measures a server's model
+		}
 		if len(vals) == 0 {
 			return fmt.Errorf("%s: no model given: ats %s MODEL... or -m MODEL (a .gguf file, or a pulled model's name: ats list)", cmd.Name(), cmd.Name())
 		}
