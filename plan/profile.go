@@ -37,6 +37,9 @@ type Profile struct {
 	// host memory (bytes/s); no unit's decode time on the CPU is taken
 	// below its weights at that rate (0: not measured, no floor).
 	HostRead float64 `json:"host_read_bytes_per_s,omitempty"`
+	// DepthPos is how much further into the cache the units whose work
+	// grows with the context were timed again (UnitTimes.CPUPerPos).
+	DepthPos int `json:"depth_pos,omitempty"`
 }
 
 // ProfileVersion changes whenever what a profile means changes; older
@@ -44,7 +47,8 @@ type Profile struct {
 // copies (UnitTimes.CPUPacked), the CPU's kernel level in the hardware.
 // 4: decode times on the CPU floored by the host memory's rate (HostRead).
 // 5: the CPU's share of a split MoE layer (UnitTimes.CPUShare).
-const ProfileVersion = 5
+// 6: attention timed at depth too (UnitTimes.CPUPerPos, GPUPerPos).
+const ProfileVersion = 6
 
 // UnitTimes are one unit's figures, by batch index (Profile.Batches).
 type UnitTimes struct {
@@ -71,6 +75,13 @@ type UnitTimes struct {
 	// without the routing, the grouping of every slot and the sum that
 	// the whole op's times include); empty otherwise.
 	CPUShare []float64 `json:"cpu_share_s,omitempty"`
+	// CPUPerPos and GPUPerPos, for a unit whose work grows with the
+	// context (attention: its scores and its reads of the KV cache), are
+	// the seconds each row of a batch adds per position of context before
+	// it, by batch: the unit was timed with its rows DepthPos positions
+	// further into the cache than the other figures. Empty otherwise.
+	CPUPerPos []float64 `json:"cpu_per_pos_s,omitempty"`
+	GPUPerPos []float64 `json:"gpu_per_pos_s,omitempty"`
 }
 
 // Link is a measured transfer path: a fixed cost per transfer and a rate.
@@ -133,6 +144,105 @@ func (p *Profile) Packed(frac []float64) *Profile {
 			return out
 		}
 		u.CPU, u.CPUAlone = mix(u.CPU, u.CPUPacked), mix(u.CPUAlone, u.CPUPackedAlone)
+	}
+	return &q
+}
+
+// Shaped is the profile of steps of rows rows at depth: every row
+// attends to depth positions of context beyond the profile's own (a
+// decode row to DecodePos, a prefill row to the rows before it in its
+// batch; negative when the context is shorter). It has one batch,
+// [rows]: each time lies on the line through the two profiled batches
+// around rows (the last two beyond the largest, the smallest's time below
+// it), and the units whose work grows with the context add rows*depth of
+// their per-position seconds, never below half their time. The switch is
+// the nearest batch's. p, whose batches ascend, is not changed.
+func (p *Profile) Shaped(rows, depth int) *Profile {
+	rows = max(rows, 1)
+	n := len(p.Batches)
+	lo, hi := 0, 0
+	switch {
+	case rows <= p.Batches[0]:
+	case rows >= p.Batches[n-1]:
+		lo, hi = max(n-2, 0), n-1
+	default:
+		for hi = 1; p.Batches[hi] < rows; hi++ {
+		}
+		lo = hi - 1
+	}
+	w := 0.0
+	if b0, b1 := p.Batches[lo], p.Batches[hi]; b1 != b0 {
+		w = float64(rows-b0) / float64(b1-b0)
+	}
+	at := func(v []float64) []float64 {
+		if len(v) != len(p.Batches) {
+			return nil
+		}
+		return []float64{v[lo] + w*(v[hi]-v[lo])}
+	}
+	q := *p
+	q.Batches = []int{rows}
+	q.Switch = nil
+	if len(p.Switch) == len(p.Batches) {
+		q.Switch = []Link{p.Switch[p.BatchIndex(rows)]}
+	}
+	q.Units = make([]UnitTimes, len(p.Units))
+	for i, u := range p.Units {
+		t := UnitTimes{Name: u.Name, Sig: u.Sig, CPU: at(u.CPU), GPU: at(u.GPU), CPUAlone: at(u.CPUAlone), GPUAlone: at(u.GPUAlone),
+			CPUPacked: at(u.CPUPacked), CPUPackedAlone: at(u.CPUPackedAlone), CPUShare: at(u.CPUShare),
+			CPUPerPos: at(u.CPUPerPos), GPUPerPos: at(u.GPUPerPos)}
+		grow := func(v []float64, perPos []float64) {
+			if len(v) == 1 && len(perPos) == 1 {
+				v[0] = max(v[0]+float64(rows)*float64(depth)*perPos[0], v[0]/2)
+			}
+		}
+		grow(t.CPU, t.CPUPerPos)
+		grow(t.CPUAlone, t.CPUPerPos)
+		grow(t.CPUPacked, t.CPUPerPos)
+		grow(t.CPUPackedAlone, t.CPUPerPos)
+		grow(t.GPU, t.GPUPerPos)
+		grow(t.GPUAlone, t.GPUPerPos)
+		q.Units[i] = t
+	}
+	return &q
+}
+
+// AtDepth is the profile of batches whose rows each have depth positions
+// of context before them (the same batches, each as Shaped makes it: a
+// decode row depth-DecodePos beyond the profile's own, a prefill row
+// depth). p is not changed; without per-position figures it is returned.
+func (p *Profile) AtDepth(depth int) *Profile {
+	if depth <= 0 || p.DepthPos == 0 {
+		return p
+	}
+	q := *p
+	q.Units = make([]UnitTimes, len(p.Units))
+	for i, u := range p.Units {
+		q.Units[i] = u
+		for _, f := range []*[]float64{&q.Units[i].CPU, &q.Units[i].GPU, &q.Units[i].CPUAlone, &q.Units[i].GPUAlone, &q.Units[i].CPUPacked, &q.Units[i].CPUPackedAlone} {
+			*f = slices.Clone(*f)
+		}
+	}
+	for b, n := range p.Batches {
+		extra := depth
+		if n == 1 {
+			extra = depth - p.DecodePos
+		}
+		s := p.Shaped(n, extra)
+		for i := range q.Units {
+			t, at := &q.Units[i], s.Units[i]
+			set := func(dst, src []float64) {
+				if len(dst) == len(p.Batches) && len(src) == 1 {
+					dst[b] = src[0]
+				}
+			}
+			set(t.CPU, at.CPU)
+			set(t.GPU, at.GPU)
+			set(t.CPUAlone, at.CPUAlone)
+			set(t.GPUAlone, at.GPUAlone)
+			set(t.CPUPacked, at.CPUPacked)
+			set(t.CPUPackedAlone, at.CPUPackedAlone)
+		}
 	}
 	return &q
 }

@@ -1,6 +1,7 @@
 package plan
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"testing"
@@ -107,5 +108,56 @@ func TestProfilePacked(t *testing.T) {
 	}
 	if short := p.Packed([]float64{1}); short.Units[1].CPU[0] != 4 {
 		t.Errorf("a unit beyond frac took %g, want its own 4", short.Units[1].CPU[0])
+	}
+}
+
+// Shaped interpolates between the profiled batches, extrapolates past the
+// largest, and adds the per-position seconds of the context, no lower
+// than half a unit's time.
+func TestProfileShaped(t *testing.T) {
+	p := &Profile{Batches: []int{1, 32, 128}, DecodePos: 256, DepthPos: 2048,
+		Switch: []Link{{Latency: 1}, {Latency: 2}, {Latency: 3}},
+		Units: []UnitTimes{
+			{Name: "w", CPU: []float64{1, 32, 128}, GPU: []float64{2, 3, 4}, CPUAlone: []float64{1, 32, 128}, GPUAlone: []float64{2, 3, 4}},
+			{Name: "attn", CPU: []float64{1, 2, 3}, GPU: []float64{1, 1, 1}, CPUAlone: []float64{1, 2, 3}, GPUAlone: []float64{1, 1, 1},
+				CPUPerPos: []float64{0.01, 0.01, 0.01}, GPUPerPos: []float64{0.001, 0.001, 0.001}},
+		}}
+	for _, c := range []struct {
+		rows, depth      int
+		wCPU, aCPU, aGPU float64
+		sw               float64
+	}{
+		{1, 0, 1, 1, 1, 1},
+		{4, 0, 4, 1 + 3.0/31, 1, 1},
+		{32, 100, 32, 2 + 32*100*0.01, 1 + 32*100*0.001, 2},
+		{256, 0, 256, 3 + 128.0/96, 1, 3},
+		{1, -10000, 1, 0.5, 0.5, 1},
+	} {
+		q := p.Shaped(c.rows, c.depth)
+		if len(q.Batches) != 1 || q.Batches[0] != c.rows || q.BatchIndex(c.rows) != 0 {
+			t.Fatalf("rows %d: batches %v", c.rows, q.Batches)
+		}
+		near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+		if w, a := q.Units[0], q.Units[1]; !near(w.CPU[0], c.wCPU) || !near(a.CPU[0], c.aCPU) || !near(a.GPU[0], c.aGPU) || !near(a.CPUAlone[0], c.aCPU) || q.Switch[0].Latency != c.sw {
+			t.Errorf("rows %d depth %d: w CPU %v, attention CPU %v GPU %v alone %v, switch %v; want %v %v %v, %v", c.rows, c.depth, w.CPU, a.CPU, a.GPU, a.CPUAlone, q.Switch, c.wCPU, c.aCPU, c.aGPU, c.sw)
+		}
+	}
+	if p.Units[1].CPU[0] != 1 || len(p.Batches) != 3 {
+		t.Error("Shaped changed its profile")
+	}
+}
+
+// AtDepth moves every batch of a profile to a depth: the decode batch
+// from the profile's decode position, the others from none.
+func TestProfileAtDepth(t *testing.T) {
+	p := &Profile{Batches: []int{1, 32}, DecodePos: 256, DepthPos: 2048,
+		Units: []UnitTimes{{Name: "attn", CPU: []float64{1, 2}, GPU: []float64{1, 1}, CPUAlone: []float64{1, 2}, GPUAlone: []float64{1, 1},
+			CPUPerPos: []float64{0.001, 0.0001}, GPUPerPos: []float64{0, 0}}}}
+	q := p.AtDepth(1256)
+	if got, want := q.Units[0].CPU, []float64{1 + 1000*0.001, 2 + 32*1256*0.0001}; math.Abs(got[0]-want[0]) > 1e-9 || math.Abs(got[1]-want[1]) > 1e-9 {
+		t.Errorf("CPU %v, want %v", got, want)
+	}
+	if p.Units[0].CPU[0] != 1 || p.AtDepth(0) != p {
+		t.Error("AtDepth changed its profile, or made a copy for no depth")
 	}
 }

@@ -181,6 +181,9 @@ func printPlacement(w io.Writer, pl *placement.Placement, prof *plan.Profile, m 
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintf(w, "placement: %s\n", pl.Describe())
+	if pl.Depth > 0 {
+		fmt.Fprintf(w, "planned for a context of %d positions (half the cache: attention's times at that depth)\n", pl.Depth)
+	}
 	if pl.RepackedBytes > 0 {
 		fmt.Fprintf(w, "repacked for the CPU: %s of its weights (timed so; the rest runs from the file's blocks)\n", executor.FormatBytes(pl.RepackedBytes))
 	}
@@ -314,6 +317,25 @@ func printProfile(w io.Writer, p *plan.Profile) {
 			fmt.Fprintf(w, " %30s", fmt.Sprintf("%s / %.1f", cpu, 1e6*u.GPU[i]))
 		}
 		fmt.Fprintf(w, "  ×%d\n", count[u.Sig])
+	}
+	if p.DepthPos > 0 {
+		fmt.Fprintf(w, "\nper position of context, each row (timed %d positions further in):\n", p.DepthPos)
+		shown := map[string]bool{}
+		for _, u := range p.Units {
+			if len(u.CPUPerPos) == 0 || shown[u.Sig] {
+				continue
+			}
+			shown[u.Sig] = true
+			fmt.Fprintf(w, "%-34s", u.Name)
+			for i := range p.Batches {
+				gpu := 0.0
+				if i < len(u.GPUPerPos) {
+					gpu = u.GPUPerPos[i]
+				}
+				fmt.Fprintf(w, " %30s", fmt.Sprintf("%.2f / %.3f ns", 1e9*u.CPUPerPos[i], 1e9*gpu))
+			}
+			fmt.Fprintln(w)
+		}
 	}
 	if p.HostRead > 0 {
 		fmt.Fprintf(w, "\nhost memory read by the CPU's threads: %.1f GB/s (no unit's decode on the CPU is counted faster)\n", p.HostRead/1e9)

@@ -326,7 +326,11 @@ func (c *Context) run(b *ir.Batch) ([]float32, error) {
 	s := c.scheduleFor(n)
 	if decode && c.policy != nil {
 		var err error
-		if s, err = c.policy.Next(Step{Rows: n}); err != nil {
+		positions := 0
+		for _, p := range b.Pos {
+			positions += int(p)
+		}
+		if s, err = c.policy.Next(Step{Rows: n, Positions: positions}); err != nil {
 			return nil, err
 		}
 	}

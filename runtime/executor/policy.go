@@ -25,9 +25,11 @@ type Policy interface {
 }
 
 // Step describes a decode step about to run: its rows (one token of each
-// of its sequences).
+// of its sequences), and the positions they attend to, all rows together
+// (each row's position: attention's work grows with it).
 type Step struct {
-	Rows int
+	Rows      int
+	Positions int
 }
 
 // StepReport is how a decode step ran: its schedule, its wall time and the

@@ -30,6 +30,8 @@ type Unit struct {
 	// Bytes is the device memory the unit takes when resident: its
 	// matrices in the GPU's format, or the KV cache at the context size.
 	Bytes int64
+	// KVRows is the positions of a KV cache unit's cache.
+	KVRows int
 	// Experts is the expert count of an expert unit (ir.Class.Experts),
 	// of whose stacks a token reads top-k; 0 for other units.
 	Experts int
@@ -90,7 +92,7 @@ func Units(p *ir.Program, kv KV, deviceBytes func(*ir.Weight) int64) []Unit {
 		case cl.Anchor == ir.AnchorCache:
 			u.Name = ir.Blk(op.Layer, "attention")
 			u.Role, u.Type = "attention", "kv_"+kv.Type.String()
-			u.Bytes = kv.Bytes(op.Attn)
+			u.Bytes, u.KVRows = kv.Bytes(op.Attn), kv.Rows
 		case cl.Experts:
 			u.Name = ir.Blk(op.Layer, "ffn_"+op.Kind.String())
 			u.Role, u.Type = "ffn_"+op.Kind.String(), op.Gate.Type.String()

@@ -44,14 +44,21 @@ type Placement struct {
 	// Dynamic says whether decode steps promote CPU units to the GPU
 	// (planned from the profile, re-planned as the machine's load
 	// changes); false with --dynamic=false or without a profile.
-	Dynamic   bool              `json:"dynamic"`
+	Dynamic bool `json:"dynamic"`
+	// KV is where the KV cache lives: each layer's with its attention.
+	KV *KVPlacement `json:"kv_cache,omitempty"`
+	// Depth is the context the placement was planned for (Options.Depth).
+	Depth     int               `json:"planned_depth,omitempty"`
 	Predicted *Prediction       `json:"predicted,omitempty"`
 	Prefill   []PrefillSchedule `json:"prefill,omitempty"`
 	Units     []UnitPlacement   `json:"units"`
 
 	units   []model.Unit
 	vectors []*ir.Weight  // the model's 1-D weights (norms, biases)
-	prof    *plan.Profile // what it was planned from (nil: not planned)
+	prof    *plan.Profile // what it was planned from, at Depth (nil: not planned)
+	// stepProf is prof at the profile's own depth, which the promoter
+	// shapes to each step's rows and positions.
+	stepProf *plan.Profile
 	// ringKept, by unit: the CPU units dynamic promotion is expected to
 	// keep in the staging ring on an idle machine (nil: none).
 	ringKept []bool
@@ -153,8 +160,48 @@ func newPlacement(m *model.Model, units []model.Unit, on string) *Placement {
 	return pl
 }
 
-// sum recomputes the byte totals from the units (ties counted once).
+// KVPlacement is where the KV cache's layers live, and their bytes.
+type KVPlacement struct {
+	Type      string `json:"type"`
+	Positions int    `json:"positions"`
+	GPULayers int    `json:"gpu_layers"`
+	CPULayers int    `json:"cpu_layers"`
+	GPUBytes  int64  `json:"gpu_bytes"`
+	CPUBytes  int64  `json:"cpu_bytes"`
+}
+
+// String says it in a line: f16, 16384 positions, 2.50 GiB: 30 layers on
+// the GPU (1.88 GiB), 10 on the CPU (640 MiB).
+func (k *KVPlacement) String() string {
+	s := fmt.Sprintf("%s, %d positions, %s: ", k.Type, k.Positions, executor.FormatBytes(k.GPUBytes+k.CPUBytes))
+	switch {
+	case k.CPULayers == 0:
+		return s + "every layer's on the GPU"
+	case k.GPULayers == 0:
+		return s + "every layer's on the CPU"
+	}
+	return s + fmt.Sprintf("%d layers on the GPU (%s), %d on the CPU (%s)", k.GPULayers, executor.FormatBytes(k.GPUBytes), k.CPULayers, executor.FormatBytes(k.CPUBytes))
+}
+
+// sum recomputes the byte totals from the units (ties counted once), and
+// the KV cache's placement.
 func (pl *Placement) sum() {
+	pl.KV = nil
+	for i, u := range pl.units {
+		if u.Anchor != ir.AnchorCache {
+			continue
+		}
+		if pl.KV == nil {
+			pl.KV = &KVPlacement{Type: strings.TrimPrefix(u.Type, "kv_"), Positions: u.KVRows}
+		}
+		if pl.resident(i) {
+			pl.KV.GPULayers++
+			pl.KV.GPUBytes += u.Bytes
+		} else {
+			pl.KV.CPULayers++
+			pl.KV.CPUBytes += u.Bytes
+		}
+	}
 	pl.GPUBytes, pl.CPUBytes = 0, 0
 	seen := map[*ir.Weight]bool{}
 	for i, u := range pl.units {
@@ -325,6 +372,9 @@ func (pl *Placement) Describe() string {
 	}
 	if pl.Budget > 0 {
 		fmt.Fprintf(&b, ", budget %s", executor.FormatBytes(pl.Budget))
+	}
+	if pl.KV != nil {
+		fmt.Fprintf(&b, "; KV cache %s", pl.KV)
 	}
 	return b.String()
 }

@@ -219,6 +219,11 @@ func (p *Planner) placeByProfile(prof *plan.Profile, units []model.Unit, opt Opt
 			return nil, fmt.Errorf("plan: profile unit %d is %s, the model's %s", i, prof.Units[i].Name, u.Name)
 		}
 	}
+	// Attention's times at the depth planned for: at a long context its
+	// work and its cache's reads dwarf what the profile's short one saw.
+	// (The promoter shapes the profile to each step instead.)
+	raw := prof
+	prof = prof.AtDepth(opt.Depth)
 	forPrefill := opt.PlanFor == "prefill"
 	n := 1
 	if forPrefill {
@@ -283,6 +288,7 @@ func (p *Planner) placeByProfile(prof *plan.Profile, units []model.Unit, opt Opt
 	pl.packed = frac
 	pl.FixedBytes, pl.RepackedBytes = fixed, repacked
 	pl.prof, pl.Dynamic = prof, !opt.StaticOnly
+	pl.stepProf, pl.Depth = raw.Packed(frac), opt.Depth
 	d0 := prof.BatchIndex(1)
 	for i := range units {
 		if sol.On[i] == plan.GPU {

@@ -43,6 +43,13 @@ type Options struct {
 	Batch      int      // most tokens a step computes
 	Threads    int      // host threads (0: all cores)
 	KV         model.KV // the cache: rows and type
+	// Depth is the context the placement is planned for: the positions a
+	// step's rows attend to, all together, on average (0: half the
+	// cache). A cache half full is the mean of a conversation that fills
+	// it, and the positions of all its sequences together: attention's
+	// work per step (a decode row per sequence) is the same whether one
+	// long conversation or several short ones fill the cache.
+	Depth int
 	// Progress, when set, hears of a profiling run.
 	Progress func(done, total int, what string)
 	// MoESplit says how the streamed expert layers of prompt batches are
@@ -74,6 +81,9 @@ func (o Options) withDefaults(m *model.Model) Options {
 		o.Batch = 512
 	}
 	o.Batch = min(o.Batch, o.KV.Rows)
+	if o.Depth <= 0 {
+		o.Depth = o.KV.Rows / 2
+	}
 	return o
 }
 

@@ -66,6 +66,13 @@ var ProfileBatches = []int{1, 32, 128, 512}
 // timed: a conversation a few turns in.
 const profileDecodePos = 256
 
+// profileDepth is how much further into the cache the units whose work
+// grows with the context (attention) are timed again, for the seconds a
+// position of context adds (plan.UnitTimes.CPUPerPos): deep enough that
+// the growth stands well above the noise of a step, shallow enough for
+// the cache of a few layers to stay small on a small GPU.
+const profileDepth = 2048
+
 // modelIdentity digests what makes a model file itself for a profile:
 // its tensor table (names, types, shapes, offsets) and its size.
 func modelIdentity(m *model.Model) string {
@@ -150,6 +157,7 @@ type profileRun struct {
 	ge      backend.Exec
 	tokens  []int32
 	rows    int // the cache's rows
+	depth   int // positions added to every timed batch's (profileDepth, or 0)
 	done    int
 	total   int
 	note    func(done, total int, what string)
@@ -295,7 +303,7 @@ func (pl *Planner) MeasureProfile(units []model.Unit, opt Options, batches []int
 		}
 	}
 	maxB := batches[len(batches)-1]
-	ctxSize := profileDecodePos + maxB + 1
+	ctxSize := profileDepth + profileDecodePos + maxB + 1
 	pool := ops.NewPool(opt.Threads)
 	defer pool.Close()
 	// The CPU runs on weights of its own, which each timing points at
@@ -357,6 +365,9 @@ func (pl *Planner) MeasureProfile(units []model.Unit, opt Options, batches []int
 		if packable[i] {
 			steps++
 		}
+		if units[i].Anchor == ir.AnchorCache {
+			steps++ // timed at depth too
+		}
 	}
 	for _, ly := range layerKinds {
 		if layerPackable(ly) {
@@ -365,7 +376,7 @@ func (pl *Planner) MeasureProfile(units []model.Unit, opt Options, batches []int
 	}
 	r.total = len(batches) * steps
 	prof := &plan.Profile{Version: plan.ProfileVersion, Model: filepath.Base(m.File.Path), Hardware: hardware(dev, pool.Threads()),
-		Created: time.Now().UTC(), Batches: batches, DecodePos: profileDecodePos, Measured: len(reps)}
+		Created: time.Now().UTC(), Batches: batches, DecodePos: profileDecodePos, DepthPos: profileDepth, Measured: len(reps)}
 	prof.Units = make([]plan.UnitTimes, len(units))
 	for i, u := range units {
 		t := &prof.Units[i]
@@ -378,7 +389,7 @@ func (pl *Planner) MeasureProfile(units []model.Unit, opt Options, batches []int
 	}
 	// Each representative unit alone, on each backend, and on the CPU
 	// from repacked copies too.
-	type times struct{ cpu, gpu, packed, share []float64 }
+	type times struct{ cpu, gpu, packed, share, cpuPerPos, gpuPerPos []float64 }
 	alone := map[int]times{}
 	for _, i := range reps {
 		u := units[i]
@@ -409,6 +420,29 @@ func (pl *Planner) MeasureProfile(units []model.Unit, opt Options, batches []int
 			}
 			a.cpu, a.gpu = append(a.cpu, tc), append(a.gpu, tg)
 			r.step(u.Name)
+		}
+		if u.Anchor == ir.AnchorCache {
+			// Its work grows with the context: again, profileDepth
+			// positions further in.
+			r.depth = profileDepth
+			for k, n := range batches {
+				tc, err := r.timeCPU(rot, n)
+				if err == nil {
+					var tg float64
+					if tg, err = r.timeGPU(schs, n); err == nil {
+						per := float64(n) * profileDepth
+						a.cpuPerPos = append(a.cpuPerPos, max(tc-a.cpu[k], 0)/per)
+						a.gpuPerPos = append(a.gpuPerPos, max(tg-a.gpu[k], 0)/per)
+					}
+				}
+				if err != nil {
+					r.depth = 0
+					release(schs)
+					return nil, fmt.Errorf("profile: %s at depth %d: %w", u.Name, profileDepth, err)
+				}
+				r.step(fmt.Sprintf("%s at depth %d", u.Name, profileDepth))
+			}
+			r.depth = 0
 		}
 		release(schs)
 		if packable[i] {
@@ -444,6 +478,7 @@ func (pl *Planner) MeasureProfile(units []model.Unit, opt Options, batches []int
 		copy(t.CPUPackedAlone, a.packed)
 		copy(t.CPUPacked, a.packed)
 		t.CPUShare = slices.Clone(a.share)
+		t.CPUPerPos, t.GPUPerPos = slices.Clone(a.cpuPerPos), slices.Clone(a.gpuPerPos)
 	}
 	// Each kind of layer whole: its fusion ratio scales its units, in
 	// each layout.
@@ -631,7 +666,7 @@ func pos0(n int) int {
 func (r *profileRun) batch(n int) *ir.Batch {
 	b := &ir.Batch{Tokens: r.tokens[:n], Pos: make([]int32, n), Seq: make([]int32, n), Block: kvcache.DefaultBlock, Logits: []int32{int32(n - 1)}}
 	for t := range n {
-		b.Pos[t] = int32(pos0(n) + t)
+		b.Pos[t] = int32(r.depth + pos0(n) + t)
 	}
 	table := make([]int32, (r.rows+b.Block-1)/b.Block)
 	for k := range table {

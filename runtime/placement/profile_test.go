@@ -369,3 +369,79 @@ func TestHostReadRate(t *testing.T) {
 		t.Fatalf("host read rate %g bytes/s is not plausible", r)
 	}
 }
+
+// The placement weighs the KV cache against the weights at the depth it
+// is planned for: attention that costs little on the CPU at the
+// profile's short context stays there, its cache's bytes going to
+// weights; deep in a long context, where every step reads the whole
+// cache, attention and its cache take the GPU and weights leave.
+func TestPlacementAtDepth(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	w := hostWeights(t, m)
+	const rows = 8192
+	units := programUnits(m.Prog, rows, nil)
+	prof := &plan.Profile{Batches: []int{1}, DecodePos: 256, DepthPos: 2048,
+		Switch: []plan.Link{{Latency: 1e-7, BytesPerSec: 1e10}}, Stream: plan.Link{BytesPerSec: 1e10}}
+	var total, kv int64
+	for _, u := range units {
+		total += u.Bytes
+		cpuT, gpuT := 1e-9*float64(u.Bytes)+1e-6, 1e-10*float64(u.Bytes)+1e-6
+		ut := plan.UnitTimes{Name: u.Name, Sig: u.Sig}
+		if u.Anchor == ir.AnchorCache {
+			kv += u.Bytes
+			// Cheap at the profile's depth, a cache read a position.
+			cpuT, gpuT = 1e-6, 1e-6
+			ut.CPUPerPos, ut.GPUPerPos = []float64{1e-5}, []float64{1e-8}
+		}
+		ut.CPU, ut.CPUAlone, ut.GPU, ut.GPUAlone = []float64{cpuT}, []float64{cpuT}, []float64{gpuT}, []float64{gpuT}
+		prof.Units = append(prof.Units, ut)
+	}
+	attentionOnGPU := func(depth int) (on int, pl *Placement) {
+		opt := Options{Batch: 1, KV: model.KV{Rows: rows}, StaticOnly: true, Depth: depth}
+		pl, err := New(m, w, nil).placeByProfile(prof, units, opt, kv+(total-kv)/4, 0, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, u := range units {
+			if u.Anchor == ir.AnchorCache && pl.resident(i) {
+				on++
+			}
+		}
+		return on, pl
+	}
+	shallow, _ := attentionOnGPU(256)
+	deep, pl := attentionOnGPU(rows / 2)
+	if shallow != 0 || deep != m.Prog.Hyper.NLayer {
+		t.Errorf("attention layers on the GPU: %d at the profile's depth (want none), %d at %d (want all %d)", shallow, deep, rows/2, m.Prog.Hyper.NLayer)
+	}
+	if pl.KV == nil || pl.KV.GPULayers != deep || pl.KV.Positions != rows || pl.KV.GPUBytes+pl.KV.CPUBytes != kv || pl.Depth != rows/2 {
+		t.Errorf("KV placement %+v, depth %d", pl.KV, pl.Depth)
+	}
+	if !strings.Contains(pl.Describe(), "KV cache f16, 8192 positions") {
+		t.Errorf("Describe: %s", pl.Describe())
+	}
+}
+
+// The promoter plans for classes of decode steps: rows exact up to four,
+// then powers of two; the rows' mean depth beyond the profile's decode
+// position in two classes an octave.
+func TestStepShapes(t *testing.T) {
+	for _, c := range []struct {
+		rows, positions int
+		want            stepShape
+	}{
+		{1, 100, stepShape{1, 0}},
+		{1, 256 + 700, stepShape{1, 512}},
+		{1, 256 + 1000, stepShape{1, 768}},
+		{1, 256 + 5000, stepShape{1, 4096}},
+		{1, 256 + 7000, stepShape{1, 6144}},
+		{3, 3 * 300, stepShape{3, 0}},
+		{5, 5 * 256, stepShape{8, 0}},
+		{8, 8 * (256 + 2048), stepShape{8, 2048}},
+		{17, 17 * 10000, stepShape{32, 8192}},
+	} {
+		if got := shapeOf(executor.Step{Rows: c.rows, Positions: c.positions}, 256); got != c.want {
+			t.Errorf("%d rows, %d positions: %+v, want %+v", c.rows, c.positions, got, c.want)
+		}
+	}
+}

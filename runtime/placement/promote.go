@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"fmt"
 	"math"
+	"math/bits"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -33,7 +34,14 @@ type promoter struct {
 	resident func(i int) bool // by unit: lives on the device
 	nvocab   int
 	notes    backend.Notes
-	prof     *plan.Profile
+	prof     *plan.Profile // stepProf shaped to the current step (one batch)
+	// stepProf is the placement's profile at the profile's own depth, and
+	// shape the rows and positions prof is shaped for: each step's rows
+	// (decode rows of several sequences) and depth change what the units
+	// cost, attention most (reshape).
+	stepProf *plan.Profile
+	shape    stepShape
+	reshaped bool  // the shape changed since the last plan: plan anew
 	ring     int64 // the staging ring's bytes
 	// everything: promote every host unit that can stream on every step
 	// (Options.PromoteEverything).
@@ -122,7 +130,7 @@ func (p *Planner) Promoter(c *executor.Context, pl *Placement, opt Options) *Pro
 	}
 	base := c.Base()
 	pr := &promoter{ctx: c, base: base, planner: p, units: pl.units, resident: pl.resident, nvocab: p.m.Hyper().NVocab, notes: opt.Notes, everything: opt.PromoteEverything,
-		prof: pl.prof, ring: pl.RingBytes, cur: base, byKey: map[string]*executor.Schedule{"": base}, stepTime: map[*executor.Schedule]*stepTimes{}, seen: map[*executor.Schedule]int{},
+		stepProf: pl.stepProf, ring: pl.RingBytes, cur: base, byKey: map[string]*executor.Schedule{"": base}, stepTime: map[*executor.Schedule]*stepTimes{}, seen: map[*executor.Schedule]int{},
 		timedAt: map[*executor.Schedule]int{}, meta: map[*executor.Schedule]planMeta{}}
 	pr.init(pl, opt)
 	return &Promoter{pr}
@@ -131,13 +139,56 @@ func (p *Planner) Promoter(c *executor.Context, pl *Placement, opt Options) *Pro
 // Promoter is dynamic promotion, as the executor's Policy.
 type Promoter struct{ p *promoter }
 
-func (pp *Promoter) Next(s executor.Step) (*executor.Schedule, error) { return pp.p.schedule() }
-func (pp *Promoter) TimeNext() bool                                   { return pp.p.timeNext() }
-func (pp *Promoter) Observe(r executor.StepReport)                    { pp.p.observe(r) }
-func (pp *Promoter) Close()                                           { pp.p.release() }
+func (pp *Promoter) Next(s executor.Step) (*executor.Schedule, error) {
+	pp.p.reshape(s)
+	return pp.p.schedule()
+}
+func (pp *Promoter) TimeNext() bool                { return pp.p.timeNext() }
+func (pp *Promoter) Observe(r executor.StepReport) { pp.p.observe(r) }
+func (pp *Promoter) Close()                        { pp.p.release() }
+
+// stepShape is a class of decode steps the promoter plans for: its rows
+// (exact up to 4, then powers of two) and its rows' mean depth beyond the
+// profile's decode position (two classes an octave from 512 on; 0 below).
+type stepShape struct{ rows, depth int }
+
+func shapeOf(s executor.Step, decodePos int) stepShape {
+	rows := max(s.Rows, 1)
+	d := s.Positions/rows - decodePos
+	if rows > 4 {
+		rows = 1 << bits.Len(uint(rows-1))
+	}
+	if d < 512 {
+		d = 0
+	} else {
+		half := 1 << (bits.Len(uint(d)) - 2) // half the octave d is in
+		d = d / half * half
+	}
+	return stepShape{rows: rows, depth: d}
+}
+
+// reshape shapes the profile to step s's class; a new class plans anew,
+// and the wall times measured in the last one no longer compare.
+func (p *promoter) reshape(s executor.Step) {
+	if p.stepProf == nil {
+		return
+	}
+	sh := shapeOf(s, p.stepProf.DecodePos)
+	if p.prof != nil && sh == p.shape {
+		return
+	}
+	first := p.prof == nil
+	p.shape, p.prof = sh, p.stepProf.Shaped(sh.rows, sh.depth)
+	if !first {
+		p.reshaped = true
+		clear(p.stepTime)
+		clear(p.timedAt)
+	}
+}
 
 func (p *promoter) init(pl *Placement, opt Options) {
 	p.log = opt.PromoteLog
+	p.reshape(executor.Step{Rows: 1}) // until the first step says otherwise
 	resident := make([]bool, len(p.units))
 	for i := range p.units {
 		resident[i] = pl.resident(i)
@@ -277,9 +328,10 @@ func (p *promoter) schedule() (*executor.Schedule, error) {
 			return p.cur, nil
 		}
 		p.backoff, p.doubt = 0, 1 // the load moved a lot: the model's misses were another machine's
-	} else if !p.rp.Step(trig) && !first && p.prof != nil {
+	} else if !p.rp.Step(trig) && !first && !p.reshaped && p.prof != nil {
 		return p.cur, nil
 	}
+	p.reshaped = false
 	if p.prof == nil && p.replans > 0 {
 		return p.cur, nil // everything: planned once
 	}
