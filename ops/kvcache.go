@@ -136,6 +136,16 @@ func (t KVType) rotation(headSize int) (k, v int) {
 	return k, 64
 }
 
+// KVRotation is the size of the Walsh-Hadamard rotation of a cache of
+// type t's keys (and the queries) and values, for heads of headSize (0:
+// none), as NewKVLayer sets RotK and RotV: the GPU's cache follows the
+// same rule.
+func KVRotation(t KVType, headSize int) (k, v int) { return t.rotation(headSize) }
+
+// FWHT is fwht: the rotation, in place, of each chunk of n values of x
+// (the GPU's kernel is checked against it).
+func FWHT(x []float32, n int) { fwht(x, n) }
+
 // fwht applies the orthonormal Walsh-Hadamard transform to each chunk of
 // n values of x (n a power of two, at least 4), as ggml's CPU fwht does:
 // the values scaled by 1/sqrt(n), then butterflies (u+v, u-v) of

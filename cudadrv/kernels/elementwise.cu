@@ -74,3 +74,34 @@ extern "C" __global__ void gather_rows_f32(float *dst, const float *src, const i
         dst[i] = src[(long long)idx[r] * width + (i - (long long)r * width)];
     }
 }
+
+// fwht_f32 replaces each of nChunks chunks of n floats of x (n a power of
+// two, 4..1024) by its orthonormal Walsh-Hadamard transform, as ggml's CPU
+// fwht computes it and ops.FWHT does: the values scaled by scale
+// (1/sqrt(n)), then butterflies (u+v, u-v) of growing span, in float, no
+// fused multiply-add. A quantized KV cache holds keys and values rotated
+// so (llama.cpp spreads a head's outliers before quantizing); queries are
+// rotated alike and attention's outputs rotated back. A block of n/2
+// threads takes one chunk at a time, a butterfly a thread.
+extern "C" __global__ void fwht_f32(float *x, long long nChunks, int n, float scale)
+{
+    PDL_ENTRY();
+    __shared__ float s[1024];
+    const int h = threadIdx.x, half = n / 2;
+    for (long long c = blockIdx.x; c < nChunks; c += gridDim.x) {
+        float *p = x + c * n;
+        s[h] = __fmul_rn(p[h], scale);
+        s[h + half] = __fmul_rn(p[h + half], scale);
+        __syncthreads();
+        for (int span = 1; span < n; span <<= 1) {
+            const int i = (h / span) * 2 * span + (h % span);
+            const float u = s[i], v = s[i + span];
+            s[i] = __fadd_rn(u, v);
+            s[i + span] = __fsub_rn(u, v);
+            __syncthreads();
+        }
+        p[h] = s[h];
+        p[h + half] = s[h + half];
+        __syncthreads();
+    }
+}

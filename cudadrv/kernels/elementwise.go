@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/atsinfer/ats/cudadrv"
 )
@@ -13,6 +14,7 @@ type Elementwise struct {
 	scaleF32 *cudadrv.Function
 	copyF32  *cudadrv.Function
 	gather   *cudadrv.Function
+	fwht     *cudadrv.Function
 }
 
 // NewElementwise prepares elementwise.cu's kernels for the context's device;
@@ -24,6 +26,7 @@ func NewElementwise(ctx *cudadrv.Context) (*Elementwise, error) {
 		"scale_f32":       &k.scaleF32,
 		"copy_f32":        &k.copyF32,
 		"gather_rows_f32": &k.gather,
+		"fwht_f32":        &k.fwht,
 	})
 	if err != nil {
 		return nil, err
@@ -85,5 +88,25 @@ func (k *Elementwise) GatherRows(s *cudadrv.Stream, dst, src, idx cudadrv.Device
 	}
 	return launch(k.gather, s, grid1(n*width, elementwiseBlock), cudadrv.D1(elementwiseBlock), 0, func(p *cudadrv.Args) {
 		p.Ptr(dst).Ptr(src).Ptr(idx).I32(int32(width)).I32(int32(n))
+	})
+}
+
+// FWHT queues the orthonormal Walsh-Hadamard transform of each of chunks
+// chunks of n floats at x, in place (n a power of two, 4 to 1024): the
+// rotation of a quantized KV cache's keys, values and queries, as
+// ops.FWHT computes it, bit for bit.
+func (k *Elementwise) FWHT(s *cudadrv.Stream, x cudadrv.DevicePtr, chunks, n int) error {
+	if chunks == 0 {
+		return nil
+	}
+	if n < 4 || n > 1024 || n&(n-1) != 0 || chunks < 0 || x == 0 {
+		return fmt.Errorf("kernels: FWHT of %d chunks of %d floats at %#x (a power of two from 4 to 1024)", chunks, n, x)
+	}
+	if err := k.ready(); err != nil {
+		return err
+	}
+	scale := 1 / float32(math.Sqrt(float64(n))) // as ops.FWHT: 1.0f/sqrtf(n)
+	return launch(k.fwht, s, cudadrv.D1(min(chunks, 65535)), cudadrv.D1(n/2), 0, func(p *cudadrv.Args) {
+		p.Ptr(x).I64(int64(chunks)).I32(int32(n)).F32(scale)
 	})
 }

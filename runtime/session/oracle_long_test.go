@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/atsinfer/ats/internal/testenv"
+	"github.com/atsinfer/ats/runtime/backend/cuda"
 	"github.com/atsinfer/ats/runtime/executor"
 	"github.com/atsinfer/ats/runtime/kvcache"
 	"github.com/atsinfer/ats/runtime/model"
@@ -63,12 +64,22 @@ func eachLongOracle(t *testing.T, f func(t *testing.T, name string, m *model.Mod
 // (teacher forcing). It fails over the short oracles' bounds.
 func checkLongOracle(t *testing.T, name string, m *model.Model, want *longOracle, kt kvcache.Type, opt Options) {
 	t.Helper()
+	checkLongOracleWith(t, name, m, want, kt, opt, nil)
+}
+
+// checkLongOracleWith is checkLongOracle with setup called on the engine
+// before the prompt (nil: none).
+func checkLongOracleWith(t *testing.T, name string, m *model.Model, want *longOracle, kt kvcache.Type, opt Options, setup func(*Engine)) {
+	t.Helper()
 	opt.CtxSize, opt.KVType = want.NCtx, kt
 	c, err := newCtx(m, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.Close()
+	if setup != nil {
+		setup(c.Engine)
+	}
 	if _, err := c.Eval(want.Prompt[:want.PrefillFrom], false); err != nil {
 		t.Fatal(err)
 	}
@@ -110,11 +121,36 @@ func TestLongOracles(t *testing.T) {
 }
 
 // TestLongOraclesGPU is TestLongOracles on the GPU: every unit there, the
-// attention alone on the CPU (its cache in host memory), and a planned
-// hybrid.
+// attention alone on the CPU (its cache in host memory), and alternating
+// layers. An MoE model's experts are the CPU's choice on every token,
+// imposed on the GPU (as TestOraclesGPUWithCPURouting): over 3000 tokens
+// the GPU's own rounding flips a near-tie somewhere (the short oracles
+// judge those rows apart), and a flipped token's keys and values then
+// reach every later row; the logged count says how many it would flip.
 func TestLongOraclesGPU(t *testing.T) {
 	dev := needGPUDevice(t)
 	eachLongOracle(t, func(t *testing.T, name string, m *model.Model, want *longOracle, kt kvcache.Type) {
+		var setup func(*Engine)
+		if len(moeOps(m.Prog)) > 0 {
+			all := &oracleLogits{Prompt: want.Prompt, NVocab: want.NVocab, Generated: want.Generated}
+			routes, _, _ := cpuOracleRoutesKV(t, m.File.Path, all, kt)
+			setup = func(c *Engine) {
+				if _, ok := c.Ctx.Device().(*cuda.Exec); !ok {
+					return
+				}
+				own := inspectGPURoutes(t, c, len(want.Prompt)+len(want.Generated), routes)
+				t.Cleanup(func() {
+					flips, _ := routeFlips(routes, own)
+					n := 0
+					for _, f := range flips {
+						if f.b.ids != nil { // routed on the GPU
+							n++
+						}
+					}
+					t.Logf("the GPU's own expert choice would differ from the CPU's at %d token x layer pairs", n)
+				})
+			}
+		}
 		attnCPU := forcedPlacement(t, m, want.NCtx, func(_ int, u model.Unit) bool { return u.Role != "attention" })
 		half := forcedPlacement(t, m, want.NCtx, func(i int, _ model.Unit) bool { return i%2 == 1 })
 		for _, v := range []struct {
@@ -127,7 +163,7 @@ func TestLongOraclesGPU(t *testing.T) {
 		} {
 			t.Run(v.name, func(t *testing.T) {
 				v.opt.Device, v.opt.Threads = dev, 2
-				checkLongOracle(t, name, m, want, kt, v.opt)
+				checkLongOracleWith(t, name, m, want, kt, v.opt, setup)
 			})
 		}
 	})

@@ -264,6 +264,12 @@ func moeOps(p *ir.Program) []int {
 // of a CPU context (TestCPUOracleRoutes checks it).
 func cpuOracleRoutes(t *testing.T, path string, want *oracleLogits) (routes [][]tokenRoute, prefill []float32, decode [][]float32) {
 	t.Helper()
+	return cpuOracleRoutesKV(t, path, want, kvcache.F16)
+}
+
+// cpuOracleRoutesKV is cpuOracleRoutes with a KV cache of type kt.
+func cpuOracleRoutesKV(t *testing.T, path string, want *oracleLogits, kt kvcache.Type) (routes [][]tokenRoute, prefill []float32, decode [][]float32) {
+	t.Helper()
 	m, err := model.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -282,7 +288,7 @@ func cpuOracleRoutes(t *testing.T, path string, want *oracleLogits) (routes [][]
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := cpu.New(w, pool, cpu.Options{Batch: n, KV: model.KV{Rows: kv.Rows()}, LogitRows: n})
+	b, err := cpu.New(w, pool, cpu.Options{Batch: n, KV: model.KV{Rows: kv.Rows(), Type: kt}, LogitRows: n})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,6 +40,7 @@
 # needed.
 #
 # Usage: tools/ptx/build.sh            (from anywhere in the repository)
+#        tools/ptx/build.sh rope norm   only those files (by name)
 #        ARCHS="80 90" tools/ptx/build.sh
 #        CHECK=1 tools/ptx/build.sh     also print ptxas's registers and
 #                                       spills per kernel and arch
@@ -77,6 +78,13 @@ done
 mkdir -p "$out" "$fatout"
 shopt -s nullglob
 cus=("$src"/*.cu)
+if [[ $# -gt 0 ]]; then
+	cus=()
+	for name in "$@"; do
+		[[ -f "$src/$name.cu" ]] || { echo "build.sh: no $src/$name.cu" >&2; exit 1; }
+		cus+=("$src/$name.cu")
+	done
+fi
 [[ ${#cus[@]} -gt 0 ]] || { echo "build.sh: no .cu files in $src" >&2; exit 1; }
 
 tmp=$(mktemp -d)

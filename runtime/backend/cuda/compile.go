@@ -9,6 +9,7 @@ import (
 	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/cudadrv/kernels"
 	"github.com/atsinfer/ats/gguf"
+	"github.com/atsinfer/ats/ops"
 	"github.com/atsinfer/ats/runtime/backend"
 	"github.com/atsinfer/ats/runtime/ir"
 )
@@ -538,7 +539,25 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 	if a.HeadSize%32 == 0 {
 		link = &q8Link{}
 	}
+	// A quantized cache holds its keys and values rotated (llama.cpp's
+	// Walsh-Hadamard rotation, as the CPU's): the step rotates the keys
+	// and the queries alike, the values, and its outputs back.
+	rotK, rotV := g.kvRotation(a)
+	qw := a.NHeads * a.HeadSize
+	if rotK > 0 {
+		name = "rotate+" + name + "+rotate"
+	}
 	return step{name: name, out: op.Out, link: link, run: func(s *cudadrv.Stream, n int) error {
+		if rotK > 0 {
+			for _, r := range []struct {
+				x        cudadrv.DevicePtr
+				w, chunk int
+			}{{q, qw, rotK}, {k, width, rotK}, {v, width, rotV}} {
+				if err := g.dev.elem.FWHT(s, r.x, n*r.w/r.chunk, r.chunk); err != nil {
+					return err
+				}
+			}
+		}
 		if store {
 			if err := g.dev.attn.StoreKV(s, &kernels.StoreKVArgs{Cache: cache, Batch: &g.kvb, K: k, V: v, NTok: n}); err != nil {
 				return err
@@ -547,8 +566,9 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 		plan := &g.plan
 		q8 := link != nil && g.q8Ready(link.group, n)
 		// The epilogue writes the Q8_1 rows of its own launch: one launch
-		// must cover the step, else the rows are quantized afterwards.
-		one := (plan.decode == n && len(plan.chunks) == 0) || (plan.decode == 0 && len(plan.chunks) == 1)
+		// must cover the step (and the outputs need no rotation back),
+		// else the rows are quantized afterwards.
+		one := rotV == 0 && ((plan.decode == n && len(plan.chunks) == 0) || (plan.decode == 0 && len(plan.chunks) == 1))
 		if plan.decode > 0 {
 			d := plan.decode
 			args := kernels.DecodeKVArgs{Out: out, Q: q, Cache: cache, Batch: &g.kvb, NTok: d,
@@ -582,11 +602,26 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 				return err
 			}
 		}
+		if rotV > 0 {
+			if err := g.dev.elem.FWHT(s, out, n*qw/rotV, rotV); err != nil {
+				return err
+			}
+		}
 		if q8 && !one {
-			return g.w.(preparedOps).Prepare(s, actQ8_1, out, n, a.NHeads*a.HeadSize, g.act)
+			return g.w.(preparedOps).Prepare(s, actQ8_1, out, n, qw, g.act)
 		}
 		return nil
 	}}
+}
+
+// kvRotation is the rotation of the cache's keys (and the queries) and
+// values for attention a: the CPU's rule (ops.KVRotation), on the GPU's
+// cache type.
+func (g *Exec) kvRotation(a *ir.Attention) (k, v int) {
+	if g.kvType != kernels.KVQ8_0 {
+		return 0, 0
+	}
+	return ops.KVRotation(ops.KVQ8_0, a.HeadSize)
 }
 
 // ropeTensor is one buffer of a rope/head-norm group.
@@ -694,7 +729,7 @@ func (g *Exec) ropeStep(i, hi int, kvStored map[int]bool) (step, int, error) {
 	if j := i + used; j < hi && ops[j].Kind == ir.OpAttention && ops[j].Output == ops[i].Output {
 		at := &ops[j]
 		for x, t := range ts {
-			if t.buf == at.In2 && t.heads*t.headSize == at.Attn.NKVHeads*at.Attn.HeadSize && t.buf != at.In3 && (g.kvType == kernels.KVF16 || t.headSize%32 == 0) {
+			if rk, _ := g.kvRotation(at.Attn); t.buf == at.In2 && t.heads*t.headSize == at.Attn.NKVHeads*at.Attn.HeadSize && t.buf != at.In3 && (g.kvType == kernels.KVF16 || t.headSize%32 == 0) && rk == 0 {
 				cache := &kernels.KVCache{K: g.kvK[at.Layer], V: g.kvV[at.Layer], Type: g.kvType, Width: at.Attn.NKVHeads * at.Attn.HeadSize}
 				args.KV = &kernels.RopeKV{T: x, V: g.bufs[at.In3], Cache: cache}
 				kvStored[j] = true

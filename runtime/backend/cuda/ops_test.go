@@ -436,6 +436,23 @@ func TestGPUOps(t *testing.T) {
 		})
 	}
 
+	// fwht: the rotation of a quantized cache's keys, values and queries,
+	// bit for bit the CPU's (the same operations in the same order).
+	for _, n := range []int{64, 128, 256} {
+		run(fmt.Sprintf("fwht/n=%d,chunks=37", n), func(g *gpuT) {
+			x := g.randn(37*n, 3)
+			d := up(g, x)
+			g.check(dev.elem.FWHT(g.s, d, 37, n))
+			got := down[float32](g, d, len(x))
+			ops.FWHT(x, n)
+			for i := range x {
+				if math.Float32bits(got[i]) != math.Float32bits(x[i]) {
+					g.t.Fatalf("element %d: %g, the CPU's %g", i, got[i], x[i])
+				}
+			}
+		})
+	}
+
 	// kv_store: f32 rows to f16 cache rows at pos0.., bit-exact.
 	run("kv_store/width=1024,tok=5,pos=77", func(g *gpuT) {
 		const width, nTok, pos0, ctx = 1024, 5, 77, 100
