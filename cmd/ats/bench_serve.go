@@ -64,18 +64,47 @@ type serveBenchResult struct {
 }
 
 // servePrompt is request i's prompt: distinct for every request (no
-// shared cache between them), about n tokens of plain words when n > 0.
-func servePrompt(i, n int) string {
+// shared cache between them), about n tokens of plain words when n > 0,
+// at bytesPerToken bytes a token.
+func servePrompt(i, n int, bytesPerToken float64) string {
 	if n <= 0 {
 		return fmt.Sprintf("story number %d: once upon a time", i)
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "Request %d. Summarise the following notes.\n", i)
 	words := []string{"the", "river", "town", "market", "morning", "bridge", "stone", "light", "garden", "winter", "letter", "road"}
-	for k := 0; b.Len() < 5*n; k++ { // about five bytes a token of English
+	for k := 0; float64(b.Len()) < bytesPerToken*float64(n); k++ {
 		fmt.Fprintf(&b, "%s %s %d, ", words[(k+i)%len(words)], words[(3*k+7*i)%len(words)], k)
 	}
 	return b.String()
+}
+
+// bytesPerToken is how many bytes of servePrompt's text the server's
+// tokenizer makes a token (its /tokenize, llama-server's and ats's), or
+// five, English's usual, when it has none.
+func bytesPerToken(ctx context.Context, client *http.Client, o serveBenchOptions) float64 {
+	text := servePrompt(0, 400, 5)
+	b, _ := json.Marshal(map[string]any{"content": text})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(o.url, "/")+"/tokenize", bytes.NewReader(b))
+	if err != nil {
+		return 5
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if o.apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+o.apiKey)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 5
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Tokens []json.RawMessage `json:"tokens"`
+	}
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&out) != nil || len(out.Tokens) == 0 {
+		return 5
+	}
+	return float64(len(text)) / float64(len(out.Tokens))
 }
 
 // streamCompletion sends one streamed completion and times its tokens;
@@ -186,7 +215,11 @@ func runServeBench(stdout, stderr io.Writer, o serveBenchOptions, format string)
 	ctx := context.Background()
 	// A warm-up, as llama-bench has: the server's first request pays for
 	// loading kernels and buffers.
-	if w := streamCompletion(ctx, client, o, servePrompt(0, o.promptTokens), nil); w.Err != "" {
+	bpt := 5.0
+	if o.promptTokens > 0 {
+		bpt = bytesPerToken(ctx, client, o)
+	}
+	if w := streamCompletion(ctx, client, o, servePrompt(0, o.promptTokens, bpt), nil); w.Err != "" {
 		return fmt.Errorf("bench --serve: the warm-up request to %s: %s", o.url, w.Err)
 	}
 	var results []serveBenchResult
@@ -204,7 +237,7 @@ func runServeBench(stdout, stderr io.Writer, o serveBenchOptions, format string)
 		var mu sync.Mutex
 		for i := range c {
 			seq++
-			prompt := servePrompt(seq, o.promptTokens)
+			prompt := servePrompt(seq, o.promptTokens, bpt)
 			wg.Go(func() {
 				r := streamCompletion(ctx, client, o, prompt, firsts.Done)
 				mu.Lock()
@@ -220,7 +253,7 @@ func runServeBench(stdout, stderr io.Writer, o serveBenchOptions, format string)
 			// to first token beside the running ones.
 			firsts.Wait()
 			seq++
-			r := streamCompletion(ctx, client, o, servePrompt(1_000_000+seq, o.promptTokens), nil)
+			r := streamCompletion(ctx, client, o, servePrompt(1_000_000+seq, o.promptTokens, bpt), nil)
 			if r.Err != "" {
 				fmt.Fprintf(stderr, "bench --serve: the late request at concurrency %d: %s\n", c, r.Err)
 			}
