@@ -42,9 +42,18 @@ func (m Matrix) RowBytes() int {
 // Bytes is the size of the matrix (of one expert of a stack).
 func (m Matrix) Bytes() int { return m.Rows * m.RowBytes() }
 
-// MatVecMaxTokens is the largest token count MatMul computes with the
-// matrix-vector kernels; above it, the tensor-core path.
+// MatVecMaxTokens is the most tokens one launch of the matrix-vector
+// kernels takes.
 const MatVecMaxTokens = 8
+
+// MatVecQ8_1MaxTokens is the most tokens MatVecQ8_1 takes, in launches
+// of up to MatVecMaxTokens tokens, each reading the weights once; the
+// engine's prepared path (runtime/backend/cuda) uses it up to there, the
+// tensor-core kernels above. A batch of decode rows of many sequences (9 to
+// 48) took the tensor-core path before, whose cost hardly shrinks below
+// a prompt batch's: a 14B decode step of 9 rows cost 43 ms on an H200,
+// against 5 ms for one row, where a pass of 8 rows costs about a row's.
+const MatVecQ8_1MaxTokens = 48
 
 // WeightTypes are the weight types the kernels support, in type-id order:
 // those of the CPU path (ops.SupportedTypes).
@@ -417,9 +426,29 @@ func (w *WeightOps) MatVecQ8_1(s *cudadrv.Stream, m Matrix, xq cudadrv.DevicePtr
 	if isFloat(m.Type) {
 		return fmt.Errorf("kernels: MatVecQ8_1 of %s weights: use MatVecF32", m.Type)
 	}
-	p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
-		xq: xq, xds: xq.Add(align16(nTok * m.Cols)), ntok: int32(nTok), out: out, ldOut: int64(ldOut), actDiv: 1}
-	return w.mvLaunch(s, k, m, &p, nTok, 1)
+	if nTok > MatVecQ8_1MaxTokens {
+		return fmt.Errorf("kernels: MatVecQ8_1 of %d tokens (at most %d)", nTok, MatVecQ8_1MaxTokens)
+	}
+	return q8Chunks(xq, nTok, m.Cols, func(t0, n int, xq, xds cudadrv.DevicePtr) error {
+		p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
+			xq: xq, xds: xds, ntok: int32(n), out: out.Add(4 * t0 * ldOut), ldOut: int64(ldOut), actDiv: 1}
+		return w.mvLaunch(s, k, m, &p, n, 1)
+	})
+}
+
+// q8Chunks calls f for each run of up to MatVecMaxTokens of nTok tokens
+// of Q8_1 activations at xq (cols values a row; the layout of
+// QuantizeQ8_1: every row's values, then every row's scales), with the
+// run's first token and its values and scales.
+func q8Chunks(xq cudadrv.DevicePtr, nTok, cols int, f func(t0, n int, xq, xds cudadrv.DevicePtr) error) error {
+	ds := xq.Add(align16(nTok * cols))
+	for t0 := 0; t0 < nTok; t0 += MatVecMaxTokens {
+		n := min(MatVecMaxTokens, nTok-t0)
+		if err := f(t0, n, xq.Add(t0*cols), ds.Add(t0*cols/32*8)); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // MaxMatVecGroup is the most matrices MatVecQ8_1Group and
@@ -441,16 +470,23 @@ func (w *WeightOps) MatVecQ8_1Group(s *cudadrv.Stream, ms []Matrix, xq cudadrv.D
 	if isFloat(m.Type) {
 		return fmt.Errorf("kernels: MatVecQ8_1Group of %s weights", m.Type)
 	}
-	p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
-		xq: xq, xds: xq.Add(align16(nTok * m.Cols)), ntok: int32(nTok), out: outs[0], ldOut: int64(ldOuts[0]), actDiv: 1}
-	for i, e := range ms[1:] {
+	for _, e := range ms[1:] {
 		if e.Type != m.Type || e.Cols != m.Cols {
 			return fmt.Errorf("kernels: matvec group of %s x %d with %s x %d", m.Type, m.Cols, e.Type, e.Cols)
 		}
-		p.m[i] = mvMember{w: e.Data, out: outs[i+1], rowBytes: int64(e.RowBytes()), ldOut: int64(ldOuts[i+1]), rows: int32(e.Rows)}
 	}
-	p.nextra = int32(len(ms) - 1)
-	return w.mvLaunch(s, k, m, &p, nTok, 1)
+	if nTok > MatVecQ8_1MaxTokens {
+		return fmt.Errorf("kernels: MatVecQ8_1Group of %d tokens (at most %d)", nTok, MatVecQ8_1MaxTokens)
+	}
+	return q8Chunks(xq, nTok, m.Cols, func(t0, n int, xq, xds cudadrv.DevicePtr) error {
+		p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
+			xq: xq, xds: xds, ntok: int32(n), out: outs[0].Add(4 * t0 * ldOuts[0]), ldOut: int64(ldOuts[0]), actDiv: 1}
+		for i, e := range ms[1:] {
+			p.m[i] = mvMember{w: e.Data, out: outs[i+1].Add(4 * t0 * ldOuts[i+1]), rowBytes: int64(e.RowBytes()), ldOut: int64(ldOuts[i+1]), rows: int32(e.Rows)}
+		}
+		p.nextra = int32(len(ms) - 1)
+		return w.mvLaunch(s, k, m, &p, n, 1)
+	})
 }
 
 // MatVecF32 queues out[t][r] = W[r] . x[t] for t < nTok <= 8 for float
@@ -594,7 +630,9 @@ func MatMulScratchBytes(m Matrix, nTok int) int {
 // m.Cols f32 activations ldx values apart, out nTok rows ldOut floats
 // apart. Up to MatVecMaxTokens tokens it quantizes x to Q8_1 in scratch
 // and runs the integer matvec (float weights: the float matvec on x), above
-// it converts x to f16 in scratch and runs the tensor-core kernel. scratch:
+// it converts x to f16 in scratch and runs the tensor-core kernel (the
+// engine's prepared path takes the matvec up to MatVecQ8_1MaxTokens:
+// runtime/backend/cuda). scratch:
 // MatMulScratchBytes(m, nTok) bytes, 16-byte aligned.
 func (w *WeightOps) MatMul(s *cudadrv.Stream, m Matrix, x cudadrv.DevicePtr, ldx, nTok int, out cudadrv.DevicePtr, ldOut int, scratch cudadrv.DevicePtr) error {
 	switch {

@@ -399,6 +399,12 @@ func woCases() []woCase {
 				}
 			}
 		}
+		// The matvec over more tokens than a launch takes, in runs.
+		if !isFloat(t) {
+			for _, n := range []int{13, MatVecQ8_1MaxTokens} {
+				cs = append(cs, woCase{op: "matvec", typ: t, rows: 33, cols: cols[1], ntok: n, variant: "chunked"})
+			}
+		}
 		// The K split and row-group variants of the matvec.
 		big := cols[len(cols)-1]
 		for _, ks := range []int{1, 2, 4} {
@@ -440,7 +446,7 @@ func woCases() []woCase {
 		cs = append(cs, woCase{op: "graph", typ: t, rows: 33, cols: cols[1], ntok: 1})
 		if !isFloat(t) {
 			// Several matrices in one launch: Q, K, V (dense) and gate, up (MoE).
-			for _, n := range []int{1, 3} {
+			for _, n := range []int{1, 3, 20} {
 				cs = append(cs, woCase{op: "group", typ: t, rows: 300, cols: cols[1], ntok: n, variant: "dense"})
 			}
 			cs = append(cs, woCase{op: "group", typ: t, rows: 33, cols: cols[1], ntok: 1, variant: "moe"})
@@ -590,7 +596,7 @@ func woTestMatMul(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, no
 	x := woGauss(woRand(c.name()), c.ntok*ldx, ldx)
 	xd := woUpload(t, ctx, woF32s(x))
 	out := woPoisoned(t, ctx, c.ntok*ldOut)
-	scratch := woAlloc(t, ctx, MatMulScratchBytes(m, c.ntok))
+	scratch := woAlloc(t, ctx, max(MatMulScratchBytes(m, c.ntok), Q8_1Bytes(c.ntok, c.cols)))
 	switch c.variant {
 	case "ks=1", "ks=2", "ks=4":
 		w.mvKS = int(c.variant[3] - '0')
@@ -598,7 +604,16 @@ func woTestMatMul(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, no
 		w.mvRows = int(c.variant[2] - '0')
 	}
 	w.mmBN = woVariantInt(c.variant, "bn")
-	err := w.MatMul(nil, m, xd.p, ldx, c.ntok, out.p, ldOut, scratch.p)
+	var err error
+	if c.variant == "chunked" {
+		// More tokens than one matvec launch takes: MatVecQ8_1 in runs of
+		// MatVecMaxTokens (the engine's decode rows of many sequences).
+		if err = w.QuantizeQ8_1(nil, xd.p, ldx, c.ntok, c.cols, scratch.p); err == nil {
+			err = w.MatVecQ8_1(nil, m, scratch.p, c.ntok, out.p, ldOut)
+		}
+	} else {
+		err = w.MatMul(nil, m, xd.p, ldx, c.ntok, out.p, ldOut, scratch.p)
+	}
 	w.mvKS, w.mvRows, w.mmBN = 0, 0, 0
 	if err != nil {
 		t.Fatal(err)

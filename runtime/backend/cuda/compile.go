@@ -282,6 +282,13 @@ func (g *Exec) format(grp *group, nTok int) actFormat {
 			return actMixed
 		}
 	}
+	if f == actQ8_1 && nTok > kernels.MatVecMaxTokens && !grp.moe && (g.batch == nil || !g.batch.Decode()) {
+		// Beyond one matvec launch, only the decode rows of many
+		// sequences take the matvec in runs (its cost grows with the
+		// rows); prompt chunks keep the tensor cores' f16 activations,
+		// whose rounding the oracles' margins were measured with.
+		return actF16
+	}
 	return f
 }
 

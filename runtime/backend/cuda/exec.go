@@ -160,7 +160,7 @@ func (g *Exec) layout(dev *Device, w WeightOps, p *ir.Program, cfg backend.ExecC
 	// The weight kernels switch paths with the batch size (matrix-vector up
 	// to a few tokens, tensor cores above): size the scratch for the
 	// largest batch of each.
-	sizes := []int{1, min(cfg.Batch, kernels.MatVecMaxTokens), cfg.Batch}
+	sizes := []int{1, min(cfg.Batch, kernels.MatVecMaxTokens), min(cfg.Batch, kernels.MatVecQ8_1MaxTokens), cfg.Batch}
 	for i := range p.Ops {
 		if !runs(i) {
 			continue
@@ -184,7 +184,7 @@ func (g *Exec) layout(dev *Device, w WeightOps, p *ir.Program, cfg backend.ExecC
 			m := matOf(op.W, 0)
 			rows := sizes
 			if op.Out == p.Logits {
-				rows = []int{1, min(cfg.LogitRows, kernels.MatVecMaxTokens), cfg.LogitRows}
+				rows = []int{1, min(cfg.LogitRows, kernels.MatVecMaxTokens), min(cfg.LogitRows, kernels.MatVecQ8_1MaxTokens), cfg.LogitRows}
 			}
 			for _, n := range rows {
 				scratch = max(scratch, int64(w.ScratchBytes(&m, n)))

@@ -72,10 +72,10 @@ func isFloatType(t gguf.Type) bool {
 
 func (q *quantOps) InputFormat(m *mat, nTok int) actFormat {
 	switch {
-	case nTok > kernels.MatVecMaxTokens:
-		return actF16
-	case isFloatType(m.W.Type):
+	case isFloatType(m.W.Type) && nTok <= kernels.MatVecMaxTokens:
 		return actF32
+	case isFloatType(m.W.Type) || nTok > kernels.MatVecQ8_1MaxTokens:
+		return actF16
 	}
 	return actQ8_1
 }
@@ -148,7 +148,7 @@ var _ groupedOps = (*quantOps)(nil)
 // MatMulPreparedGroup runs the Q8_1 products of ms (one type and width, no
 // more than kernels.MaxMatVecGroup) in one launch; false when they differ.
 func (q *quantOps) MatMulPreparedGroup(s *cudadrv.Stream, ms []*mat, xq cudadrv.DevicePtr, nTok int, outs []cudadrv.DevicePtr, lds []int) (bool, error) {
-	if !sameQuantType(ms) || nTok > kernels.MatVecMaxTokens {
+	if !sameQuantType(ms) || nTok > kernels.MatVecQ8_1MaxTokens {
 		return false, nil
 	}
 	km := make([]kernels.Matrix, len(ms))
