@@ -1,0 +1,112 @@
+package cuda
+
+// Attention over the paged KV cache: the cache write, decode rows of
+// every sequence in one launch, prompt chunks through the prefill kernels.
+
+import (
+	"github.com/atsinfer/ats/cudadrv"
+	"github.com/atsinfer/ats/cudadrv/kernels"
+	"github.com/atsinfer/ats/ops"
+	"github.com/atsinfer/ats/runtime/ir"
+)
+
+func (g *Exec) attentionStep(op *ir.Op, store bool) step {
+	a := op.Attn
+	width := a.NKVHeads * a.HeadSize
+	cache := kernels.KVCache{K: g.kvK[op.Layer], V: g.kvV[op.Layer], Type: g.kvType, Width: width}
+	q, k, v, out := g.bufs[op.In], g.bufs[op.In2], g.bufs[op.In3], g.bufs[op.Out]
+	qRow := 4 * a.NHeads * a.HeadSize // bytes of a query (and an output) row
+	name := "attention"
+	if store {
+		name = "kv_store+attention"
+	}
+	// The output projection's Q8_1 input can come from the attention's
+	// epilogue when a head is whole blocks of 32.
+	var link *q8Link
+	if a.HeadSize%32 == 0 {
+		link = &q8Link{}
+	}
+	// A quantized cache holds its keys and values rotated (llama.cpp's
+	// Walsh-Hadamard rotation, as the CPU's): the step rotates the keys
+	// and the queries alike, the values, and its outputs back.
+	rotK, rotV := g.kvRotation(a)
+	qw := a.NHeads * a.HeadSize
+	if rotK > 0 {
+		name = "rotate+" + name + "+rotate"
+	}
+	return step{name: name, out: op.Out, link: link, run: func(s *cudadrv.Stream, n int) error {
+		if rotK > 0 {
+			for _, r := range []struct {
+				x        cudadrv.DevicePtr
+				w, chunk int
+			}{{q, qw, rotK}, {k, width, rotK}, {v, width, rotV}} {
+				if err := g.dev.elem.FWHT(s, r.x, n*r.w/r.chunk, r.chunk); err != nil {
+					return err
+				}
+			}
+		}
+		if store {
+			if err := g.dev.attn.StoreKV(s, &kernels.StoreKVArgs{Cache: cache, Batch: &g.kvb, K: k, V: v, NTok: n}); err != nil {
+				return err
+			}
+		}
+		plan := &g.plan
+		q8 := link != nil && g.q8Ready(link.group, n)
+		// The epilogue writes the Q8_1 rows of its own launch: one launch
+		// must cover the step (and the outputs need no rotation back),
+		// else the rows are quantized afterwards.
+		one := rotV == 0 && ((plan.decode == n && len(plan.chunks) == 0) || (plan.decode == 0 && len(plan.chunks) == 1))
+		if plan.decode > 0 {
+			d := plan.decode
+			args := kernels.DecodeKVArgs{Out: out, Q: q, Cache: cache, Batch: &g.kvb, NTok: d,
+				NHeads: a.NHeads, NKV: a.NKVHeads, HeadSize: a.HeadSize, Scale: a.Scale}
+			if splits, chunk := g.decodeSplits(d); splits > 1 {
+				args.Splits, args.Chunk, args.Part, args.ML = splits, chunk, g.attn.part, g.attn.ml
+			}
+			if q8 && one {
+				args.Q8 = g.act
+			}
+			if err := g.dev.attn.DecodeKV(s, &args); err != nil {
+				return err
+			}
+		}
+		for _, c := range plan.chunks {
+			args := kernels.AttnArgs{Out: out.Add(c.lo * qRow), Q: q.Add(c.lo * qRow), Pos0: g.kvb.Pos.Add(4 * c.lo),
+				NTok: c.hi - c.lo, NHeads: a.NHeads, NKV: a.NKVHeads, HeadSize: a.HeadSize, Scale: a.Scale}
+			if c.first >= 0 { // the sequence's cells in order: the cache itself
+				args.K, args.V = cache.K.Add(c.first*2*width), cache.V.Add(c.first*2*width)
+			} else {
+				if err := g.dev.attn.GatherKV(s, &kernels.GatherKVArgs{Cache: cache, Batch: &g.kvb, Tok: c.hi - 1,
+					MaxLen: g.cfg.KV.Rows, K: g.gatherK, V: g.gatherV}); err != nil {
+					return err
+				}
+				args.K, args.V = g.gatherK, g.gatherV
+			}
+			if q8 && one {
+				args.Q8 = g.act
+			}
+			if err := g.dev.attn.Run(s, &args); err != nil {
+				return err
+			}
+		}
+		if rotV > 0 {
+			if err := g.dev.elem.FWHT(s, out, n*qw/rotV, rotV); err != nil {
+				return err
+			}
+		}
+		if q8 && !one {
+			return g.w.(preparedOps).Prepare(s, actQ8_1, out, n, qw, g.act)
+		}
+		return nil
+	}}
+}
+
+// kvRotation is the rotation of the cache's keys (and the queries) and
+// values for attention a: the CPU's rule (ops.KVRotation), on the GPU's
+// cache type.
+func (g *Exec) kvRotation(a *ir.Attention) (k, v int) {
+	if g.kvType != kernels.KVQ8_0 {
+		return 0, 0
+	}
+	return ops.KVRotation(ops.KVQ8_0, a.HeadSize)
+}
