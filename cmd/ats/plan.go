@@ -29,6 +29,7 @@ func init() {
 			ctxSize, thrds int
 			batch          int
 			pf             placementFlags
+			card           cardPlanOptions
 		)
 		cmd := &cobra.Command{
 			Use:   "plan -m MODEL [--vram-budget SIZE] [--json] [--svg FILE]",
@@ -49,6 +50,18 @@ ranking with the budget line.`,
 					return fmt.Errorf("plan: -m MODEL is required")
 				}
 				stderr := cmd.ErrOrStderr()
+				if card.wanted() {
+					m, err := model.Open(modelPath)
+					if err != nil {
+						return err
+					}
+					defer m.Close()
+					kt, _, err := pf.kvType()
+					if err != nil {
+						return fmt.Errorf("plan: %w", err)
+					}
+					return printCardPlan(cmd.OutOrStdout(), m, card, ctxSize, kt, batch)
+				}
 				opt := session.Options{CtxSize: ctxSize, Threads: thrds, Batch: batch}
 				if err := pf.apply(&opt, stderr); err != nil {
 					return fmt.Errorf("plan: %w", err)
@@ -95,6 +108,12 @@ ranking with the budget line.`,
 		f.IntVarP(&thrds, "threads", "t", 0, "CPU threads (0: all cores)")
 		f.IntVarP(&batch, "batch-size", "b", 512, "most prompt tokens computed together (sizes the GPU's activation buffers)")
 		pf.register(f)
+		f.StringVar(&card.gpu, "gpu", "", "plan for this card instead of the GPU here, by a roofline estimate from its published figures (RTX 3060 Laptop, RTX 4090, H100 SXM, ...)")
+		f.StringVar(&card.vram, "gpu-vram", "", "with --gpu: its memory instead of the table's (or, with --gpu-bandwidth, a card of its own)")
+		f.Float64Var(&card.bandwidth, "gpu-bandwidth", 0, "with --gpu: its memory bandwidth in GB/s instead of the table's")
+		f.Float64Var(&card.link, "link-gbps", 0, "with --gpu: the host link in GB/s instead of the table's")
+		f.Float64Var(&card.cpuGBps, "cpu-gbps", 0, "with --gpu: the CPU's memory bandwidth in GB/s (default 40, a laptop's dual-channel DDR4)")
+		f.IntVar(&card.cpuCores, "cpu-cores", 0, "with --gpu: the CPU's cores (default 8)")
 		return cmd
 	})
 	register(func() *cobra.Command {

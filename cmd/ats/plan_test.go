@@ -123,3 +123,31 @@ func TestProfileCPUOnly(t *testing.T) {
 		t.Errorf("a CPU-only profile was cached: %v", entries)
 	}
 }
+
+// plan --gpu NAME plans for a card that is not here, by an estimate that
+// every line says is one; a card ats does not know is an error naming
+// those it does.
+func TestPlanForCard(t *testing.T) {
+	m := oracleModel(t, "tiny-qwen3-q4_k_m")
+	out, _, err := runATS(t, "plan", m, "--gpu", "rtx 3060 laptop", "--gpu-vram", "520MiB", "-c", "256", "-b", "32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "estimate: ") {
+			t.Errorf("a line that does not say it is an estimate: %q", l)
+		}
+	}
+	for _, want := range []string{"RTX 3060 Laptop", "units on the GPU", "layer 0: attn_q:"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if _, _, err := runATS(t, "plan", m, "--gpu", "voodoo5"); err == nil || !strings.Contains(err.Error(), "RTX 4090") {
+		t.Errorf("an unknown card: %v", err)
+	}
+	if _, _, err := runATS(t, "plan", m, "--gpu-vram", "8GiB"); err == nil || !strings.Contains(err.Error(), "--gpu-bandwidth") {
+		t.Errorf("a card of its own without its bandwidth: %v", err)
+	}
+}
