@@ -66,6 +66,9 @@ ranking with the budget line.`,
 				if err := pf.apply(&opt, stderr); err != nil {
 					return fmt.Errorf("plan: %w", err)
 				}
+				if opt.Device == nil && opt.Backend != executor.BackendCPU {
+					return fmt.Errorf("plan: no GPU to plan for here (ats gpu says why); --gpu NAME plans for a card by an estimate, e.g. --gpu \"RTX 3060 Laptop\"")
+				}
 				m, err := model.Open(modelPath)
 				if err != nil {
 					return err
@@ -314,7 +317,11 @@ func printProfile(w io.Writer, p *plan.Profile) {
 	fmt.Fprintf(w, "%d units, %d distinct shapes measured; decode attention at position %d; cpu: from the file's blocks (from repacked copies)\n\n", len(p.Units), p.Measured, p.DecodePos)
 	fmt.Fprintf(w, "%-34s", "unit (first of its shape)")
 	for _, b := range p.Batches {
-		fmt.Fprintf(w, " %30s", fmt.Sprintf("batch %d cpu (repacked)/gpu µs", b))
+		head := fmt.Sprintf("batch %d cpu (repacked) / gpu µs", b)
+		if p.Hardware.GPU == "" {
+			head = fmt.Sprintf("batch %d cpu (repacked) µs", b)
+		}
+		fmt.Fprintf(w, " %30s", head)
 	}
 	fmt.Fprintf(w, "  %s\n", "same shape")
 	count := map[string]int{}
@@ -333,7 +340,10 @@ func printProfile(w io.Writer, p *plan.Profile) {
 			if i < len(u.CPUPacked) {
 				cpu += fmt.Sprintf(" (%.1f)", 1e6*u.CPUPacked[i])
 			}
-			fmt.Fprintf(w, " %30s", fmt.Sprintf("%s / %.1f", cpu, 1e6*u.GPU[i]))
+			if p.Hardware.GPU != "" {
+				cpu = fmt.Sprintf("%s / %.1f", cpu, 1e6*u.GPU[i])
+			}
+			fmt.Fprintf(w, " %30s", cpu)
 		}
 		fmt.Fprintf(w, "  ×%d\n", count[u.Sig])
 	}
@@ -351,7 +361,11 @@ func printProfile(w io.Writer, p *plan.Profile) {
 				if i < len(u.GPUPerPos) {
 					gpu = u.GPUPerPos[i]
 				}
-				fmt.Fprintf(w, " %30s", fmt.Sprintf("%.2f / %.3f ns", 1e9*u.CPUPerPos[i], 1e9*gpu))
+				cell := fmt.Sprintf("%.2f ns", 1e9*u.CPUPerPos[i])
+				if p.Hardware.GPU != "" {
+					cell = fmt.Sprintf("%.2f / %.3f ns", 1e9*u.CPUPerPos[i], 1e9*gpu)
+				}
+				fmt.Fprintf(w, " %30s", cell)
 			}
 			fmt.Fprintln(w)
 		}
