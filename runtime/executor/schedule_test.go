@@ -1,30 +1,16 @@
 package executor
 
 import (
-	"os"
-	"path/filepath"
 	"testing"
 
-	"github.com/atsinfer/ats/internal/testenv"
+	"github.com/atsinfer/ats/internal/oracletest"
 	"github.com/atsinfer/ats/plan"
 	"github.com/atsinfer/ats/runtime/ir"
 	"github.com/atsinfer/ats/runtime/kvcache"
 	"github.com/atsinfer/ats/runtime/model"
 )
 
-func openOracle(t *testing.T, name string) *model.Model {
-	t.Helper()
-	path := filepath.Join(testenv.SharedDir(t), "testdata", "oracle", name+".gguf")
-	if _, err := os.Stat(path); err != nil {
-		t.Fatal(err) // the repository's testdata/ holds every oracle
-	}
-	m, err := model.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	return m
-}
+func openOracle(t *testing.T, name string) *model.Model { return oracletest.Open(t, name) }
 
 func programUnits(p *ir.Program, ctx int) []model.Unit {
 	return model.Units(p, model.KV{Rows: ctx, Type: kvcache.F16}, nil)

@@ -2,12 +2,10 @@ package session
 
 import (
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 
-	"github.com/atsinfer/ats/internal/testenv"
+	"github.com/atsinfer/ats/internal/oracletest"
 	"github.com/atsinfer/ats/runtime/kvcache"
 	"github.com/atsinfer/ats/runtime/model"
 )
@@ -57,16 +55,4 @@ func (c *testCtx) Close() {
 }
 
 // openOracle opens the shared oracle model name, or skips.
-func openOracle(t *testing.T, name string) *model.Model {
-	t.Helper()
-	path := filepath.Join(testenv.SharedDir(t), "testdata", "oracle", name+".gguf")
-	if _, err := os.Stat(path); err != nil {
-		t.Fatal(err) // the repository's testdata/ holds every oracle
-	}
-	m, err := model.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	return m
-}
+func openOracle(t *testing.T, name string) *model.Model { return oracletest.Open(t, name) }

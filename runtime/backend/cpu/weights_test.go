@@ -2,30 +2,16 @@ package cpu
 
 import (
 	"math/rand/v2"
-	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 
-	"github.com/atsinfer/ats/internal/testenv"
+	"github.com/atsinfer/ats/internal/oracletest"
 	"github.com/atsinfer/ats/ops"
 	"github.com/atsinfer/ats/runtime/ir"
 	"github.com/atsinfer/ats/runtime/model"
 )
 
-func openModel(t *testing.T, name string) *model.Model {
-	t.Helper()
-	path := filepath.Join(testenv.SharedDir(t), "testdata", "oracle", name+".gguf")
-	if _, err := os.Stat(path); err != nil {
-		t.Fatal(err) // the repository's testdata/ holds every oracle
-	}
-	m, err := model.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
-	return m
-}
+func openModel(t *testing.T, name string) *model.Model { return oracletest.Open(t, name) }
 
 // dense lists the products of p but the output head.
 func dense(p *ir.Program) []*ir.Weight {
