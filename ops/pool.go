@@ -159,7 +159,7 @@ func (p *Pool) waitJob(w *poolWorker, seen *poolJob) *poolJob {
 // GPU's routing of the layer): parked workers wake one after another as
 // the Go scheduler finds each an idle thread, and on the GPU machine's
 // virtual CPUs that took 0.3 to 1.7 ms for the sixteenth, a fifth of the
-// share's time (docs/bench/hybrid.md, eighth pass). The spinning costs
+// share's time (docs/bench/hybrid.md in the git history, eighth pass). The spinning costs
 // CPU time the machine is not otherwise using then.
 func (p *Pool) Expect(d time.Duration) {
 	if p == nil || p.n == 1 {

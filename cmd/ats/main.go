@@ -66,7 +66,7 @@ const EnvCPUProfile = "ATS_CPUPROFILE"
 // command to (for `go tool trace`): which goroutines ran on which threads
 // when, where a CPU profile only says what the CPU time went to (the CPU's
 // share of a split MoE layer kept a quarter of the pool busy in a hybrid
-// context; docs/bench/hybrid.md).
+// context; docs/bench/hybrid.md in the git history).
 const EnvGoTrace = "ATS_GOTRACE"
 
 // recordTo starts a recording of the whole command (start: a CPU profile,

@@ -391,7 +391,7 @@ func (w *WeightOps) mvLaunch(s *cudadrv.Stream, k *typeKernels, m Matrix, p *mvA
 
 // mvSplit picks the number of warps that share a row (1, 2 or 4) for
 // groups row groups of nchunk chunks on sms multiprocessors. Measured on
-// an H200 (docs/bench/gpu-kernels.md): with enough row groups to give every
+// an H200 (docs/bench/gpu-kernels.md in the git history): with enough row groups to give every
 // multiprocessor 24 warps, whole rows per warp stream best; otherwise rows
 // split only as far as it takes to reach half that, since an uneven split
 // (5 chunks over 2 or 4 warps) idles warps. Long rows (over 8 chunks) of

@@ -1006,7 +1006,7 @@ func woTestGraph(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase) {
 }
 
 // TestMVSplit pins the K-split choices measured best on an H200 (132 SMs,
-// 2 rows per row group; run 3 of docs/bench/gpu-kernels.md): see mvSplit.
+// 2 rows per row group; run 3 of docs/bench/gpu-kernels.md in the git history): see mvSplit.
 func TestMVSplit(t *testing.T) {
 	cases := []struct {
 		name           string

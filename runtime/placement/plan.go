@@ -546,7 +546,7 @@ func splitUnit(u *plan.PromoteUnit, f, cpu, cross float64) {
 // times also route every token, group every slot and add them up, which
 // the GPU does for a split layer: on the GPU machine the repacked 30B-A3B
 // layers' 512-token ops took 14.4 and 18.5 ms (Q4_K and Q6_K down
-// products), a quarter of their experts 3.4 and 4.2 (docs/bench/hybrid.md,
+// products), a quarter of their experts 3.4 and 4.2 (docs/bench/hybrid.md in the git history,
 // ninth pass).
 func splitCPU(t plan.UnitTimes, b int, share, packed float64) float64 {
 	if len(t.CPUPacked) <= b || packed <= 0 {

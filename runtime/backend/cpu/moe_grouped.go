@@ -220,7 +220,7 @@ func (b *Backend) MoEPartial(op *ir.Op, n, e0, e1 int, x []float32, ids []int32,
 // a batch's tokens, chunks by unit count left a thread on a hot expert's
 // big first chunk for milliseconds while the others waited (the CPU's
 // quarter of a split 30B-A3B layer took 11.5 ms with 5 threads busy on
-// average, against 4-5 ms with even routing; docs/bench/hybrid.md, eighth
+// average, against 4-5 ms with even routing; docs/bench/hybrid.md in the git history, eighth
 // pass).
 type expertCosts struct {
 	per  int   // units per expert (or segment)
