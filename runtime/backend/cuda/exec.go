@@ -189,7 +189,9 @@ func (g *Exec) layout(dev *Device, w WeightOps, p *ir.Program, cfg backend.ExecC
 			for _, n := range rows {
 				scratch = max(scratch, int64(w.ScratchBytes(&m, n)))
 				if p, ok := w.(preparedOps); ok {
-					act = max(act, int64(p.InputBytes(p.InputFormat(&m, n), n, m.Cols)))
+					for _, decode := range []bool{false, true} {
+						act = max(act, int64(p.InputBytes(p.InputFormat(&m, n, decode), n, m.Cols)))
+					}
 				}
 			}
 		case ir.OpMoE:

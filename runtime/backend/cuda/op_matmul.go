@@ -80,7 +80,8 @@ func (g *Exec) format(grp *group, nTok int) actFormat {
 	if !ok {
 		return actMixed
 	}
-	in := p.InputFormat
+	decode := g.batch != nil && g.batch.Decode()
+	in := func(m *mat, n int) actFormat { return p.InputFormat(m, n, decode) }
 	if grp.moe {
 		pm, ok := g.w.(moePreparedOps)
 		if !ok {
@@ -93,13 +94,6 @@ func (g *Exec) format(grp *group, nTok int) actFormat {
 		if in(mb.m, nTok) != f {
 			return actMixed
 		}
-	}
-	if f == actQ8_1 && nTok > kernels.MatVecMaxTokens && !grp.moe && (g.batch == nil || !g.batch.Decode()) {
-		// Beyond one matvec launch, only the decode rows of many
-		// sequences take the matvec in runs (its cost grows with the
-		// rows); prompt chunks keep the tensor cores' f16 activations,
-		// whose rounding the oracles' margins were measured with.
-		return actF16
 	}
 	return f
 }

@@ -536,8 +536,9 @@ const (
 // own kernels write the Q8_1 form directly where they produce a product's
 // input (a norm, SwiGLU): no conversion launch at all.
 type preparedOps interface {
-	// InputFormat is the format MatMul of m over nTok tokens reads.
-	InputFormat(m *mat, nTok int) actFormat
+	// InputFormat is the format MatMul of m over nTok tokens reads, in
+	// a decode step (one token of each sequence) or not.
+	InputFormat(m *mat, nTok int, decode bool) actFormat
 	// InputBytes is the size of nTok rows of cols activations in f.
 	InputBytes(f actFormat, nTok, cols int) int
 	// Prepare converts x (nTok rows of cols floats) into f at dst.
