@@ -280,6 +280,9 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 	if len(logits) != s.n {
 		return 0, fmt.Errorf("sampler: got %d logits, want the vocabulary size %d", len(logits), s.n)
 	}
+	if s.plainGreedy() {
+		return greedyArgmax(logits, nil)
+	}
 	s.prepare(logits)
 	if s.cfg.Temperature == 0 {
 		return s.argmax()
@@ -305,6 +308,9 @@ func (s *Sampler) SampleMasked(logits []float32, allowed []uint64) (int, error) 
 	}
 	if len(allowed) < (s.n+63)/64 {
 		return 0, fmt.Errorf("sampler: the mask has %d words, the vocabulary needs %d", len(allowed), (s.n+63)/64)
+	}
+	if s.plainGreedy() {
+		return greedyArgmax(logits, allowed[:(s.n+63)/64])
 	}
 	s.prepare(logits)
 	s.mask(allowed)
@@ -369,6 +375,51 @@ func (s *Sampler) prepare(logits []float32) {
 	for i, id := range s.biasID {
 		w[id] += s.biasVal[i]
 	}
+}
+
+// plainGreedy: temperature 0 with no penalty and no bias, where the draw is
+// the largest allowed logit and the logits need no working copy. A server
+// step draws for every decoding request; copying the vocabulary first took
+// more time than the search.
+func (s *Sampler) plainGreedy() bool {
+	return s.cfg.Temperature == 0 && !s.penalize && len(s.biasID) == 0
+}
+
+// greedyArgmax is the first index of the largest logit among those allowed (nil:
+// all), as prepare, mask and argmax together give it: NaN never wins (it
+// compares false) and +Inf wins (prepare makes it the largest float).
+func greedyArgmax(logits []float32, allowed []uint64) (int, error) {
+	best, bestL := -1, float32(math.Inf(-1))
+	scan := func(lo, hi int) {
+		for i, l := range logits[lo:hi] {
+			if l > bestL {
+				best, bestL = lo+i, l
+			}
+		}
+	}
+	if allowed == nil {
+		scan(0, len(logits))
+	} else {
+		for w, word := range allowed {
+			lo := w * 64
+			hi := min(lo+64, len(logits))
+			switch word {
+			case 0:
+			case ^uint64(0):
+				scan(lo, hi)
+			default:
+				for j := lo; j < hi; j++ {
+					if word>>(j-lo)&1 != 0 && logits[j] > bestL {
+						best, bestL = j, logits[j]
+					}
+				}
+			}
+		}
+	}
+	if best < 0 {
+		return 0, ErrNoCandidates
+	}
+	return best, nil
 }
 
 func (s *Sampler) argmax() (int, error) {

@@ -628,3 +628,61 @@ func TestSampleMasked(t *testing.T) {
 		t.Error("short mask accepted")
 	}
 }
+
+// The greedy fast path draws what prepare, mask and argmax give, with
+// NaN, -Inf, ties and masks of every word shape, and says so when nothing
+// is allowed.
+func TestGreedyArgmaxMatchesPrepared(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for _, n := range []int{1, 63, 64, 65, 1000, 151936} {
+		cfg := DefaultConfig()
+		cfg.Temperature, cfg.RepeatPenalty = 0, 1
+		s, err := New(cfg, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !s.plainGreedy() {
+			t.Fatal("temperature 0 without penalties or bias should take the fast path")
+		}
+		for trial := range 20 {
+			logits := make([]float32, n)
+			for i := range logits {
+				switch r := rng.IntN(100); {
+				case r < 3:
+					logits[i] = float32(math.NaN())
+				case r < 6:
+					logits[i] = float32(math.Inf(-1))
+				case r < 20:
+					logits[i] = 1 // ties
+				default:
+					logits[i] = float32(rng.NormFloat64())
+				}
+			}
+			var allowed []uint64
+			if trial%2 == 1 {
+				allowed = make([]uint64, (n+63)/64)
+				for w := range allowed {
+					switch rng.IntN(3) {
+					case 0:
+					case 1:
+						allowed[w] = ^uint64(0)
+					default:
+						allowed[w] = rng.Uint64()
+					}
+				}
+			}
+			got, gotErr := greedyArgmax(logits, allowed)
+			s.prepare(logits)
+			if allowed != nil {
+				s.mask(allowed)
+			}
+			want, wantErr := s.argmax()
+			if (gotErr != nil) != (wantErr != nil) || gotErr == nil && got != want {
+				t.Fatalf("n=%d trial %d: fast path %d (%v), prepared %d (%v)", n, trial, got, gotErr, want, wantErr)
+			}
+		}
+	}
+	if _, err := greedyArgmax([]float32{1, 2}, []uint64{0}); !errors.Is(err, ErrNoCandidates) {
+		t.Fatalf("nothing allowed: %v, want ErrNoCandidates", err)
+	}
+}
