@@ -190,7 +190,7 @@ others decode; -o json gives every request's figures.`,
 		f.StringVarP(&threads, "threads", "t", strconv.Itoa(ops.DefaultThreads()), "CPU threads (comma separated)")
 		f.IntVarP(&o.reps, "repetitions", "r", 5, "repetitions of each test")
 		f.IntVarP(&o.batch, "batch-size", "b", 512, "most prompt tokens computed together")
-		f.StringVarP(&o.output, "output", "o", "md", "output format: md, json or csv")
+		f.StringVarP(&o.output, "output", "o", "md", "`FORMAT`: output format: md, json or csv")
 		f.BoolVar(&o.noWarmup, "no-warmup", false, "skip the warm-up run")
 		f.BoolVar(&o.progress, "progress", false, "print each run to stderr as it finishes")
 		o.place.register(f)

@@ -10,6 +10,9 @@
 #   THREADS=16 BUDGET=4.5GiB DEPTH_BUDGET=7.6GiB CTX=16384 LONG=6000 GEN=64
 #   DEPTHS=0,4096,16384
 #   SKIP_GPU_ONLY=1    leave out the all-GPU server rows
+#   DEPTH_ATS_FLAGS, DEPTH_LLAMA_FLAGS  the depth rows' placement (default:
+#                      the hybrid at DEPTH_BUDGET against llama.cpp's split;
+#                      "--backend gpu" and "" put both wholly on the GPU)
 # llama.cpp's side: the FFN of layers 16-39 on the CPU with flash attention
 # and --no-mmap (its fastest hybrid configuration for prefill at about 4.5
 # GiB; see docs/performance.md), one unified KV cache of CTX for its slots.
@@ -54,6 +57,8 @@ load() {
 		return 1
 	fi
 	note "$name: up"
+	# The VRAM the whole process takes, by NVML, to set the other side's budget.
+	nvidia-smi --query-gpu=memory.used --format=csv,noheader >"$out/$name-vram.txt" 2>/dev/null
 	timeout 300 "$ats" bench --serve "$url" --concurrency "${CONC:-1,4,8}" -n "$gen" --late -o json >"$out/$name-concurrency.json" 2>>"$out/round.log" || note "$name: concurrency failed"
 	note "$name: concurrency done"
 	if [[ -n "${LONG_ROWS-1}" ]]; then
@@ -76,11 +81,14 @@ fi
 # At depth: ats bench -d against llama-bench -d (pp with --no-mmap, its
 # faster prefill; tg with the default).
 note "bench at depth"
-timeout 400 "$ats" bench -m "$m" --vram-budget "$dbudget" -t "$T" -p 512 -n "$gen" -d "$depths" -r 1 -o json >"$out/ats-depth.json" 2>>"$out/round.log" || note "ats bench -d failed"
+# shellcheck disable=SC2086
+timeout 400 "$ats" bench -m "$m" ${DEPTH_ATS_FLAGS---vram-budget $dbudget} -t "$T" -p 512 -n "$gen" -d "$depths" -r 1 -o json >"$out/ats-depth.json" 2>>"$out/round.log" || note "ats bench -d failed"
 note "ats bench -d done"
 if [[ -n "$lb" ]]; then
-	timeout 400 "$lb/llama-bench" -m "$m" -ngl 99 -ot "$ot" -fa 1 -mmp 0 -t "$T" -p 512 -n 0 -d "$depths" -r 1 -o json >"$out/llama-depth-pp.json" 2>>"$out/round.log" || note "llama-bench pp failed"
-	timeout 400 "$lb/llama-bench" -m "$m" -ngl 99 -ot "$ot" -fa 1 -t "$T" -p 0 -n "$gen" -d "$depths" -r 1 -o json >"$out/llama-depth-tg.json" 2>>"$out/round.log" || note "llama-bench tg failed"
+	dl=(-ot "$ot")
+	[[ -n "${DEPTH_LLAMA_FLAGS+set}" ]] && read -ra dl <<<"$DEPTH_LLAMA_FLAGS"
+	timeout 400 "$lb/llama-bench" -m "$m" -ngl 99 "${dl[@]}" -fa 1 -mmp 0 -t "$T" -p 512 -n 0 -d "$depths" -r 1 -o json >"$out/llama-depth-pp.json" 2>>"$out/round.log" || note "llama-bench pp failed"
+	timeout 400 "$lb/llama-bench" -m "$m" -ngl 99 "${dl[@]}" -fa 1 -t "$T" -p 0 -n "$gen" -d "$depths" -r 1 -o json >"$out/llama-depth-tg.json" 2>>"$out/round.log" || note "llama-bench tg failed"
 	note "llama-bench -d done"
 fi
 
@@ -96,6 +104,9 @@ fi
 note "done"
 
 # The summary.
+for f in "$out"/*-vram.txt; do
+	[[ -f "$f" ]] && echo "== $(basename "$f" .txt): $(cat "$f")"
+done
 for f in "$out"/*-concurrency.json; do
 	[[ -f "$f" ]] || continue
 	echo "== $(basename "$f" .json)"
