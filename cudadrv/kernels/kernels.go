@@ -10,7 +10,6 @@ package kernels
 import (
 	"bufio"
 	"bytes"
-	"embed"
 	"fmt"
 	"io/fs"
 	"os"
@@ -25,9 +24,6 @@ import (
 	"github.com/atsinfer/ats/cudadrv"
 )
 
-//go:embed fatbin/*.fatbin fatbin/*.manifest
-var imageFS embed.FS
-
 // contents is what one module's fatbin holds, from its manifest.
 type contents struct {
 	sass, ptx []int // architectures, ascending (75 for sm_75 / compute_75)
@@ -38,9 +34,9 @@ type contents struct {
 // tests; here it leaves the module out.
 var catalog = sync.OnceValue(func() map[string]contents {
 	m := map[string]contents{}
-	files, _ := fs.Glob(imageFS, "fatbin/*.manifest")
+	files, _ := fs.Glob(imageFS(), "fatbin/*.manifest")
 	for _, f := range files {
-		b, err := imageFS.ReadFile(f)
+		b, err := fs.ReadFile(imageFS(), f)
 		if err != nil {
 			continue
 		}
@@ -198,7 +194,7 @@ func (c contents) choose(name string, cc int, forcePTX bool) (Image, error) {
 
 // Fatbin returns the embedded fatbin of module name.
 func Fatbin(name string) ([]byte, error) {
-	b, err := imageFS.ReadFile("fatbin/" + name + ".fatbin")
+	b, err := fs.ReadFile(imageFS(), "fatbin/"+name+".fatbin")
 	if err != nil {
 		return nil, fmt.Errorf("kernels: %w", err)
 	}
