@@ -5,13 +5,19 @@
 # with an error, and answer /health with 503 model_file_changed; a SIGBUS
 # would kill it. Prints one row per backend. Run from the repository root:
 #   bash tools/hardening/truncate-served-model.sh [cpu] [gpu] [hybrid]
+# ATS=/path/to/ats uses that binary instead of building one (a machine
+# without Go).
 set -u
 cd "$(dirname "$0")/../.."
 backends=("$@")
 [ ${#backends[@]} -eq 0 ] && backends=(cpu gpu hybrid)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-go build -o "$work/ats" ./cmd/ats || exit 1
+if [ -n "${ATS:-}" ]; then
+	cp "$ATS" "$work/ats" || exit 1
+else
+	go build -o "$work/ats" ./cmd/ats || exit 1
+fi
 "$work/ats" synth --preset qwen3-0.6b --layout q8_0 -o "$work/base.gguf" >/dev/null 2>&1 || { echo "synth failed"; exit 1; }
 port=18093
 rows=()
