@@ -1,13 +1,16 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/binary"
 	"encoding/json"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ollama/ollama/api"
@@ -135,5 +138,21 @@ func TestEmbeddingsMeanPooling(t *testing.T) {
 	}
 	for i, d := range resp.Data {
 		checkVector(t, "mean pooling, input "+o.Prompts[i], d.Embedding, o.Mean[i])
+	}
+}
+
+// A server for last-token embeddings warns when the tokenizer appends no
+// EOS (as llama.cpp does): the model would be pooled at its last text
+// token, not at the EOS it was trained to summarise the text in.
+func TestEmbeddingsWarnWithoutEOS(t *testing.T) {
+	for _, tc := range []struct {
+		model string
+		warn  bool
+	}{{embedModel, false}, {"tiny-qwen3-q4_k_m.gguf", true}} {
+		var log bytes.Buffer
+		startServerModel(t, tc.model, 512, Config{Embeddings: true, Pooling: "last", Log: slog.New(slog.NewTextHandler(&log, nil))})
+		if got := strings.Contains(log.String(), "appends no EOS"); got != tc.warn {
+			t.Errorf("%s: warned %v, want %v: %s", tc.model, got, tc.warn, log.String())
+		}
 	}
 }
