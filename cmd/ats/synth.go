@@ -25,7 +25,7 @@ func init() {
 			list, verbose, force bool
 		)
 		cmd := &cobra.Command{
-			Use:   "synth --preset NAME [--layout q4_k_m] [--routing random|balanced] [--seed N] [--vocab FILE.gguf] -o OUT.gguf",
+			Use:   "synth --preset NAME [--layout q4_k_m] [--routing random|balanced] [--pooling mean|cls|last] [--seed N] [--vocab FILE.gguf] -o OUT.gguf",
 			Short: "Write a synthetic model: random weights in the exact shapes of a real one",
 			Long: `synth writes a GGUF file with random weights in the exact shapes, tensor
 names, types and metadata of a real model (Qwen3, Qwen3-MoE, GLM-4,
@@ -43,7 +43,12 @@ existing file is only replaced with --force.
 experts in every layer, as a trained router does. With the default,
 random, a random model's tokens grow alike with depth and crowd onto a few
 experts per layer, which flatters any runtime that computes or streams
-only the experts a batch uses.`,
+only the experts a batch uses.
+
+--pooling writes the pooling an embedding model's file names
+(<arch>.pooling_type), which ats serve --embeddings and llama.cpp's
+llama-embedding read; the tiny-qwen3-embed preset is an embedding model
+already (last-token pooling, no BOS, EOS appended, as Qwen3-Embedding).`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				if list {
@@ -83,6 +88,7 @@ only the experts a batch uses.`,
 		f.Uint64Var(&opt.Seed, "seed", 0, "random seed; the same seed writes the same file")
 		f.StringVar(&opt.Vocab, "vocab", "", "copy the tokenizer metadata of this GGUF file (e.g. a vocab-only file)")
 		f.IntVar(&opt.Layers, "layers", 0, "write only the first N blocks of the preset (0: all), to study a layer's speed on a small machine")
+		f.StringVar(&opt.Pooling, "pooling", "", "embedding pooling to write as <arch>.pooling_type: "+strings.Join(synth.Poolings(), ", ")+" (default: the preset's)")
 		f.StringVar(&opt.Routing, "routing", synth.RoutingRandom, "MoE routing: "+strings.Join(synth.Routings(), ", ")+" (balanced: spread over the experts in every layer, as a trained router)")
 		f.IntVar(&opt.Threads, "threads", 0, "generator threads (0: all cores)")
 		f.StringVarP(&out, "output", "o", "", "file to write")
@@ -118,13 +124,13 @@ func checkSynthOutput(out string, opt synth.Options, force bool) error {
 
 // listPresets prints every preset with its size in every layout.
 func listPresets(out io.Writer) error {
-	fmt.Fprintf(out, "%-14s %-9s %8s", "preset", "arch", "params")
+	fmt.Fprintf(out, "%-16s %-9s %8s", "preset", "arch", "params")
 	for _, l := range synth.Layouts() {
 		fmt.Fprintf(out, " %11s", l+" GiB")
 	}
 	fmt.Fprintln(out, "  model")
 	for _, p := range synth.Presets() {
-		fmt.Fprintf(out, "%-14s %-9s %8s", p.Name, p.Arch, humanCount(p.Params()))
+		fmt.Fprintf(out, "%-16s %-9s %8s", p.Name, p.Arch, humanCount(p.Params()))
 		for _, l := range synth.Layouts() {
 			n, err := p.WeightBytes(l)
 			if err != nil {

@@ -64,17 +64,12 @@ func (s *Server) embedTexts(texts []string, param string) ([][]int, *apiError) {
 	if len(texts) == 0 || len(texts) > maxEmbedInputs {
 		return nil, badRequest(param, "%s has %d inputs; send 1 to %d", param, len(texts), maxEmbedInputs)
 	}
-	tok := s.sess.Tok
 	out := make([][]int, len(texts))
 	for i, t := range texts {
 		if t == "" {
 			return nil, badRequest(param, "%s[%d] is empty", param, i)
 		}
-		ids := tok.Encode(t, tok.AddBOS(), false)
-		if tok.AddEOS() && tok.EOS() >= 0 {
-			ids = append(ids, tok.EOS())
-		}
-		out[i] = ids
+		out[i] = s.sess.EmbedTokens(t)
 	}
 	return s.checkEmbedLengths(out, param)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/atsinfer/ats/runtime/session"
 	"github.com/atsinfer/ats/runtime/text/chat"
+	"github.com/atsinfer/ats/runtime/text/constrain"
 	"github.com/atsinfer/ats/runtime/text/sampler"
 )
 
@@ -281,6 +282,9 @@ func (s *Server) errorFor(err error) *apiError {
 		return &apiError{Status: http.StatusServiceUnavailable, Type: typeUnavailable, Message: "the server is shutting down; the request was cancelled"}
 	case errors.Is(err, session.ErrContextFull):
 		return withCode(badRequest("messages", "%v", err), "context_length_exceeded")
+	case errors.Is(err, constrain.ErrAmbiguous):
+		// The request's grammar reads the text in ever more ways.
+		return badRequest("", "%v", err)
 	case errors.Is(err, sampler.ErrNoCandidates):
 		// Penalties and logit_bias together left no token to draw.
 		return badRequest("logit_bias", "%v: the request's logit_bias and penalties leave no token that can be generated", err)

@@ -139,3 +139,37 @@ func TestUnhonouredFields(t *testing.T) {
 		}
 	}
 }
+
+// A grammar written as llama.cpp's examples are, with blanks at the end of
+// a rule that recurs and again in its caller, is taken: the reply follows
+// it (ats keeps every parse of the text where a blank could be either's).
+func TestGrammarWithSeveralParses(t *testing.T) {
+	ts := startServerCtx(t, 1024, Config{})
+	const grammar = `root  ::= list "."
+list  ::= word ( "," blank list )? blank
+word  ::= "yes" | "no" | "maybe"
+blank ::= " "?`
+	done := regexp.MustCompile(`^(yes|no|maybe)(, ?(yes|no|maybe))* *\.$`)
+	part := regexp.MustCompile(`^[a-z, ]*$`)
+	stopped := 0
+	for seed := range 6 {
+		code, out := postJSON(t, ts.url, "/v1/completions", map[string]any{
+			"prompt": "Answers:", "max_tokens": 60, "seed": seed, "grammar": grammar})
+		if code != 200 {
+			t.Fatalf("seed %d: %d %v", seed, code, out)
+		}
+		choice := out["choices"].([]any)[0].(map[string]any)
+		text, finish := choice["text"].(string), choice["finish_reason"].(string)
+		switch {
+		case finish == "stop" && !done.MatchString(text):
+			t.Errorf("seed %d: %q does not follow the grammar", seed, text)
+		case finish != "stop" && !part.MatchString(text):
+			t.Errorf("seed %d: %q (%s) is not a start of the grammar's texts", seed, text, finish)
+		}
+		if finish == "stop" {
+			stopped++
+		}
+		t.Logf("seed %d: %q (%s)", seed, text, finish)
+	}
+	t.Logf("%d of 6 replies ended", stopped)
+}

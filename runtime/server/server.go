@@ -229,6 +229,12 @@ func New(sess *session.Session, cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("server: %w", err)
 	}
+	if cfg.Embeddings && pooling == session.PoolingLast && !(sess.Tok.AddEOS() && sess.Tok.EOS() >= 0) {
+		// llama.cpp warns the same: a last-token embedding model (as
+		// Qwen3-Embedding) is trained on the hidden state of the EOS its
+		// tokenizer appends.
+		cfg.Log.Warn("last-token pooling, but the model's tokenizer appends no EOS (tokenizer.ggml.add_eos_token is not true): each embedding is the last text token's; a file converted for an embedding model should append it")
+	}
 	s := &Server{
 		pooling: pooling,
 		cfg:     cfg,

@@ -62,7 +62,14 @@ func startServer(t testing.TB, cfg Config, setup ...func(*Server)) *testServer {
 
 func startServerCtx(t testing.TB, ctxSize int, cfg Config, setup ...func(*Server)) *testServer {
 	t.Helper()
-	sess := oracleSessionCtx(t, "tiny-qwen3-q4_k_m.gguf", ctxSize)
+	return startServerModel(t, "tiny-qwen3-q4_k_m.gguf", ctxSize, cfg, setup...)
+}
+
+// startServerModel is startServerCtx with another oracle model (a path
+// under testdata/oracle).
+func startServerModel(t testing.TB, name string, ctxSize int, cfg Config, setup ...func(*Server)) *testServer {
+	t.Helper()
+	sess := oracleSessionCtx(t, name, ctxSize)
 	if cfg.ModelName == "" {
 		cfg.ModelName = "tiny"
 	}

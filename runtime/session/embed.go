@@ -69,6 +69,20 @@ func FilePooling(f *gguf.File) (Pooling, error) {
 	}
 }
 
+// EmbedTokens tokenizes a text to embed as the model's tokenizer wants a
+// whole text, as llama.cpp does: BOS and EOS where the file says its
+// tokenizer adds them (Qwen3-Embedding adds no BOS and appends its
+// end-of-text token, whose final hidden state is the text's embedding
+// under last-token pooling). Special tokens written in the text stay
+// text.
+func (s *Session) EmbedTokens(text string) []int {
+	ids := s.Tok.Encode(text, s.Tok.AddBOS(), false)
+	if s.Tok.AddEOS() && s.Tok.EOS() >= 0 {
+		ids = append(ids, s.Tok.EOS())
+	}
+	return ids
+}
+
 // Embed returns the embedding of tokens: their final hidden states (after
 // the output norm) pooled as pooling says and, with normalize, scaled to
 // unit length (as OpenAI's embeddings are). The tokens are a sequence of

@@ -44,6 +44,15 @@ type Preset struct {
 	// VocabSizeKey writes <arch>.vocab_size, which llama.cpp's converter
 	// writes for the llama architecture (the tiny-llama oracle lacks it).
 	VocabSizeKey bool
+
+	// Embedding models. Pooling writes <arch>.pooling_type (llama.cpp's
+	// values: 1 mean, 2 cls, 3 last; 0 writes nothing, as for generative
+	// models). NoBOS and AddEOS set the tokenizer's add_bos_token false and
+	// add_eos_token true: Qwen3-Embedding's tokenizer adds no BOS and
+	// appends its end-of-text token, whose final hidden state is the
+	// embedding.
+	Pooling       int
+	NoBOS, AddEOS bool
 }
 
 // Llama3RopeScaling holds the "rope_scaling" block of a Llama 3.1 config.
@@ -108,6 +117,12 @@ var presets = []Preset{
 		Vocab: 512, Context: 512, RopeBase: 10000, RMSEps: 1e-6,
 	},
 	{
+		Name: "tiny-qwen3-embed", Description: "oracle shape: Qwen3-Embedding (qwen3, last-token pooling, EOS appended), 2 layers, 64 wide", Arch: "qwen3",
+		Layers: 2, Hidden: 64, FFN: 128, Heads: 4, KVHeads: 2, HeadDim: 32, RopeDim: 32,
+		Vocab: 512, Context: 512, RopeBase: 1e6, RMSEps: 1e-6, TiedEmbeddings: true,
+		Pooling: 3, NoBOS: true, AddEOS: true,
+	},
+	{
 		Name: "tiny-llama", Description: "oracle shape: llama, 3 layers, 256 wide", Arch: "llama",
 		Layers: 3, Hidden: 256, FFN: 768, Heads: 8, KVHeads: 4, HeadDim: 32, RopeDim: 32,
 		Vocab: 512, Context: 512, RopeBase: 10000, RMSEps: 1e-6,
@@ -154,6 +169,8 @@ func (p Preset) validate() error {
 		return fmt.Errorf("synth: preset %q: rope dimension %d must be even and at most the head size %d", p.Name, p.RopeDim, p.HeadDim)
 	case p.Arch == "qwen3moe" && (p.Experts <= 0 || p.ExpertsUsed <= 0 || p.ExpertsUsed > p.Experts || p.ExpertFFN <= 0):
 		return fmt.Errorf("synth: preset %q: a qwen3moe preset needs experts, experts used (at most experts) and the expert FFN width", p.Name)
+	case p.Pooling < 0 || p.Pooling > 3:
+		return fmt.Errorf("synth: preset %q: pooling type %d: want 0 (none), 1 (mean), 2 (cls) or 3 (last)", p.Name, p.Pooling)
 	case p.Hidden%32 != 0 || p.FFN%32 != 0 || p.HeadDim%32 != 0 || p.ExpertFFN%32 != 0:
 		// Every matrix row must hold whole 32-element blocks (Q8_0, Q5_0).
 		return fmt.Errorf("synth: preset %q: widths must be multiples of 32", p.Name)

@@ -17,6 +17,8 @@ import (
 	"io"
 	"os"
 	"runtime"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/atsinfer/ats/gguf"
@@ -39,6 +41,9 @@ type Options struct {
 	// Routing is how the MoE routers route (routing.go): RoutingRandom
 	// (the default, also "") or RoutingBalanced.
 	Routing string
+	// Pooling, when set, replaces the preset's pooling type (see
+	// Preset.Pooling): "none", "mean", "cls" or "last".
+	Pooling string
 	Threads int // generator goroutines; 0 means GOMAXPROCS
 	// Progress, when set, is called from one goroutine after each chunk is
 	// written, with bytes written so far and the file size.
@@ -91,6 +96,13 @@ func plan(opt Options) (*model, error) {
 	case opt.Layers > 0:
 		p.Layers = opt.Layers
 	}
+	if opt.Pooling != "" {
+		i := slices.Index(poolings, opt.Pooling)
+		if i < 0 {
+			return nil, fmt.Errorf("synth: pooling %q: want one of %s", opt.Pooling, strings.Join(poolings, ", "))
+		}
+		p.Pooling = i
+	}
 	layout := opt.Layout
 	if layout == "" {
 		layout = "q4_k_m"
@@ -116,6 +128,7 @@ func plan(opt Options) (*model, error) {
 	} else if vocab, err = madeUpVocab(p.Vocab); err != nil {
 		return nil, fmt.Errorf("synth: preset %s: %w", p.Name, err)
 	}
+	vocab = tokenizerFlags(p, vocab)
 	if err := p.validate(); err != nil {
 		return nil, err
 	}
@@ -156,6 +169,33 @@ func plan(opt Options) (*model, error) {
 	return m, nil
 }
 
+// poolings names the pooling types by their value (Preset.Pooling).
+var poolings = []string{"none", "mean", "cls", "last"}
+
+// Poolings lists the names Options.Pooling takes.
+func Poolings() []string { return slices.Clone(poolings) }
+
+// tokenizerFlags applies the preset's NoBOS and AddEOS to the tokenizer
+// metadata, replacing the entries it has.
+func tokenizerFlags(p Preset, vocab []gguf.KV) []gguf.KV {
+	set := func(key string, v bool) {
+		for i, kv := range vocab {
+			if kv.Key == key {
+				vocab[i].Value = gguf.Bool(v)
+				return
+			}
+		}
+		vocab = append(vocab, gguf.KV{Key: key, Value: gguf.Bool(v)})
+	}
+	if p.NoBOS {
+		set("tokenizer.ggml.add_bos_token", false)
+	}
+	if p.AddEOS {
+		set("tokenizer.ggml.add_eos_token", true)
+	}
+	return vocab
+}
+
 // metadata is the model's key-value list, with the keys llama.cpp's
 // converter writes for the architecture, in the oracle files' order.
 func metadata(p Preset, vocab []gguf.KV, ftype uint32) []gguf.KV {
@@ -178,6 +218,9 @@ func metadata(p Preset, vocab []gguf.KV, ftype uint32) []gguf.KV {
 	}
 	if p.VocabSizeKey {
 		kvs = append(kvs, gguf.KV{Key: a + "vocab_size", Value: u(p.Vocab)})
+	}
+	if p.Pooling != 0 {
+		kvs = append(kvs, gguf.KV{Key: a + "pooling_type", Value: u(p.Pooling)})
 	}
 	kvs = append(kvs, vocab...)
 	if p.Experts > 0 {

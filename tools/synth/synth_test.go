@@ -117,7 +117,15 @@ func TestEveryPresetAndLayout(t *testing.T) {
 				"tokenizer.ggml.bos_token_id":          uint32(1),
 				"tokenizer.ggml.eos_token_id":          uint32(2),
 				"tokenizer.ggml.unknown_token_id":      uint32(0),
-				"tokenizer.ggml.add_bos_token":         true,
+				"tokenizer.ggml.add_bos_token":         !p.NoBOS,
+			}
+			if p.AddEOS {
+				want["tokenizer.ggml.add_eos_token"] = true
+			}
+			if p.Pooling != 0 {
+				want[a+"pooling_type"] = uint32(p.Pooling)
+			} else if _, ok := kv[a+"pooling_type"]; ok {
+				t.Errorf("%s: a pooling type in a generative model", p.Name)
 			}
 			if p.Experts > 0 {
 				want[a+"expert_count"] = uint32(p.Experts)
@@ -701,6 +709,50 @@ func BenchmarkGenerate(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// --pooling writes <arch>.pooling_type as llama.cpp numbers it, over the
+// preset's; "none" leaves the key out; another name is refused. The
+// embedding preset adds no BOS and appends EOS, whatever vocabulary it
+// has.
+func TestPooling(t *testing.T) {
+	for _, tc := range []struct {
+		preset, pooling string
+		want            uint32 // 0: no key
+	}{
+		{"tiny-qwen3", "", 0},
+		{"tiny-qwen3", "mean", 1},
+		{"tiny-qwen3", "cls", 2},
+		{"tiny-qwen3-embed", "", 3},
+		{"tiny-qwen3-embed", "mean", 1},
+		{"tiny-qwen3-embed", "none", 0},
+	} {
+		m, err := plan(Options{Preset: tc.preset, Layout: "f16", Pooling: tc.pooling})
+		if err != nil {
+			t.Fatal(err)
+		}
+		kv := map[string]gguf.Value{}
+		for _, e := range m.kvs {
+			kv[e.Key] = e.Value
+		}
+		v, ok := kv["qwen3.pooling_type"]
+		switch {
+		case tc.want == 0 && ok:
+			t.Errorf("%s --pooling %q: pooling_type %v, want none", tc.preset, tc.pooling, v.Data())
+		case tc.want != 0 && (!ok || v.Data() != tc.want):
+			t.Errorf("%s --pooling %q: pooling_type %v (%v), want %d", tc.preset, tc.pooling, v, ok, tc.want)
+		}
+		embed := tc.preset == "tiny-qwen3-embed"
+		if bos := kv["tokenizer.ggml.add_bos_token"]; bos.Data() != !embed {
+			t.Errorf("%s: add_bos_token %v", tc.preset, bos.Data())
+		}
+		if eos, ok := kv["tokenizer.ggml.add_eos_token"]; ok != embed || ok && eos.Data() != true {
+			t.Errorf("%s: add_eos_token %v (%v)", tc.preset, eos, ok)
+		}
+	}
+	if _, err := plan(Options{Preset: "tiny-qwen3", Pooling: "max"}); err == nil || !strings.Contains(err.Error(), "none, mean, cls, last") {
+		t.Errorf("--pooling max: %v", err)
 	}
 }
 

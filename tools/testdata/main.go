@@ -3,7 +3,7 @@
 // the models, and real tokenizers with llama.cpp's token ids) and the
 // manifest that internal/testenv unpacks it by:
 //
-//	go run ./tools/testdata -from DIR    # DIR holds oracle/, oracle/long/ and vocab/
+//	go run ./tools/testdata -from DIR    # DIR holds oracle/, oracle/long/, oracle/embed/ and vocab/
 //
 // What it keeps, packs and drops is decided here, in the tables below, so
 // that the repository stays small (the tree is carried whole to the GPU
@@ -68,6 +68,11 @@ var dropped = map[string]string{
 // and in q8_0.
 var longLogits = []string{"tiny-glm4-q4_k_m", "tiny-qwen3-f16", "tiny-qwen3-q4_k_m", "tiny-qwen3moe-q4_k_m"}
 
+// embedOracles are the embedding oracles (oracle/embed): a model with the
+// vectors llama.cpp's llama-embedding computed for a few prompts, in
+// several poolings.
+var embedOracles = []string{"tiny-qwen3-embed-f16"} // qwen3, Qwen3-Embedding's tokenizer flags and last-token pooling; F16
+
 // vocabs are the tokenizer fixtures.
 var vocabs = []string{"gpt-2", "llama-spm", "llama3", "phi-3", "qwen3"}
 
@@ -80,7 +85,7 @@ var trimStrings = []string{
 }
 
 func main() {
-	from := flag.String("from", "", "folder with the full fixtures: oracle/, oracle/long/, vocab/")
+	from := flag.String("from", "", "folder with the full fixtures: oracle/, oracle/long/, oracle/embed/, vocab/")
 	out := flag.String("o", "testdata", "the testdata/ folder to write")
 	flag.Parse()
 	if *from == "" {
@@ -122,6 +127,14 @@ func run(from, out string) error {
 			if err := w.gzip("oracle/long/"+m+kv+".logits.json", nil); err != nil {
 				return err
 			}
+		}
+	}
+	for _, m := range embedOracles {
+		if err := w.copy("oracle/embed/" + m + ".gguf"); err != nil {
+			return err
+		}
+		if err := w.gzip("oracle/embed/"+m+".embeddings.json", nil); err != nil {
+			return err
 		}
 	}
 	for _, v := range vocabs {

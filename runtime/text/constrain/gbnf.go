@@ -19,10 +19,9 @@ import (
 //
 // GBNF compiles into the same automaton as a JSON schema: the rules that
 // do not recur are inlined, and those that do become called Rules. So a
-// grammar has the limits of Rule: a rule that recurs must not match the
-// empty text, and where it could both go on and return the grammar is
-// refused with an error that says where. llama.cpp's token references
-// (<[id]>, <token>) are refused too.
+// grammar has the limits of Rule: left recursion is refused with an error
+// that names the rule. llama.cpp's token references (<[id]>, <token>) are
+// refused too.
 
 // ParseGBNF compiles a GBNF grammar's text into an Expr of its root rule.
 func ParseGBNF(text string) (Expr, error) {

@@ -154,6 +154,12 @@ func TestGBNFSyntax(t *testing.T) {
 ws ::= | " "`, []string{"αβ", "ω "}, []string{"a", "αβ  "}},
 		{`root ::= item ( "," item )*
 item ::= "[" ( item ( "," item )* )? "]"`, []string{"[]", "[[],[[]]],[]"}, []string{"[],", "[[]"}},
+		// What a matcher that kept one parse refused: a recurring rule
+		// that matches nothing, one that ends with blanks its caller
+		// reads too, and a rule that matches nothing called in a loop.
+		{"root ::= list\nlist ::= \"a\" list | \"\"", []string{"", "a", "aaa"}, []string{"b"}},
+		{"root ::= expr \" =\"\nexpr ::= \"1\" ws | \"(\" expr \")\" ws\nws ::= \" \"*", []string{"1 =", "(1 ) =", "((1))   ="}, []string{"1", "( 1) ="}},
+		{"root ::= item* \"b\"\nitem ::= \"(\" item* \")\" | \"\"", []string{"b", "()b", "(())()b"}, []string{"(b", "()"}},
 	} {
 		e, err := ParseGBNF(tc.grammar)
 		if err != nil {
@@ -178,6 +184,29 @@ item ::= "[" ( item ( "," item )* )? "]"`, []string{"[]", "[[],[[]]],[]"}, []str
 	}
 }
 
+// A grammar that reads a text in ever more ways (here twice as many at
+// each byte: every "a" may open an x or a y, which end differently) fails
+// the generation with ErrAmbiguous once the parses pass maxParses, instead
+// of growing without bound.
+func TestTooManyParses(t *testing.T) {
+	e, err := ParseGBNF("root ::= x\nx ::= \"a\" x | \"a\" y | \"\"\ny ::= \"a\" x \"b\" | \"a\" y \"c\" | \"\"")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := mustCompile(t, e)
+	if _, c := match(t, g, "aaaacb"); !c {
+		t.Fatal(`"aaaacb" does not match`)
+	}
+	m := New(g, byteVocab(t)).NewMatcher()
+	err = m.AcceptString(strings.Repeat("a", 20))
+	if !errors.Is(err, ErrAmbiguous) {
+		t.Fatalf("20 a's: %v, want ErrAmbiguous", err)
+	}
+	if !m.Complete() || len(m.cur) > maxParses {
+		t.Errorf("the refused text changed the matcher: %d parses", len(m.cur))
+	}
+}
+
 // Every error names what is wrong, and where.
 func TestGBNFErrors(t *testing.T) {
 	for _, tc := range []struct{ grammar, want string }{
@@ -194,10 +223,9 @@ func TestGBNFErrors(t *testing.T) {
 		{`root ::= [z-a]`, "is empty"},
 		{`root ::= "a" ) "b"`, `unexpected ")`},
 		{"root ::= expr\nexpr ::= expr \"+\" \"1\" | \"1\"", `rule "expr" is left-recursive`},
-		{"root ::= list\nlist ::= \"a\" list | \"\"", `rule "list" matches the empty text`},
-		// llama.cpp-style trailing blanks inside a recursive rule, then
-		// the same blanks in the caller: ambiguous without backtracking.
-		{"root ::= expr \" =\"\nexpr ::= \"1\" ws | \"(\" expr \")\" ws\nws ::= \" \"*", `after a complete "expr", byte ' ' could go on`},
+		// Left recursion past a rule that may match nothing.
+		{"root ::= a\na ::= b a \"x\" | \"y\"\nb ::= \"z\" b | \"\"", `rule "a" is left-recursive`},
+		{"root ::= a\na ::= b \"x\" | \"y\"\nb ::= a? \"z\"", `is left-recursive`},
 	} {
 		e, err := ParseGBNF(tc.grammar)
 		if err == nil {

@@ -10,11 +10,16 @@
 // automaton over bytes whose transitions may call another rule (the JSON
 // value, object and array rules, which nest without bound). Everything a
 // schema describes is inlined into the root automaton, so only free-form
-// JSON needs the stack. The compiler rejects a grammar whose calls would be
-// ambiguous, so stepping a byte never backtracks: a state is the current
-// automaton state plus a stack of return states. Where a called rule could
-// both go on and end (a number after a digit), it goes on: the JSON rules
-// never end where their caller could continue with the same byte.
+// JSON needs the stack. A parse is the current automaton state plus a
+// stack of return states. Where a byte can be read in more than one way
+// across rules (a called rule that could both go on and end there, as
+// blanks at the end of a nested expression that its caller also allows,
+// or two called rules that start alike), the matcher follows each way as a
+// parse of its own, as llama.cpp's grammar engine keeps a set of stacks,
+// and drops a parse at the first byte it cannot read: nothing backtracks.
+// The JSON rules and schemas never need more than one parse (a called
+// rule never ends where its caller could continue with the same byte), so
+// their tables are deterministic. Left recursion is refused.
 //
 // A Vocab is the model's vocabulary as a prefix tree over the tokens' bytes.
 // A Matcher walks that tree once per step from the current state, pruning a
@@ -141,9 +146,9 @@ func ref(r ruleID) Expr { return Expr{&node{kind: kRef, rule: r}} }
 // rules (a grammar's nesting: an expression in parentheses inside an
 // expression). Define gives its body; Ref calls it. Every other part of a
 // grammar is inlined where it is used, so only rules that recur need to be
-// Rules. A Rule must not match the empty text, and the grammar must decide
-// at each byte whether a call goes on or returns (Compile says where it
-// does not).
+// Rules. A Rule may match the empty text, and may end where its caller goes
+// on with the same byte; it must not call itself before reading a byte
+// (left recursion, which Compile refuses).
 type Rule struct {
 	name string
 	body *node
@@ -248,11 +253,14 @@ type Grammar struct {
 	class    [256]uint8
 	// act[s*nClasses+c] is what state s does with a byte of class c:
 	// >= 0 go to that state, actReject, actPop (the state may end its rule:
-	// return to the caller and retry the byte there), or actCall-k (call
-	// calls[k]).
+	// return to the caller and retry the byte there), callAct(k) (call
+	// calls[k]), or multiAct(j): each of the actions multi[j], which the
+	// matcher follows side by side.
 	act       []int32
 	accepting []bool
+	canEnd    []bool // the state can end its rule without reading a byte (accepting, or past calls of rules that match nothing)
 	calls     []call
+	multi     [][]int32
 	textLoop  []bool // the state reads any text and comes back to itself (see utf8Next)
 	root      int32  // the root rule's start state
 	nStates   int
@@ -266,8 +274,18 @@ type call struct {
 const (
 	actReject int32 = -1
 	actPop    int32 = -2
-	actCall   int32 = -3 // actCall - k calls calls[k]
+	actCall   int32 = -3 // actCall - 2k calls calls[k]; actCall - 2j - 1 is multi[j]
 )
+
+func callAct(k int32) int32  { return actCall - 2*k }
+func multiAct(j int32) int32 { return actCall - 2*j - 1 }
+
+// decodeAct reads an action below actPop: the index of its call, or of its
+// multi entry when multi is set.
+func decodeAct(a int32) (i int32, multi bool) {
+	d := actCall - a
+	return d >> 1, d&1 == 1
+}
 
 // States is the number of automaton states (all rules).
 func (g *Grammar) States() int { return g.nStates }
@@ -775,79 +793,68 @@ func (c *compiler) determinize(rules []ruleID) (*Grammar, error) {
 		}
 	}
 
-	// First bytes (classes) of each rule, through calls at its start.
-	first := map[ruleID][]bool{}
-	var firstOf func(r ruleID, visiting map[ruleID]bool) ([]bool, error)
-	firstOf = func(r ruleID, visiting map[ruleID]bool) ([]bool, error) {
-		if f, ok := first[r]; ok {
-			return f, nil
-		}
-		if visiting[r] {
-			return nil, fmt.Errorf("%w: rule %s is left-recursive (it can call itself before reading a byte)", ErrGrammar, c.ruleName(r))
-		}
-		visiting[r] = true
-		s := startOf[r]
-		if accepting[s] {
-			return nil, fmt.Errorf("%w: rule %s matches the empty text, so a call to it would be ambiguous (make it match at least one byte, and its callers optional)", ErrGrammar, c.ruleName(r))
-		}
-		f := make([]bool, nc)
-		for k := range nc {
-			f[k] = trans[int(s)*nc+k] >= 0
-		}
-		for _, cl := range stateCalls[s] {
-			cf, err := firstOf(cl.rule, visiting)
-			if err != nil {
-				return nil, err
-			}
-			for k := range nc {
-				if cf[k] && f[k] {
-					return nil, fmt.Errorf("%w: rule %s can start with byte %q both directly and through rule %s", ErrGrammar, c.ruleName(r), classLo[k], c.ruleName(cl.rule))
-				}
-				f[k] = f[k] || cf[k]
-			}
-		}
-		first[r] = f
-		return f, nil
+	an := analyze(nc, trans, accepting, stateCalls, owners, startOf)
+	if r, ok := an.leftRecursive(); ok {
+		return nil, fmt.Errorf("%w: rule %s is left-recursive (it can call itself before reading a byte)", ErrGrammar, c.ruleName(r))
 	}
 
+	// The action of each state on each byte class: every way the state
+	// can take the byte (go to a state, call a rule, end its own rule). One
+	// way is stored as it is; several make a multi entry, and the matcher
+	// follows each of them (it keeps every parse of the text, see
+	// Matcher). Where a rule could both go on and end, ending is one of
+	// the ways only if the byte can follow the rule (FOLLOW), so that
+	// grammars without such places get the deterministic table.
 	g.act = make([]int32, nStates*nc)
 	callIndex := map[[2]int32]int32{}
+	multiIndex := map[string]int32{}
+	var opts []int32
 	for s := range nStates {
+		follow := an.followState(int32(s))
 		for k := range nc {
-			a := actReject
+			opts = opts[:0]
 			if t := trans[s*nc+k]; t >= 0 {
-				a = t
+				opts = append(opts, t)
 			}
 			for _, cl := range stateCalls[s] {
-				f, err := firstOf(cl.rule, map[ruleID]bool{})
-				if err != nil {
-					return nil, err
-				}
-				if !f[k] {
+				st := startOf[cl.rule]
+				// The callee reads the byte, or matches nothing and the
+				// caller (or, past it, what follows the caller) reads it.
+				if !an.first[st].has(k) && !(an.canEnd[st] && (an.first[cl.ret].has(k) || an.canEnd[cl.ret] && follow.has(k))) {
 					continue
 				}
-				if a != actReject {
-					return nil, fmt.Errorf("%w: ambiguous at byte %q: the text may continue in more than one way (two free-form JSON values, or free-form JSON beside other text, can start alike)", ErrGrammar, classLo[k])
-				}
-				key := [2]int32{startOf[cl.rule], cl.ret}
+				key := [2]int32{st, cl.ret}
 				ci, ok := callIndex[key]
 				if !ok {
 					ci = int32(len(g.calls))
 					callIndex[key] = ci
 					g.calls = append(g.calls, call{start: key[0], ret: key[1]})
 				}
-				a = actCall - ci
+				opts = append(opts, callAct(ci))
 			}
-			if a == actReject && accepting[s] {
-				a = actPop
+			if accepting[s] && (len(opts) == 0 || follow.has(k)) {
+				opts = append(opts, actPop)
+			}
+			a := actReject
+			switch len(opts) {
+			case 0:
+			case 1:
+				a = opts[0]
+			default:
+				key := setKey(opts)
+				j, ok := multiIndex[key]
+				if !ok {
+					j = int32(len(g.multi))
+					multiIndex[key] = j
+					g.multi = append(g.multi, slices.Clone(opts))
+				}
+				a = multiAct(j)
 			}
 			g.act[s*nc+k] = a
 		}
 	}
-	if err := c.checkReturns(g, nc, classLo, trans, accepting, stateCalls, owners, startOf, firstOf); err != nil {
-		return nil, err
-	}
 	g.accepting = accepting
+	g.canEnd = an.canEnd
 	g.textLoop = make([]bool, nStates)
 	for s := range nStates {
 		g.textLoop[s] = g.readsText(int32(s))
@@ -857,80 +864,166 @@ func (c *compiler) determinize(rules []ruleID) (*Grammar, error) {
 	return g, nil
 }
 
-// checkReturns refuses a grammar in which a called rule could both go on
-// and return at the same byte: the matcher does not backtrack, and where a
-// rule can go on it does, so the caller's way would be lost. FOLLOW(r) is
-// what may come after a call of r (the first bytes of its return states,
-// and where those may end their own rule, what follows that); a byte in
-// FOLLOW(r) that one of r's accepting states also reads is such a place.
-func (c *compiler) checkReturns(g *Grammar, nc int, classLo []byte, trans []int32, accepting []bool, calls [][]dfaCall,
-	owners [][]ruleID, startOf map[ruleID]int32, firstOf func(ruleID, map[ruleID]bool) ([]bool, error)) error {
-	// first[s]: the classes state s reads, directly or through a call.
-	firstState := func(s int32) ([]bool, error) {
-		f := make([]bool, nc)
-		for k := range nc {
-			f[k] = trans[int(s)*nc+k] >= 0
+// classSet is a set of byte classes (at most 256).
+type classSet [4]uint64
+
+func (c *classSet) has(k int) bool { return c[k>>6]>>(k&63)&1 == 1 }
+func (c *classSet) add(k int)      { c[k>>6] |= 1 << (k & 63) }
+
+// union adds o to c and reports whether c grew.
+func (c *classSet) union(o *classSet) bool {
+	grew := false
+	for i := range c {
+		if n := c[i] | o[i]; n != c[i] {
+			c[i], grew = n, true
 		}
-		for _, cl := range calls[s] {
-			cf, err := firstOf(cl.rule, map[ruleID]bool{})
-			if err != nil {
-				return nil, err
-			}
-			for k := range nc {
-				f[k] = f[k] || cf[k]
-			}
-		}
-		return f, nil
 	}
-	follow := map[ruleID][]bool{}
-	for r := range startOf {
-		follow[r] = make([]bool, nc)
+	return grew
+}
+
+// analysis is what the action table needs to know about the rules, on
+// the minimized automaton.
+type analysis struct {
+	// canEnd[s]: state s can end its rule without reading a byte (it
+	// accepts, or calls a rule that can match nothing and returns to a
+	// state that can end).
+	canEnd []bool
+	// first[s]: the classes s can read next, directly, as the first byte
+	// of a rule it calls, or past a call of a rule that can match nothing.
+	first []classSet
+	// follow[r]: the classes that can be read right after a call of r
+	// returns (where its caller may end, what follows the caller too).
+	follow  map[ruleID]*classSet
+	owners  [][]ruleID // the rules each state belongs to
+	calls   [][]dfaCall
+	startOf map[ruleID]int32
+}
+
+func analyze(nc int, trans []int32, accepting []bool, calls [][]dfaCall, owners [][]ruleID, startOf map[ruleID]int32) *analysis {
+	n := len(accepting)
+	an := &analysis{canEnd: slices.Clone(accepting), first: make([]classSet, n), follow: map[ruleID]*classSet{},
+		owners: owners, calls: calls, startOf: startOf}
+	for changed := true; changed; {
+		changed = false
+		for s := range n {
+			if an.canEnd[s] {
+				continue
+			}
+			for _, cl := range calls[s] {
+				if an.canEnd[startOf[cl.rule]] && an.canEnd[cl.ret] {
+					an.canEnd[s], changed = true, true
+					break
+				}
+			}
+		}
+	}
+	for s := range n {
+		for k := range nc {
+			if trans[s*nc+k] >= 0 {
+				an.first[s].add(k)
+			}
+		}
 	}
 	for changed := true; changed; {
 		changed = false
-		for s := range calls {
+		for s := range n {
 			for _, cl := range calls[s] {
-				f, err := firstState(cl.ret)
-				if err != nil {
-					return err
+				st := startOf[cl.rule]
+				if an.first[s].union(&an.first[st]) {
+					changed = true
 				}
-				dst := follow[cl.rule]
-				add := func(src []bool) {
-					for k := range nc {
-						if src[k] && !dst[k] {
-							dst[k], changed = true, true
+				if an.canEnd[st] && an.first[s].union(&an.first[cl.ret]) {
+					changed = true
+				}
+			}
+		}
+	}
+	for r := range startOf {
+		an.follow[r] = new(classSet)
+	}
+	for changed := true; changed; {
+		changed = false
+		for s := range n {
+			for _, cl := range calls[s] {
+				dst := an.follow[cl.rule]
+				if dst.union(&an.first[cl.ret]) {
+					changed = true
+				}
+				if an.canEnd[cl.ret] {
+					for _, o := range owners[cl.ret] {
+						if dst.union(an.follow[o]) {
+							changed = true
 						}
 					}
 				}
-				add(f)
-				if accepting[cl.ret] {
-					for _, o := range owners[cl.ret] {
-						add(follow[o])
-					}
+			}
+		}
+	}
+	return an
+}
+
+// followState is what may be read after the rules state s belongs to end.
+func (an *analysis) followState(s int32) classSet {
+	var f classSet
+	for _, o := range an.owners[s] {
+		f.union(an.follow[o])
+	}
+	return f
+}
+
+// leftRecursive finds a rule that can call itself before reading a byte
+// (directly, through other rules, or past rules that can match nothing):
+// a parse of it would never end.
+func (an *analysis) leftRecursive() (ruleID, bool) {
+	rules := slices.Sorted(maps.Keys(an.startOf))
+	left := map[ruleID][]ruleID{} // the rules each rule can call before reading a byte
+	for _, r := range rules {
+		seen := map[int32]bool{an.startOf[r]: true}
+		stack := []int32{an.startOf[r]}
+		for len(stack) > 0 {
+			s := stack[len(stack)-1]
+			stack = stack[:len(stack)-1]
+			for _, cl := range an.calls[s] {
+				if !slices.Contains(left[r], cl.rule) {
+					left[r] = append(left[r], cl.rule)
+				}
+				if an.canEnd[an.startOf[cl.rule]] && !seen[cl.ret] {
+					seen[cl.ret] = true
+					stack = append(stack, cl.ret)
 				}
 			}
 		}
 	}
-	for s := range accepting {
-		if !accepting[s] {
-			continue
-		}
-		f, err := firstState(int32(s))
-		if err != nil {
-			return err
-		}
-		for _, o := range owners[s] {
-			if o == ruleRoot {
-				continue
-			}
-			for k := range nc {
-				if f[k] && follow[o][k] {
-					return fmt.Errorf("%w: after a complete %s, byte %q could go on with it or with what follows it; ats reads a grammar without backtracking, so a rule that recurs must end where its callers cannot go on with the same byte (move the shared part, such as trailing blanks, into the callers)", ErrGrammar, c.ruleName(o), classLo[k])
+	const (
+		unseen = iota
+		active
+		done
+	)
+	color := map[ruleID]int{}
+	var found ruleID
+	var visit func(r ruleID) bool
+	visit = func(r ruleID) bool {
+		color[r] = active
+		for _, c := range left[r] {
+			switch color[c] {
+			case active:
+				found = c
+				return true
+			case unseen:
+				if visit(c) {
+					return true
 				}
 			}
 		}
+		color[r] = done
+		return false
 	}
-	return nil
+	for _, r := range rules {
+		if color[r] == unseen && visit(r) {
+			return found, true
+		}
+	}
+	return 0, false
 }
 
 // readsText reports whether state s takes every text character (see

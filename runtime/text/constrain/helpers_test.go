@@ -53,7 +53,7 @@ func minEnd(g *Grammar) []int {
 	d := make([]int, g.nStates)
 	for s := range d {
 		d[s] = inf
-		if g.accepting[s] {
+		if g.canEnd[s] {
 			d[s] = 0
 		}
 	}
@@ -62,18 +62,27 @@ func minEnd(g *Grammar) []int {
 		for s := range d {
 			for k := 0; k < g.nClasses; k++ {
 				a := g.act[s*g.nClasses+k]
-				c := inf
-				switch {
-				case a >= 0:
-					c = 1 + d[a]
-				case a <= actCall:
-					cl := g.calls[actCall-a]
-					if d[cl.start] < inf && d[cl.ret] < inf {
-						c = d[cl.start] + d[cl.ret]
+				opts := []int32{a}
+				if a <= actCall {
+					if i, multi := decodeAct(a); multi {
+						opts = g.multi[i]
 					}
 				}
-				if c < d[s] {
-					d[s], changed = c, true
+				for _, o := range opts {
+					c := inf
+					switch {
+					case o >= 0:
+						c = 1 + d[o]
+					case o <= actCall:
+						i, _ := decodeAct(o)
+						cl := g.calls[i]
+						if d[cl.start] < inf && d[cl.ret] < inf {
+							c = d[cl.start] + d[cl.ret]
+						}
+					}
+					if c < d[s] {
+						d[s], changed = c, true
+					}
 				}
 			}
 		}
@@ -87,14 +96,18 @@ var (
 	minEndCache = map[*Grammar][]int{}
 )
 
-// distance is the fewest bytes that complete the text from the matcher's
-// state.
-func (m *Matcher) distance(st state, ends []int) int {
-	n := ends[st.top]
-	for f := st.stack; f >= 0; f = m.frames[f].next {
-		n += ends[m.frames[f].ret]
+// distance is the fewest bytes that complete the text from a set of
+// parses.
+func (m *Matcher) distance(set []state, ends []int) int {
+	best := 1 << 30
+	for _, st := range set {
+		n := ends[st.top]
+		for f := st.stack; f >= 0; f = m.frames[f].next {
+			n += ends[m.frames[f].ret]
+		}
+		best = min(best, n)
 	}
-	return n
+	return best
 }
 
 // randomText generates a text of g byte by byte: random allowed bytes for
@@ -117,13 +130,13 @@ func randomText(t testing.TB, g *Grammar, rng *rand.Rand, wander int) string {
 		var allowed []byte
 		for b := 0; b < 256; b++ {
 			base := len(m.frames)
-			st, ok := m.step(m.st, byte(b))
-			if !ok {
+			set := m.step(nil, m.cur, byte(b))
+			if len(set) == 0 {
 				m.frames = m.frames[:base]
 				continue
 			}
 			allowed = append(allowed, byte(b))
-			d := m.distance(st, ends)
+			d := m.distance(set, ends)
 			m.frames = m.frames[:base]
 			switch {
 			case d < bestD:

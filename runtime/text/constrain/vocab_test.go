@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 
@@ -51,22 +52,26 @@ func realVocab(t testing.TB, name string) *Vocab {
 }
 
 // tokenDistance is how many bytes would be left to complete the text after
-// token id, or -1 when the token is not allowed.
+// token id, or -1 when the token is not allowed (0 for any allowed token
+// when ends is nil).
 func (m *Matcher) tokenDistance(id int, ends []int) int {
 	if m.c.v.isEOG[id] {
 		return 0
 	}
 	base := len(m.frames)
 	defer func() { m.frames = m.frames[:base] }()
-	st, ok := m.st, true
+	set := slices.Clone(m.cur)
 	p := m.c.v.piece(id)
-	for i := 0; ok && i < len(p); i++ {
-		st, ok = m.step(st, p[i])
+	for i := 0; len(set) > 0 && i < len(p); i++ {
+		set = m.step(nil, set, p[i])
 	}
-	if !ok {
+	if len(set) == 0 || p == "" {
 		return -1
 	}
-	return m.distance(st, ends)
+	if ends == nil {
+		return 0
+	}
+	return m.distance(set, ends)
 }
 
 // generate runs a constrained generation on random logits: for wander
@@ -74,6 +79,15 @@ func (m *Matcher) tokenDistance(id int, ends []int) int {
 // the least to write, until an end-of-generation token is chosen.
 func generate(t testing.TB, c *Constraint, rng *rand.Rand, wander int) string {
 	t.Helper()
+	text, _ := generateTokens(t, c, rng, wander)
+	return text
+}
+
+// generateTokens is generate, with the tokens chosen (the end of
+// generation last).
+func generateTokens(t testing.TB, c *Constraint, rng *rand.Rand, wander int) (string, []int) {
+	t.Helper()
+	var toks []int
 	m := c.NewMatcher()
 	ends := minEnd(c.g)
 	v := c.v
@@ -99,6 +113,8 @@ func generate(t testing.TB, c *Constraint, rng *rand.Rand, wander int) string {
 				if v.isEOG[id] {
 					score += 3 // make ending early unlikely
 				}
+			} else if v.isEOG[id] {
+				score = math.Inf(-1) // the text is complete: end it
 			} else {
 				d := m.tokenDistance(id, ends)
 				if d < 0 {
@@ -114,8 +130,9 @@ func generate(t testing.TB, c *Constraint, rng *rand.Rand, wander int) string {
 		if err := m.Accept(best); err != nil {
 			t.Fatalf("after %q: %v", text, err)
 		}
+		toks = append(toks, best)
 		if v.isEOG[best] {
-			return string(text)
+			return string(text), toks
 		}
 		text = append(text, v.piece(best)...)
 	}
