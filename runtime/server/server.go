@@ -192,6 +192,7 @@ func New(sess *session.Session, cfg Config) (*Server, error) {
 	if cfg.Parallel < 0 || cfg.Parallel > MaxParallel {
 		return nil, fmt.Errorf("server: %d parallel requests: want 1 to %d", cfg.Parallel, MaxParallel)
 	}
+	cfg.setDefaults() // cfg.Log among them, used from here on
 	if cfg.Parallel > 1 && !sess.MultiSequence() {
 		// The requests still take turns step by step, one sequence a step.
 		cfg.Log.Warn("the backend computes one sequence a step: parallel requests interleave instead of batching", "parallel", cfg.Parallel)
@@ -201,7 +202,6 @@ func New(sess *session.Session, cfg Config) (*Server, error) {
 		def = *cfg.Sampling
 	}
 	cfg.Sampling = &def
-	cfg.setDefaults()
 	if cfg.Placement == nil {
 		cfg.Placement = SessionPlacement(sess)
 	}
