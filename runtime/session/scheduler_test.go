@@ -347,7 +347,10 @@ func TestSchedulerOptions(t *testing.T) {
 			t.Error(err)
 			return
 		}
-		if len(progress) < 2 || progress[len(progress)-1] != [2]int{len(prompt), len(prompt)} {
+		// Delivery coalesces what the steps report while the caller's
+		// goroutine is busy, so a loaded machine may see the last report
+		// only; it must be the whole prompt, and the reports must grow.
+		if len(progress) < 1 || progress[len(progress)-1] != [2]int{len(prompt), len(prompt)} {
 			t.Errorf("prompt progress %v for %d tokens", progress, len(prompt))
 		}
 		for k := 1; k < len(progress); k++ {
