@@ -272,7 +272,9 @@ type task struct {
 
 // Do runs f with the engine to itself, between two steps of the running
 // requests (embeddings, which evaluate sequences of their own). It waits
-// for its turn unless ctx ends first.
+// for its turn unless ctx ends first. When f fails with ErrContextFull
+// while idle slots keep earlier prompts in the cache, those are dropped
+// and f runs once more.
 func (s *Scheduler) Do(ctx context.Context, f func(*Engine) error) error {
 	t := &task{ctx: ctx, f: f, done: make(chan struct{})}
 	s.mu.Lock()
@@ -308,6 +310,11 @@ func (s *Scheduler) runTasks() bool {
 	for _, t := range tasks {
 		if t.err = t.ctx.Err(); t.err == nil {
 			t.err = runTask(t.f, s.e)
+			if errors.Is(t.err, ErrContextFull) && s.dropIdle() > 0 && t.ctx.Err() == nil {
+				// Idle slots' kept prompts held the cache: they go, as
+				// they would for a request, and the task runs again.
+				t.err = runTask(t.f, s.e)
+			}
 		}
 		close(t.done)
 	}
@@ -689,6 +696,23 @@ func (s *Scheduler) stepRecovered(b *ir.Batch) (logits []float32, err error) {
 
 // ErrStepPanicked is wrapped by the error of requests whose step panicked.
 var ErrStepPanicked = errors.New("the step panicked")
+
+// dropIdle frees the sequences idle slots keep for reuse and says how
+// many it freed.
+func (s *Scheduler) dropIdle() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, sl := range s.slots {
+		if sl.req == nil && sl.seq != nil {
+			sl.seq.Close()
+			sl.seq = nil
+			sl.cached.Store(0)
+			n++
+		}
+	}
+	return n
+}
 
 // evictFor frees room in the cache for n more positions of r's sequence:
 // idle slots' kept sequences go, the longest idle first (their full blocks

@@ -398,3 +398,51 @@ func TestSchedulerOptions(t *testing.T) {
 	})
 	wg.Wait()
 }
+
+// A task that needs the cache (an embedding) gets the room idle slots
+// keep for their last prompts, as a request would: a server that chatted
+// before must still embed a text that fits its context.
+func TestSchedulerDoFreesIdleSlots(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	e, err := NewEngine(m, Options{CtxSize: 512, Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	tok, _ := LoadTokenizer(m, nil)
+	sched := NewScheduler(e, tok, 2)
+	defer sched.Close()
+	nv := m.Hyper().NVocab
+	prompts := schedPrompts(nv, 2)
+	var wg sync.WaitGroup
+	for _, p := range prompts {
+		wg.Go(func() {
+			if _, err := sched.Generate(context.Background(), p, GenerateOptions{Sampler: greedyConfig(), MaxTokens: 4, IgnoreEOS: true}); err != nil {
+				t.Error(err)
+			}
+		})
+	}
+	wg.Wait()
+	kept := 0
+	for _, sl := range sched.Slots() {
+		if sl.Cached > 0 {
+			kept++
+		}
+	}
+	if kept != 2 {
+		t.Fatalf("%d slots keep their prompts, want 2 (the test needs both blocks held)", kept)
+	}
+	text := make([]int, 400) // more than one block of 256: both are needed
+	for i := range text {
+		text[i] = 1 + i%(nv-1)
+	}
+	var emb []float32
+	err = sched.Do(context.Background(), func(e *Engine) error {
+		var err error
+		emb, err = e.Embed(context.Background(), text, PoolingLast, true)
+		return err
+	})
+	if err != nil || len(emb) != m.Hyper().NEmbd {
+		t.Fatalf("embedding beside idle slots: %d values, %v", len(emb), err)
+	}
+}
