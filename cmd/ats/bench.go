@@ -97,6 +97,7 @@ type benchOptions struct {
 	threads  []int
 	reps     int
 	batch    int
+	ctx      int // KV cache positions to reserve at least (a server's -c)
 	output   string
 	noWarmup bool
 	progress bool
@@ -190,6 +191,7 @@ others decode; -o json gives every request's figures.`,
 		f.StringVarP(&threads, "threads", "t", strconv.Itoa(ops.DefaultThreads()), "CPU threads (comma separated)")
 		f.IntVarP(&o.reps, "repetitions", "r", 5, "repetitions of each test")
 		f.IntVarP(&o.batch, "batch-size", "b", 512, "most prompt tokens computed together")
+		f.IntVarP(&o.ctx, "ctx-size", "c", 0, "KV cache positions to reserve, as a server's -c does, so that the placement leaves them room (0: what each test needs)")
 		f.StringVarP(&o.output, "output", "o", "md", "`FORMAT`: output format: md, json or csv")
 		f.BoolVar(&o.noWarmup, "no-warmup", false, "skip the warm-up run")
 		f.BoolVar(&o.progress, "progress", false, "print each run to stderr as it finishes")
@@ -473,7 +475,9 @@ func fillCommon(r *benchResult, info modelInfo, threads, batch int) {
 // once) with fresh random tokens.
 func benchOne(m *model.Model, weights *cpu.Weights, r *benchResult, o benchOptions, stderr io.Writer) error {
 	h := m.Hyper()
-	ctxSize := r.NDepth + r.NPrompt + r.NGen
+	// A server reserves its whole cache in the budget; -c lets a test
+	// place the model as that server would.
+	ctxSize := max(r.NDepth+r.NPrompt+r.NGen, o.ctx)
 	copt := session.Options{Threads: r.NThreads, CtxSize: ctxSize, Batch: o.batch, Weights: weights}
 	if err := o.place.apply(&copt, stderr); err != nil {
 		return err

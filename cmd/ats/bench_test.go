@@ -97,6 +97,7 @@ func TestBenchErrors(t *testing.T) {
 		{[]string{"bench", "-m", "x.gguf", "-r", "0"}, "repetition"},
 		{[]string{"bench", "-m", "x.gguf", "-p", "abc"}, "-p"},
 		{[]string{"bench", "-m", "x.gguf", "-t", "0"}, "-t"},
+		{[]string{"bench", "-m", "x.gguf", "-c", "-1"}, "ctx-size"},
 		{[]string{"bench", "-m", filepath.Join(t.TempDir(), "missing.gguf"), "--backend", "cpu"}, "missing.gguf"},
 	} {
 		_, _, err := runATS(t, c.args...)

@@ -21,7 +21,7 @@ type flagBound struct {
 }
 
 var flagBounds = map[string]flagBound{
-	"ctx-size":    {0, 1 << 30, "0 is the model's context"},
+	"ctx-size":    {0, 1 << 30, "0 is the command's default: see its help"},
 	"batch-size":  {1, 1 << 30, "the most prompt tokens computed together"},
 	"threads":     {0, 1 << 20, "0 is all cores"},
 	"n-predict":   {-1, 1 << 30, "-1 is until the end of the turn"},

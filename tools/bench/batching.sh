@@ -3,7 +3,8 @@
 # on one machine: the hybrid at a VRAM budget, all on the GPU, and CPU only.
 # Each server takes N concurrent /v1/completions of GEN tokens (temperature
 # 0, ignore_eos) with ats bench --serve, a late request among them, and ats
-# bench measures tg of GEN tokens with the same placement flags. Writes the
+# bench measures tg of GEN tokens with the same placement flags and the
+# same cache reserved in the budget (-c CTX, as the server). Writes the
 # JSON into OUT and prints a summary last.
 #
 # Usage: ATS=/path/to/ats tools/bench/batching.sh MODEL OUT
@@ -33,7 +34,7 @@ for s in ${SETUPS:-hybrid gpu cpu}; do
 	*) note "unknown setup $s"; continue ;;
 	esac
 	# shellcheck disable=SC2086
-	timeout 300 "$ats" bench -m "$m" $flags -t "$T" -p 0 -n "$gen" -r 2 -o json >"$out/$s-bench-tg.json" 2>>"$out/batching.log" || note "$s: bench failed"
+	timeout 300 "$ats" bench -m "$m" $flags -c "$ctx" -t "$T" -p 0 -n "$gen" -r 2 -o json >"$out/$s-bench-tg.json" 2>>"$out/batching.log" || note "$s: bench failed"
 	note "$s: bench done"
 	# shellcheck disable=SC2086
 	"$ats" serve "$m" $flags -c "$ctx" --parallel "$par" -t "$T" --port $port >"$out/$s-serve.log" 2>&1 &
