@@ -164,16 +164,7 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 		writeError(w, badRequest("encoding_format", "encoding_format %q: use float or base64", req.EncodingFormat))
 		return
 	}
-	if d := req.Dimensions; d != nil && *d != s.sess.Model.Hyper().NEmbd {
-		writeError(w, badRequest("dimensions", "dimensions is %d, but this model's embeddings have %d; ats does not shorten them", *d, s.sess.Model.Hyper().NEmbd))
-		return
-	}
-	inputs, e := s.embedInputs(req.Input, "input")
-	if e != nil {
-		writeError(w, e)
-		return
-	}
-	vecs, e := s.embed(r, inputs)
+	inputs, vecs, e := s.embedRequest(r, req.Input, req.Dimensions)
 	if e != nil {
 		writeError(w, e)
 		return
@@ -194,6 +185,24 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"object": "list", "data": data, "model": s.cfg.ModelName,
 		"usage": map[string]int{"prompt_tokens": tokens, "total_tokens": tokens}}, s.cfg.WriteTimeout)
+}
+
+// embedRequest is what /v1/embeddings and ollama's /api/embed share: the
+// dimensions checked, the input field read and every input embedded (each
+// endpoint writes the error in its own API's shape).
+func (s *Server) embedRequest(r *http.Request, input json.RawMessage, dims *int) ([][]int, [][]float32, *apiError) {
+	if n := s.sess.Model.Hyper().NEmbd; dims != nil && *dims != n {
+		return nil, nil, badRequest("dimensions", "dimensions is %d, but this model's embeddings have %d; ats does not shorten them", *dims, n)
+	}
+	inputs, e := s.embedInputs(input, "input")
+	if e != nil {
+		return nil, nil, e
+	}
+	vecs, e := s.embed(r, inputs)
+	if e != nil {
+		return nil, nil, e
+	}
+	return inputs, vecs, nil
 }
 
 // base64Floats is OpenAI's base64 encoding: little-endian float32s.
@@ -229,16 +238,7 @@ func (s *Server) handleOllamaEmbed(w http.ResponseWriter, r *http.Request) {
 		// for inputs longer than the context.
 		req.Truncate = nil
 	}
-	if d := req.Dimensions; d != nil && *d != s.sess.Model.Hyper().NEmbd {
-		ollamaError(w, badRequest("dimensions", "dimensions is %d, but this model's embeddings have %d", *d, s.sess.Model.Hyper().NEmbd))
-		return
-	}
-	inputs, e := s.embedInputs(req.Input, "input")
-	if e != nil {
-		ollamaError(w, e)
-		return
-	}
-	vecs, e := s.embed(r, inputs)
+	inputs, vecs, e := s.embedRequest(r, req.Input, req.Dimensions)
 	if e != nil {
 		ollamaError(w, e)
 		return

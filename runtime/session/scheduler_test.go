@@ -15,6 +15,7 @@ import (
 	"github.com/atsinfer/ats/runtime/kvcache"
 	"github.com/atsinfer/ats/runtime/model"
 	"github.com/atsinfer/ats/runtime/text/sampler"
+	"github.com/atsinfer/ats/runtime/text/tokenizer"
 )
 
 // forced is a constraint that allows one token at each step: the tokens of
@@ -171,19 +172,8 @@ func schedulerMatchesAlone(t *testing.T, m *model.Model, opt Options, bound floa
 // at random moments: every request that is not cancelled completes with
 // its tokens, a cancelled one ends promptly, and the slots end idle.
 func TestSchedulerCancellations(t *testing.T) {
-	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	m, _, sched := newTestScheduler(t, Options{CtxSize: 2048, Threads: 2, Batch: 64}, 4)
 	nv := m.Hyper().NVocab
-	e, err := NewEngine(m, Options{CtxSize: 2048, Threads: 2, Batch: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	tok, err := LoadTokenizer(m, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sched := NewScheduler(e, tok, 4)
-	defer sched.Close()
 	prompts := schedPrompts(nv, 64)
 	rng := rand.New(rand.NewPCG(21, 22))
 	cancelAt := make([]time.Duration, len(prompts))
@@ -239,14 +229,7 @@ func TestSchedulerCancellations(t *testing.T) {
 // A prompt longer than the context is an error; a request on a closed
 // scheduler too.
 func TestSchedulerErrors(t *testing.T) {
-	m := openOracle(t, "tiny-qwen3-q4_k_m")
-	e, err := NewEngine(m, Options{CtxSize: 64, Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	tok, _ := LoadTokenizer(m, nil)
-	sched := NewScheduler(e, tok, 2)
+	_, _, sched := newTestScheduler(t, Options{CtxSize: 64, Threads: 1}, 2)
 	long := make([]int, 100)
 	for i := range long {
 		long[i] = 1
@@ -312,17 +295,8 @@ func (a *allowOnly) Accept(int) error           { return nil }
 // its end, IgnoreEOS never draws an end token (here the only other token
 // a constraint allows), and Do runs between steps while requests run.
 func TestSchedulerOptions(t *testing.T) {
-	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	m, tok, sched := newTestScheduler(t, Options{CtxSize: 1024, Threads: 2, Batch: 16}, 2)
 	nv := m.Hyper().NVocab
-	e, err := NewEngine(m, Options{CtxSize: 1024, Threads: 2, Batch: 16})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	tok, err := LoadTokenizer(m, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	eog := -1
 	for id := range nv {
 		if tok.IsEOG(id) {
@@ -333,8 +307,6 @@ func TestSchedulerOptions(t *testing.T) {
 	if eog < 0 {
 		t.Fatal("no end-of-generation token")
 	}
-	sched := NewScheduler(e, tok, 2)
-	defer sched.Close()
 	prompt := schedPrompts(nv, 1)[0]
 	prompt = append(prompt, prompt...) // more than two steps' chunks of 16
 
@@ -403,15 +375,7 @@ func TestSchedulerOptions(t *testing.T) {
 // keep for their last prompts, as a request would: a server that chatted
 // before must still embed a text that fits its context.
 func TestSchedulerDoFreesIdleSlots(t *testing.T) {
-	m := openOracle(t, "tiny-qwen3-q4_k_m")
-	e, err := NewEngine(m, Options{CtxSize: 512, Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	tok, _ := LoadTokenizer(m, nil)
-	sched := NewScheduler(e, tok, 2)
-	defer sched.Close()
+	m, _, sched := newTestScheduler(t, Options{CtxSize: 512, Threads: 1}, 2)
 	nv := m.Hyper().NVocab
 	prompts := schedPrompts(nv, 2)
 	var wg sync.WaitGroup
@@ -437,7 +401,7 @@ func TestSchedulerDoFreesIdleSlots(t *testing.T) {
 		text[i] = 1 + i%(nv-1)
 	}
 	var emb []float32
-	err = sched.Do(context.Background(), func(e *Engine) error {
+	err := sched.Do(context.Background(), func(e *Engine) error {
 		var err error
 		emb, err = e.Embed(context.Background(), text, PoolingLast, true)
 		return err
@@ -445,4 +409,26 @@ func TestSchedulerDoFreesIdleSlots(t *testing.T) {
 	if err != nil || len(emb) != m.Hyper().NEmbd {
 		t.Fatalf("embedding beside idle slots: %d values, %v", len(emb), err)
 	}
+}
+
+// newTestScheduler opens the tiny Qwen3 oracle model in an engine of opt
+// and a scheduler of slots slots over it, both closed when the test ends.
+func newTestScheduler(t *testing.T, opt Options, slots int) (*model.Model, *tokenizer.Tokenizer, *Scheduler) {
+	t.Helper()
+	m := openOracle(t, "tiny-qwen3-q4_k_m")
+	e, err := NewEngine(m, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := LoadTokenizer(m, nil)
+	if err != nil {
+		e.Close()
+		t.Fatal(err)
+	}
+	sched := NewScheduler(e, tok, slots)
+	t.Cleanup(func() {
+		sched.Close()
+		e.Close()
+	})
+	return m, tok, sched
 }

@@ -3,7 +3,6 @@ package constrain
 import (
 	"encoding/json"
 	"math/rand/v2"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -25,15 +24,7 @@ import (
 // parse. Before it did, each of these grammars was refused.
 func ambiguousGrammar(t testing.TB, name string) *Grammar {
 	t.Helper()
-	b, err := os.ReadFile("testdata/gbnf/ambiguous/" + name + ".gbnf")
-	if err != nil {
-		t.Fatal(err)
-	}
-	e, err := ParseGBNF(string(b))
-	if err != nil {
-		t.Fatalf("%s: %v", name, err)
-	}
-	return mustCompile(t, e)
+	return gbnfFile(t, "ambiguous/"+name)
 }
 
 var ambiguousCases = []struct {
