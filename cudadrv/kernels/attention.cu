@@ -1138,8 +1138,14 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
     const int split = blockIdx.z;
     const int qpos = p.pos[t];
     const int sq = p.seq[t];
-    const long long begin = (long long)split * p.chunk;
-    const int end = (int)min(begin + p.chunk, (long long)qpos + 1);
+    // The row's positions spread over all the splits: chunks of a multiple
+    // of 64 (runs never cross a cache block), at most p.chunk (which covers
+    // the whole cache), so that a short sequence in a large cache walks as
+    // few positions per block as it would in a small one. The launch shape
+    // does not change, so a captured graph replays at any length.
+    const int rowChunk = min(p.chunk, max(64, ((qpos + p.nsplit) / p.nsplit + 63) & ~63));
+    const long long begin = (long long)split * rowChunk;
+    const int end = (int)min(begin + rowChunk, (long long)qpos + 1);
     const long long row0 = (long long)t * p.nHeads + h0; // output row of head h0
 
     if (begin >= end) {

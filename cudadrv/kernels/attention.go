@@ -655,10 +655,12 @@ type DecodeKVArgs struct {
 	NTok, NHeads, NKV, HeadSize int // HeadSize 32, 64, 128 or 256
 	Scale                       float32
 
-	// Splits > 1 divides the positions into chunks of Chunk (a multiple
-	// of 64), a block column each, merged by attn_combine; Part and ML
-	// are their scratch (AttnScratch). Splits*Chunk must exceed every
-	// position a token of the batch can have.
+	// Splits > 1 divides each row's positions among the splits, a block
+	// column each, merged by attn_combine; Part and ML are their scratch
+	// (AttnScratch). A row of n positions takes chunks of
+	// max(64, n/Splits rounded up to 64), at most Chunk (a multiple of 64):
+	// Splits*Chunk must exceed every position a token of the batch can
+	// have, and a short row walks no more positions a block than it must.
 	Splits, Chunk int
 	Part, ML      cudadrv.DevicePtr
 
