@@ -357,7 +357,9 @@ func (d *Device) newExec(p *ir.Program, cfg backend.ExecConfig, host backend.Hos
 	if g.in, err = dev.ctx.HostAlloc(4*g.inLay.words, cudadrv.HostAllocPortable); err != nil {
 		return nil, fmt.Errorf("gpu: %w", err)
 	}
-	if g.logits, err = dev.ctx.HostAlloc(4*p.Hyper.NVocab, cudadrv.HostAllocPortable); err != nil {
+	// Pinned rows for every logits row a step can want: the step's stream
+	// copies them out at full speed, inside a decode graph too.
+	if g.logits, err = dev.ctx.HostAlloc(4*p.Hyper.NVocab*max(cfg.LogitRows, 1), cudadrv.HostAllocPortable); err != nil {
 		return nil, fmt.Errorf("gpu: %w", err)
 	}
 	if g.s, err = dev.ctx.NewStream(cudadrv.StreamNonBlocking, 0); err != nil {
@@ -781,12 +783,12 @@ func (g *Exec) spinWord() *cudadrv.HostMem {
 }
 
 // Logits returns the step's rows rows of logits (after Sync): the pinned
-// row a segment with Logits copied out for one row, in place, or rows
-// copied into dst.
+// rows the segment with Logits copied out, in place (valid until the next
+// step), or rows copied into dst.
 func (g *Exec) Logits(dst []float32, rows int) ([]float32, error) {
 	nv := g.prog.Hyper.NVocab
-	if rows == 1 {
-		return unsafe.Slice((*float32)(g.logits.Pointer()), nv), nil
+	if rows >= 1 && rows <= max(g.cfg.LogitRows, 1) {
+		return unsafe.Slice((*float32)(g.logits.Pointer()), rows*nv), nil
 	}
 	if err := g.readLogits(dst[:rows*nv]); err != nil {
 		return nil, err
@@ -818,8 +820,8 @@ func (g *Exec) readLogits(dst []float32) error {
 }
 
 // queue queues a segment: the input upload (first segment), the
-// transfers in, the steps, the transfers out and the copy of a single row
-// of logits to g.logits.
+// transfers in, the steps, the transfers out and the copy of the logits
+// rows to g.logits.
 func (g *Exec) queue(seg *Segment, rows int) (int, error) {
 	s := g.s
 	if g.prof != nil {
@@ -886,9 +888,9 @@ func (g *Exec) queue(seg *Segment, rows int) (int, error) {
 			return 0, fmt.Errorf("gpu: buffer %s to the host: %w", g.prog.Bufs[t.Buf].Name, err)
 		}
 	}
-	if seg.Logits && rows == 1 && !g.batch.Hidden {
+	if seg.Logits && rows >= 1 && rows <= max(g.cfg.LogitRows, 1) && !g.batch.Hidden {
 		nv := g.prog.Hyper.NVocab
-		if err := s.CopyDtoH(g.logits.Bytes()[:4*nv], g.bufs[g.prog.Logits]); err != nil {
+		if err := s.CopyDtoH(g.logits.Bytes()[:4*nv*rows], g.bufs[g.prog.Logits]); err != nil {
 			return 0, fmt.Errorf("gpu: logits: %w", err)
 		}
 	}
