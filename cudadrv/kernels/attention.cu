@@ -961,9 +961,11 @@ extern "C" __global__ void __launch_bounds__(AM_THREADS, AM_MIN_BLOCKS_128) attn
 // position) and computes on the tensor cores as attn_mma does: S = Q·Kᵀ for
 // its 16 heads (rows, zero past the group's) by 16 positions, an online
 // softmax in registers (base 2), O += P·V with P rounded to f16. No barrier
-// until the warps' states merge through shared memory at the end; one
-// split writes out (and its Q8_1 form), several write their unnormalised O
-// and (max, sum) for attn_combine, as attn_dec.
+// until the warps' states merge through shared memory at the end. A row
+// whose positions one split holds is written out there (and its Q8_1
+// form); one that spans several has each write its unnormalised O and (max,
+// sum), and the last of them to finish (a counter a block column, count)
+// merges them as attn_combine does: no launch of its own.
 //
 // f16 rows load straight into the [16][hs+8] tiles ldmatrix reads. q8_0
 // rows (hs/32 blocks of 34 bytes a head, 2-byte aligned at best) load raw,
@@ -984,8 +986,8 @@ extern "C" __global__ void __launch_bounds__(AM_THREADS, AM_MIN_BLOCKS_128) attn
 #define DK_MAX_WARPS 4
 
 struct DecKVParams {
-    float *out;                // [nTok][nHeads*hs], written when nsplit == 1
-    float *part;               // [nsplit][nTok*nHeads][hs], when nsplit > 1
+    float *out;                // [nTok][nHeads*hs]
+    float *part;               // [nsplit][nTok*nHeads][hs], when a row spans splits
     float *ml;                 // [nsplit][nTok*nHeads][2] max (natural log units) and sum
     const float *q;            // [nTok][nHeads*hs]
     const unsigned char *kc;   // paged caches [rows][rowBytes]
@@ -995,6 +997,7 @@ struct DecKVParams {
     const int *tables;         // [nSeq][maxBlocks]
     signed char *q8;           // optional: out in ats's GPU Q8_1 layout as well
     float2 *q8ds;
+    int *count;                // [nTok][gridDim.y] arrivals of the splits, zero between launches
     float scale;
     int nTok, nHeads, nKV;
     int maxBlocks, blockShift;
@@ -1147,17 +1150,12 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
     const long long begin = (long long)split * rowChunk;
     const int end = (int)min(begin + rowChunk, (long long)qpos + 1);
     const long long row0 = (long long)t * p.nHeads + h0; // output row of head h0
+    // The splits that hold positions of this row: with one, it writes the
+    // output itself; with several, the last of them to finish merges.
+    const int nact = (qpos + rowChunk) / rowChunk;
 
-    if (begin >= end) {
-        // An empty split: (max, sum) = (-inf, 0) drops out of attn_combine,
-        // which then reads none of its partial output.
-        if (p.nsplit > 1 && tid < hb) {
-            const long long prow = ((long long)split * p.nTok) * p.nHeads + row0 + tid;
-            p.ml[2 * prow] = -INFINITY;
-            p.ml[2 * prow + 1] = 0.0f;
-        }
-        return;
-    }
+    if (begin >= end)
+        return; // an empty split: nothing to write, not counted
 
     // Q rounded to f16, rows past the block's heads zero.
     unsigned short *Qs = (unsigned short *)dk_smem;
@@ -1349,7 +1347,7 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
             }
         }
         const long long row = row0 + r;
-        if (p.nsplit == 1) {
+        if (nact == 1) {
             const float v = acc * (1.0f / L);
             p.out[row * D + d] = v;
             if (p.q8)
@@ -1363,6 +1361,43 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
             }
         }
     }
+    if (nact == 1)
+        return;
+
+    // The merge, without a launch of its own (a decode step saves one a
+    // layer): the partials are made visible, then counted; the block that
+    // counts last merges them as attn_combine does and leaves the counter
+    // zero for the next launch (the next kernel starts after this one has
+    // completed, PDL or not).
+    __threadfence();
+    __syncthreads(); // every thread's partials are written and fenced; the regions are read
+    int *flag = (int *)dk_smem;
+    int *cnt = p.count + (long long)t * gridDim.y + blockIdx.y;
+    if (tid == 0)
+        *flag = atomicAdd(cnt, 1) == nact - 1;
+    __syncthreads();
+    if (!*flag)
+        return;
+    __threadfence();
+    for (int e = tid; e < hb * D; e += blockDim.x) {
+        const int r = e / D, d = e % D;
+        const long long row = row0 + r, rows = (long long)p.nTok * p.nHeads;
+        float M = -INFINITY;
+        for (int sp = 0; sp < nact; sp++)
+            M = fmaxf(M, __ldcg(p.ml + 2 * (sp * rows + row)));
+        float L = 0.0f, acc = 0.0f;
+        for (int sp = 0; sp < nact; sp++) {
+            const float wt = expf(__ldcg(p.ml + 2 * (sp * rows + row)) - M);
+            L += __ldcg(p.ml + 2 * (sp * rows + row) + 1) * wt;
+            acc += __ldcg(p.part + (sp * rows + row) * D + d) * wt;
+        }
+        const float v = acc * (1.0f / L);
+        p.out[row * D + d] = v;
+        if (p.q8)
+            q8_1_block(v, p.q8 + row * D + d, p.q8ds + (row * D + d) / 32);
+    }
+    if (tid == 0)
+        *cnt = 0;
 }
 
 #define DEC_KV(T, KVT, D)                                                                                           \

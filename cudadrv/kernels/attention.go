@@ -656,13 +656,15 @@ type DecodeKVArgs struct {
 	Scale                       float32
 
 	// Splits > 1 divides each row's positions among the splits, a block
-	// column each, merged by attn_combine; Part and ML are their scratch
-	// (AttnScratch). A row of n positions takes chunks of
+	// column each, merged by the last of them to finish; Part and ML are
+	// their scratch (AttnScratch), Count their arrival counters
+	// (DecodeCounters bytes, zero before the first launch: each launch
+	// leaves them zero). A row of n positions takes chunks of
 	// max(64, n/Splits rounded up to 64), at most Chunk (a multiple of 64):
 	// Splits*Chunk must exceed every position a token of the batch can
 	// have, and a short row walks no more positions a block than it must.
-	Splits, Chunk int
-	Part, ML      cudadrv.DevicePtr
+	Splits, Chunk   int
+	Part, ML, Count cudadrv.DevicePtr
 
 	// Q8, when set, also receives Out in the Q8_1 layout of QuantizeQ8_1
 	// (Q8_1Bytes(NTok, NHeads*HeadSize)), as AttnArgs.Q8.
@@ -710,8 +712,13 @@ func planDecodeKV(hs int, t KVType, optin int) (decKVPlan, error) {
 	return decKVPlan{}, fmt.Errorf("kernels: %v decode attention of head size %d needs more shared memory than %d bytes", t, hs, optin)
 }
 
+// DecodeCounters is the bytes of DecodeKVArgs.Count for nTok rows of
+// nHeads query heads: a counter a block column (a token's KV group, 16
+// heads at most), at most one a head.
+func DecodeCounters(nTok, nHeads int) int { return 4 * nTok * nHeads }
+
 // DecodeKV queues the attention of a.NTok decode rows over the paged cache
-// (attn_dec_<type>_d<hs>, and attn_combine when a.Splits > 1).
+// (attn_dec_<type>_d<hs>, one launch: split rows merge inside it).
 func (k *Attention) DecodeKV(s *cudadrv.Stream, a *DecodeKVArgs) error {
 	if a.NTok == 0 {
 		return nil
@@ -735,17 +742,8 @@ func (k *Attention) DecodeKV(s *cudadrv.Stream, a *DecodeKVArgs) error {
 	}
 	group := a.NHeads / a.NKV
 	grid := cudadrv.Dim3{X: uint32(a.NTok), Y: uint32(a.NKV * cudadrv.Blocks(group, decKVRows)), Z: uint32(splits)}
-	if err := launch(k.decKV[a.Cache.Type][a.HeadSize], s, grid, cudadrv.D1(32*plan.warps), plan.shared, func(args *cudadrv.Args) {
+	return launch(k.decKV[a.Cache.Type][a.HeadSize], s, grid, cudadrv.D1(32*plan.warps), plan.shared, func(args *cudadrv.Args) {
 		args.Bytes(b[:])
-	}); err != nil {
-		return err
-	}
-	if splits == 1 {
-		return nil
-	}
-	rows := a.NTok * a.NHeads
-	return launch(k.combine, s, cudadrv.D1(rows), cudadrv.D1(min(1024, a.HeadSize)), 0, func(args *cudadrv.Args) {
-		args.Ptr(a.Out).Ptr(a.Part).Ptr(a.ML).I32(int32(splits)).I32(int32(rows)).I32(int32(a.HeadSize)).Ptr(q8).Ptr(q8ds)
 	})
 }
 
@@ -770,8 +768,8 @@ func (k *Attention) checkDecodeKV(a *DecodeKVArgs) (int, decKVPlan, error) {
 		return 0, decKVPlan{}, fmt.Errorf("kernels: decode of tokens %d..%d+%d", a.First, a.First, a.NTok)
 	case a.Q == 0 || a.Out == 0 || a.Q%16 != 0 || a.Out%4 != 0:
 		return 0, decKVPlan{}, fmt.Errorf("kernels: decode attention's Q %#x (16-byte aligned) and Out %#x", a.Q, a.Out)
-	case a.Splits > 1 && (a.Chunk <= 0 || a.Chunk%64 != 0 || a.Part == 0 || a.ML == 0):
-		return 0, decKVPlan{}, fmt.Errorf("kernels: split decode attention needs a chunk that is a multiple of 64 (not %d) and scratch", a.Chunk)
+	case a.Splits > 1 && (a.Chunk <= 0 || a.Chunk%64 != 0 || a.Part == 0 || a.ML == 0 || a.Count == 0):
+		return 0, decKVPlan{}, fmt.Errorf("kernels: split decode attention needs a chunk that is a multiple of 64 (not %d), scratch and counters", a.Chunk)
 	case a.Splits > 65535 || a.NKV*cudadrv.Blocks(a.NHeads/a.NKV, decKVRows) > 65535:
 		return 0, decKVPlan{}, fmt.Errorf("kernels: decode attention of %d splits over %d KV heads: grid too large", a.Splits, a.NKV)
 	}
@@ -779,19 +777,19 @@ func (k *Attention) checkDecodeKV(a *DecodeKVArgs) (int, decKVPlan, error) {
 	return shift, plan, err
 }
 
-// decKVParams lays out struct DecKVParams of attention.cu: 11 pointers, a
-// float and 10 ints (132 bytes, 136 with the struct's 8-byte alignment).
-func decKVParams(a *DecodeKVArgs, shift, chunk, splits int, plan decKVPlan, q8, q8ds cudadrv.DevicePtr) [136]byte {
-	var b [136]byte
+// decKVParams lays out struct DecKVParams of attention.cu: 12 pointers, a
+// float and 10 ints (140 bytes, 144 with the struct's 8-byte alignment).
+func decKVParams(a *DecodeKVArgs, shift, chunk, splits int, plan decKVPlan, q8, q8ds cudadrv.DevicePtr) [144]byte {
+	var b [144]byte
 	bt := a.Batch
 	for i, ptr := range []cudadrv.DevicePtr{a.Out, a.Part, a.ML, a.Q, a.Cache.K, a.Cache.V,
-		bt.Pos.Add(4 * a.First), bt.Seq.Add(4 * a.First), bt.Tables, q8, q8ds} {
+		bt.Pos.Add(4 * a.First), bt.Seq.Add(4 * a.First), bt.Tables, q8, q8ds, a.Count} {
 		binary.LittleEndian.PutUint64(b[8*i:], uint64(ptr))
 	}
-	binary.LittleEndian.PutUint32(b[88:], math.Float32bits(a.Scale))
+	binary.LittleEndian.PutUint32(b[96:], math.Float32bits(a.Scale))
 	for i, v := range []int{a.NTok, a.NHeads, a.NKV, bt.MaxBlocks, shift, chunk, splits,
 		a.Cache.Type.RowBytes(a.Cache.Width), plan.stages, plan.region} {
-		binary.LittleEndian.PutUint32(b[92+4*i:], uint32(int32(v)))
+		binary.LittleEndian.PutUint32(b[100+4*i:], uint32(int32(v)))
 	}
 	return b
 }

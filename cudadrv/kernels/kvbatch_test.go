@@ -134,6 +134,14 @@ func (g *kvT) up(b []byte) cudadrv.DevicePtr {
 	return p
 }
 
+// zeros allocates n bytes of zeros.
+func (g *kvT) zeros(n int) cudadrv.DevicePtr {
+	g.Helper()
+	p := g.alloc(n)
+	g.check(g.s.MemsetD8(p, 0, max(n, 16)))
+	return p
+}
+
 // poison allocates n bytes of 0xff.
 func (g *kvT) poison(n int) cudadrv.DevicePtr {
 	g.Helper()
@@ -920,7 +928,7 @@ func runKVDecode(g *kvT, typ KVType, c kvDecCase) {
 	if c.splitCtx > 0 {
 		a.Splits, a.Chunk = DecodeSplits(c.splitCtx, c.kv, kvFix.info.Multiprocessors)
 		pb, mb := AttnScratch(n, c.heads, c.hs, a.Splits)
-		a.Part, a.ML = g.poison(pb), g.poison(mb)
+		a.Part, a.ML, a.Count = g.poison(pb), g.poison(mb), g.zeros(DecodeCounters(n, c.heads))
 	}
 	want := make([][]float64, n)
 	var wg sync.WaitGroup
@@ -1030,14 +1038,14 @@ func testKVGraph(t *testing.T) {
 			dq, dk, dv, out := g.alloc(4*n*heads*hs), g.alloc(4*n*width), g.alloc(4*n*width), g.alloc(4*n*heads*hs)
 			splits, chunk := DecodeSplits(maxBlocks*block, kv, kvFix.info.Multiprocessors)
 			pb, mb := AttnScratch(n, heads, hs, splits)
-			part, ml := g.alloc(pb), g.alloc(mb)
+			part, ml, count := g.alloc(pb), g.alloc(mb), g.zeros(DecodeCounters(n, heads))
 			bt := &Batch{Pos: dPos, Seq: dSeq, Tables: dTab, MaxBlocks: maxBlocks, Block: block}
 			step := func() error {
 				if err := kvFix.attn.StoreKV(g.s, &StoreKVArgs{Cache: cache, Batch: bt, K: dk, V: dv, NTok: n}); err != nil {
 					return err
 				}
 				return kvFix.attn.DecodeKV(g.s, &DecodeKVArgs{Out: out, Q: dq, Cache: cache, Batch: bt, NTok: n,
-					NHeads: heads, NKV: kv, HeadSize: hs, Scale: 0.1, Splits: splits, Chunk: chunk, Part: part, ML: ml})
+					NHeads: heads, NKV: kv, HeadSize: hs, Scale: 0.1, Splits: splits, Chunk: chunk, Part: part, ML: ml, Count: count})
 			}
 			for rep, lens := range [][]int{{100, 1, 2000}, {2500, 700, 65}} {
 				// A fresh paged cache for this step: its used cells are
@@ -1259,7 +1267,10 @@ func BenchmarkKVDecode(b *testing.B) {
 		dSeq := upload(i32Bytes(seqIdx))
 		splits, chunk := DecodeSplits(maxCtx, m.kv, kvFix.info.Multiprocessors)
 		pb, mb := AttnScratch(maxSeqs, m.heads, hs, splits)
-		part, ml := alloc(pb), alloc(mb)
+		part, ml, count := alloc(pb), alloc(mb), alloc(DecodeCounters(maxSeqs, m.heads))
+		if err := ctx.MemsetD32(count, 0, DecodeCounters(maxSeqs, m.heads)/4); err != nil {
+			b.Fatal(err)
+		}
 		q := upload(f32Bytes(make([]float32, maxSeqs*m.heads*hs)))
 		out := alloc(4 * maxSeqs * m.heads * hs)
 		for _, depth := range []int{4096, 16384} {
@@ -1302,7 +1313,7 @@ func BenchmarkKVDecode(b *testing.B) {
 							a := DecodeKVArgs{Out: out, Q: q, Cache: caches[t],
 								Batch: &Batch{Pos: dPos, Seq: dSeq, Tables: dTab, MaxBlocks: blocks, Block: block},
 								NTok:  nSeq, NHeads: m.heads, NKV: m.kv, HeadSize: hs, Scale: 0.088,
-								Splits: splits, Chunk: chunk, Part: part, ML: ml}
+								Splits: splits, Chunk: chunk, Part: part, ML: ml, Count: count}
 							step = func() error { return kvFix.attn.DecodeKV(s, &a) }
 						}
 						d := kvTime(b, s, step)

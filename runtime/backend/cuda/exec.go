@@ -71,6 +71,8 @@ type Exec struct {
 	attn struct { // split-K decode attention
 		splits, chunk int // for one decode row
 		part, ml      cudadrv.DevicePtr
+		count         cudadrv.DevicePtr // the splits' arrival counters, zeroed once
+		countBytes    int64
 	}
 	st streamer
 
@@ -226,18 +228,21 @@ func (g *Exec) layout(dev *Device, w WeightOps, p *ir.Program, cfg backend.ExecC
 	add("prefill gather, keys", gatherBytes, &g.gatherK)
 	add("prefill gather, values", gatherBytes, &g.gatherV)
 	if g.attn.splits > 1 {
-		var part, ml int
+		var part, ml, count int
 		for i := range p.Ops {
 			if a := p.Ops[i].Attn; a != nil && runs(i) {
 				for n := 1; n <= cfg.LogitRows; n++ {
 					splits, _ := g.decodeSplits(n)
 					pb, mb := kernels.AttnScratch(n, a.NHeads, a.HeadSize, splits)
 					part, ml = max(part, pb), max(ml, mb)
+					count = max(count, kernels.DecodeCounters(n, a.NHeads))
 				}
 			}
 		}
 		add("attention partials", int64(part), &g.attn.part)
 		add("attention maxima", int64(ml), &g.attn.ml)
+		add("attention merge counters", int64(count), &g.attn.count)
+		g.attn.countBytes = int64(count)
 	}
 	if ring := ringBytes(w, p, cfg.Streams, cfg.RingBytes); ring > 0 {
 		g.st.bytes = ring
@@ -347,6 +352,12 @@ func (d *Device) newExec(p *ir.Program, cfg backend.ExecConfig, host backend.Hos
 	for _, s := range specs {
 		*s.dst = g.arena.Add(int(off))
 		off += align(s.bytes)
+	}
+	if g.attn.count != 0 {
+		// The decode kernels leave their counters zero; they start so.
+		if err := dev.ctx.MemsetD32(g.attn.count, 0, int(g.attn.countBytes/4)); err != nil {
+			return nil, fmt.Errorf("gpu: attention merge counters: %w", err)
+		}
 	}
 	g.kvType = kernels.KVF16
 	if cfg.KV.Type == kvcache.Q8_0 {

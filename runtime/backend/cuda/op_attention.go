@@ -61,7 +61,7 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 			args := kernels.DecodeKVArgs{Out: out, Q: q, Cache: cache, Batch: &g.kvb, NTok: d,
 				NHeads: a.NHeads, NKV: a.NKVHeads, HeadSize: a.HeadSize, Scale: a.Scale}
 			if splits, chunk := g.decodeSplits(d); splits > 1 {
-				args.Splits, args.Chunk, args.Part, args.ML = splits, chunk, g.attn.part, g.attn.ml
+				args.Splits, args.Chunk, args.Part, args.ML, args.Count = splits, chunk, g.attn.part, g.attn.ml, g.attn.count
 			}
 			if q8 && one {
 				args.Q8 = g.act
