@@ -1400,6 +1400,168 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
         *cnt = 0;
 }
 
+// ---------------------------------------------------------------- lone-row paged decode
+//
+// attn_dec1_f16_e<E>: the paged f16 decode of few rows on the CUDA cores,
+// attn_dec's walk (a block a query head and split, DEC_WARPS warps, lane l
+// holding dims l*E.. of q, K, V and O) with its rows found through the
+// tables: a run of DEC_B positions starts at a multiple of DEC_B and a cache
+// block holds a multiple of 16, so a run is DEC_B consecutive cells. For
+// one decode row the tensor-core kernel's 16-row tile is mostly padding,
+// and its ~100 KiB of shared memory a block is the price of a long cache:
+// on the H200 it took 8.9 µs a layer where this takes attn_dec's 4.7
+// (Qwen3-14B, 22 positions). Splits as attn_dec_kv: the row's positions
+// spread over them; one split writes out, the last of several merges.
+template <int E>
+__device__ void attn_dec1(const DecKVParams &p)
+{
+    __shared__ float So[DEC_WARPS][32 * E];
+    __shared__ float Sm[DEC_WARPS], Sl[DEC_WARPS];
+    __shared__ int last;
+    const int hs = 32 * E;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int t = blockIdx.x, h = blockIdx.y, split = blockIdx.z;
+    const int kvh = h / (p.nHeads / p.nKV);
+    const long long kvw = (long long)p.nKV * hs; // halves a cache row
+    const int qpos = p.pos[t], sq = p.seq[t];
+    const int rowChunk = min(p.chunk, max(64, ((qpos + p.nsplit) / p.nsplit + 63) & ~63));
+    const int nact = (qpos + rowChunk) / rowChunk;
+    const long long begin = (long long)split * rowChunk;
+    const int end = (int)min(begin + rowChunk, (long long)qpos + 1);
+    if (begin >= end)
+        return; // an empty split: nothing to write, not counted
+    const long long row = (long long)t * p.nHeads + h, rows = (long long)p.nTok * p.nHeads;
+
+    float q[E], o[E];
+    const float *qp = p.q + row * hs + lane * E;
+#pragma unroll
+    for (int e = 0; e < E; e++) {
+        q[e] = h2f(f2h(qp[e]));
+        o[e] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    const unsigned short *kb = (const unsigned short *)p.kc + kvh * hs + lane * E;
+    const unsigned short *vb = (const unsigned short *)p.vc + kvh * hs + lane * E;
+    for (int base = (int)begin + DEC_B * warp; base < end; base += DEC_WARPS * DEC_B) {
+        const long long cell = kv_cell(p.tables, p.maxBlocks, p.blockShift, sq, base);
+        DecKV<E> kr[DEC_B], vr[DEC_B];
+#pragma unroll
+        for (int j = 0; j < DEC_B; j++) {
+            const long long c = cell + min(j, end - 1 - base);
+            kr[j] = dec_load<E>(kb + c * kvw);
+            vr[j] = dec_load<E>(vb + c * kvw);
+        }
+        float s[DEC_B];
+#pragma unroll
+        for (int j = 0; j < DEC_B; j++) {
+            float a = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; e++)
+                a += q[e] * dec_f<E>(kr[j], e);
+            s[j] = a;
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+#pragma unroll
+            for (int j = 0; j < DEC_B; j++)
+                s[j] += __shfl_xor_sync(0xffffffffu, s[j], off);
+        float mx = m;
+#pragma unroll
+        for (int j = 0; j < DEC_B; j++) {
+            s[j] = base + j < end ? s[j] * p.scale : -INFINITY;
+            mx = fmaxf(mx, s[j]);
+        }
+        const float alpha = m == -INFINITY ? 0.0f : expf(m - mx);
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < DEC_B; j++) {
+            s[j] = s[j] == -INFINITY ? 0.0f : expf(s[j] - mx);
+            sum += s[j];
+        }
+        l = l * alpha + sum;
+#pragma unroll
+        for (int e = 0; e < E; e++) {
+            float a = o[e] * alpha;
+#pragma unroll
+            for (int j = 0; j < DEC_B; j++)
+                a += s[j] * dec_f<E>(vr[j], e);
+            o[e] = a;
+        }
+        m = mx;
+    }
+
+#pragma unroll
+    for (int e = 0; e < E; e++)
+        So[warp][lane * E + e] = o[e];
+    if (lane == 0) {
+        Sm[warp] = m;
+        Sl[warp] = l;
+    }
+    __syncthreads();
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < DEC_WARPS; w++)
+        M = fmaxf(M, Sm[w]);
+    float wt[DEC_WARPS], L = 0.0f;
+#pragma unroll
+    for (int w = 0; w < DEC_WARPS; w++) {
+        wt[w] = Sm[w] == -INFINITY ? 0.0f : expf(Sm[w] - M);
+        L += Sl[w] * wt[w];
+    }
+    for (int d = threadIdx.x; d < hs; d += DEC_WARPS * 32) {
+        float acc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < DEC_WARPS; w++)
+            acc += So[w][d] * wt[w];
+        if (nact == 1) {
+            const float v = acc * (1.0f / L);
+            p.out[row * hs + d] = v;
+            if (p.q8)
+                q8_1_block(v, p.q8 + row * hs + d, p.q8ds + (row * hs + d) / 32);
+        } else {
+            p.part[(split * rows + row) * hs + d] = acc;
+        }
+    }
+    if (nact == 1)
+        return;
+    if (threadIdx.x == 0) {
+        p.ml[2 * (split * rows + row)] = M;
+        p.ml[2 * (split * rows + row) + 1] = L;
+    }
+    // The merge, as attn_dec_kv's.
+    __threadfence();
+    __syncthreads();
+    int *cnt = p.count + (long long)t * gridDim.y + blockIdx.y;
+    if (threadIdx.x == 0)
+        last = atomicAdd(cnt, 1) == nact - 1;
+    __syncthreads();
+    if (!last)
+        return;
+    __threadfence();
+    float MM = -INFINITY;
+    for (int sp = 0; sp < nact; sp++)
+        MM = fmaxf(MM, __ldcg(p.ml + 2 * (sp * rows + row)));
+    float LL = 0.0f;
+    for (int sp = 0; sp < nact; sp++)
+        LL += __ldcg(p.ml + 2 * (sp * rows + row) + 1) * expf(__ldcg(p.ml + 2 * (sp * rows + row)) - MM);
+    for (int d = threadIdx.x; d < hs; d += DEC_WARPS * 32) {
+        float acc = 0.0f;
+        for (int sp = 0; sp < nact; sp++)
+            acc += __ldcg(p.part + (sp * rows + row) * hs + d) * expf(__ldcg(p.ml + 2 * (sp * rows + row)) - MM);
+        const float v = acc * (1.0f / LL);
+        p.out[row * hs + d] = v;
+        if (p.q8)
+            q8_1_block(v, p.q8 + row * hs + d, p.q8ds + (row * hs + d) / 32);
+    }
+    if (threadIdx.x == 0)
+        *cnt = 0;
+}
+
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attn_dec1_f16_e1(const DecKVParams p) { PDL_ENTRY(); attn_dec1<1>(p); }
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attn_dec1_f16_e2(const DecKVParams p) { PDL_ENTRY(); attn_dec1<2>(p); }
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attn_dec1_f16_e4(const DecKVParams p) { PDL_ENTRY(); attn_dec1<4>(p); }
+extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attn_dec1_f16_e8(const DecKVParams p) { PDL_ENTRY(); attn_dec1<8>(p); }
+
 #define DEC_KV(T, KVT, D)                                                                                           \
     extern "C" __global__ void __launch_bounds__(DK_MAX_WARPS * 32) attn_dec_##T##_d##D(const DecKVParams p) \
     {                                                                                                               \

@@ -88,7 +88,10 @@ type Attention struct {
 	dec     map[int]*cudadrv.Function // decode kernels by head size
 	// decKV are the paged decode kernels by cache type and head size;
 	// storeQ8 and gather the paged cache writes and the prefill gathers.
-	decKV   [kvTypes]map[int]*cudadrv.Function
+	decKV [kvTypes]map[int]*cudadrv.Function
+	// dec1 are the CUDA-core paged f16 decode kernels for a lone row, by
+	// head size.
+	dec1    map[int]*cudadrv.Function
 	storeQ8 *cudadrv.Function
 	gather  [kvTypes]*cudadrv.Function
 	// optin is the shared memory a block of the attention kernels may use
@@ -96,13 +99,16 @@ type Attention struct {
 	// tiles with it.
 	optin int
 	// simt forces the CUDA-core kernel for every prefill launch, tiled
-	// attn_f16 for decode (EnvAttention).
-	simt, tiled bool
+	// attn_f16 for decode, mma the tensor-core paged decode for a lone row
+	// too (EnvAttention).
+	simt, tiled, mma1 bool
 }
 
 // EnvAttention set to "simt" makes every prefill launch use the CUDA-core
 // kernel (attn_f16), also where the tensor-core one would run; "tile" makes
-// decode use attn_f16 instead of attn_dec: for A/B measurements of each.
+// decode use attn_f16 instead of attn_dec; "mma" makes a lone decode row
+// over an f16 cache take the tensor-core kernel (attn_dec_f16_d*) instead
+// of attn_dec1_f16_e*: for A/B measurements of each.
 const EnvAttention = "ATS_GPU_ATTN"
 
 // NewAttention prepares attention.cu's kernels for the context's device;
@@ -114,8 +120,8 @@ func NewAttention(ctx *cudadrv.Context) (*Attention, error) {
 	}
 	env := os.Getenv(EnvAttention)
 	k := &Attention{attn: map[int]*cudadrv.Function{}, mma: map[int]*cudadrv.Function{}, dec: map[int]*cudadrv.Function{},
-		decKV: [kvTypes]map[int]*cudadrv.Function{{}, {}},
-		optin: max(attnShared, optin), simt: env == "simt", tiled: env == "tile"}
+		decKV: [kvTypes]map[int]*cudadrv.Function{{}, {}}, dec1: map[int]*cudadrv.Function{},
+		optin: max(attnShared, optin), simt: env == "simt", tiled: env == "tile", mma1: env == "mma"}
 	if err := k.prepare(ctx, "attention", k.bind); err != nil {
 		return nil, err
 	}
@@ -144,6 +150,13 @@ func (k *Attention) bind(m *cudadrv.Module) error {
 			}
 			k.decKV[t][hs] = f
 		}
+	}
+	for _, hs := range attnDecHeadSizes {
+		f, err := m.Function(fmt.Sprintf("attn_dec1_f16_e%d", hs/32))
+		if err != nil {
+			return err
+		}
+		k.dec1[hs] = f
 	}
 	for _, d := range attnDPL {
 		f, err := m.Function(fmt.Sprintf("attn_f16_d%d", d))
@@ -718,7 +731,8 @@ func planDecodeKV(hs int, t KVType, optin int) (decKVPlan, error) {
 func DecodeCounters(nTok, nHeads int) int { return 4 * nTok * nHeads }
 
 // DecodeKV queues the attention of a.NTok decode rows over the paged cache
-// (attn_dec_<type>_d<hs>, one launch: split rows merge inside it).
+// (attn_dec_<type>_d<hs>, or attn_dec1_f16_e<hs/32> for a lone row over
+// an f16 cache; one launch: split rows merge inside it).
 func (k *Attention) DecodeKV(s *cudadrv.Stream, a *DecodeKVArgs) error {
 	if a.NTok == 0 {
 		return nil
@@ -739,6 +753,13 @@ func (k *Attention) DecodeKV(s *cudadrv.Stream, a *DecodeKVArgs) error {
 	b := decKVParams(a, shift, chunk, splits, plan, q8, q8ds)
 	if err := k.ready(); err != nil {
 		return err
+	}
+	if a.NTok == 1 && a.Cache.Type == KVF16 && !k.mma1 {
+		// A lone row: a block a head on the CUDA cores (attn_dec1).
+		grid := cudadrv.Dim3{X: 1, Y: uint32(a.NHeads), Z: uint32(splits)}
+		return launch(k.dec1[a.HeadSize], s, grid, cudadrv.D1(attnDecThreads), 0, func(args *cudadrv.Args) {
+			args.Bytes(b[:])
+		})
 	}
 	group := a.NHeads / a.NKV
 	grid := cudadrv.Dim3{X: uint32(a.NTok), Y: uint32(a.NKV * cudadrv.Blocks(group, decKVRows)), Z: uint32(splits)}

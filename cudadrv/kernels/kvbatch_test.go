@@ -887,6 +887,15 @@ var kvDecCases = []kvDecCase{
 	{40, 2, 128, 64, []int{400, 90}, nil, 0, 1024, 0, 1},
 	// MQA, 32 heads over one: two blocks of 16.
 	{32, 1, 64, 64, []int{150, 3}, nil, 0, 0, 2, 1},
+	// Lone rows (an f16 cache takes attn_dec1): split over a large cache,
+	// a short row in it (one split holds it), one split, head sizes 32
+	// and 256, a row after another sequence's token.
+	{40, 8, 128, 256, []int{1000}, nil, 0, 4096, 0, 1},
+	{40, 8, 128, 256, []int{22}, nil, 0, 4096, 0, 1},
+	{32, 4, 128, 64, []int{129}, nil, 0, 0, 0, 1},
+	{8, 2, 32, 64, []int{513}, nil, 0, 1024, 0, 1},
+	{16, 2, 256, 64, []int{300}, nil, 0, 1024, 0, 1},
+	{16, 8, 64, 64, []int{700, 1500}, nil, 0, 2048, 1, 3},
 }
 
 // testKVDecode: every case with both cache types, with and without the
