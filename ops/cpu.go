@@ -105,7 +105,11 @@ func SetCPULevel(l Level) error {
 	attnKernelsActive = attnKernelsGeneric
 	swigluKernel, expShiftKernel = swigluGeneric, nil
 	cvtF16Kernel, scaleRoundF16Kernel = F32ToF16Slice, nil
+	maxF32Kernel = maxF32Generic
 	if l != LevelGeneric {
+		if mx := archMaxF32(l); mx != nil {
+			maxF32Kernel = mx
+		}
 		if cv, sr := archCvtF16(l); cv != nil {
 			cvtF16Kernel, scaleRoundF16Kernel = cv, sr
 		}

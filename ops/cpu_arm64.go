@@ -62,3 +62,5 @@ func archAttn(Level) *attnKernels { return nil }
 func archCvtF16(Level) (func(dst []uint16, src []float32), func(x []float32, scale float32)) {
 	return nil, nil
 }
+
+func archMaxF32(Level) func([]float32) float32 { return nil }

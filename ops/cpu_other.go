@@ -20,3 +20,5 @@ func archCvtF16(Level) (func(dst []uint16, src []float32), func(x []float32, sca
 }
 
 func archPacked(Level, gguf.Type) packedMulFunc { return nil }
+
+func archMaxF32(Level) func([]float32) float32 { return nil }

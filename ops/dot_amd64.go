@@ -446,3 +446,31 @@ func archCvtF16(l Level) (func(dst []uint16, src []float32), func(x []float32, s
 	}
 	return convert, scaleRound
 }
+
+// archMaxF32 returns level l's MaxF32: the assembly (genMaxF32) over whole
+// chunks of four vectors, the twin over the rest.
+func archMaxF32(l Level) func([]float32) float32 {
+	var k func(x *float32, n int) float32
+	chunk := 64
+	switch vecLevel(l) {
+	case LevelAVX2:
+		k, chunk = maxF32AVX2, 32
+	case LevelAVX512:
+		k = maxF32AVX512
+	case LevelAVX512VNNI:
+		k = maxF32VNNI
+	default:
+		return nil
+	}
+	return func(x []float32) float32 {
+		n := len(x)
+		m := n - n%chunk
+		mx := maxF32Generic(x[m:])
+		if m > 0 {
+			if v := k(&x[0], m); v > mx {
+				mx = v
+			}
+		}
+		return mx
+	}
+}

@@ -15224,6 +15224,47 @@ scaleRoundF16AVX2_done:
 	VZEROUPPER
 	RET
 
+// func maxF32AVX2(x *float32, n int) float32
+// Requires: AVX, AVX2, SSE
+TEXT ·maxF32AVX2(SB), NOSPLIT, $0-20
+	MOVQ         x+0(FP), AX
+	MOVQ         n+8(FP), CX
+	MOVL         $0xff800000, DX
+	VMOVD        DX, X0
+	VBROADCASTSS X0, Y1
+	VBROADCASTSS X0, Y2
+	VBROADCASTSS X0, Y3
+	VBROADCASTSS X0, Y0
+	SHRQ         $0x05, CX
+	JZ           maxF32AVX2_done
+
+maxF32AVX2_loop:
+	VMOVUPS (AX), Y4
+	VMAXPS  Y1, Y4, Y1
+	VMOVUPS 32(AX), Y4
+	VMAXPS  Y2, Y4, Y2
+	VMOVUPS 64(AX), Y4
+	VMAXPS  Y3, Y4, Y3
+	VMOVUPS 96(AX), Y4
+	VMAXPS  Y0, Y4, Y0
+	ADDQ    $0x00000080, AX
+	DECQ    CX
+	JNZ     maxF32AVX2_loop
+
+maxF32AVX2_done:
+	VMAXPS       Y2, Y1, Y1
+	VMAXPS       Y0, Y3, Y3
+	VMAXPS       Y3, Y1, Y1
+	VEXTRACTF128 $0x01, Y1, X0
+	VMAXPS       X0, X1, X0
+	VMOVHLPS     X0, X0, X1
+	VMAXPS       X1, X0, X0
+	VMOVSHDUP    X0, X1
+	VMAXSS       X1, X0, X0
+	MOVSS        X0, ret+16(FP)
+	VZEROUPPER
+	RET
+
 // func attnGemmAVX2_1x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
 // Requires: AVX, FMA3
 TEXT ·attnGemmAVX2_1x1(SB), NOSPLIT, $0-72
@@ -41471,6 +41512,49 @@ scaleRoundF16AVX512_done:
 	VZEROUPPER
 	RET
 
+// func maxF32AVX512(x *float32, n int) float32
+// Requires: AVX, AVX512F, AVX512VL, SSE
+TEXT ·maxF32AVX512(SB), NOSPLIT, $0-20
+	MOVQ         x+0(FP), AX
+	MOVQ         n+8(FP), CX
+	MOVL         $0xff800000, DX
+	VMOVD        DX, X0
+	VBROADCASTSS X0, Z1
+	VBROADCASTSS X0, Z2
+	VBROADCASTSS X0, Z3
+	VBROADCASTSS X0, Z0
+	SHRQ         $0x06, CX
+	JZ           maxF32AVX512_done
+
+maxF32AVX512_loop:
+	VMOVUPS (AX), Z4
+	VMAXPS  Z1, Z4, Z1
+	VMOVUPS 64(AX), Z4
+	VMAXPS  Z2, Z4, Z2
+	VMOVUPS 128(AX), Z4
+	VMAXPS  Z3, Z4, Z3
+	VMOVUPS 192(AX), Z4
+	VMAXPS  Z0, Z4, Z0
+	ADDQ    $0x00000100, AX
+	DECQ    CX
+	JNZ     maxF32AVX512_loop
+
+maxF32AVX512_done:
+	VMAXPS        Z2, Z1, Z1
+	VMAXPS        Z0, Z3, Z3
+	VMAXPS        Z3, Z1, Z1
+	VEXTRACTF64X4 $0x01, Z1, Y0
+	VMAXPS        Y0, Y1, Y0
+	VEXTRACTF32X4 $0x01, Y0, X1
+	VMAXPS        X1, X0, X1
+	VMOVHLPS      X1, X1, X0
+	VMAXPS        X0, X1, X1
+	VMOVSHDUP     X1, X0
+	VMAXSS        X0, X1, X1
+	MOVSS         X1, ret+16(FP)
+	VZEROUPPER
+	RET
+
 // func attnGemmAVX512_1x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
 // Requires: AVX, AVX512F
 TEXT ·attnGemmAVX512_1x1(SB), NOSPLIT, $0-72
@@ -58515,6 +58599,49 @@ scaleRoundF16VNNI_loop:
 	JNZ       scaleRoundF16VNNI_loop
 
 scaleRoundF16VNNI_done:
+	VZEROUPPER
+	RET
+
+// func maxF32VNNI(x *float32, n int) float32
+// Requires: AVX, AVX512F, AVX512VL, SSE
+TEXT ·maxF32VNNI(SB), NOSPLIT, $0-20
+	MOVQ         x+0(FP), AX
+	MOVQ         n+8(FP), CX
+	MOVL         $0xff800000, DX
+	VMOVD        DX, X0
+	VBROADCASTSS X0, Z1
+	VBROADCASTSS X0, Z2
+	VBROADCASTSS X0, Z3
+	VBROADCASTSS X0, Z0
+	SHRQ         $0x06, CX
+	JZ           maxF32VNNI_done
+
+maxF32VNNI_loop:
+	VMOVUPS (AX), Z4
+	VMAXPS  Z1, Z4, Z1
+	VMOVUPS 64(AX), Z4
+	VMAXPS  Z2, Z4, Z2
+	VMOVUPS 128(AX), Z4
+	VMAXPS  Z3, Z4, Z3
+	VMOVUPS 192(AX), Z4
+	VMAXPS  Z0, Z4, Z0
+	ADDQ    $0x00000100, AX
+	DECQ    CX
+	JNZ     maxF32VNNI_loop
+
+maxF32VNNI_done:
+	VMAXPS        Z2, Z1, Z1
+	VMAXPS        Z0, Z3, Z3
+	VMAXPS        Z3, Z1, Z1
+	VEXTRACTF64X4 $0x01, Z1, Y0
+	VMAXPS        Y0, Y1, Y0
+	VEXTRACTF32X4 $0x01, Y0, X1
+	VMAXPS        X1, X0, X1
+	VMOVHLPS      X1, X1, X0
+	VMAXPS        X0, X1, X1
+	VMOVSHDUP     X1, X0
+	VMAXSS        X0, X1, X1
+	MOVSS         X1, ret+16(FP)
 	VZEROUPPER
 	RET
 

@@ -164,6 +164,11 @@ func cvtF16AVX2(dst *byte, src *float32, n int)
 //go:noescape
 func scaleRoundF16AVX2(x *float32, n int, scale float32)
 
+// maxF32AVX2 returns the largest non-NaN element of x over whole chunks of four vectors (AVX2).
+//
+//go:noescape
+func maxF32AVX2(x *float32, n int) float32
+
 // attnGemmAVX2_1x1 adds a 1-row, 1-vector block of A·B to C (AVX2).
 //
 //go:noescape
@@ -529,6 +534,11 @@ func cvtF16AVX512(dst *byte, src *float32, n int)
 //go:noescape
 func scaleRoundF16AVX512(x *float32, n int, scale float32)
 
+// maxF32AVX512 returns the largest non-NaN element of x over whole chunks of four vectors (AVX512).
+//
+//go:noescape
+func maxF32AVX512(x *float32, n int) float32
+
 // attnGemmAVX512_1x1 adds a 1-row, 1-vector block of A·B to C (AVX512).
 //
 //go:noescape
@@ -873,6 +883,11 @@ func cvtF16VNNI(dst *byte, src *float32, n int)
 //
 //go:noescape
 func scaleRoundF16VNNI(x *float32, n int, scale float32)
+
+// maxF32VNNI returns the largest non-NaN element of x over whole chunks of four vectors (VNNI).
+//
+//go:noescape
+func maxF32VNNI(x *float32, n int) float32
 
 // attnGemmVNNI_1x1 adds a 1-row, 1-vector block of A·B to C (VNNI).
 //

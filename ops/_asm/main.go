@@ -92,6 +92,7 @@ func main() {
 		genExpShift(s)
 		genCvtF16(s)
 		genScaleRoundF16(s)
+		genMaxF32(s)
 		genAttn(s)
 	}
 	if fam := os.Getenv("FAMILY"); fam == "" || fam == "AMX" {

@@ -222,3 +222,64 @@ func genScaleRoundF16(s isa) {
 	VZEROUPPER()
 	RET()
 }
+
+// genMaxF32: the largest of the first n − n%(4·lanes) elements of x, NaN
+// ignored (each element is VMAXPS's first source and the running maximum
+// its second, which it returns when either is NaN); −Inf when none. Four
+// accumulators hide VMAXPS's latency.
+func genMaxF32(s isa) {
+	name := "maxF32" + s.name
+	TEXT(name, NOSPLIT, "func(x *float32, n int) float32")
+	Pragma("noescape")
+	Doc(name + " returns the largest non-NaN element of x over whole chunks of four vectors (" + s.name + ").")
+	x := Load(Param("x"), GP64())
+	n := Load(Param("n"), GP64())
+	lanes := s.bytes() / 4
+	ninf := GP32()
+	MOVL(U32(0xff800000), ninf)
+	nx := XMM()
+	VMOVD(ninf, nx)
+	var acc [4]VecVirtual
+	for c := range acc {
+		acc[c] = s.vec()
+		VBROADCASTSS(nx, acc[c])
+	}
+	shift := map[bool]uint8{true: 6, false: 5}[s.w512] // log2(4·lanes)
+	SHRQ(U8(shift), n)
+	JZ(LabelRef(name + "_done"))
+	Label(name + "_loop")
+	for c := range acc {
+		v := s.vec()
+		VMOVUPS(Mem{Base: x, Disp: 4 * lanes * c}, v)
+		VMAXPS(acc[c], v, acc[c])
+	}
+	ADDQ(U32(16*lanes), x)
+	DECQ(n)
+	JNZ(LabelRef(name + "_loop"))
+	Label(name + "_done")
+	VMAXPS(acc[1], acc[0], acc[0])
+	VMAXPS(acc[3], acc[2], acc[2])
+	VMAXPS(acc[2], acc[0], acc[0])
+	y := acc[0].AsY().(VecVirtual)
+	if s.w512 {
+		hi := YMM()
+		VEXTRACTF64X4(U8(1), acc[0], hi)
+		VMAXPS(hi, acc[0].AsY(), hi)
+		y = hi
+	}
+	h := XMM()
+	if s.w512 {
+		VEXTRACTF32X4(U8(1), y, h)
+	} else {
+		VEXTRACTF128(U8(1), y, h)
+	}
+	VMAXPS(h, y.AsX(), h)
+	t := XMM()
+	VMOVHLPS(h, h, t)
+	VMAXPS(t, h, h)
+	VMOVSHDUP(h, t)
+	VMAXSS(t, h, h)
+	Store(h, ReturnIndex(0))
+	VZEROUPPER()
+	RET()
+}

@@ -21,6 +21,7 @@ package sampler
 import (
 	"errors"
 	"fmt"
+	"github.com/atsinfer/ats/ops"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -389,29 +390,25 @@ func (s *Sampler) plainGreedy() bool {
 // all), as prepare, mask and argmax together give it: NaN never wins (it
 // compares false) and +Inf wins (prepare makes it the largest float).
 func greedyArgmax(logits []float32, allowed []uint64) (int, error) {
-	best, bestL := -1, float32(math.Inf(-1))
-	scan := func(lo, hi int) {
-		for i, l := range logits[lo:hi] {
-			if l > bestL {
-				best, bestL = lo+i, l
-			}
-		}
-	}
 	if allowed == nil {
-		scan(0, len(logits))
-	} else {
-		for w, word := range allowed {
-			lo := w * 64
-			hi := min(lo+64, len(logits))
-			switch word {
-			case 0:
-			case ^uint64(0):
-				scan(lo, hi)
-			default:
-				for j := lo; j < hi; j++ {
-					if word>>(j-lo)&1 != 0 && logits[j] > bestL {
-						best, bestL = j, logits[j]
-					}
+		return firstMax(logits)
+	}
+	best, bestL := -1, float32(math.Inf(-1))
+	for w, word := range allowed {
+		lo := w * 64
+		hi := min(lo+64, len(logits))
+		switch word {
+		case 0:
+		case ^uint64(0):
+			for i, l := range logits[lo:hi] {
+				if l > bestL {
+					best, bestL = lo+i, l
+				}
+			}
+		default:
+			for j := lo; j < hi; j++ {
+				if word>>(j-lo)&1 != 0 && logits[j] > bestL {
+					best, bestL = j, logits[j]
 				}
 			}
 		}
@@ -421,6 +418,31 @@ func greedyArgmax(logits []float32, allowed []uint64) (int, error) {
 	}
 	return best, nil
 }
+
+// firstMax is greedyArgmax over every logit: the largest of each block of
+// argmaxBlock (ops.MaxF32, vector code), then the first index of the
+// overall largest in the first block that holds it. A server step makes
+// this draw for every decoding request; a plain scan of 150k logits took
+// about 0.1 ms, a part of every token's time.
+func firstMax(logits []float32) (int, error) {
+	bestBlock, bestL := -1, float32(math.Inf(-1))
+	for lo := 0; lo < len(logits); lo += argmaxBlock {
+		if m := ops.MaxF32(logits[lo:min(lo+argmaxBlock, len(logits))]); m > bestL {
+			bestBlock, bestL = lo, m
+		}
+	}
+	if bestBlock < 0 {
+		return 0, ErrNoCandidates
+	}
+	for i, l := range logits[bestBlock:] {
+		if l == bestL {
+			return bestBlock + i, nil
+		}
+	}
+	panic("sampler: the block's maximum is not in it")
+}
+
+const argmaxBlock = 4096
 
 func (s *Sampler) argmax() (int, error) {
 	best := 0

@@ -686,3 +686,35 @@ func TestGreedyArgmaxMatchesPrepared(t *testing.T) {
 		t.Fatalf("nothing allowed: %v, want ErrNoCandidates", err)
 	}
 }
+
+// firstMax across its blocks: the first of equal maxima in different
+// blocks, a maximum in the last partial block, +Inf, and nothing but NaN
+// and -Inf.
+func TestFirstMaxBlocks(t *testing.T) {
+	n := 3*argmaxBlock + 17
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = float32(i%7) - 3
+	}
+	x[2*argmaxBlock+5], x[argmaxBlock+9] = 50, 50
+	if got, _ := firstMax(x); got != argmaxBlock+9 {
+		t.Errorf("equal maxima: %d, want %d", got, argmaxBlock+9)
+	}
+	x[n-1] = 51
+	if got, _ := firstMax(x); got != n-1 {
+		t.Errorf("maximum in the tail: %d, want %d", got, n-1)
+	}
+	x[7] = float32(math.Inf(1))
+	if got, _ := firstMax(x); got != 7 {
+		t.Errorf("+Inf: %d, want 7", got)
+	}
+	for i := range x {
+		x[i] = float32(math.Inf(-1))
+		if i%3 == 0 {
+			x[i] = float32(math.NaN())
+		}
+	}
+	if _, err := firstMax(x); !errors.Is(err, ErrNoCandidates) {
+		t.Errorf("NaN and -Inf only: %v, want ErrNoCandidates", err)
+	}
+}
