@@ -106,7 +106,11 @@ func SetCPULevel(l Level) error {
 	swigluKernel, expShiftKernel = swigluGeneric, nil
 	cvtF16Kernel, scaleRoundF16Kernel = F32ToF16Slice, nil
 	maxF32Kernel = maxF32Generic
+	sanitizeKernel, firstAboveKernel = sanitizeGeneric, firstAboveGeneric
 	if l != LevelGeneric {
+		if sa, fa := archLogits(l); sa != nil {
+			sanitizeKernel, firstAboveKernel = sa, fa
+		}
 		if mx := archMaxF32(l); mx != nil {
 			maxF32Kernel = mx
 		}

@@ -64,3 +64,5 @@ func archCvtF16(Level) (func(dst []uint16, src []float32), func(x []float32, sca
 }
 
 func archMaxF32(Level) func([]float32) float32 { return nil }
+
+func archLogits(Level) (func(dst, src []float32), func([]float32, float32) int) { return nil, nil }

@@ -474,3 +474,32 @@ func archMaxF32(l Level) func([]float32) float32 {
 		return mx
 	}
 }
+
+// archLogits returns the samplers' kernels at level l: 256-bit code at
+// every vector level (genSanitizeF32, genFirstAboveF32), the twins over
+// the rest.
+func archLogits(l Level) (func(dst, src []float32), func([]float32, float32) int) {
+	if vecLevel(l) == LevelGeneric {
+		return nil, nil
+	}
+	sanitize := func(dst, src []float32) {
+		n := len(src)
+		dst = dst[:n]
+		m := n - n%8
+		if m > 0 {
+			sanitizeF32AVX2(&dst[0], &src[0], m)
+		}
+		sanitizeGeneric(dst[m:], src[m:])
+	}
+	firstAbove := func(x []float32, t float32) int {
+		n := len(x)
+		m := n - n%8
+		if m > 0 {
+			if i := firstAboveF32AVX2(&x[0], m, t); i < m {
+				return i
+			}
+		}
+		return m + firstAboveGeneric(x[m:], t)
+	}
+	return sanitize, firstAbove
+}

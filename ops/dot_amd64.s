@@ -60818,6 +60818,69 @@ attnLoadQ40VNNI_block:
 	VZEROUPPER
 	RET
 
+// func sanitizeF32AVX2(dst *float32, src *float32, n int)
+// Requires: AVX, AVX2
+TEXT ·sanitizeF32AVX2(SB), NOSPLIT, $0-24
+	MOVQ         dst+0(FP), AX
+	MOVQ         src+8(FP), CX
+	MOVQ         n+16(FP), DX
+	MOVL         $0xff800000, BX
+	VMOVD        BX, X0
+	VBROADCASTSS X0, Y1
+	MOVL         $0x7f7fffff, BX
+	VMOVD        BX, X0
+	VBROADCASTSS X0, Y0
+	SHRQ         $0x03, DX
+	JZ           sanitizeF32AVX2_done
+
+sanitizeF32AVX2_loop:
+	VMOVUPS   (CX), Y2
+	VCMPPS    $0x03, Y2, Y2, Y3
+	VMINPS    Y0, Y2, Y2
+	VBLENDVPS Y3, Y1, Y2, Y2
+	VMOVUPS   Y2, (AX)
+	ADDQ      $0x20, CX
+	ADDQ      $0x20, AX
+	DECQ      DX
+	JNZ       sanitizeF32AVX2_loop
+
+sanitizeF32AVX2_done:
+	VZEROUPPER
+	RET
+
+// func firstAboveF32AVX2(x *float32, n int, t float32) int
+// Requires: AVX
+TEXT ·firstAboveF32AVX2(SB), NOSPLIT, $0-32
+	MOVQ         x+0(FP), AX
+	MOVQ         n+8(FP), CX
+	VBROADCASTSS t+16(FP), Y0
+	SHRQ         $0x03, CX
+	XORQ         DX, DX
+	TESTQ        CX, CX
+	JZ           firstAboveF32AVX2_none
+
+firstAboveF32AVX2_loop:
+	VMOVUPS   (AX)(DX*4), Y1
+	VCMPPS    $0x1e, Y0, Y1, Y1
+	VMOVMSKPS Y1, BX
+	TESTL     BX, BX
+	JNZ       firstAboveF32AVX2_found
+	ADDQ      $0x08, DX
+	DECQ      CX
+	JNZ       firstAboveF32AVX2_loop
+
+firstAboveF32AVX2_none:
+	MOVQ DX, ret+24(FP)
+	VZEROUPPER
+	RET
+
+firstAboveF32AVX2_found:
+	BSFL BX, SI
+	ADDQ SI, DX
+	MOVQ DX, ret+24(FP)
+	VZEROUPPER
+	RET
+
 // func amxQ4K(cfg *[64]byte, w *byte, nb int, x *byte, ab int, table *[4]int, passes int, out *float32, ldo int)
 // Requires: AVX, AVX2, AVX512BW, AVX512F, AVX512VL, AVX512_VNNI, CMOV, MMX+
 TEXT ·amxQ4K(SB), $12880-72

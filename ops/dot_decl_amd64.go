@@ -1029,6 +1029,16 @@ func attnLoadQ80VNNI(dst *float32, src *byte, stride uintptr, rows int, nb int)
 //go:noescape
 func attnLoadQ40VNNI(dst *float32, src *byte, stride uintptr, rows int, nb int)
 
+// sanitizeF32AVX2 copies whole vectors of src to dst with NaN as −Inf and +Inf as the largest float.
+//
+//go:noescape
+func sanitizeF32AVX2(dst *float32, src *float32, n int)
+
+// firstAboveF32AVX2 returns the index of the first element above t over whole vectors, or their count.
+//
+//go:noescape
+func firstAboveF32AVX2(x *float32, n int, t float32) int
+
 // amxQ4K adds one group of 16 repacked Q4_K rows times the prepared activations into out, with AMX tiles (see ops/_asm/amx.go).
 //
 //go:noescape

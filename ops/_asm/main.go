@@ -95,6 +95,8 @@ func main() {
 		genMaxF32(s)
 		genAttn(s)
 	}
+	genSanitizeF32()
+	genFirstAboveF32()
 	if fam := os.Getenv("FAMILY"); fam == "" || fam == "AMX" {
 		genAMXQ4K()
 		genAMXQ6K()

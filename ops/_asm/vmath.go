@@ -283,3 +283,87 @@ func genMaxF32(s isa) {
 	VZEROUPPER()
 	RET()
 }
+
+// genSanitizeF32: dst[i] = src[i] with NaN made −Inf and values above the
+// largest float (+Inf) made the largest float, for the first n − n%8
+// elements: a sampler's working copy of the logits. 256-bit code only (a
+// copy is bound by memory; the AVX-512 levels run it too).
+func genSanitizeF32() {
+	s := isaAVX2
+	name := "sanitizeF32AVX2"
+	TEXT(name, NOSPLIT, "func(dst, src *float32, n int)")
+	Pragma("noescape")
+	Doc(name + " copies whole vectors of src to dst with NaN as −Inf and +Inf as the largest float.")
+	dst := Load(Param("dst"), GP64())
+	src := Load(Param("src"), GP64())
+	n := Load(Param("n"), GP64())
+	g := GP32()
+	t := XMM()
+	ninf, big := s.vec(), s.vec()
+	MOVL(U32(0xff800000), g)
+	VMOVD(g, t)
+	VBROADCASTSS(t, ninf)
+	MOVL(U32(0x7f7fffff), g)
+	VMOVD(g, t)
+	VBROADCASTSS(t, big)
+	SHRQ(U8(3), n)
+	JZ(LabelRef(name + "_done"))
+	Label(name + "_loop")
+	v, nan, c := s.vec(), s.vec(), s.vec()
+	VMOVUPS(Mem{Base: src}, v)
+	VCMPPS(U8(3), v, v, nan) // unordered: NaN lanes
+	VMINPS(big, v, c)        // v < big ? v : big (NaN lanes: big, replaced below)
+	VBLENDVPS(nan, ninf, c, c)
+	VMOVUPS(c, Mem{Base: dst})
+	ADDQ(U8(32), src)
+	ADDQ(U8(32), dst)
+	DECQ(n)
+	JNZ(LabelRef(name + "_loop"))
+	Label(name + "_done")
+	VZEROUPPER()
+	RET()
+}
+
+// genFirstAboveF32: the index of the first of the first n − n%8 elements of
+// x above t (an ordered comparison: NaN is never above), or n − n%8 when
+// none is: a top-k scan skips the logits that cannot enter its heap eight
+// at a time. 256-bit code only, as genSanitizeF32.
+func genFirstAboveF32() {
+	s := isaAVX2
+	name := "firstAboveF32AVX2"
+	TEXT(name, NOSPLIT, "func(x *float32, n int, t float32) int")
+	Pragma("noescape")
+	Doc(name + " returns the index of the first element above t over whole vectors, or their count.")
+	x := Load(Param("x"), GP64())
+	n := Load(Param("n"), GP64())
+	tv := s.vec()
+	tArg, _ := Param("t").Resolve()
+	VBROADCASTSS(tArg.Addr, tv)
+	SHRQ(U8(3), n)
+	i := GP64()
+	XORQ(i, i)
+	m := GP32()
+	TESTQ(n, n)
+	JZ(LabelRef(name + "_none"))
+	Label(name + "_loop")
+	v := s.vec()
+	VMOVUPS(Mem{Base: x, Index: i, Scale: 4}, v)
+	VCMPPS(U8(0x1e), tv, v, v) // v > t, ordered
+	VMOVMSKPS(v, m)
+	TESTL(m, m)
+	JNZ(LabelRef(name + "_found"))
+	ADDQ(U8(8), i)
+	DECQ(n)
+	JNZ(LabelRef(name + "_loop"))
+	Label(name + "_none")
+	Store(i, ReturnIndex(0))
+	VZEROUPPER()
+	RET()
+	Label(name + "_found")
+	b := GP32()
+	BSFL(m, b)
+	ADDQ(b.As64(), i)
+	Store(i, ReturnIndex(0))
+	VZEROUPPER()
+	RET()
+}

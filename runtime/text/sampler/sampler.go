@@ -352,15 +352,9 @@ func (s *Sampler) mask(allowed []uint64) {
 // prepare copies logits into s.work and applies penalties and bias there.
 func (s *Sampler) prepare(logits []float32) {
 	w := s.work
-	for i, l := range logits {
-		switch {
-		case l != l: // NaN: a broken logit must never be drawn
-			l = float32(math.Inf(-1))
-		case l > math.MaxFloat32: // +Inf would make the softmax NaN
-			l = math.MaxFloat32
-		}
-		w[i] = l
-	}
+	// NaN: a broken logit must never be drawn; +Inf would make the
+	// softmax NaN.
+	ops.SanitizeLogits(w, logits)
 	if s.penalize {
 		rp, freq, pres := s.cfg.RepeatPenalty, s.cfg.FrequencyPenalty, s.cfg.PresencePenalty
 		for _, t := range s.distinct {
@@ -498,12 +492,15 @@ func topKLogits(dst []cand, logits []float32) []cand {
 		dst[i] = cand{id: int32(i), logit: logits[i]}
 	}
 	heapify(dst)
+	// A newcomer enters only above the heap's worst: ids grow, so an equal
+	// logit never does. The scan skips the rest in vector steps.
 	for i := k; i < len(logits); i++ {
-		c := cand{id: int32(i), logit: logits[i]}
-		if better(c, dst[0]) {
-			dst[0] = c
-			siftDown(dst, 0)
+		i += ops.FirstAbove(logits[i:], dst[0].logit)
+		if i == len(logits) {
+			break
 		}
+		dst[0] = cand{id: int32(i), logit: logits[i]}
+		siftDown(dst, 0)
 	}
 	slices.SortFunc(dst, cmpCand)
 	return dst
