@@ -15225,45 +15225,53 @@ scaleRoundF16AVX2_done:
 	RET
 
 // func maxF32AVX2(x *float32, n int) float32
-// Requires: AVX, AVX2, SSE
+// Requires: AVX, SSE
 TEXT ·maxF32AVX2(SB), NOSPLIT, $0-20
-	MOVQ         x+0(FP), AX
-	MOVQ         n+8(FP), CX
-	MOVL         $0xff800000, DX
-	VMOVD        DX, X0
-	VBROADCASTSS X0, Y1
-	VBROADCASTSS X0, Y2
-	VBROADCASTSS X0, Y3
-	VBROADCASTSS X0, Y0
-	SHRQ         $0x05, CX
-	JZ           maxF32AVX2_done
+	MOVQ    x+0(FP), AX
+	MOVQ    n+8(FP), CX
+	VMOVUPS f_ninf<>+0(SB), Y0
+	VMOVUPS f_ninf<>+0(SB), Y1
+	VMOVUPS f_ninf<>+0(SB), Y2
+	VMOVUPS f_ninf<>+0(SB), Y3
+	SHRQ    $0x05, CX
+	JZ      maxF32AVX2_done
 
 maxF32AVX2_loop:
 	VMOVUPS (AX), Y4
-	VMAXPS  Y1, Y4, Y1
-	VMOVUPS 32(AX), Y4
-	VMAXPS  Y2, Y4, Y2
-	VMOVUPS 64(AX), Y4
-	VMAXPS  Y3, Y4, Y3
-	VMOVUPS 96(AX), Y4
 	VMAXPS  Y0, Y4, Y0
+	VMOVUPS 32(AX), Y4
+	VMAXPS  Y1, Y4, Y1
+	VMOVUPS 64(AX), Y4
+	VMAXPS  Y2, Y4, Y2
+	VMOVUPS 96(AX), Y4
+	VMAXPS  Y3, Y4, Y3
 	ADDQ    $0x00000080, AX
 	DECQ    CX
 	JNZ     maxF32AVX2_loop
 
 maxF32AVX2_done:
-	VMAXPS       Y2, Y1, Y1
-	VMAXPS       Y0, Y3, Y3
-	VMAXPS       Y3, Y1, Y1
-	VEXTRACTF128 $0x01, Y1, X0
-	VMAXPS       X0, X1, X0
-	VMOVHLPS     X0, X0, X1
-	VMAXPS       X1, X0, X0
-	VMOVSHDUP    X0, X1
-	VMAXSS       X1, X0, X0
-	MOVSS        X0, ret+16(FP)
+	VMAXPS       Y1, Y0, Y0
+	VMAXPS       Y3, Y2, Y2
+	VMAXPS       Y2, Y0, Y0
+	VEXTRACTF128 $0x01, Y0, X1
+	VMAXPS       X1, X0, X1
+	VMOVHLPS     X1, X1, X0
+	VMAXPS       X0, X1, X1
+	VMOVSHDUP    X1, X0
+	VMAXSS       X0, X1, X1
+	MOVSS        X1, ret+16(FP)
 	VZEROUPPER
 	RET
+
+DATA f_ninf<>+0(SB)/8, $0xff800000ff800000
+DATA f_ninf<>+8(SB)/8, $0xff800000ff800000
+DATA f_ninf<>+16(SB)/8, $0xff800000ff800000
+DATA f_ninf<>+24(SB)/8, $0xff800000ff800000
+DATA f_ninf<>+32(SB)/8, $0xff800000ff800000
+DATA f_ninf<>+40(SB)/8, $0xff800000ff800000
+DATA f_ninf<>+48(SB)/8, $0xff800000ff800000
+DATA f_ninf<>+56(SB)/8, $0xff800000ff800000
+GLOBL f_ninf<>(SB), RODATA|NOPTR, $64
 
 // func attnGemmAVX2_1x1(a *float32, sai uintptr, sap uintptr, b *float32, ldb uintptr, c *float32, ldc uintptr, k int, rs *float32)
 // Requires: AVX, FMA3
@@ -16179,16 +16187,6 @@ attnSoftmaxAVX2_noround:
 	JNZ     attnSoftmaxAVX2_col
 	VZEROUPPER
 	RET
-
-DATA f_ninf<>+0(SB)/8, $0xff800000ff800000
-DATA f_ninf<>+8(SB)/8, $0xff800000ff800000
-DATA f_ninf<>+16(SB)/8, $0xff800000ff800000
-DATA f_ninf<>+24(SB)/8, $0xff800000ff800000
-DATA f_ninf<>+32(SB)/8, $0xff800000ff800000
-DATA f_ninf<>+40(SB)/8, $0xff800000ff800000
-DATA f_ninf<>+48(SB)/8, $0xff800000ff800000
-DATA f_ninf<>+56(SB)/8, $0xff800000ff800000
-GLOBL f_ninf<>(SB), RODATA|NOPTR, $64
 
 DATA i32_ones<>+0(SB)/8, $0x0000000100000001
 DATA i32_ones<>+8(SB)/8, $0x0000000100000001
@@ -41515,43 +41513,41 @@ scaleRoundF16AVX512_done:
 // func maxF32AVX512(x *float32, n int) float32
 // Requires: AVX, AVX512F, AVX512VL, SSE
 TEXT ·maxF32AVX512(SB), NOSPLIT, $0-20
-	MOVQ         x+0(FP), AX
-	MOVQ         n+8(FP), CX
-	MOVL         $0xff800000, DX
-	VMOVD        DX, X0
-	VBROADCASTSS X0, Z1
-	VBROADCASTSS X0, Z2
-	VBROADCASTSS X0, Z3
-	VBROADCASTSS X0, Z0
-	SHRQ         $0x06, CX
-	JZ           maxF32AVX512_done
+	MOVQ    x+0(FP), AX
+	MOVQ    n+8(FP), CX
+	VMOVUPS f_ninf<>+0(SB), Z0
+	VMOVUPS f_ninf<>+0(SB), Z1
+	VMOVUPS f_ninf<>+0(SB), Z2
+	VMOVUPS f_ninf<>+0(SB), Z3
+	SHRQ    $0x06, CX
+	JZ      maxF32AVX512_done
 
 maxF32AVX512_loop:
 	VMOVUPS (AX), Z4
-	VMAXPS  Z1, Z4, Z1
-	VMOVUPS 64(AX), Z4
-	VMAXPS  Z2, Z4, Z2
-	VMOVUPS 128(AX), Z4
-	VMAXPS  Z3, Z4, Z3
-	VMOVUPS 192(AX), Z4
 	VMAXPS  Z0, Z4, Z0
+	VMOVUPS 64(AX), Z4
+	VMAXPS  Z1, Z4, Z1
+	VMOVUPS 128(AX), Z4
+	VMAXPS  Z2, Z4, Z2
+	VMOVUPS 192(AX), Z4
+	VMAXPS  Z3, Z4, Z3
 	ADDQ    $0x00000100, AX
 	DECQ    CX
 	JNZ     maxF32AVX512_loop
 
 maxF32AVX512_done:
-	VMAXPS        Z2, Z1, Z1
-	VMAXPS        Z0, Z3, Z3
-	VMAXPS        Z3, Z1, Z1
-	VEXTRACTF64X4 $0x01, Z1, Y0
-	VMAXPS        Y0, Y1, Y0
-	VEXTRACTF32X4 $0x01, Y0, X1
-	VMAXPS        X1, X0, X1
-	VMOVHLPS      X1, X1, X0
-	VMAXPS        X0, X1, X1
-	VMOVSHDUP     X1, X0
-	VMAXSS        X0, X1, X1
-	MOVSS         X1, ret+16(FP)
+	VMAXPS        Z1, Z0, Z0
+	VMAXPS        Z3, Z2, Z2
+	VMAXPS        Z2, Z0, Z0
+	VEXTRACTF64X4 $0x01, Z0, Y1
+	VMAXPS        Y1, Y0, Y1
+	VEXTRACTF32X4 $0x01, Y1, X0
+	VMAXPS        X0, X1, X0
+	VMOVHLPS      X0, X0, X1
+	VMAXPS        X1, X0, X0
+	VMOVSHDUP     X0, X1
+	VMAXSS        X1, X0, X0
+	MOVSS         X0, ret+16(FP)
 	VZEROUPPER
 	RET
 
@@ -58605,43 +58601,41 @@ scaleRoundF16VNNI_done:
 // func maxF32VNNI(x *float32, n int) float32
 // Requires: AVX, AVX512F, AVX512VL, SSE
 TEXT ·maxF32VNNI(SB), NOSPLIT, $0-20
-	MOVQ         x+0(FP), AX
-	MOVQ         n+8(FP), CX
-	MOVL         $0xff800000, DX
-	VMOVD        DX, X0
-	VBROADCASTSS X0, Z1
-	VBROADCASTSS X0, Z2
-	VBROADCASTSS X0, Z3
-	VBROADCASTSS X0, Z0
-	SHRQ         $0x06, CX
-	JZ           maxF32VNNI_done
+	MOVQ    x+0(FP), AX
+	MOVQ    n+8(FP), CX
+	VMOVUPS f_ninf<>+0(SB), Z0
+	VMOVUPS f_ninf<>+0(SB), Z1
+	VMOVUPS f_ninf<>+0(SB), Z2
+	VMOVUPS f_ninf<>+0(SB), Z3
+	SHRQ    $0x06, CX
+	JZ      maxF32VNNI_done
 
 maxF32VNNI_loop:
 	VMOVUPS (AX), Z4
-	VMAXPS  Z1, Z4, Z1
-	VMOVUPS 64(AX), Z4
-	VMAXPS  Z2, Z4, Z2
-	VMOVUPS 128(AX), Z4
-	VMAXPS  Z3, Z4, Z3
-	VMOVUPS 192(AX), Z4
 	VMAXPS  Z0, Z4, Z0
+	VMOVUPS 64(AX), Z4
+	VMAXPS  Z1, Z4, Z1
+	VMOVUPS 128(AX), Z4
+	VMAXPS  Z2, Z4, Z2
+	VMOVUPS 192(AX), Z4
+	VMAXPS  Z3, Z4, Z3
 	ADDQ    $0x00000100, AX
 	DECQ    CX
 	JNZ     maxF32VNNI_loop
 
 maxF32VNNI_done:
-	VMAXPS        Z2, Z1, Z1
-	VMAXPS        Z0, Z3, Z3
-	VMAXPS        Z3, Z1, Z1
-	VEXTRACTF64X4 $0x01, Z1, Y0
-	VMAXPS        Y0, Y1, Y0
-	VEXTRACTF32X4 $0x01, Y0, X1
-	VMAXPS        X1, X0, X1
-	VMOVHLPS      X1, X1, X0
-	VMAXPS        X0, X1, X1
-	VMOVSHDUP     X1, X0
-	VMAXSS        X0, X1, X1
-	MOVSS         X1, ret+16(FP)
+	VMAXPS        Z1, Z0, Z0
+	VMAXPS        Z3, Z2, Z2
+	VMAXPS        Z2, Z0, Z0
+	VEXTRACTF64X4 $0x01, Z0, Y1
+	VMAXPS        Y1, Y0, Y1
+	VEXTRACTF32X4 $0x01, Y1, X0
+	VMAXPS        X0, X1, X0
+	VMOVHLPS      X0, X0, X1
+	VMAXPS        X1, X0, X0
+	VMOVSHDUP     X0, X1
+	VMAXSS        X1, X0, X0
+	MOVSS         X0, ret+16(FP)
 	VZEROUPPER
 	RET
 
@@ -60819,26 +60813,20 @@ attnLoadQ40VNNI_block:
 	RET
 
 // func sanitizeF32AVX2(dst *float32, src *float32, n int)
-// Requires: AVX, AVX2
+// Requires: AVX
 TEXT ·sanitizeF32AVX2(SB), NOSPLIT, $0-24
-	MOVQ         dst+0(FP), AX
-	MOVQ         src+8(FP), CX
-	MOVQ         n+16(FP), DX
-	MOVL         $0xff800000, BX
-	VMOVD        BX, X0
-	VBROADCASTSS X0, Y1
-	MOVL         $0x7f7fffff, BX
-	VMOVD        BX, X0
-	VBROADCASTSS X0, Y0
-	SHRQ         $0x03, DX
-	JZ           sanitizeF32AVX2_done
+	MOVQ dst+0(FP), AX
+	MOVQ src+8(FP), CX
+	MOVQ n+16(FP), DX
+	SHRQ $0x03, DX
+	JZ   sanitizeF32AVX2_done
 
 sanitizeF32AVX2_loop:
-	VMOVUPS   (CX), Y2
-	VCMPPS    $0x03, Y2, Y2, Y3
-	VMINPS    Y0, Y2, Y2
-	VBLENDVPS Y3, Y1, Y2, Y2
-	VMOVUPS   Y2, (AX)
+	VMOVUPS   (CX), Y0
+	VCMPPS    $0x03, Y0, Y0, Y1
+	VMINPS    f_maxf32<>+0(SB), Y0, Y0
+	VBLENDVPS Y1, f_ninf<>+0(SB), Y0, Y0
+	VMOVUPS   Y0, (AX)
 	ADDQ      $0x20, CX
 	ADDQ      $0x20, AX
 	DECQ      DX
@@ -60847,6 +60835,16 @@ sanitizeF32AVX2_loop:
 sanitizeF32AVX2_done:
 	VZEROUPPER
 	RET
+
+DATA f_maxf32<>+0(SB)/8, $0x7f7fffff7f7fffff
+DATA f_maxf32<>+8(SB)/8, $0x7f7fffff7f7fffff
+DATA f_maxf32<>+16(SB)/8, $0x7f7fffff7f7fffff
+DATA f_maxf32<>+24(SB)/8, $0x7f7fffff7f7fffff
+DATA f_maxf32<>+32(SB)/8, $0x7f7fffff7f7fffff
+DATA f_maxf32<>+40(SB)/8, $0x7f7fffff7f7fffff
+DATA f_maxf32<>+48(SB)/8, $0x7f7fffff7f7fffff
+DATA f_maxf32<>+56(SB)/8, $0x7f7fffff7f7fffff
+GLOBL f_maxf32<>(SB), RODATA|NOPTR, $64
 
 // func firstAboveF32AVX2(x *float32, n int, t float32) int
 // Requires: AVX

@@ -410,12 +410,19 @@ func zero(s isa, v Op) {
 
 // hsum adds the float lanes of v in a fixed order and returns an XMM
 // register whose low lane holds the sum.
-func hsum(s isa, v VecVirtual) VecVirtual {
+func hsum(s isa, v VecVirtual) VecVirtual { return hfold(s, v, VADDPS, VADDSS) }
+
+// hmax is the largest float lane of v (no lane NaN), as hsum returns it.
+func hmax(s isa, v VecVirtual) VecVirtual { return hfold(s, v, VMAXPS, VMAXSS) }
+
+// hfold folds the float lanes of v with the packed operation ps, halving
+// the width each time, and the last pair with its scalar form ss.
+func hfold(s isa, v VecVirtual, ps, ss func(...Op)) VecVirtual {
 	y := v.AsY().(VecVirtual)
 	if s.w512 {
 		hi := YMM()
 		VEXTRACTF64X4(U8(1), v, hi)
-		VADDPS(hi, v.AsY(), hi)
+		ps(hi, v.AsY(), hi)
 		y = hi
 	}
 	x := XMM()
@@ -424,11 +431,11 @@ func hsum(s isa, v VecVirtual) VecVirtual {
 	} else {
 		VEXTRACTF128(U8(1), y, x)
 	}
-	VADDPS(x, y.AsX(), x)
+	ps(x, y.AsX(), x)
 	t := XMM()
 	VMOVHLPS(x, x, t)
-	VADDPS(t, x, x)
+	ps(t, x, x)
 	VMOVSHDUP(x, t)
-	VADDSS(t, x, x)
+	ss(t, x, x)
 	return x
 }

@@ -235,14 +235,10 @@ func genMaxF32(s isa) {
 	x := Load(Param("x"), GP64())
 	n := Load(Param("n"), GP64())
 	lanes := s.bytes() / 4
-	ninf := GP32()
-	MOVL(U32(0xff800000), ninf)
-	nx := XMM()
-	VMOVD(ninf, nx)
 	var acc [4]VecVirtual
 	for c := range acc {
 		acc[c] = s.vec()
-		VBROADCASTSS(nx, acc[c])
+		VMOVUPS(f32vec("ninf", float32(math.Inf(-1))), acc[c])
 	}
 	shift := map[bool]uint8{true: 6, false: 5}[s.w512] // log2(4·lanes)
 	SHRQ(U8(shift), n)
@@ -260,25 +256,7 @@ func genMaxF32(s isa) {
 	VMAXPS(acc[1], acc[0], acc[0])
 	VMAXPS(acc[3], acc[2], acc[2])
 	VMAXPS(acc[2], acc[0], acc[0])
-	y := acc[0].AsY().(VecVirtual)
-	if s.w512 {
-		hi := YMM()
-		VEXTRACTF64X4(U8(1), acc[0], hi)
-		VMAXPS(hi, acc[0].AsY(), hi)
-		y = hi
-	}
-	h := XMM()
-	if s.w512 {
-		VEXTRACTF32X4(U8(1), y, h)
-	} else {
-		VEXTRACTF128(U8(1), y, h)
-	}
-	VMAXPS(h, y.AsX(), h)
-	t := XMM()
-	VMOVHLPS(h, h, t)
-	VMAXPS(t, h, h)
-	VMOVSHDUP(h, t)
-	VMAXSS(t, h, h)
+	h := hmax(s, acc[0])
 	Store(h, ReturnIndex(0))
 	VZEROUPPER()
 	RET()
@@ -297,23 +275,14 @@ func genSanitizeF32() {
 	dst := Load(Param("dst"), GP64())
 	src := Load(Param("src"), GP64())
 	n := Load(Param("n"), GP64())
-	g := GP32()
-	t := XMM()
-	ninf, big := s.vec(), s.vec()
-	MOVL(U32(0xff800000), g)
-	VMOVD(g, t)
-	VBROADCASTSS(t, ninf)
-	MOVL(U32(0x7f7fffff), g)
-	VMOVD(g, t)
-	VBROADCASTSS(t, big)
 	SHRQ(U8(3), n)
 	JZ(LabelRef(name + "_done"))
 	Label(name + "_loop")
 	v, nan, c := s.vec(), s.vec(), s.vec()
 	VMOVUPS(Mem{Base: src}, v)
-	VCMPPS(U8(3), v, v, nan) // unordered: NaN lanes
-	VMINPS(big, v, c)        // v < big ? v : big (NaN lanes: big, replaced below)
-	VBLENDVPS(nan, ninf, c, c)
+	VCMPPS(U8(3), v, v, nan)                        // unordered: NaN lanes
+	VMINPS(f32vec("maxf32", math.MaxFloat32), v, c) // v < max ? v : max (NaN lanes: max, replaced below)
+	VBLENDVPS(nan, f32vec("ninf", float32(math.Inf(-1))), c, c)
 	VMOVUPS(c, Mem{Base: dst})
 	ADDQ(U8(32), src)
 	ADDQ(U8(32), dst)
