@@ -157,15 +157,7 @@ func TestAmbiguousMaskAgreesWithStepping(t *testing.T) {
 		pieces = append(pieces, string([]byte{byte(b)}))
 	}
 	eog := len(pieces)
-	v, err := NewVocab(len(pieces)+1, func(id int) string {
-		if id < eog {
-			return pieces[id]
-		}
-		return ""
-	}, []int{eog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := pieceVocab(t, pieces)
 	for _, tc := range ambiguousCases {
 		c := New(ambiguousGrammar(t, tc.grammar), v)
 		ends := minEnd(c.g)
@@ -181,7 +173,7 @@ func TestAmbiguousMaskAgreesWithStepping(t *testing.T) {
 				var allowed, closer []int
 				best := 1 << 30
 				for id := 0; id <= eog; id++ {
-					got := mask[id/64]>>(id%64)&1 == 1
+					got := maskAllows(mask, id)
 					want := id == eog && m.Complete() || id != eog && m.tokenDistance(id, nil) >= 0
 					if got != want {
 						t.Fatalf("%s run %d after %q: token %d (%q) allowed %v, want %v", tc.grammar, run, text, id, pieces[id%len(pieces)], got, want)
@@ -233,7 +225,7 @@ func TestAmbiguousRealVocabulary(t *testing.T) {
 		}
 		n := 0
 		for id := range v.size {
-			got := mask[id/64]>>(id%64)&1 == 1
+			got := maskAllows(mask, id)
 			want := v.isEOG[id] && m.Complete() || !v.isEOG[id] && m.tokenDistance(id, nil) >= 0
 			if got != want {
 				t.Fatalf("after %q: token %d (%q) allowed %v, want %v", prefix, id, v.piece(id), got, want)

@@ -100,16 +100,7 @@ func TestGBNFJSONSameMasks(t *testing.T) {
 		pieces = append(pieces, string([]byte{byte(b)}))
 	}
 	pieces = append(pieces, `{"`, `":`, `",`, `"}`, "true", "null", "12", ".5", "e-", " [", "]}", "\n  ", `\u00`, "é", "€")
-	eog := len(pieces)
-	v, err := NewVocab(eog+1, func(id int) string {
-		if id < eog {
-			return pieces[id]
-		}
-		return ""
-	}, []int{eog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := pieceVocab(t, pieces)
 	ca, cb := New(gb, v), New(builtin, v)
 	rng := rand.New(rand.NewPCG(5, 6))
 	for i := range 100 {

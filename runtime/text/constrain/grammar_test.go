@@ -133,10 +133,7 @@ func TestMatcherMaskAgreesWithStepping(t *testing.T) {
 		}
 	}
 	eog := len(pieces)
-	v, err := NewVocab(len(pieces)+1, func(id int) string { return pieces[id] }, []int{eog})
-	if err != nil {
-		t.Fatal(err)
-	}
+	v := pieceVocab(t, pieces)
 	g := mustCompile(t, JSONValue())
 	c := New(g, v)
 	rng := rand.New(rand.NewPCG(3, 4))
@@ -149,7 +146,7 @@ func TestMatcherMaskAgreesWithStepping(t *testing.T) {
 			}
 			var allowed []int
 			for id := 0; id <= eog; id++ {
-				got := mask[id/64]>>(id%64)&1 == 1
+				got := maskAllows(mask, id)
 				want := false
 				if id == eog {
 					want = m.Complete()

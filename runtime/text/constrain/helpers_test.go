@@ -20,6 +20,26 @@ func byteVocab(t testing.TB) *Vocab {
 	return v
 }
 
+// pieceVocab has a token for each piece and an end-of-generation token
+// after them (id len(pieces)).
+func pieceVocab(t testing.TB, pieces []string) *Vocab {
+	t.Helper()
+	eog := len(pieces)
+	v, err := NewVocab(eog+1, func(id int) string {
+		if id < eog {
+			return pieces[id]
+		}
+		return ""
+	}, []int{eog})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// maskAllows says whether mask allows token id.
+func maskAllows(mask []uint64, id int) bool { return mask[id/64]>>(id%64)&1 == 1 }
+
 func mustCompile(t testing.TB, e Expr) *Grammar {
 	t.Helper()
 	g, err := Compile(e)

@@ -103,7 +103,7 @@ func generateTokens(t testing.TB, c *Constraint, rng *rand.Rand, wander int) (st
 		}
 		best, bestScore := -1, math.Inf(1)
 		for id := range v.size {
-			if mask[id/64]>>(id%64)&1 == 0 {
+			if !maskAllows(mask, id) {
 				continue
 			}
 			var score float64
@@ -186,7 +186,7 @@ func TestRealVocabularyMask(t *testing.T) {
 		}
 		n := 0
 		for id := range v.size {
-			got := mask[id/64]>>(id%64)&1 == 1
+			got := maskAllows(mask, id)
 			want := m.tokenDistance(id, minEnd(c.g)) >= 0 && (v.piece(id) != "" || v.isEOG[id] && m.Complete())
 			if got != want {
 				t.Fatalf("after %q: token %d (%q) allowed %v, want %v", prefix, id, v.piece(id), got, want)
@@ -264,7 +264,7 @@ func BenchmarkConstrainedSteps(b *testing.B) {
 		// text is complete, so runs stay short).
 		best, bestL := -1, float32(math.Inf(-1))
 		for id := range v.size {
-			if mask[id/64]>>(id%64)&1 == 0 {
+			if !maskAllows(mask, id) {
 				continue
 			}
 			if v.isEOG[id] {
