@@ -18,13 +18,8 @@ mkdir -p "$out"
 T=${THREADS:-16} budget=${BUDGET:-4.5GiB} gen=${GEN:-128} ctx=${CTX:-4096}
 start=$SECONDS
 note() { echo "[$((SECONDS - start))s] $*" | tee -a "$out/batching.log"; }
-up() {
-	for _ in $(seq 1 1200); do
-		curl -sf "$1/health" >/dev/null 2>&1 && return 0
-		sleep 0.5
-	done
-	return 1
-}
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
 port=8191
 for s in ${SETUPS:-hybrid gpu cpu}; do
 	case $s in

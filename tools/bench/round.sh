@@ -39,14 +39,8 @@ if [[ ! -f "$m" ]]; then
 	"$ats" synth --preset qwen3-14b --layout q4_k_m -o "$m" >>"$out/round.log" 2>&1 || exit 1
 fi
 
-# up URL: waits for a server's /health (10 minutes at most).
-up() {
-	for _ in $(seq 1 1200); do
-		curl -sf "$1/health" >/dev/null 2>&1 && return 0
-		sleep 0.5
-	done
-	return 1
-}
+# shellcheck source=lib.sh
+. "$(dirname "$0")/lib.sh"
 
 # load NAME URL PID: the concurrency rows and the long prompt against a server.
 load() {
