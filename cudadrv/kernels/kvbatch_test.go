@@ -658,6 +658,28 @@ func TestKVBatchArgs(t *testing.T) {
 			t.Errorf("rope, %s: error %v, want %q", c.name, err, c.want)
 		}
 	}
+
+	// The rotations (checked before anything else of the launch).
+	for _, c := range []struct {
+		name string
+		a    func() *RopeArgs
+		want string
+	}{
+		{"rotation of 48", func() *RopeArgs { a := rope(); a.Rot = 48; return a }, "chunks of 48"},
+		{"rotation of 512", func() *RopeArgs { a := rope(); a.HeadSize, a.Dims, a.Rot = 512, 512, 512; return a }, "chunks of 512"},
+		{"rotation of 256 in heads of 128", func() *RopeArgs { a := rope(); a.Rot = 256; return a }, "divides the head"},
+		{"value rotation of 96", func() *RopeArgs {
+			a := rope()
+			c := cache(KVQ8_0)
+			a.Batch, a.KV = batch(), &RopeKV{T: 1, V: 9, Cache: &c, RotV: 96}
+			return a
+		}, "chunks of 96"},
+	} {
+		err := (&Rope{}).Run(nil, c.a())
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("rope, %s: error %v, want %q", c.name, err, c.want)
+		}
+	}
 }
 
 // ---- GPU tests
@@ -727,13 +749,19 @@ func testKVStore(t *testing.T) {
 // testKVRope: rope with per-token positions (a batch of two sequences at
 // unrelated positions), head norms, the keys and values stored through
 // the tables; the rotations against ops.Rope, the cells bit-exact against
-// the encoding of the kernel's own rotated keys.
+// the encoding of the kernel's own rotated keys. With the Walsh-Hadamard
+// rotations (Rot, RotV: a q8_0 cache's, and other chunk sizes): the
+// queries and keys bit for bit ops.FWHT of the launch's unrotated ones
+// (the same launch without rotations), the cells bit for bit the encoding
+// of those rotated by ops.FWHT and of the values so rotated, the values
+// themselves untouched; and all against ops.Rope then ops.FWHT by NMSE.
 func testKVRope(t *testing.T) {
 	for _, typ := range kvTypesAll {
 		for _, c := range []struct {
 			heads, kv, hs int
 			neox          bool
-		}{{40, 8, 128, true}, {8, 2, 64, false}, {16, 4, 256, true}} {
+			rots          [][2]int // (Rot, RotV) besides none and ops.KVRotation's
+		}{{40, 8, 128, true, [][2]int{{32, 128}}}, {8, 2, 64, false, nil}, {16, 4, 256, true, [][2]int{{128, 256}}}} {
 			t.Run(fmt.Sprintf("%v/heads=%d/%d,hs=%d", typ, c.heads, c.kv, c.hs), func(t *testing.T) {
 				g := newKVT(t)
 				width := c.kv * c.hs
@@ -766,46 +794,94 @@ func testKVRope(t *testing.T) {
 						r.Apply(row, x.heads, c.hs, cos, sin)
 					}
 				}
-				cache := p.upload(g)
-				a := RopeArgs{NTensors: 2, HeadSize: c.hs, Dims: c.hs, NeoX: c.neox, Base: r.Base, FreqScale: 1, Eps: 1e-6,
-					Batch: p.batch(g, seq, pos), First: first, NTok: n}
-				a.T[0] = RopeTensor{X: g.up(f32Bytes(qx)), Heads: c.heads, NormW: g.up(f32Bytes(qn))}
-				a.T[1] = RopeTensor{X: g.up(f32Bytes(kx)), Heads: c.kv, NormW: g.up(f32Bytes(kn))}
-				a.KV = &RopeKV{T: 1, V: g.up(f32Bytes(vx)), Cache: &cache}
-				g.check(kvFix.rope.Run(g.s, &a))
-				gotQ := bytesF32(g.down(a.T[0].X, 4*len(qx)))
-				gotK := bytesF32(g.down(a.T[1].X, 4*len(kx)))
-				for _, x := range []struct {
-					name      string
-					got, want []float32
-				}{{"Q", gotQ, wantQ}, {"K", gotK, wantK}} {
-					w := make([]float64, len(x.want))
-					for i, v := range x.want {
-						w[i] = float64(v)
+				rk, rv := ops.KVRotation(ops.KVQ8_0, c.hs)
+				rots := append([][2]int{{0, 0}, {rk, rv}}, c.rots...)
+				var baseQ, baseK []float32 // the launch's unrotated queries and keys
+				for _, rot := range rots {
+					cache := p.upload(g)
+					a := RopeArgs{NTensors: 2, HeadSize: c.hs, Dims: c.hs, NeoX: c.neox, Base: r.Base, FreqScale: 1, Eps: 1e-6,
+						Batch: p.batch(g, seq, pos), First: first, NTok: n, Rot: rot[0]}
+					a.T[0] = RopeTensor{X: g.up(f32Bytes(qx)), Heads: c.heads, NormW: g.up(f32Bytes(qn))}
+					a.T[1] = RopeTensor{X: g.up(f32Bytes(kx)), Heads: c.kv, NormW: g.up(f32Bytes(kn))}
+					vd := g.up(f32Bytes(vx))
+					a.KV = &RopeKV{T: 1, V: vd, Cache: &cache, RotV: rot[1]}
+					g.check(kvFix.rope.Run(g.s, &a))
+					gotQ := bytesF32(g.down(a.T[0].X, 4*len(qx)))
+					gotK := bytesF32(g.down(a.T[1].X, 4*len(kx)))
+					wq, wk, storedV := wantQ, wantK, vx
+					if rot[0] == 0 {
+						baseQ, baseK = gotQ, gotK
+					} else {
+						wq, wk = append([]float32(nil), wantQ...), append([]float32(nil), wantK...)
+						ops.FWHT(wq, rot[0])
+						ops.FWHT(wk, rot[0])
+						for _, x := range []struct {
+							name      string
+							got, base []float32
+						}{{"Q", gotQ, baseQ}, {"K", gotK, baseK}} {
+							exact := append([]float32(nil), x.base...)
+							ops.FWHT(exact, rot[0])
+							for i := range exact {
+								if math.Float32bits(x.got[i]) != math.Float32bits(exact[i]) {
+									t.Fatalf("rotation %v: %s value %d = %v, want %v (ops.FWHT of the unrotated launch's)", rot, x.name, i, x.got[i], exact[i])
+								}
+							}
+						}
 					}
-					e := kvNMSE(t, x.name, x.got, w, 1e-11)
-					t.Logf("%s against ops.Rope: NMSE %.3g", x.name, e)
-				}
-				rb := typ.RowBytes(width)
-				gk, gv := g.down(cache.K, len(p.k)), g.down(cache.V, len(p.v))
-				want := map[int]int{}
-				for i := 0; i < n; i++ {
-					want[p.cell(int(seq[first+i]), int(pos[first+i]))] = i
-				}
-				for row := 0; row < p.rows; row++ {
-					wk, wv := p.k[row*rb:(row+1)*rb], p.v[row*rb:(row+1)*rb]
-					if i, ok := want[row]; ok {
-						wk, wv = refEncode(typ, gotK[i*width:(i+1)*width]), refEncode(typ, vx[i*width:(i+1)*width])
+					if rot[1] > 0 {
+						storedV = append([]float32(nil), vx...)
+						ops.FWHT(storedV, rot[1])
 					}
-					for j := 0; j < rb; j++ {
-						if gk[row*rb+j] != wk[j] || gv[row*rb+j] != wv[j] {
-							t.Fatalf("cell %d byte %d: k %#02x v %#02x, want %#02x %#02x", row, j, gk[row*rb+j], gv[row*rb+j], wk[j], wv[j])
+					if gotV := bytesF32(g.down(vd, 4*len(vx))); !slicesEqualBits(gotV, vx) {
+						t.Fatalf("rotation %v: the values were changed", rot)
+					}
+					for _, x := range []struct {
+						name      string
+						got, want []float32
+					}{{"Q", gotQ, wq}, {"K", gotK, wk}} {
+						w := make([]float64, len(x.want))
+						for i, v := range x.want {
+							w[i] = float64(v)
+						}
+						e := kvNMSE(t, x.name, x.got, w, 1e-11)
+						t.Logf("rotation %v: %s against ops.Rope (and ops.FWHT): NMSE %.3g", rot, x.name, e)
+					}
+					rb := typ.RowBytes(width)
+					gk, gv := g.down(cache.K, len(p.k)), g.down(cache.V, len(p.v))
+					want := map[int]int{}
+					for i := 0; i < n; i++ {
+						want[p.cell(int(seq[first+i]), int(pos[first+i]))] = i
+					}
+					for row := 0; row < p.rows; row++ {
+						wkc, wvc := p.k[row*rb:(row+1)*rb], p.v[row*rb:(row+1)*rb]
+						if i, ok := want[row]; ok {
+							// The kernel's own keys: for a rotation, ops.FWHT of
+							// its unrotated ones, which they equal (above).
+							wkc, wvc = refEncode(typ, gotK[i*width:(i+1)*width]), refEncode(typ, storedV[i*width:(i+1)*width])
+						}
+						for j := 0; j < rb; j++ {
+							if gk[row*rb+j] != wkc[j] || gv[row*rb+j] != wvc[j] {
+								t.Fatalf("rotation %v: cell %d byte %d: k %#02x v %#02x, want %#02x %#02x", rot, row, j, gk[row*rb+j], gv[row*rb+j], wkc[j], wvc[j])
+							}
 						}
 					}
 				}
 			})
 		}
 	}
+}
+
+// slicesEqualBits reports whether a and b hold the same float32 bits.
+func slicesEqualBits(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // testKVGather: a sequence sharing its first blocks with another, gathered

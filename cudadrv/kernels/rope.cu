@@ -21,6 +21,12 @@
 // pair i's angle is the same float the CPU computes; it is divided by the
 // pair's frequency factor (when given) and multiplied by freq_scale, and
 // cos/sin are taken in double and rounded to float.
+//
+// A q8_0 cache holds its keys and values rotated by a Walsh-Hadamard
+// transform (llama.cpp's rotation; ops.KVRotation), the queries rotated
+// alike: with rotK the kernel rotates every head of both tensors after
+// RoPE, and with rotV the values on their way into the cache, so a decode
+// step needs no fwht_f32 launches and no kv_store of its own (fwht_warp).
 
 // PDL_ENTRY starts every kernel: under programmatic dependent launch
 // (cudadrv Stream.SetProgrammatic, CC 9.0 and later) a kernel's blocks may
@@ -69,6 +75,50 @@ __device__ __forceinline__ void q8_0_block(float x, unsigned char *dst)
         *(unsigned short *)dst = f2h(d);
 }
 
+#define FWHT_REGS 8 // chunks of up to 256 values: 8 a lane
+
+// fwht_warp replaces the chunk of n = 32*nj values (nj 1, 2, 4 or 8; uniform
+// across the warp) a warp holds, lane l holding value l + 32j in x[j], by
+// its orthonormal Walsh-Hadamard transform as ops.FWHT and fwht_f32 compute
+// it: scaled by 1/sqrt(n) first, then butterflies (u+v, u-v) of growing
+// span, in float, no fused multiply-add. Spans 1..16 pair lanes
+// (shuffles), spans 32..128 a lane's registers. Every value goes through
+// the same operations on the same operands as on the CPU (addition
+// commutes exactly), so the bits agree. attention.cu has the same.
+__device__ __forceinline__ void fwht_warp(float (&x)[FWHT_REGS], int nj)
+{
+    const float scale = __fdiv_rn(1.0f, __fsqrt_rn((float)(32 * nj))); // 1.0f/sqrtf(n)
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < FWHT_REGS; j++)
+        x[j] = __fmul_rn(x[j], scale);
+#pragma unroll
+    for (int s = 1; s < 32; s <<= 1) {
+        const bool hi = (lane & s) != 0;
+#pragma unroll
+        for (int j = 0; j < FWHT_REGS; j++) {
+            if (j < nj) {
+                const float y = __shfl_xor_sync(0xffffffffu, x[j], s);
+                // The low lane holds u, the high one v: u+v, u-v.
+                x[j] = hi ? __fsub_rn(y, x[j]) : __fadd_rn(x[j], y);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 1; m < FWHT_REGS; m <<= 1) {
+        if (m < nj) {
+#pragma unroll
+            for (int j = 0; j < FWHT_REGS; j++) {
+                if ((j & m) == 0) {
+                    const float u = x[j], v = x[j | m];
+                    x[j] = __fadd_rn(u, v);
+                    x[j | m] = __fsub_rn(u, v);
+                }
+            }
+        }
+    }
+}
+
 // rope_norm_f32 rotates the first nDims values of every head of x_j[t]
 // (heads_j heads of headSize floats, back to back) for t < nTok and
 // j < gridDim.y (heads hpb at a time, grid.z = ceil(max heads / hpb)),
@@ -85,6 +135,11 @@ __device__ __forceinline__ void q8_0_block(float x, unsigned char *dst)
 // token's position without tables, else its cell through the tables
 // (attention.cu's "cache rows"); kvType 0 writes f16, 1 Q8_0 (headSize %
 // 32 == 0: a head is whole blocks).
+//
+// rotK > 0 then rotates every head of both tensors (queries and keys) in
+// chunks of rotK values (fwht_warp), in place; rotV > 0 rotates the stored
+// values in chunks of rotV on their way into the cache (vv is left as it
+// is). Both are powers of two from 32 to 256 that divide headSize.
 extern "C" __global__ void rope_norm_f32(float *x0, int heads0, const float *w0,
                                          float *x1, int heads1, const float *w1,
                                          int headSize, int nDims, int neox,
@@ -92,7 +147,8 @@ extern "C" __global__ void rope_norm_f32(float *x0, int heads0, const float *w0,
                                          const float *factors, float eps,
                                          const int *pos, int perToken, int nTok, int hpb,
                                          int store, void *kc, void *vc, const float *vv, int kvType,
-                                         const int *seq, const int *tables, int maxBlocks, int blockShift)
+                                         const int *seq, const int *tables, int maxBlocks, int blockShift,
+                                         int rotK, int rotV)
 {
     PDL_ENTRY();
     __shared__ float cs[ROPE_MAX_PAIRS], sn[ROPE_MAX_PAIRS];
@@ -151,6 +207,21 @@ extern "C" __global__ void rope_norm_f32(float *x0, int heads0, const float *w0,
             v[a] = __fsub_rn(__fmul_rn(x0v, cs[i]), __fmul_rn(x1v, sn[i]));
             v[b] = __fadd_rn(__fmul_rn(x0v, sn[i]), __fmul_rn(x1v, cs[i]));
         }
+        if (rotK > 0) {
+            __syncwarp(); // the head's values, written by any lane
+            const int nj = rotK / 32;
+            for (int c = 0; c < headSize; c += rotK) {
+                float r[FWHT_REGS];
+#pragma unroll
+                for (int j = 0; j < FWHT_REGS; j++)
+                    r[j] = j < nj ? v[c + 32 * j + lane] : 0.0f;
+                fwht_warp(r, nj);
+#pragma unroll
+                for (int j = 0; j < FWHT_REGS; j++)
+                    if (j < nj)
+                        v[c + 32 * j + lane] = r[j];
+            }
+        }
         if ((int)blockIdx.y == store) {
             __syncwarp(); // the head's rotated values, written by any lane
             const long long width = (long long)heads * headSize;
@@ -165,13 +236,38 @@ extern "C" __global__ void rope_norm_f32(float *x0, int heads0, const float *w0,
                 unsigned short *vd = (unsigned short *)vc + row * width + (long long)h * headSize;
                 for (int i = lane; i < headSize; i += 32) {
                     kd[i] = f2h(v[i]);
-                    vd[i] = f2h(vv[src + i]);
+                    if (rotV == 0)
+                        vd[i] = f2h(vv[src + i]);
                 }
             } else {
                 const long long off = row * (width / 32 * 34) + (long long)h * (headSize / 32) * 34;
                 for (int j = 0; j < headSize / 32; j++) {
                     q8_0_block(v[32 * j + lane], (unsigned char *)kc + off + 34 * j);
-                    q8_0_block(vv[src + 32 * j + lane], (unsigned char *)vc + off + 34 * j);
+                    if (rotV == 0)
+                        q8_0_block(vv[src + 32 * j + lane], (unsigned char *)vc + off + 34 * j);
+                }
+            }
+            if (rotV > 0) {
+                // The values rotated in registers, a chunk at a time: value
+                // c + 32j + lane is in r[j], so r[j] across the warp is the
+                // chunk's block j.
+                const int nj = rotV / 32;
+                for (int c = 0; c < headSize; c += rotV) {
+                    float r[FWHT_REGS];
+#pragma unroll
+                    for (int j = 0; j < FWHT_REGS; j++)
+                        r[j] = j < nj ? vv[src + c + 32 * j + lane] : 0.0f;
+                    fwht_warp(r, nj);
+#pragma unroll
+                    for (int j = 0; j < FWHT_REGS; j++) {
+                        if (j >= nj)
+                            break;
+                        if (kvType == 0)
+                            ((unsigned short *)vc)[row * width + (long long)h * headSize + c + 32 * j + lane] = f2h(r[j]);
+                        else
+                            q8_0_block(r[j], (unsigned char *)vc + row * (width / 32 * 34) +
+                                                 ((long long)h * headSize + c) / 32 * 34 + 34 * j);
+                    }
                 }
             }
         }

@@ -62,6 +62,13 @@ type RopeArgs struct {
 	First int // with Batch: the launch's token 0 in the batch
 	NTok  int
 
+	// Rot > 0 also rotates every head of every tensor, after RoPE, by the
+	// orthonormal Walsh-Hadamard transform of each chunk of Rot values, in
+	// place (ops.FWHT, bit for bit): a q8_0 cache's rotation of the queries
+	// and keys (ops.KVRotation), Elementwise.FWHT fused in. A power of two
+	// from 32 to 256 that divides HeadSize.
+	Rot int
+
 	// KV, when set, also writes the rotated keys (tensor KV.T) and the
 	// values KV.V to the cache (Attention.Store or StoreKV fused in).
 	KV *RopeKV
@@ -73,11 +80,33 @@ type RopeArgs struct {
 // ([ctx][heads*HeadSize], row = position); with Batch to Cache, each
 // token's row to its cell through the batch's tables (f16, or q8_0 when
 // HeadSize % 32 == 0).
+//
+// RotV > 0 stores the values rotated as RopeArgs.Rot rotates the heads, in
+// chunks of RotV (V itself is left as it is): a q8_0 cache's rotation of
+// the values. The same bounds as Rot.
 type RopeKV struct {
 	T      int
 	V      cudadrv.DevicePtr
 	KC, VC cudadrv.DevicePtr
 	Cache  *KVCache
+	RotV   int
+}
+
+// RotMax is the largest rotation chunk the rope and decode kernels fold
+// in (RopeArgs.Rot, RopeKV.RotV, DecodeKVArgs.Rot): a warp's registers
+// hold a chunk, 8 values a lane. Elementwise.FWHT takes up to 1024.
+const RotMax = 256
+
+// checkRot checks a rotation of chunks of n values of heads of hs: 0, or
+// a power of two from 32 to RotMax that divides hs.
+func checkRot(what string, n, hs int) error {
+	if n == 0 {
+		return nil
+	}
+	if n < 32 || n > RotMax || n&(n-1) != 0 || hs%n != 0 {
+		return fmt.Errorf("kernels: %s rotation of chunks of %d values of heads of %d: a power of two from 32 to %d that divides the head", what, n, hs, RotMax)
+	}
+	return nil
 }
 
 // ThetaScale is base^(-2/dims) rounded to float32, as ops.Rope.Table
@@ -92,6 +121,16 @@ const ropeWarps = 4
 func (k *Rope) Run(s *cudadrv.Stream, a *RopeArgs) error {
 	if a.NTensors < 1 || a.NTensors > 2 || a.Dims < 0 || a.Dims%2 != 0 || a.Dims > a.HeadSize || a.Dims/2 > 256 {
 		return fmt.Errorf("kernels: rope of %d dims of heads of %d over %d tensors", a.Dims, a.HeadSize, a.NTensors)
+	}
+	if err := checkRot("rope's", a.Rot, a.HeadSize); err != nil {
+		return err
+	}
+	rotV := 0
+	if a.KV != nil {
+		if err := checkRot("rope's value", a.KV.RotV, a.HeadSize); err != nil {
+			return err
+		}
+		rotV = a.KV.RotV
 	}
 	if a.NTok == 0 {
 		return nil
@@ -137,7 +176,8 @@ func (k *Rope) Run(s *cudadrv.Stream, a *RopeArgs) error {
 			F32(ts).F32(fs).Ptr(a.Factors).F32(a.Eps).
 			Ptr(loc.pos).I32(loc.perToken).I32(int32(a.NTok)).I32(int32(hpb)).
 			I32(int32(loc.store)).Ptr(loc.kc).Ptr(loc.vc).Ptr(loc.v).I32(int32(loc.kvType)).
-			Ptr(loc.seq).Ptr(loc.tables).I32(int32(loc.maxBlocks)).I32(int32(loc.shift))
+			Ptr(loc.seq).Ptr(loc.tables).I32(int32(loc.maxBlocks)).I32(int32(loc.shift)).
+			I32(int32(a.Rot)).I32(int32(rotV))
 	})
 }
 
