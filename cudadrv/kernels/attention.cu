@@ -32,6 +32,10 @@
 // Numerics: as ops.Attention.Run with an f16 cache, q is rounded to f16
 // before the products; scores and softmax are float (the CPU sums in
 // double, and rounds the weights to f16 before P·V, which this does not).
+//
+// A q8_0 cache holds its values rotated (Walsh-Hadamard, ops.KVRotation):
+// the paged decode kernels rotate their output rows back as they write
+// them (DecKVParams.rot); after the others, fwht_f32 (elementwise.cu) does.
 
 // PDL_ENTRY starts every kernel: under programmatic dependent launch
 // (cudadrv Stream.SetProgrammatic, CC 9.0 and later) a kernel's blocks may
@@ -976,6 +980,13 @@ extern "C" __global__ void __launch_bounds__(AM_THREADS, AM_MIN_BLOCKS_128) attn
 // types (not quantized to q8_0 as the CPU's flash attention does: f16 keeps
 // 11 bits where q8_0 keeps 8); scores accumulate in f32 on the tensor cores.
 //
+// With rot > 0 (a q8_0 cache, which holds its values rotated by a
+// Walsh-Hadamard transform: ops.KVRotation) the merged rows are rotated
+// back, in chunks of rot, before they and their Q8_1 form are written: the
+// rows go to shared memory (warp 0's O), then each warp rotates whole
+// chunks in its registers (dk_rot_out, fwht_warp), so the step needs no
+// fwht_f32 launch and the epilogue's Q8_1 still serves the projection.
+//
 // Shared memory: Q [16][hs+8] f16, then per warp a region of `region`
 // bytes: `stages` buffers of K and V runs ([16][rowStage] bytes each), for
 // q8_0 followed by the dequantized K and V tiles ([16][hs+8] f16 each); at
@@ -1005,7 +1016,81 @@ struct DecKVParams {
     int rowBytes;              // bytes of a cache row
     int stages;                // 1..4 buffers a warp
     int region;                // shared bytes a warp
+    int rot;                   // attn_dec_kv: rotate each head's output back in chunks of rot (0: none)
 };
+
+#define FWHT_REGS 8 // chunks of up to 256 values: 8 a lane
+
+// fwht_warp replaces the chunk of n = 32*nj values (nj 1, 2, 4 or 8; uniform
+// across the warp) a warp holds, lane l holding value l + 32j in x[j], by
+// its orthonormal Walsh-Hadamard transform as ops.FWHT and fwht_f32 compute
+// it: scaled by 1/sqrt(n) first, then butterflies (u+v, u-v) of growing
+// span, in float, no fused multiply-add: spans 1..16 pair lanes
+// (shuffles), spans 32..128 a lane's registers. The same as rope.cu's.
+__device__ __forceinline__ void fwht_warp(float (&x)[FWHT_REGS], int nj)
+{
+    const float scale = __fdiv_rn(1.0f, __fsqrt_rn((float)(32 * nj))); // 1.0f/sqrtf(n)
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < FWHT_REGS; j++)
+        x[j] = __fmul_rn(x[j], scale);
+#pragma unroll
+    for (int s = 1; s < 32; s <<= 1) {
+        const bool hi = (lane & s) != 0;
+#pragma unroll
+        for (int j = 0; j < FWHT_REGS; j++) {
+            if (j < nj) {
+                const float y = __shfl_xor_sync(0xffffffffu, x[j], s);
+                // The low lane holds u, the high one v: u+v, u-v.
+                x[j] = hi ? __fsub_rn(y, x[j]) : __fadd_rn(x[j], y);
+            }
+        }
+    }
+#pragma unroll
+    for (int m = 1; m < FWHT_REGS; m <<= 1) {
+        if (m < nj) {
+#pragma unroll
+            for (int j = 0; j < FWHT_REGS; j++) {
+                if ((j & m) == 0) {
+                    const float u = x[j], v = x[j | m];
+                    x[j] = __fadd_rn(u, v);
+                    x[j | m] = __fsub_rn(u, v);
+                }
+            }
+        }
+    }
+}
+
+// dk_rot_out writes the block's hb output rows of D values, held in shared
+// memory at O (row r at O + r*ld), rotated back in chunks of rot (a q8_0
+// cache holds its values rotated, so the rows are rotated too), to out
+// (rows of D from row0) and, when q8 is set, in Q8_1: warp w takes chunks
+// w, w + nwarps, ... of the rows in order; a chunk is whole blocks of 32,
+// x[j] across the warp one of them. Not inlined: one copy serves every
+// decode kernel of the module, at the cost of a call per block.
+__device__ __noinline__ void dk_rot_out(float *out, signed char *q8, float2 *q8ds, int rot, int D,
+                                        const float *O, int ld, int hb, long long row0)
+{
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
+    const int nj = rot / 32, per = D / rot;
+    for (int it = warp; it < hb * per; it += nwarps) {
+        const int r = it / per, c0 = (it % per) * rot;
+        float x[FWHT_REGS];
+#pragma unroll
+        for (int j = 0; j < FWHT_REGS; j++)
+            x[j] = j < nj ? O[r * ld + c0 + 32 * j + lane] : 0.0f;
+        fwht_warp(x, nj);
+        const long long at = (row0 + r) * D + c0 + lane;
+#pragma unroll
+        for (int j = 0; j < FWHT_REGS; j++) {
+            if (j >= nj)
+                break;
+            out[at + 32 * j] = x[j];
+            if (q8)
+                q8_1_block(x[j], q8 + at + 32 * j, q8ds + (at + 32 * j) / 32);
+        }
+    }
+}
 
 // dk_copy copies G bytes global -> shared (G = 16, 8 or 4 with cp.async on
 // CC 8.0+, a plain copy before; G = 2 always plain), zeros when !valid (src
@@ -1349,6 +1434,12 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
         const long long row = row0 + r;
         if (nact == 1) {
             const float v = acc * (1.0f / L);
+            if (p.rot) {
+                // Rotated back below: into warp 0's O, in place (this thread
+                // alone reads and writes value (r, d) of it).
+                ((float *)(dk_smem + 32 * LD))[r * OLD + d] = v;
+                continue;
+            }
             p.out[row * D + d] = v;
             if (p.q8)
                 q8_1_block(v, p.q8 + row * D + d, p.q8ds + (row * D + d) / 32);
@@ -1361,8 +1452,13 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
             }
         }
     }
-    if (nact == 1)
+    if (nact == 1) {
+        if (p.rot) {
+            __syncthreads();
+            dk_rot_out(p.out, p.q8, p.q8ds, p.rot, D, (const float *)(dk_smem + 32 * LD), OLD, hb, row0);
+        }
         return;
+    }
 
     // The merge, without a launch of its own (a decode step saves one a
     // layer): the partials are made visible, then counted; the block that
@@ -1392,9 +1488,18 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
             acc += __ldcg(p.part + (sp * rows + row) * D + d) * wt;
         }
         const float v = acc * (1.0f / L);
+        if (p.rot) {
+            // The regions are no longer read: warp 0's O takes the rows.
+            ((float *)(dk_smem + 32 * LD))[r * OLD + d] = v;
+            continue;
+        }
         p.out[row * D + d] = v;
         if (p.q8)
             q8_1_block(v, p.q8 + row * D + d, p.q8ds + (row * D + d) / 32);
+    }
+    if (p.rot) {
+        __syncthreads();
+        dk_rot_out(p.out, p.q8, p.q8ds, p.rot, D, (const float *)(dk_smem + 32 * LD), OLD, hb, row0);
     }
     if (tid == 0)
         *cnt = 0;

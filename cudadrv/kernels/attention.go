@@ -51,6 +51,13 @@
 //     are wanted (an int32 index array on the device) before the final
 //     norm and the output matmul.
 //
+// A q8_0 cache holds its keys and values rotated (ops.KVRotation: rk for
+// keys and queries, rv for values): step 1 with RopeArgs.Rot = rk and
+// RopeKV.RotV = rv (the launch must hold the queries too), decode with
+// DecodeKVArgs.Rot = rv, which rotates the output rows back; prompt
+// chunks' outputs take Elementwise.FWHT(rv) after Run. Without the fused
+// store: Elementwise.FWHT of Q and K (rk) and V (rv) before StoreKV.
+//
 // Numerics: writes round to f16 to nearest, or quantize as ggml's
 // quantize_row_q8_0_ref (the CPU's KVLayer.Store bits). Decode attention
 // rounds Q to f16 for both cache types (the CPU's q8_0 flash attention
@@ -682,6 +689,14 @@ type DecodeKVArgs struct {
 	// Q8, when set, also receives Out in the Q8_1 layout of QuantizeQ8_1
 	// (Q8_1Bytes(NTok, NHeads*HeadSize)), as AttnArgs.Q8.
 	Q8 cudadrv.DevicePtr
+
+	// Rot > 0 rotates each head of the output back, in chunks of Rot
+	// values, before Out and Q8 are written (ops.FWHT, bit for bit on the
+	// merged rows): a cache that holds its values rotated (a q8_0 cache's
+	// ops.KVRotation) yields rotated outputs. A power of two from 32 to 256
+	// that divides HeadSize; it takes attn_dec_<type>_d<hs> for every row
+	// count (attn_dec1 does not rotate).
+	Rot int
 }
 
 // The paged decode kernels' shape (attention.cu, attn_dec_<type>_d<hs>):
@@ -754,7 +769,7 @@ func (k *Attention) DecodeKV(s *cudadrv.Stream, a *DecodeKVArgs) error {
 	if err := k.ready(); err != nil {
 		return err
 	}
-	if a.NTok == 1 && a.Cache.Type == KVF16 && !k.mma1 {
+	if a.NTok == 1 && a.Cache.Type == KVF16 && !k.mma1 && a.Rot == 0 {
 		// A lone row: a block a head on the CUDA cores (attn_dec1).
 		grid := cudadrv.Dim3{X: 1, Y: uint32(a.NHeads), Z: uint32(splits)}
 		return launch(k.dec1[a.HeadSize], s, grid, cudadrv.D1(attnDecThreads), 0, func(args *cudadrv.Args) {
@@ -794,12 +809,16 @@ func (k *Attention) checkDecodeKV(a *DecodeKVArgs) (int, decKVPlan, error) {
 	case a.Splits > 65535 || a.NKV*cudadrv.Blocks(a.NHeads/a.NKV, decKVRows) > 65535:
 		return 0, decKVPlan{}, fmt.Errorf("kernels: decode attention of %d splits over %d KV heads: grid too large", a.Splits, a.NKV)
 	}
+	if err := checkRot("decode attention's output", a.Rot, a.HeadSize); err != nil {
+		return 0, decKVPlan{}, err
+	}
 	plan, err := planDecodeKV(a.HeadSize, a.Cache.Type, k.optin)
 	return shift, plan, err
 }
 
 // decKVParams lays out struct DecKVParams of attention.cu: 12 pointers, a
-// float and 10 ints (140 bytes, 144 with the struct's 8-byte alignment).
+// float and 11 ints (144 bytes, a multiple of the struct's 8-byte
+// alignment).
 func decKVParams(a *DecodeKVArgs, shift, chunk, splits int, plan decKVPlan, q8, q8ds cudadrv.DevicePtr) [144]byte {
 	var b [144]byte
 	bt := a.Batch
@@ -809,7 +828,7 @@ func decKVParams(a *DecodeKVArgs, shift, chunk, splits int, plan decKVPlan, q8, 
 	}
 	binary.LittleEndian.PutUint32(b[96:], math.Float32bits(a.Scale))
 	for i, v := range []int{a.NTok, a.NHeads, a.NKV, bt.MaxBlocks, shift, chunk, splits,
-		a.Cache.Type.RowBytes(a.Cache.Width), plan.stages, plan.region} {
+		a.Cache.Type.RowBytes(a.Cache.Width), plan.stages, plan.region, a.Rot} {
 		binary.LittleEndian.PutUint32(b[100+4*i:], uint32(int32(v)))
 	}
 	return b

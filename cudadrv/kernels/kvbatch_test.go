@@ -590,6 +590,15 @@ func TestKVBatchArgs(t *testing.T) {
 			return k.DecodeKV(nil, a)
 		}(), "multiple of 64"},
 		{"split without scratch", func() error { a := dec(); a.Splits, a.Chunk = 4, 128; return k.DecodeKV(nil, a) }(), "scratch"},
+		{"rotation of 48", func() error { a := dec(); a.Rot = 48; return k.DecodeKV(nil, a) }(), "chunks of 48"},
+		{"rotation of 16", func() error { a := dec(); a.Rot = 16; return k.DecodeKV(nil, a) }(), "chunks of 16"},
+		{"rotation of 512", func() error {
+			a := dec()
+			a.HeadSize, a.NKV, a.NHeads = 256, 4, 40
+			a.Rot = 512
+			return k.DecodeKV(nil, a)
+		}(), "chunks of 512"},
+		{"rotation of 256 in heads of 128", func() error { a := dec(); a.Rot = 256; return k.DecodeKV(nil, a) }(), "divides the head"},
 		{"store q8_0 width 48", func() error {
 			return k.StoreKV(nil, &StoreKVArgs{Cache: KVCache{K: 4 << 20, V: 5 << 20, Type: KVQ8_0, Width: 48}, Batch: batch(), K: 1, V: 1, NTok: 3})
 		}(), "multiple of 32"},
@@ -1026,25 +1035,79 @@ func runKVDecode(g *kvT, typ KVType, c kvDecCase) {
 		}()
 	}
 	wg.Wait()
-	for _, q8 := range []bool{false, true} {
-		a.Out = g.poison(4 * len(q))
-		a.Q8 = 0
-		if q8 {
-			a.Q8 = g.poison(Q8_1Bytes(n, c.heads*c.hs))
-		}
-		g.check(kvFix.attn.DecodeKV(g.s, &a))
-		got := bytesF32(g.down(a.Out, 4*len(q)))
-		worst := 0.0
-		w := c.heads * c.hs
-		for i := 0; i < n; i++ {
-			e := kvNMSE(g, fmt.Sprintf("token %d (sequence %d, position %d)", i, seq[c.first+i], pos[c.first+i]), got[i*w:(i+1)*w], want[i], kvBound)
-			worst = max(worst, e)
-		}
-		if q8 {
-			checkQ8_1(g, g.down(a.Q8, Q8_1Bytes(n, w)), got)
-		}
-		g.Logf("%d tokens, %d splits of %d: worst NMSE %.3g (bound %.0e), Q8_1 output %v", n, max(1, a.Splits), a.Chunk, worst, kvBound, q8)
+	// The output rotated back (Rot: a q8_0 cache's chunks of 64, 32 for
+	// heads of 32, and whole heads): against the reference rotated in
+	// float64, and bit for bit ops.FWHT of the unrotated launch's rows,
+	// which the kernel rotates as they are (not when the unrotated launch
+	// took attn_dec1, a lone row over an f16 cache: another kernel).
+	rots := []int{0, min(64, c.hs)}
+	if c.hs >= 128 {
+		rots = append(rots, c.hs)
 	}
+	w := c.heads * c.hs
+	var base []float32 // the unrotated rows
+	sameKernel := !(n == 1 && typ == KVF16 && !kvFix.attn.mma1)
+	for _, rot := range rots {
+		a.Rot = rot
+		wantR := want
+		if rot > 0 {
+			wantR = make([][]float64, n)
+			for i := range want {
+				wantR[i] = fwht64(want[i], rot)
+			}
+		}
+		for _, q8 := range []bool{false, true} {
+			a.Out = g.poison(4 * len(q))
+			a.Q8 = 0
+			if q8 {
+				a.Q8 = g.poison(Q8_1Bytes(n, c.heads*c.hs))
+			}
+			g.check(kvFix.attn.DecodeKV(g.s, &a))
+			got := bytesF32(g.down(a.Out, 4*len(q)))
+			worst := 0.0
+			for i := 0; i < n; i++ {
+				e := kvNMSE(g, fmt.Sprintf("rotation %d: token %d (sequence %d, position %d)", rot, i, seq[c.first+i], pos[c.first+i]), got[i*w:(i+1)*w], wantR[i], kvBound)
+				worst = max(worst, e)
+			}
+			if q8 {
+				checkQ8_1(g, g.down(a.Q8, Q8_1Bytes(n, w)), got)
+			}
+			switch {
+			case rot == 0:
+				base = got
+			case sameKernel:
+				exact := append([]float32(nil), base...)
+				ops.FWHT(exact, rot)
+				for i := range exact {
+					if math.Float32bits(got[i]) != math.Float32bits(exact[i]) {
+						g.Fatalf("rotation %d: value %d = %v, want %v (ops.FWHT of the unrotated launch's)", rot, i, got[i], exact[i])
+					}
+				}
+			}
+			g.Logf("%d tokens, %d splits of %d, rotation %d: worst NMSE %.3g (bound %.0e), Q8_1 output %v", n, max(1, a.Splits), a.Chunk, rot, worst, kvBound, q8)
+		}
+	}
+}
+
+// fwht64 is x rotated in chunks of n by the orthonormal Walsh-Hadamard
+// transform, in float64 (the references').
+func fwht64(x []float64, n int) []float64 {
+	y := append([]float64(nil), x...)
+	s := 1 / math.Sqrt(float64(n))
+	for c := 0; c+n <= len(y); c += n {
+		z := y[c : c+n]
+		for i := range z {
+			z[i] *= s
+		}
+		for span := 1; span < n; span *= 2 {
+			for i := 0; i < n; i += 2 * span {
+				for j := i; j < i+span; j++ {
+					z[j], z[j+span] = z[j]+z[j+span], z[j]-z[j+span]
+				}
+			}
+		}
+	}
+	return y
 }
 
 // testKVPrefill: a prompt chunk of one sequence (after other tokens of the
