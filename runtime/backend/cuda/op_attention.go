@@ -27,15 +27,19 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 		link = &q8Link{}
 	}
 	// A quantized cache holds its keys and values rotated (llama.cpp's
-	// Walsh-Hadamard rotation, as the CPU's): the step rotates the keys
-	// and the queries alike, the values, and its outputs back.
+	// Walsh-Hadamard rotation, as the CPU's): the keys and the queries
+	// alike, the values, and the outputs back. The rope launch before
+	// rotates the first three when it writes the cache (!store); else this
+	// step does. The decode kernel rotates its rows back as it writes
+	// them; prompt chunks' rows take an FWHT launch after (the prefill
+	// kernels write a row's heads from several blocks and warps).
 	rotK, rotV := g.kvRotation(a)
 	qw := a.NHeads * a.HeadSize
-	if rotK > 0 {
-		name = "rotate+" + name + "+rotate"
+	if rotK > 0 && store {
+		name = "rotate+" + name
 	}
 	return step{name: name, out: op.Out, link: link, run: func(s *cudadrv.Stream, n int) error {
-		if rotK > 0 {
+		if rotK > 0 && store {
 			for _, r := range []struct {
 				x        cudadrv.DevicePtr
 				w, chunk int
@@ -53,13 +57,14 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 		plan := &g.plan
 		q8 := link != nil && g.q8Ready(link.group, n)
 		// The epilogue writes the Q8_1 rows of its own launch: one launch
-		// must cover the step (and the outputs need no rotation back),
-		// else the rows are quantized afterwards.
-		one := rotV == 0 && ((plan.decode == n && len(plan.chunks) == 0) || (plan.decode == 0 && len(plan.chunks) == 1))
+		// must cover the step (and a prompt chunk's outputs need no
+		// rotation back; the decode kernel rotates its rows before their
+		// Q8_1 write), else the rows are quantized afterwards.
+		one := (plan.decode == n && len(plan.chunks) == 0) || (rotV == 0 && plan.decode == 0 && len(plan.chunks) == 1)
 		if plan.decode > 0 {
 			d := plan.decode
 			args := kernels.DecodeKVArgs{Out: out, Q: q, Cache: cache, Batch: &g.kvb, NTok: d,
-				NHeads: a.NHeads, NKV: a.NKVHeads, HeadSize: a.HeadSize, Scale: a.Scale}
+				NHeads: a.NHeads, NKV: a.NKVHeads, HeadSize: a.HeadSize, Scale: a.Scale, Rot: rotV}
 			if splits, chunk := g.decodeSplits(d); splits > 1 {
 				args.Splits, args.Chunk, args.Part, args.ML, args.Count = splits, chunk, g.attn.part, g.attn.ml, g.attn.count
 			}
@@ -89,8 +94,10 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 				return err
 			}
 		}
-		if rotV > 0 {
-			if err := g.dev.elem.FWHT(s, out, n*qw/rotV, rotV); err != nil {
+		if rotV > 0 && len(plan.chunks) > 0 {
+			// The chunks' rows, after the decode rows (setInput's plan).
+			lo, hi := plan.chunks[0].lo, plan.chunks[len(plan.chunks)-1].hi
+			if err := g.dev.elem.FWHT(s, out.Add(lo*qRow), (hi-lo)*qw/rotV, rotV); err != nil {
 				return err
 			}
 		}

@@ -114,15 +114,34 @@ func (g *Exec) ropeStep(i, hi int, kvStored map[int]bool) (step, int, error) {
 	}
 	// The cache write of the attention right after, when it reads these
 	// keys: the values were computed before (they are not in this launch).
+	// A cache that holds its keys and values rotated (q8_0) takes the
+	// write only with the rotations: of the queries and keys in place, of
+	// the values on their way in; so the launch must hold the queries too.
+	// Else the attention step rotates and stores them itself.
 	if j := i + used; j < hi && ops[j].Kind == ir.OpAttention && ops[j].Output == ops[i].Output {
 		at := &ops[j]
+		a := at.Attn
+		rk, rv := g.kvRotation(a)
 		for x, t := range ts {
-			if rk, _ := g.kvRotation(at.Attn); t.buf == at.In2 && t.heads*t.headSize == at.Attn.NKVHeads*at.Attn.HeadSize && t.buf != at.In3 && (g.kvType == kernels.KVF16 || t.headSize%32 == 0) && rk == 0 {
-				cache := &kernels.KVCache{K: g.kvK[at.Layer], V: g.kvV[at.Layer], Type: g.kvType, Width: at.Attn.NKVHeads * at.Attn.HeadSize}
-				args.KV = &kernels.RopeKV{T: x, V: g.bufs[at.In3], Cache: cache}
-				kvStored[j] = true
-				name = append(name, "kv_store")
+			if t.buf != at.In2 || t.heads*t.headSize != a.NKVHeads*a.HeadSize || t.buf == at.In3 || (g.kvType != kernels.KVF16 && t.headSize%32 != 0) {
+				continue
 			}
+			if rk > 0 {
+				// The queries must be the launch's other tensor; the
+				// kernel rotates chunks of at most RotMax.
+				if len(ts) != 2 || rk > kernels.RotMax || rv > kernels.RotMax || t.headSize != a.HeadSize {
+					continue
+				}
+				if q := ts[1-x]; q.buf != at.In || q.buf == at.In3 || q.heads*q.headSize != a.NHeads*a.HeadSize {
+					continue
+				}
+				args.Rot = rk
+				name = append(name, "rotate")
+			}
+			cache := &kernels.KVCache{K: g.kvK[at.Layer], V: g.kvV[at.Layer], Type: g.kvType, Width: a.NKVHeads * a.HeadSize}
+			args.KV = &kernels.RopeKV{T: x, V: g.bufs[at.In3], Cache: cache, RotV: rv}
+			kvStored[j] = true
+			name = append(name, "kv_store")
 		}
 	}
 	return step{name: fmt.Sprintf("%s ×%d", strings.Join(name, "+"), len(ts)), run: func(s *cudadrv.Stream, n int) error {
