@@ -1428,7 +1428,9 @@ func BenchmarkKVDecode(b *testing.B) {
 			}
 			dPos := upload(i32Bytes(pos))
 			for _, nSeq := range []int{1, 8} {
-				for _, kernel := range []string{"old", "f16", "q8_0"} {
+				// q8_0rot: with the output rotated back (a q8_0 cache's
+				// DecodeKVArgs.Rot, chunks of 64), as the engine runs it.
+				for _, kernel := range []string{"old", "f16", "q8_0", "q8_0rot"} {
 					b.Run(fmt.Sprintf("model=%s/depth=%d/seqs=%d/kernel=%s", m.name, depth, nSeq, kernel), func(b *testing.B) {
 						var step func() error
 						rowBytes := f16Row
@@ -1455,13 +1457,16 @@ func BenchmarkKVDecode(b *testing.B) {
 							}
 						default:
 							t := KVF16
-							if kernel == "q8_0" {
+							if kernel != "f16" {
 								t, rowBytes = KVQ8_0, q8Row
 							}
 							a := DecodeKVArgs{Out: out, Q: q, Cache: caches[t],
 								Batch: &Batch{Pos: dPos, Seq: dSeq, Tables: dTab, MaxBlocks: blocks, Block: block},
 								NTok:  nSeq, NHeads: m.heads, NKV: m.kv, HeadSize: hs, Scale: 0.088,
 								Splits: splits, Chunk: chunk, Part: part, ML: ml, Count: count}
+							if kernel == "q8_0rot" {
+								a.Rot = 64
+							}
 							step = func() error { return kvFix.attn.DecodeKV(s, &a) }
 						}
 						d := kvTime(b, s, step)
