@@ -1066,10 +1066,9 @@ __device__ __forceinline__ void fwht_warp(float (&x)[FWHT_REGS], int nj)
 // cache holds its values rotated, so the rows are rotated too), to out
 // (rows of D from row0) and, when q8 is set, in Q8_1: warp w takes chunks
 // w, w + nwarps, ... of the rows in order; a chunk is whole blocks of 32,
-// x[j] across the warp one of them. Not inlined: one copy serves every
-// decode kernel of the module, at the cost of a call per block.
-__device__ __noinline__ void dk_rot_out(float *out, signed char *q8, float2 *q8ds, int rot, int D,
-                                        const float *O, int ld, int hb, long long row0)
+// x[j] across the warp one of them.
+__device__ __forceinline__ void dk_rot_out(float *out, signed char *q8, float2 *q8ds, int rot, int D,
+                                           const float *O, int ld, int hb, long long row0)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     const int nj = rot / 32, per = D / rot;
@@ -1452,57 +1451,53 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
             }
         }
     }
-    if (nact == 1) {
-        if (p.rot) {
-            __syncthreads();
-            dk_rot_out(p.out, p.q8, p.q8ds, p.rot, D, (const float *)(dk_smem + 32 * LD), OLD, hb, row0);
+    if (nact > 1) {
+        // The merge, without a launch of its own (a decode step saves one
+        // a layer): the partials are made visible, then counted; the block
+        // that counts last merges them as attn_combine does and leaves the
+        // counter zero for the next launch (the next kernel starts after
+        // this one has completed, PDL or not).
+        __threadfence();
+        __syncthreads(); // every thread's partials are written and fenced; the regions are read
+        int *flag = (int *)dk_smem;
+        int *cnt = p.count + (long long)t * gridDim.y + blockIdx.y;
+        if (tid == 0)
+            *flag = atomicAdd(cnt, 1) == nact - 1;
+        __syncthreads();
+        if (!*flag)
+            return;
+        __threadfence();
+        for (int e = tid; e < hb * D; e += blockDim.x) {
+            const int r = e / D, d = e % D;
+            const long long row = row0 + r, rows = (long long)p.nTok * p.nHeads;
+            float M = -INFINITY;
+            for (int sp = 0; sp < nact; sp++)
+                M = fmaxf(M, __ldcg(p.ml + 2 * (sp * rows + row)));
+            float L = 0.0f, acc = 0.0f;
+            for (int sp = 0; sp < nact; sp++) {
+                const float wt = expf(__ldcg(p.ml + 2 * (sp * rows + row)) - M);
+                L += __ldcg(p.ml + 2 * (sp * rows + row) + 1) * wt;
+                acc += __ldcg(p.part + (sp * rows + row) * D + d) * wt;
+            }
+            const float v = acc * (1.0f / L);
+            if (p.rot) {
+                // The regions are no longer read: warp 0's O takes the rows.
+                ((float *)(dk_smem + 32 * LD))[r * OLD + d] = v;
+                continue;
+            }
+            p.out[row * D + d] = v;
+            if (p.q8)
+                q8_1_block(v, p.q8 + row * D + d, p.q8ds + (row * D + d) / 32);
         }
-        return;
-    }
-
-    // The merge, without a launch of its own (a decode step saves one a
-    // layer): the partials are made visible, then counted; the block that
-    // counts last merges them as attn_combine does and leaves the counter
-    // zero for the next launch (the next kernel starts after this one has
-    // completed, PDL or not).
-    __threadfence();
-    __syncthreads(); // every thread's partials are written and fenced; the regions are read
-    int *flag = (int *)dk_smem;
-    int *cnt = p.count + (long long)t * gridDim.y + blockIdx.y;
-    if (tid == 0)
-        *flag = atomicAdd(cnt, 1) == nact - 1;
-    __syncthreads();
-    if (!*flag)
-        return;
-    __threadfence();
-    for (int e = tid; e < hb * D; e += blockDim.x) {
-        const int r = e / D, d = e % D;
-        const long long row = row0 + r, rows = (long long)p.nTok * p.nHeads;
-        float M = -INFINITY;
-        for (int sp = 0; sp < nact; sp++)
-            M = fmaxf(M, __ldcg(p.ml + 2 * (sp * rows + row)));
-        float L = 0.0f, acc = 0.0f;
-        for (int sp = 0; sp < nact; sp++) {
-            const float wt = expf(__ldcg(p.ml + 2 * (sp * rows + row)) - M);
-            L += __ldcg(p.ml + 2 * (sp * rows + row) + 1) * wt;
-            acc += __ldcg(p.part + (sp * rows + row) * D + d) * wt;
-        }
-        const float v = acc * (1.0f / L);
-        if (p.rot) {
-            // The regions are no longer read: warp 0's O takes the rows.
-            ((float *)(dk_smem + 32 * LD))[r * OLD + d] = v;
-            continue;
-        }
-        p.out[row * D + d] = v;
-        if (p.q8)
-            q8_1_block(v, p.q8 + row * D + d, p.q8ds + (row * D + d) / 32);
+        if (tid == 0)
+            *cnt = 0;
     }
     if (p.rot) {
+        // The block's rows, in warp 0's O (either way of merging), rotated
+        // back and written: one call a kernel.
         __syncthreads();
         dk_rot_out(p.out, p.q8, p.q8ds, p.rot, D, (const float *)(dk_smem + 32 * LD), OLD, hb, row0);
     }
-    if (tid == 0)
-        *cnt = 0;
 }
 
 // ---------------------------------------------------------------- lone-row paged decode
