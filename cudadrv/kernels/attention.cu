@@ -1467,30 +1467,50 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
         if (!*flag)
             return;
         __threadfence();
-        for (int e = tid; e < hb * D; e += blockDim.x) {
-            const int r = e / D, d = e % D;
-            const long long row = row0 + r, rows = (long long)p.nTok * p.nHeads;
+        // A thread sums four values of a head row over the splits, loads
+        // unrolled: one block merges a KV group's rows while the rest of
+        // the GPU waits, so its loads must overlap (at 16384 positions a
+        // row spans 33 splits). Into warp 0's O, then written out as the
+        // direct path writes (a warp a Q8_1 block), or rotated back below.
+        const long long rows = (long long)p.nTok * p.nHeads;
+        float *O0 = (float *)(dk_smem + 32 * LD);
+        for (int e = tid; e < hb * (D / 4); e += blockDim.x) {
+            const int r = e / (D / 4), d = 4 * (e % (D / 4));
+            const long long row = row0 + r;
+            const float2 *ml = (const float2 *)p.ml + row; // split sp's at ml[sp * rows]
             float M = -INFINITY;
+#pragma unroll 8
             for (int sp = 0; sp < nact; sp++)
-                M = fmaxf(M, __ldcg(p.ml + 2 * (sp * rows + row)));
-            float L = 0.0f, acc = 0.0f;
+                M = fmaxf(M, __ldcg(ml + sp * rows).x);
+            float L = 0.0f;
+            float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
             for (int sp = 0; sp < nact; sp++) {
-                const float wt = expf(__ldcg(p.ml + 2 * (sp * rows + row)) - M);
-                L += __ldcg(p.ml + 2 * (sp * rows + row) + 1) * wt;
-                acc += __ldcg(p.part + (sp * rows + row) * D + d) * wt;
+                const float2 m = __ldcg(ml + sp * rows);
+                const float4 v = __ldcg((const float4 *)(p.part + (sp * rows + row) * D + d));
+                const float wt = expf(m.x - M);
+                L += m.y * wt;
+                acc.x += v.x * wt;
+                acc.y += v.y * wt;
+                acc.z += v.z * wt;
+                acc.w += v.w * wt;
             }
-            const float v = acc * (1.0f / L);
-            if (p.rot) {
-                // The regions are no longer read: warp 0's O takes the rows.
-                ((float *)(dk_smem + 32 * LD))[r * OLD + d] = v;
-                continue;
-            }
-            p.out[row * D + d] = v;
-            if (p.q8)
-                q8_1_block(v, p.q8 + row * D + d, p.q8ds + (row * D + d) / 32);
+            const float inv = 1.0f / L;
+            *(float4 *)(O0 + r * OLD + d) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
         }
         if (tid == 0)
             *cnt = 0;
+        if (!p.rot) {
+            __syncthreads();
+            for (int e = tid; e < hb * D; e += blockDim.x) {
+                const int r = e / D, d = e % D;
+                const long long row = row0 + r;
+                const float v = O0[r * OLD + d];
+                p.out[row * D + d] = v;
+                if (p.q8)
+                    q8_1_block(v, p.q8 + row * D + d, p.q8ds + (row * D + d) / 32);
+            }
+        }
     }
     if (p.rot) {
         // The block's rows, in warp 0's O (either way of merging), rotated
@@ -1628,7 +1648,7 @@ __device__ void attn_dec1(const DecKVParams &p)
         p.ml[2 * (split * rows + row)] = M;
         p.ml[2 * (split * rows + row) + 1] = L;
     }
-    // The merge, as attn_dec_kv's.
+    // The merge, as attn_dec_kv's (a short row spans a few splits).
     __threadfence();
     __syncthreads();
     int *cnt = p.count + (long long)t * gridDim.y + blockIdx.y;

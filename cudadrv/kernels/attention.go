@@ -697,7 +697,21 @@ type DecodeKVArgs struct {
 	// that divides HeadSize; it takes attn_dec_<type>_d<hs> for every row
 	// count (attn_dec1 does not rotate).
 	Rot int
+
+	// Short says every row attends to fewer than DecodeShortRow
+	// positions: a lone row over an f16 cache then takes attn_dec1 (a
+	// block a head on the CUDA cores), else the tensor-core kernel. A
+	// speed hint only: both kernels take any row (a captured graph that
+	// replays at later positions keeps its choice).
+	Short bool
 }
+
+// DecodeShortRow is the row length below which a lone f16 decode row runs
+// on attn_dec1. H200, Qwen3-14B's heads (BenchmarkKVDecode): attn_dec1 took
+// 4.7 µs a layer at 22 positions where the tensor-core kernel took 8.9, but
+// 72 µs at 16384 where the other took 41: a block a query head reads each
+// cached row once a head of its group.
+const DecodeShortRow = 256
 
 // The paged decode kernels' shape (attention.cu, attn_dec_<type>_d<hs>):
 // positions a run (a warp's step), query rows of the tensor-core tile.
@@ -769,7 +783,7 @@ func (k *Attention) DecodeKV(s *cudadrv.Stream, a *DecodeKVArgs) error {
 	if err := k.ready(); err != nil {
 		return err
 	}
-	if a.NTok == 1 && a.Cache.Type == KVF16 && !k.mma1 && a.Rot == 0 {
+	if a.NTok == 1 && a.Short && a.Cache.Type == KVF16 && !k.mma1 && a.Rot == 0 {
 		// A lone row: a block a head on the CUDA cores (attn_dec1).
 		grid := cudadrv.Dim3{X: 1, Y: uint32(a.NHeads), Z: uint32(splits)}
 		return launch(k.dec1[a.HeadSize], s, grid, cudadrv.D1(attnDecThreads), 0, func(args *cudadrv.Args) {

@@ -981,6 +981,11 @@ var kvDecCases = []kvDecCase{
 	{8, 2, 32, 64, []int{513}, nil, 0, 1024, 0, 1},
 	{16, 2, 256, 64, []int{300}, nil, 0, 1024, 0, 1},
 	{16, 8, 64, 64, []int{700, 1500}, nil, 0, 2048, 1, 3},
+	// Lone rows of other groups: 20 (blocks of 5 heads, split), MHA, and 7
+	// at head size 256 (a block a head).
+	{40, 2, 128, 64, []int{400}, nil, 0, 1024, 0, 1},
+	{8, 8, 64, 128, []int{300}, nil, 0, 0, 0, 1},
+	{14, 2, 256, 64, []int{200}, nil, 0, 1024, 0, 1},
 }
 
 // testKVDecode: every case with both cache types, with and without the
@@ -1039,14 +1044,33 @@ func runKVDecode(g *kvT, typ KVType, c kvDecCase) {
 	// heads of 32, and whole heads): against the reference rotated in
 	// float64, and bit for bit ops.FWHT of the unrotated launch's rows,
 	// which the kernel rotates as they are (not when the unrotated launch
-	// took attn_dec1, a lone row over an f16 cache: another kernel).
+	// took attn_dec1, a short lone row over an f16 cache: another kernel).
+	// A lone row runs long and short (attn_dec1 over an f16 cache).
 	rots := []int{0, min(64, c.hs)}
 	if c.hs >= 128 {
 		rots = append(rots, c.hs)
 	}
 	w := c.heads * c.hs
+	for _, short := range []bool{false, true}[:1+b2i(n == 1)] {
+		a.Short = short
+		sameKernel := !(short && typ == KVF16 && !kvFix.attn.mma1)
+		runKVDecodeRots(g, &a, c, typ, rots, want, w, n, seq, pos, q, sameKernel)
+	}
+}
+
+// b2i is 1 for true.
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// runKVDecodeRots runs a (case c) at each output rotation, with and
+// without the Q8_1 output, against want rotated, and the rotated rows bit
+// for bit against the unrotated launch's when sameKernel.
+func runKVDecodeRots(g *kvT, a *DecodeKVArgs, c kvDecCase, typ KVType, rots []int, want [][]float64, w, n int, seq, pos []int32, q []float32, sameKernel bool) {
 	var base []float32 // the unrotated rows
-	sameKernel := !(n == 1 && typ == KVF16 && !kvFix.attn.mma1)
 	for _, rot := range rots {
 		a.Rot = rot
 		wantR := want
@@ -1062,7 +1086,7 @@ func runKVDecode(g *kvT, typ KVType, c kvDecCase) {
 			if q8 {
 				a.Q8 = g.poison(Q8_1Bytes(n, c.heads*c.hs))
 			}
-			g.check(kvFix.attn.DecodeKV(g.s, &a))
+			g.check(kvFix.attn.DecodeKV(g.s, a))
 			got := bytesF32(g.down(a.Out, 4*len(q)))
 			worst := 0.0
 			for i := 0; i < n; i++ {
@@ -1084,7 +1108,7 @@ func runKVDecode(g *kvT, typ KVType, c kvDecCase) {
 					}
 				}
 			}
-			g.Logf("%d tokens, %d splits of %d, rotation %d: worst NMSE %.3g (bound %.0e), Q8_1 output %v", n, max(1, a.Splits), a.Chunk, rot, worst, kvBound, q8)
+			g.Logf("%d tokens (short %v), %d splits of %d, rotation %d: worst NMSE %.3g (bound %.0e), Q8_1 output %v", n, a.Short, max(1, a.Splits), a.Chunk, rot, worst, kvBound, q8)
 		}
 	}
 }
@@ -1419,9 +1443,13 @@ func BenchmarkKVDecode(b *testing.B) {
 		if err := ctx.MemsetD32(count, 0, DecodeCounters(maxSeqs, m.heads)/4); err != nil {
 			b.Fatal(err)
 		}
-		q := upload(f32Bytes(make([]float32, maxSeqs*m.heads*hs)))
+		qs := make([]float32, maxSeqs*m.heads*hs)
+		for i := range qs {
+			qs[i] = float32(rng.NormFloat64())
+		}
+		q := upload(f32Bytes(qs))
 		out := alloc(4 * maxSeqs * m.heads * hs)
-		for _, depth := range []int{4096, 16384} {
+		for _, depth := range []int{256, 1024, 4096, 16384} {
 			pos := make([]int32, maxSeqs)
 			for i := range pos {
 				pos[i] = int32(depth - 1)
@@ -1430,7 +1458,13 @@ func BenchmarkKVDecode(b *testing.B) {
 			for _, nSeq := range []int{1, 8} {
 				// q8_0rot: with the output rotated back (a q8_0 cache's
 				// DecodeKVArgs.Rot, chunks of 64), as the engine runs it.
-				for _, kernel := range []string{"old", "f16", "q8_0", "q8_0rot"} {
+				kernels := []string{"old", "f16", "q8_0", "q8_0rot"}
+				if nSeq == 1 {
+					// The lone row's CUDA-core kernel (attn_dec1), which
+					// the engine takes for short rows only.
+					kernels = append(kernels, "f16-short")
+				}
+				for _, kernel := range kernels {
 					b.Run(fmt.Sprintf("model=%s/depth=%d/seqs=%d/kernel=%s", m.name, depth, nSeq, kernel), func(b *testing.B) {
 						var step func() error
 						rowBytes := f16Row
@@ -1457,16 +1491,15 @@ func BenchmarkKVDecode(b *testing.B) {
 							}
 						default:
 							t := KVF16
-							if kernel != "f16" {
+							if strings.HasPrefix(kernel, "q8_0") {
 								t, rowBytes = KVQ8_0, q8Row
 							}
 							a := DecodeKVArgs{Out: out, Q: q, Cache: caches[t],
 								Batch: &Batch{Pos: dPos, Seq: dSeq, Tables: dTab, MaxBlocks: blocks, Block: block},
 								NTok:  nSeq, NHeads: m.heads, NKV: m.kv, HeadSize: hs, Scale: 0.088,
 								Splits: splits, Chunk: chunk, Part: part, ML: ml, Count: count}
-							if kernel == "q8_0rot" {
-								a.Rot = 64
-							}
+							a.Rot = map[string]int{"q8_0rot": 64}[kernel]
+							a.Short = kernel == "f16-short"
 							step = func() error { return kvFix.attn.DecodeKV(s, &a) }
 						}
 						d := kvTime(b, s, step)

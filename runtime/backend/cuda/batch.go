@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"fmt"
+	"slices"
 	"unsafe"
 
 	"github.com/atsinfer/ats/cudadrv/kernels"
@@ -36,6 +37,10 @@ func newInputLayout(cfg backend.ExecConfig) inputLayout {
 // sequence at a time.
 type stepPlan struct {
 	decode int // rows [0, decode) are decode rows
+	// short: every decode row is at a position below
+	// kernels.DecodeShortRow (DecodeKVArgs.Short; decode graphs are kept
+	// apart by it).
+	short  bool
 	chunks []chunk
 }
 
@@ -70,19 +75,28 @@ func (g *Exec) setInput(b *ir.Batch) error {
 		}
 		copy(in[l.tables+s*l.maxBlocks:], t)
 	}
-	g.plan.decode, g.plan.chunks = 0, g.plan.chunks[:0]
+	g.plan.set(b, g.cfg.LogitRows, g.kvType == kernels.KVF16)
+	return nil
+}
+
+// set plans batch b's attention: its leading single tokens (up to
+// logitRows) as decode rows, every other run of a sequence as a chunk;
+// inOrder looks for chunks whose cache blocks lie in order (an f16
+// cache's prefill kernels then read the cache itself).
+func (p *stepPlan) set(b *ir.Batch, logitRows int, inOrder bool) {
+	p.decode, p.short, p.chunks = 0, false, p.chunks[:0]
 	leading := true
 	b.Runs(func(seq, lo, hi int) {
 		// Decode rows share one launch (their partials are sized for
 		// LogitRows rows); a step of more single tokens (embeddings) runs
 		// the rest as chunks of one.
-		if leading && hi-lo == 1 && hi <= g.cfg.LogitRows {
-			g.plan.decode = hi
+		if leading && hi-lo == 1 && hi <= logitRows {
+			p.decode = hi
 			return
 		}
 		leading = false
 		c := chunk{lo: lo, hi: hi, first: -1}
-		if g.kvType == kernels.KVF16 { // f16: the cache itself when the blocks lie in order
+		if inOrder { // f16: the cache itself when the blocks lie in order
 			t, last := b.Tables[seq], int(b.Pos[hi-1])
 			ordered := true
 			for k := 1; k*b.Block <= last && ordered; k++ {
@@ -92,9 +106,11 @@ func (g *Exec) setInput(b *ir.Batch) error {
 				c.first = int(t[0]) * b.Block
 			}
 		}
-		g.plan.chunks = append(g.plan.chunks, c)
+		p.chunks = append(p.chunks, c)
 	})
-	return nil
+	if p.decode > 0 {
+		p.short = slices.Max(b.Pos[:p.decode]) < kernels.DecodeShortRow
+	}
 }
 
 // inputBytes are the stretches of the pinned input a step of n tokens of

@@ -507,7 +507,7 @@ type Segment struct {
 	backend.SegmentSpec
 	first  bool // uploads the batch's position and token ids
 	steps  []step
-	graphs map[int]*cudadrv.GraphExec // decode steps, by rows: captured on first use
+	graphs map[graphKey]*cudadrv.GraphExec // decode steps: captured on first use
 	// graphable: nothing streams in the segment (a graph replays fixed
 	// pointers, and streaming needs the copy stream's events). A segment
 	// that streams replays a graph too in a batch that found its weights
@@ -694,6 +694,13 @@ func (g *Exec) Run(s backend.Segment, rows int) (int, error) {
 	return g.run(seg, rows)
 }
 
+// graphKey tells decode graphs apart: by rows, and whether the rows are
+// short (their attention's kernel; stepPlan.short).
+type graphKey struct {
+	rows  int
+	short bool
+}
+
 func (g *Exec) run(seg *Segment, rows int) (int, error) {
 	if g.measure {
 		if err := g.mark(); err != nil {
@@ -704,16 +711,17 @@ func (g *Exec) run(seg *Segment, rows int) (int, error) {
 	}
 	b := g.batch
 	if b.Decode() && b.AllLogits() && !b.Hidden && rows == b.Len() && (seg.graphable || g.st.kept) && g.prof == nil && g.routeInspector == nil && !g.cfg.Options.NoGraphs {
-		graph := seg.graphs[rows]
+		key := graphKey{rows, g.plan.short}
+		graph := seg.graphs[key]
 		if graph == nil {
 			var err error
 			if graph, err = g.capture(seg, rows); err != nil {
 				return 0, err
 			}
 			if seg.graphs == nil {
-				seg.graphs = map[int]*cudadrv.GraphExec{}
+				seg.graphs = map[graphKey]*cudadrv.GraphExec{}
 			}
-			seg.graphs[rows] = graph
+			seg.graphs[key] = graph
 		}
 		if err := graph.Launch(g.s); err != nil {
 			return 0, fmt.Errorf("gpu: decode graph of ops %d-%d, %d rows: %w", seg.Lo, seg.Hi, rows, err)

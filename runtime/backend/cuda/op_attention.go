@@ -64,7 +64,7 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 		if plan.decode > 0 {
 			d := plan.decode
 			args := kernels.DecodeKVArgs{Out: out, Q: q, Cache: cache, Batch: &g.kvb, NTok: d,
-				NHeads: a.NHeads, NKV: a.NKVHeads, HeadSize: a.HeadSize, Scale: a.Scale, Rot: rotV}
+				NHeads: a.NHeads, NKV: a.NKVHeads, HeadSize: a.HeadSize, Scale: a.Scale, Rot: rotV, Short: plan.short}
 			if splits, chunk := g.decodeSplits(d); splits > 1 {
 				args.Splits, args.Chunk, args.Part, args.ML, args.Count = splits, chunk, g.attn.part, g.attn.ml, g.attn.count
 			}
