@@ -9,11 +9,13 @@
 #     GatherRows, and the contiguous launchers;
 #  2. the engine's op tests of the kernels whose parameters changed
 #     (runtime/backend/cuda TestGPUOps: rope, kv_store, attention);
-#  3. BenchmarkKVDecode: one layer's decode attention at depth 4096 and
-#     16384, 1 and 8 sequences, Qwen3-14B's and Qwen3-30B-A3B's heads: the
-#     contiguous attn_dec ("old", one launch a sequence) against the paged
-#     kernel on f16 and q8_0 caches (one launch), and on q8_0 with the
-#     output rotated back as the engine runs it ("q8_0 rotated").
+#  3. BenchmarkKVDecode: one layer's decode attention at depth 256, 1024,
+#     4096 and 16384, 1 and 8 sequences, Qwen3-14B's and Qwen3-30B-A3B's
+#     heads: the contiguous attn_dec ("old", one launch a sequence) against
+#     the paged kernel on f16 and q8_0 caches (one launch), on q8_0 with
+#     the output rotated back as the engine runs it ("q8_0 rotated"), and,
+#     for one sequence, the CUDA-core kernel a short row takes ("f16
+#     short").
 #
 # Usage (from anywhere in the repository; about a minute on an H200):
 #   tools/bench/kvbatch.sh
@@ -82,13 +84,14 @@ awk '
 	}
 }
 END {
-	printf "| model | depth | seqs | old us | f16 us | q8_0 us | q8_0 rotated us | old GB/s | f16 GB/s | q8_0 GB/s | old/f16 | f16/q8_0 |\n"
-	printf "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+	printf "| model | depth | seqs | old us | f16 us | f16 short us | q8_0 us | q8_0 rotated us | old GB/s | f16 GB/s | q8_0 GB/s | old/f16 | f16/q8_0 |\n"
+	printf "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
 	for (j = 0; j < n; j++) {
 		key = order[j]; split(key, p, " ")
 		r1 = (us[key, "f16"] > 0) ? sprintf("%.2f", us[key, "old"] / us[key, "f16"]) : "-"
 		r2 = (us[key, "q8_0"] > 0) ? sprintf("%.2f", us[key, "f16"] / us[key, "q8_0"]) : "-"
-		printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", p[1], p[2], p[3],
-			us[key, "old"], us[key, "f16"], us[key, "q8_0"], us[key, "q8_0rot"], gb[key, "old"], gb[key, "f16"], gb[key, "q8_0"], r1, r2
+		short = ((key, "f16-short") in us) ? us[key, "f16-short"] : "-"
+		printf "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", p[1], p[2], p[3],
+			us[key, "old"], us[key, "f16"], short, us[key, "q8_0"], us[key, "q8_0rot"], gb[key, "old"], gb[key, "f16"], gb[key, "q8_0"], r1, r2
 	}
 }' "$tmp/bench.log"
