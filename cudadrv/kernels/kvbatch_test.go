@@ -1051,19 +1051,15 @@ func runKVDecode(g *kvT, typ KVType, c kvDecCase) {
 		rots = append(rots, c.hs)
 	}
 	w := c.heads * c.hs
-	for _, short := range []bool{false, true}[:1+b2i(n == 1)] {
+	shorts := []bool{false}
+	if n == 1 {
+		shorts = append(shorts, true)
+	}
+	for _, short := range shorts {
 		a.Short = short
 		sameKernel := !(short && typ == KVF16 && !kvFix.attn.mma1)
 		runKVDecodeRots(g, &a, c, typ, rots, want, w, n, seq, pos, q, sameKernel)
 	}
-}
-
-// b2i is 1 for true.
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // runKVDecodeRots runs a (case c) at each output rotation, with and
@@ -1498,7 +1494,9 @@ func BenchmarkKVDecode(b *testing.B) {
 								Batch: &Batch{Pos: dPos, Seq: dSeq, Tables: dTab, MaxBlocks: blocks, Block: block},
 								NTok:  nSeq, NHeads: m.heads, NKV: m.kv, HeadSize: hs, Scale: 0.088,
 								Splits: splits, Chunk: chunk, Part: part, ML: ml, Count: count}
-							a.Rot = map[string]int{"q8_0rot": 64}[kernel]
+							if kernel == "q8_0rot" {
+								a.Rot = 64
+							}
 							a.Short = kernel == "f16-short"
 							step = func() error { return kvFix.attn.DecodeKV(s, &a) }
 						}
