@@ -8,13 +8,21 @@
 #   tools/gpu/stage.sh            then, on the GPU machine, from the
 #   tools/gpu/run.sh              repository root: every GPU suite
 #   RUN_ATS=0 tools/gpu/stage.sh  the test binaries only
+#   SUITES="kernels cuda" tools/gpu/stage.sh   some suites' binaries only
+#                                 (cudadrv kernels cuda session)
+#
+# It prints the bytes a call would carry: the tracked tree plus .carry/.
+# A GPU machine's call carries at most 64 MiB, and calls of about 63.5 MiB
+# were refused; stage fewer suites, or ats in a call of its own, above that.
 set -euo pipefail
 root=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 out=$root/.carry
 mkdir -p "$out"
 rm -f "$out"/*.test "$out"/*.test.xz "$out"/ats "$out"/ats.xz
 build=(-tags atsfatbindir -trimpath -ldflags='-s -w')
-for p in cudadrv cudadrv/kernels runtime/backend/cuda runtime/session; do
+declare -A pkg=([cudadrv]=cudadrv [kernels]=cudadrv/kernels [cuda]=runtime/backend/cuda [session]=runtime/session)
+for s in ${SUITES:-cudadrv kernels cuda session}; do
+	p=${pkg[$s]:?"stage.sh: no suite $s (cudadrv kernels cuda session)"}
 	name=$(echo "$p" | tr / _)
 	(cd "$root" && CGO_ENABLED=0 go test -c "${build[@]}" -o "$out/$name.test" "./$p")
 done
@@ -25,3 +33,10 @@ files=("$out"/*.test)
 [[ "${RUN_ATS:-1}" != 0 ]] && files+=("$out/ats")
 xz -T0 -6 "${files[@]}"
 ls -l "$out"
+tracked=$(cd "$root" && git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}')
+carried=$(du -cb "$out" | tail -1 | cut -f1)
+total=$((tracked + carried))
+echo "a call carries $((total / 1048576)) MiB: the tracked tree $((tracked / 1048576)) MiB, .carry/ $((carried / 1048576)) MiB"
+if ((total > 63 * 1048576)); then
+	echo "stage.sh: over 63 MiB: stage fewer suites (SUITES=...) or ats in a call of its own (RUN_ATS=0)" >&2
+fi
