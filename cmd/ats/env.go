@@ -27,6 +27,7 @@ const (
 	envGPURegister = "ATS_GPU_REGISTER"    // "0": never page-lock the model file
 	envGPUWeights  = "ATS_GPU_WEIGHTS"     // "ref": the float32 reference weight kernels
 	envMoESplit    = "ATS_MOE_SPLIT"       // how prompt batches split streamed MoE layers with the CPU
+	envMoERouted   = "ATS_MOE_ROUTED"      // the GPU's share of a decode step's chosen experts of the CPU's MoE layers ("0": none)
 	envPromoteLog  = "ATS_PROMOTE_LOG"     // "1": a line per decode step the promoter observes
 )
 
@@ -35,6 +36,7 @@ func envOptions(o *session.Options) {
 	o.NoRepack = os.Getenv(envRepack) == "0"
 	o.HostProfile = os.Getenv(envCPUProfile) == "1"
 	o.MoESplit = os.Getenv(envMoESplit)
+	o.MoERouted = os.Getenv(envMoERouted)
 	o.PromoteLog = os.Getenv(envPromoteLog) == "1"
 	o.DeviceOptions = backend.Options{
 		Profile:    os.Getenv(envGPUProfile) == "1",

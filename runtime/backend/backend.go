@@ -87,9 +87,15 @@ type ExecConfig struct {
 	Runs []bool // by op: may run here (in some schedule)
 	Resident,
 	Streams map[*ir.Weight]bool // matrices that live here, and that may stream through the ring
-	RingBytes int64    // the staging ring wanted (at least twice the largest streamed matrix)
-	Files     [][]byte // the model file's mapping (registered for streaming)
-	Options   Options
+	RingBytes int64 // the staging ring wanted (at least twice the largest streamed matrix)
+	// RoutedExperts is the most experts a decode step's routed expert
+	// layer (SplitRouted) hands the device, which copies their weights
+	// into a scratch of that many experts; RoutedShare is the share of a
+	// step's routed experts it takes (the rest stay with the host).
+	RoutedExperts int
+	RoutedShare   float64
+	Files         [][]byte // the model file's mapping (registered for streaming)
+	Options       Options
 }
 
 // Options are a device backend's switches, for measurements and
@@ -153,10 +159,18 @@ type SegmentSpec struct {
 	Logits  bool
 	// Split maps an expert op of the segment to the first expert the
 	// device computes: the experts below it are the host's (Host), which
-	// computes them meanwhile, and their weights are not streamed. Only
-	// for prompt batches (a decode graph cannot call the host).
+	// computes them meanwhile, and their weights are not streamed. Or to
+	// SplitRouted. A segment with splits is never captured in a graph (a
+	// graph cannot call the host).
 	Split map[int]int
 }
+
+// SplitRouted marks an expert op of a decode step whose experts stay in
+// host memory: each step, once the device has routed the tokens, the host
+// hands it a share of the experts they chose (ExecConfig.RoutedShare),
+// whose weights alone cross the link, and computes the others meanwhile.
+// The expert stack never streams whole.
+const SplitRouted = -1
 
 // Schedule is a step's device segments, compiled.
 type Schedule interface {
@@ -251,7 +265,9 @@ type HostSpan struct {
 // share; the slots (token, expert) they routed, and how many the host's
 // experts took; the host's experts, and how many of them had a slot; the
 // process's CPU time during the host's shares; and the file bytes of the
-// host's experts that had a slot.
+// host's experts that had a slot. Of them, the routed layers
+// (SplitRouted): how many, the experts the device took, and the bytes
+// their weights brought over the link.
 type SplitStats struct {
 	Layers                  int
 	Wait, Host              time.Duration
@@ -259,4 +275,7 @@ type SplitStats struct {
 	HostExperts, HostRouted int
 	HostCPU                 time.Duration
 	HostBytes               int64
+	RoutedLayers            int
+	DeviceExperts           int
+	CopiedBytes             int64
 }

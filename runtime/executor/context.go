@@ -132,6 +132,13 @@ func (c *Context) init(w *cpu.Weights, acc backend.Accelerator) error {
 			onHost[i] = onHost[i] || d == plan.CPU
 		}
 	}
+	for i, u := range c.layout.Units {
+		if c.layout.routed(i) { // the host computes its share of the experts
+			for op := u.Lo; op < u.Hi; op++ {
+				onHost[op] = true
+			}
+		}
+	}
 	cfg, onDevice := DeviceConfig(c.m, c.layout, c.opt)
 	c.hostOf = map[ir.BufID]backend.HostBuffer{}
 	shared := map[ir.BufID][]float32{}

@@ -27,6 +27,18 @@ type Layout struct {
 	RingBytes int64
 	// Promotable marks the units a decode step may promote (nil: none).
 	Promotable []bool
+	// Routed marks the host's expert units whose decode steps hand the
+	// accelerator a share of the experts their tokens chose
+	// (backend.SplitRouted), by unit (nil: none); RoutedShare and
+	// RoutedExperts are backend.ExecConfig's.
+	Routed        []bool
+	RoutedShare   float64
+	RoutedExperts int
+}
+
+// routed says whether unit i's decode steps are routed.
+func (l *Layout) routed(i int) bool {
+	return l.Routed != nil && l.Routed[i] && !l.Resident[i] && l.Units[i].Experts > 0
 }
 
 // PrefillLayout is what batches of at least MinBatch tokens stream: Stream
@@ -90,7 +102,17 @@ func (l *Layout) schedules(batch int) []*Schedule {
 		}
 		return s
 	}
-	out := []*Schedule{mk(1, nil, nil)}
+	var stream []bool
+	var split []int
+	for i := range l.Units {
+		if l.routed(i) {
+			if stream == nil {
+				stream, split = make([]bool, len(l.Units)), make([]int, len(l.Units))
+			}
+			stream[i], split[i] = true, backend.SplitRouted
+		}
+	}
+	out := []*Schedule{mk(1, stream, split)}
 	for _, pl := range l.Prefill {
 		if pl.MinBatch <= 1 || pl.MinBatch > batch {
 			continue
@@ -152,6 +174,12 @@ func DeviceConfig(m *model.Model, l *Layout, opt Options) (cfg backend.ExecConfi
 			}
 		}
 	}
-	return backend.ExecConfig{Batch: opt.Batch, LogitRows: logitRows(opt.Batch), KV: opt.KV, Runs: onDev,
-		Resident: resident, Streams: streamed, RingBytes: l.RingBytes, Files: m.FileParts(), Options: opt.Device}, true
+	cfg = backend.ExecConfig{Batch: opt.Batch, LogitRows: logitRows(opt.Batch), KV: opt.KV, Runs: onDev,
+		Resident: resident, Streams: streamed, RingBytes: l.RingBytes, Files: m.FileParts(), Options: opt.Device}
+	for i := range l.Units {
+		if l.routed(i) {
+			cfg.RoutedExperts, cfg.RoutedShare = l.RoutedExperts, l.RoutedShare
+		}
+	}
+	return cfg, true
 }

@@ -119,9 +119,20 @@ func crossingBuffers(p *ir.Program, scheds []*Schedule, promotable bool, onHost 
 // compiles the accelerator's segments.
 func (c *Context) compile(s *Schedule) error {
 	p := c.m.Prog
+	// A routed unit's ops are a segment of their own: the host takes part
+	// in them, so they never replay from a graph, and the ops around them
+	// still do.
+	routedOp := make([]bool, len(p.Ops))
+	for i, u := range c.units {
+		if i < len(s.split) && s.split[i] == backend.SplitRouted {
+			for op := u.Lo; op < u.Hi; op++ {
+				routedOp[op] = true
+			}
+		}
+	}
 	for i := 0; i < len(p.Ops); {
 		j := i + 1
-		for j < len(p.Ops) && s.dev[j] == s.dev[i] {
+		for j < len(p.Ops) && s.dev[j] == s.dev[i] && routedOp[j] == routedOp[i] {
 			j++
 		}
 		s.segs = append(s.segs, segment{onDevice: s.dev[i] == plan.GPU, lo: i, hi: j})
@@ -208,10 +219,10 @@ func (c *Context) splits(s *Schedule, lo, hi int) map[int]int {
 // (by unit) on the accelerator, their weights streamed.
 func (c *Context) Promotion(promote []bool) (*Schedule, error) {
 	base := c.scheds[0]
-	s := &Schedule{minBatch: 1, dev: slices.Clone(base.dev), stream: make([]bool, len(c.units))}
+	s := &Schedule{minBatch: 1, dev: slices.Clone(base.dev), stream: slices.Clone(base.stream), split: slices.Clone(base.split)}
 	for i, u := range c.units {
 		if promote[i] {
-			s.stream[i] = true
+			s.stream[i], s.split[i] = true, 0
 			for op := u.Lo; op < u.Hi; op++ {
 				s.dev[op] = plan.GPU
 			}

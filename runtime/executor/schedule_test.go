@@ -5,6 +5,7 @@ import (
 
 	"github.com/atsinfer/ats/internal/oracletest"
 	"github.com/atsinfer/ats/plan"
+	"github.com/atsinfer/ats/runtime/backend"
 	"github.com/atsinfer/ats/runtime/ir"
 	"github.com/atsinfer/ats/runtime/kvcache"
 	"github.com/atsinfer/ats/runtime/model"
@@ -88,5 +89,45 @@ func TestSchedules(t *testing.T) {
 	}
 	if got := l.schedules(64); len(got) != 2 {
 		t.Errorf("batches of 64: %d schedules, want 2", len(got))
+	}
+}
+
+// TestRoutedSchedule checks that a layout's routed expert units
+// (Layout.Routed) run on the device in the decode schedule, marked
+// backend.SplitRouted and not streamed whole by prefill's rules, that
+// resident units are never routed, that the device config carries the
+// share, and that promotion keeps the routing of the units it leaves.
+func TestRoutedSchedule(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3moe-q4_k_m")
+	units := programUnits(m.Prog, 64)
+	l := HostOnly(units)
+	l.Routed = make([]bool, len(units))
+	var experts []int
+	for i, u := range units {
+		if u.Experts > 0 {
+			experts = append(experts, i)
+			l.Routed[i] = true
+		}
+	}
+	if len(experts) < 2 {
+		t.Fatalf("%d expert units", len(experts))
+	}
+	l.Resident[experts[1]] = true // resident: never routed
+	l.RoutedShare, l.RoutedExperts = 0.5, 4
+	dec := l.schedules(64)[0]
+	u0, u1 := experts[0], experts[1]
+	if dec.split[u0] != backend.SplitRouted || !dec.stream[u0] || dec.dev[units[u0].Lo] != plan.GPU {
+		t.Errorf("routed unit %s: split %d, stream %v, on %v", units[u0].Name, dec.split[u0], dec.stream[u0], dec.dev[units[u0].Lo])
+	}
+	if dec.split[u1] != 0 || dec.stream[u1] {
+		t.Errorf("resident unit %s: split %d, stream %v", units[u1].Name, dec.split[u1], dec.stream[u1])
+	}
+	cfg, ok := DeviceConfig(m, l, Options{Batch: 64})
+	if !ok || cfg.RoutedShare != 0.5 || cfg.RoutedExperts != 4 || !cfg.Streams[units[u0].Mats[0]] {
+		t.Errorf("device config: ok %v, share %g, experts %d, streams %s: %v", ok, cfg.RoutedShare, cfg.RoutedExperts, units[u0].Mats[0].Name, cfg.Streams[units[u0].Mats[0]])
+	}
+	l.Routed = nil
+	if cfg, _ := DeviceConfig(m, l, Options{Batch: 64}); cfg.RoutedExperts != 0 {
+		t.Errorf("no routed units, yet %d routed experts in the device config", cfg.RoutedExperts)
 	}
 }

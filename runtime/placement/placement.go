@@ -51,7 +51,14 @@ type Placement struct {
 	Depth     int               `json:"planned_depth,omitempty"`
 	Predicted *Prediction       `json:"predicted,omitempty"`
 	Prefill   []PrefillSchedule `json:"prefill,omitempty"`
-	Units     []UnitPlacement   `json:"units"`
+	// Routed names the CPU's expert units whose decode steps hand the GPU
+	// RoutedShare of the experts their tokens chose (their weights alone
+	// cross the link) while the CPU computes the others; RoutedExperts is
+	// the most a step hands it (the scratch they are copied into).
+	Routed        []string        `json:"routed,omitempty"`
+	RoutedShare   float64         `json:"routed_share,omitempty"`
+	RoutedExperts int             `json:"routed_experts,omitempty"`
+	Units         []UnitPlacement `json:"units"`
 
 	units   []model.Unit
 	vectors []*ir.Weight  // the model's 1-D weights (norms, biases)
@@ -325,6 +332,16 @@ func (pl *Placement) bind(m *model.Model, w *cpu.Weights, units []model.Unit) (*
 			}
 		}
 	}
+	if pl.RoutedShare < 0 || pl.RoutedShare > 1 || pl.RoutedExperts < 0 || len(pl.Routed) > 0 && pl.RoutedExperts == 0 {
+		return nil, fmt.Errorf("placement: routed_share %g and routed_experts %d: want a share in [0, 1] and, with routed units, at least one expert", pl.RoutedShare, pl.RoutedExperts)
+	}
+	for _, n := range pl.Routed {
+		i := unitIndex(units, n)
+		if i < 0 || moeExperts(units[i]) == 0 || !units[i].Streamable || !canSplitMoE(w, units[i]) || out.resident(i) {
+			return nil, fmt.Errorf("placement: routes %s: want an expert unit of %s on the CPU that the GPU can share", n, m.File.Path)
+		}
+	}
+	out.Routed, out.RoutedShare, out.RoutedExperts = pl.Routed, pl.RoutedShare, pl.RoutedExperts
 	// Units sharing a tensor (tied embeddings) live together.
 	for i, u := range units {
 		for j := i + 1; j < len(units); j++ {

@@ -335,6 +335,10 @@ func (p *Planner) placeByProfile(prof *plan.Profile, units []model.Unit, opt Opt
 		}
 	}
 	pred.DecodeStepSeconds, _, _ = dec.Cost(on)
+	if splitsMoE {
+		saved := p.routeExperts(pl, units, prof, d0, on, budget, opt)
+		pred.DecodeStepSeconds -= saved
+	}
 	if pred.DecodeStepSeconds > 0 {
 		pred.DecodeTokensPerS = 1 / pred.DecodeStepSeconds
 	}
@@ -474,6 +478,85 @@ func prefillStreams(w *cpu.Weights, prof *plan.Profile, units []model.Unit, pl *
 	}
 	return stream, split, best.Time, nil
 }
+
+// routeExperts picks the CPU's expert units whose decode steps hand the
+// GPU a share of the experts their tokens chose (Placement.Routed), and
+// that share, and returns the decode step's predicted saving. The GPU's
+// share crosses the link while the CPU computes the rest, so the share
+// that has both finish together is link / (link + CPU), the rates in
+// bytes of chosen experts a second: the link's as the profile measured
+// it, the CPU's its time for the units at one token over the bytes a token
+// reads of them (model.Unit.DecodeBytes). The scratch the experts are
+// copied into (RoutedExperts of them) comes out of the budget's slack.
+func (p *Planner) routeExperts(pl *Placement, units []model.Unit, prof *plan.Profile, d0 int, on []plan.Backend, budget int64, opt Options) (saved float64) {
+	if opt.MoERouted == "0" || prof.Stream.BytesPerSec <= 0 {
+		return 0
+	}
+	var names []string
+	var bytes, secs float64
+	ne, k := 0, 0
+	for i, u := range units {
+		if u.Experts == 0 || pl.resident(i) || on[i] == plan.GPU || !u.Streamable || !canSplitMoE(p.w, u) {
+			continue
+		}
+		names = append(names, u.Name)
+		bytes += float64(u.DecodeBytes)
+		secs += prof.Units[i].CPU[d0]
+		ne = max(ne, u.Experts)
+		k = max(k, p.m.Prog.Ops[u.Lo].TopK)
+		for op := u.Lo; op < u.Hi; op++ {
+			k = max(k, p.m.Prog.Ops[op].TopK)
+		}
+	}
+	if len(names) == 0 || secs <= 0 || k == 0 {
+		return 0
+	}
+	link, cpuRate := prof.Stream.BytesPerSec, bytes/secs
+	share := link / (link + cpuRate)
+	if v := opt.MoERouted; v != "" && v != "auto" {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 || f > 1 {
+			badRoutedNote.Do(func() {
+				opt.Notes.Note(fmt.Sprintf("ATS_MOE_ROUTED=%q is neither a fraction in [0, 1] nor auto: ignored", v))
+			})
+			return 0
+		}
+		share = f
+	}
+	if share*float64(k) < 0.5 {
+		return 0 // not one expert of a token's
+	}
+	// Scratch for the share of what a step of up to routedRows tokens
+	// chooses, less where the budget has no room.
+	most := min(ne, int(math.Ceil(share*float64(min(ne, routedRows*k)))))
+	pl.Routed, pl.RoutedShare, pl.RoutedExperts = names, share, most
+	for ; most > 0; most /= 2 {
+		pl.RoutedExperts = most
+		if arena, weights := p.needBytes(pl, opt); arena+weights <= budget {
+			break
+		}
+	}
+	if most == 0 {
+		pl.Routed, pl.RoutedShare, pl.RoutedExperts = nil, 0, 0
+		return 0
+	}
+	// A token's chosen experts: the CPU computes 1-share of them while
+	// the link brings the rest; each routed layer also waits for its
+	// routing and queues its copies (routedLayerSeconds).
+	t := max(secs*(1-share), share*bytes/link) + float64(len(names))*routedLayerSeconds
+	return max(secs-t, 0)
+}
+
+// routedRows is the decode batch the routed scratch is sized for: a step
+// of more tokens hands the GPU only as many experts as fit.
+const routedRows = 4
+
+// routedLayerSeconds is what a routed layer costs beyond its experts: the
+// host's wait for the routing and its copies' and launches' queueing.
+const routedLayerSeconds = 40e-6
+
+// badRoutedNote says once that ATS_MOE_ROUTED was not understood.
+var badRoutedNote sync.Once
 
 // moeSplitFractions are the shares of each streamed expert layer's
 // experts the planner tries giving the host (Options.MoESplit): by default

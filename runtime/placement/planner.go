@@ -52,6 +52,12 @@ type Options struct {
 	Depth int
 	// Progress, when set, hears of a profiling run.
 	Progress func(done, total int, what string)
+	// MoERouted says whether decode steps hand the GPU a share of the
+	// experts their tokens chose in the CPU's expert layers
+	// (Placement.Routed): "" or "auto" (the share the measured link and
+	// CPU rates balance), a fraction ("0.25"), or "0" (never).
+	// ATS_MOE_ROUTED sets it.
+	MoERouted string
 	// MoESplit says how the streamed expert layers of prompt batches are
 	// split with the host: "" or "auto" (the planner tries shares up to
 	// three eighths and keeps the fastest by its cost model), a fraction
@@ -225,6 +231,12 @@ func (pl *Placement) Layout() *executor.Layout {
 			pf.Split[i] = ps.Split[u.Name]
 		}
 		l.Prefill = append(l.Prefill, pf)
+	}
+	if len(pl.Routed) > 0 {
+		l.Routed, l.RoutedShare, l.RoutedExperts = make([]bool, len(pl.units)), pl.RoutedShare, pl.RoutedExperts
+		for i, u := range pl.units {
+			l.Routed[i] = slices.Contains(pl.Routed, u.Name) && !pl.resident(i)
+		}
 	}
 	if pl.Dynamic {
 		l.Promotable = make([]bool, len(pl.units))

@@ -50,8 +50,9 @@ type Options struct {
 	NoRepack bool
 	// HostProfile times every host op and reports at Close.
 	HostProfile bool
-	// MoESplit and PromoteLog: as placement.Options.
+	// MoESplit, MoERouted and PromoteLog: as placement.Options.
 	MoESplit   string
+	MoERouted  string
 	PromoteLog bool
 	// DeviceOptions are the accelerator's switches.
 	DeviceOptions backend.Options
@@ -82,7 +83,7 @@ func (o Options) resolved(m *model.Model) Options {
 func (o Options) placement() placement.Options {
 	return placement.Options{Backend: o.Backend, VRAMBudget: o.VRAMBudget, Placement: o.Placement, PlanFor: o.PlanFor,
 		StaticOnly: o.StaticOnly, Batch: o.Batch, Threads: o.Threads, KV: model.KV{Rows: o.CtxSize, Type: o.KVType},
-		Progress: o.Progress, MoESplit: o.MoESplit, PromoteLog: o.PromoteLog, Device: o.DeviceOptions, Notes: o.Notes,
+		Progress: o.Progress, MoESplit: o.MoESplit, MoERouted: o.MoERouted, PromoteLog: o.PromoteLog, Device: o.DeviceOptions, Notes: o.Notes,
 		HybridAlways: o.HybridAlways, PromoteEverything: o.PromoteEverything}
 }
 

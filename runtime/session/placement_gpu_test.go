@@ -95,6 +95,25 @@ func splitPrefill(m *model.Model, pl *placement.Placement, frac float64) *placem
 	return pl
 }
 
+// routedDecode has pl's decode steps hand the GPU share of the experts
+// their tokens choose in every expert layer on the CPU, with no promotion;
+// nil when none is on the CPU.
+func routedDecode(m *model.Model, pl *placement.Placement, share float64) *placement.Placement {
+	units := programUnits(m.Prog, 64, nil)
+	most := 0
+	for i, u := range units {
+		if u.Experts > 1 && u.Streamable && pl.Units[i].Backend == executor.BackendCPU {
+			pl.Routed = append(pl.Routed, u.Name)
+			most = max(most, u.Experts)
+		}
+	}
+	if len(pl.Routed) == 0 {
+		return nil
+	}
+	pl.RoutedShare, pl.RoutedExperts, pl.Dynamic = share, most, false
+	return pl
+}
+
 // oracleVariant is one way to run an oracle model: context options, and
 // whether the streamed weights must sit in pinned copies.
 type oracleVariant struct {
@@ -107,6 +126,9 @@ type oracleVariant struct {
 	// hybridPlan has the planner place by its profile even where the
 	// whole model fits the budget (Options.HybridAlways).
 	hybridPlan bool
+	// routed: decode steps must have routed expert layers
+	// (Placement.Routed).
+	routed bool
 }
 
 func TestOraclesPlacements(t *testing.T) {
@@ -137,6 +159,25 @@ func TestOraclesPlacements(t *testing.T) {
 		} {
 			if pl := splitPrefill(m, forcedPlacement(t, m, ctx, c.gpuAt), c.frac); pl != nil {
 				variants = append(variants, oracleVariant{name: c.name, opt: Options{Backend: executor.BackendAuto, Placement: pl}, promoteAll: true})
+			}
+		}
+		// Decode steps that hand the GPU a share of the experts their
+		// tokens chose in the CPU's expert layers (Placement.Routed):
+		// none of them, a quarter, half, and all (the scratch and the
+		// slots' remapping alone), with no promotion to take the layers
+		// whole.
+		for _, c := range []struct {
+			name  string
+			share float64
+			gpuAt func(int, model.Unit) bool
+		}{
+			{"attention-gpu-routed-none", 0, func(_ int, u model.Unit) bool { return u.Role == "attention" }},
+			{"attention-gpu-routed-quarter", 0.25, func(_ int, u model.Unit) bool { return u.Role == "attention" }},
+			{"all-cpu-routed-half", 0.5, func(int, model.Unit) bool { return false }},
+			{"alternating-routed-all", 1, func(i int, _ model.Unit) bool { return i%2 == 1 }},
+		} {
+			if pl := routedDecode(m, forcedPlacement(t, m, ctx, c.gpuAt), c.share); pl != nil {
+				variants = append(variants, oracleVariant{name: c.name, opt: Options{Backend: executor.BackendAuto, Placement: pl}, routed: true})
 			}
 		}
 		need := m.WeightBytes()
@@ -207,7 +248,15 @@ func checkOracleVariants(t *testing.T, dev *cuda.Device, ctx int, variantsOf fun
 				if err != nil {
 					t.Fatal(err)
 				}
-				if sp := c.Ctx.Stats().Split; sp.Layers > 0 {
+				sp := c.Ctx.Stats().Split
+				if v.routed {
+					pl := v.opt.Placement
+					if sp.RoutedLayers == 0 || (pl.RoutedShare > 0) != (sp.DeviceExperts > 0) || (sp.DeviceExperts > 0) != (sp.CopiedBytes > 0) {
+						t.Errorf("routed stats at share %g: %d layers, %d experts on the device, %d bytes copied", pl.RoutedShare, sp.RoutedLayers, sp.DeviceExperts, sp.CopiedBytes)
+					}
+					t.Logf("routed: %d layers, %d experts on the device (%d bytes), %d routed on the host", sp.RoutedLayers, sp.DeviceExperts, sp.CopiedBytes, sp.HostRouted)
+				}
+				if sp.Layers > 0 {
 					// The bytes of the host's experts that had a slot: some
 					// when any did, at most every expert of every split layer.
 					var most int64

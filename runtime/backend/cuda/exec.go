@@ -99,6 +99,21 @@ type Exec struct {
 		stats              backend.SplitStats
 	}
 
+	// routed: the experts that decode steps' routed layers (SplitRouted)
+	// hand the device. Their weights are copied into base: gate, up and
+	// down regions of most experts of at most per bytes each; ids
+	// holds the slots' device ids (the index of their expert among the
+	// picked, or -1) on their way to the device; copied follows the
+	// weights' copies on the copy stream.
+	routed struct {
+		base   cudadrv.DevicePtr
+		most   int
+		per    [3]int64
+		ids    *cudadrv.HostMem
+		copied *cudadrv.Event
+		pick   []int32
+	}
+
 	routeInspector RouteInspector // InspectRoutes; nil outside tests
 	capturing      bool           // a decode graph is being captured (capture)
 	captures       int            // graphs captured so far
@@ -247,6 +262,21 @@ func (g *Exec) layout(dev *Device, w WeightOps, p *ir.Program, cfg backend.ExecC
 	if ring := ringBytes(w, p, cfg.Streams, cfg.RingBytes); ring > 0 {
 		g.st.bytes = ring
 		add("staging ring", ring, &g.st.base)
+	}
+	g.routed.most, g.routed.per = 0, [3]int64{}
+	if cfg.RoutedExperts > 0 {
+		for i := range p.Ops {
+			if op := &p.Ops[i]; runs(i) && op.Kind == ir.OpMoE && cfg.Streams[op.Gate] {
+				ne := int64(op.Gate.Experts())
+				for j, wt := range []*ir.Weight{op.Gate, op.Up, op.Down} {
+					g.routed.per[j] = max(g.routed.per[j], w.DeviceBytes(wt)/ne)
+				}
+			}
+		}
+		if b := g.routed.per[0] + g.routed.per[1] + g.routed.per[2]; b > 0 {
+			g.routed.most = cfg.RoutedExperts
+			add("routed experts", b*int64(cfg.RoutedExperts)+2*256, &g.routed.base)
+		}
 	}
 	return specs
 }
@@ -467,6 +497,12 @@ func (g *Exec) Close() error {
 	if g.split.ready != nil {
 		errs = append(errs, g.split.ready.Destroy())
 	}
+	if g.routed.ids != nil {
+		errs = append(errs, g.routed.ids.Free())
+	}
+	if g.routed.copied != nil {
+		errs = append(errs, g.routed.copied.Destroy())
+	}
 	if g.ws != nil {
 		errs = append(errs, releaseWeights(g.dev, g.ws))
 		g.ws = nil
@@ -554,13 +590,17 @@ func (g *Exec) compileSchedule(specs []backend.SegmentSpec, streams map[*ir.Weig
 	for i, spec := range specs {
 		seg := &Segment{SegmentSpec: spec, first: i == 0}
 		before := len(sch.streamed)
-		skip, err := g.splitSkips(spec)
+		skip, routed, err := g.splitSkips(spec)
 		if err != nil {
 			return nil, err
 		}
 		steps, err := g.compile(spec.Lo, spec.Hi, func(w *ir.Weight) (*mat, error) {
 			if m := g.ws.mats[w]; m != nil {
 				return m, nil
+			}
+			if routed[w] {
+				m := matOf(w, 0) // moeRouted copies the experts it takes
+				return &m, nil
 			}
 			if !streams[w] || g.st.bytes == 0 {
 				return nil, fmt.Errorf("weight %q is neither resident nor streamed", w.Name)
@@ -589,32 +629,45 @@ func (g *Exec) compileSchedule(specs []backend.SegmentSpec, streams map[*ir.Weig
 
 // splitSkips checks a segment's split MoE ops (SegmentSpec.Split) and
 // returns, for each of their expert stacks, the bytes of the experts the
-// host computes (mat.skip), and makes the host buffers they need.
-func (g *Exec) splitSkips(spec backend.SegmentSpec) (map[*ir.Weight]int64, error) {
+// host computes (mat.skip), and the expert stacks of routed ops
+// (SplitRouted), and makes the host buffers they need.
+func (g *Exec) splitSkips(spec backend.SegmentSpec) (skip map[*ir.Weight]int64, routed map[*ir.Weight]bool, err error) {
 	if len(spec.Split) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if !SplitsMoE(g.w) {
-		return nil, fmt.Errorf("gpu: a split MoE layer needs the quantized weight path (the experts in the file's layout), not %s", g.w.Name())
+		return nil, nil, fmt.Errorf("gpu: a split MoE layer needs the quantized weight path (the experts in the file's layout), not %s", g.w.Name())
 	}
 	if g.host == nil {
-		return nil, errors.New("gpu: a split MoE layer without a host to compute its share")
+		return nil, nil, errors.New("gpu: a split MoE layer without a host to compute its share")
 	}
-	skip := map[*ir.Weight]int64{}
+	skip, routed = map[*ir.Weight]int64{}, map[*ir.Weight]bool{}
 	emb, k := 0, 0
 	for i, ks := range spec.Split {
 		if i < spec.Lo || i >= spec.Hi || g.prog.Ops[i].Kind != ir.OpMoE {
-			return nil, fmt.Errorf("gpu: split of op %d, not an MoE op of the segment %d-%d", i, spec.Lo, spec.Hi)
+			return nil, nil, fmt.Errorf("gpu: split of op %d, not an MoE op of the segment %d-%d", i, spec.Lo, spec.Hi)
 		}
 		op := &g.prog.Ops[i]
 		ne := op.Gate.Experts()
+		emb, k = max(emb, op.Gate.Cols()), max(k, op.TopK)
+		if ks == backend.SplitRouted {
+			if g.routed.most == 0 || g.cs == nil {
+				return nil, nil, fmt.Errorf("gpu: MoE layer %d is routed, but the context has no scratch for routed experts (ExecConfig.RoutedExperts) or copy stream", op.Layer)
+			}
+			for j, w := range []*ir.Weight{op.Gate, op.Up, op.Down} {
+				if b := g.w.DeviceBytes(w) / int64(ne); b > g.routed.per[j] || int64(len(w.Data)) != g.w.DeviceBytes(w) {
+					return nil, nil, fmt.Errorf("gpu: MoE layer %d's %s: an expert of %d bytes (%d in the file) for a routed scratch of %d", op.Layer, w.Name, b, len(w.Data)/ne, g.routed.per[j])
+				}
+				routed[w] = true
+			}
+			continue
+		}
 		if ks < 1 || ks >= ne {
-			return nil, fmt.Errorf("gpu: MoE layer %d split at expert %d of %d", op.Layer, ks, ne)
+			return nil, nil, fmt.Errorf("gpu: MoE layer %d split at expert %d of %d", op.Layer, ks, ne)
 		}
 		for _, w := range []*ir.Weight{op.Gate, op.Up, op.Down} {
 			skip[w] = g.w.DeviceBytes(w) / int64(ne) * int64(ks)
 		}
-		emb, k = max(emb, op.Gate.Cols()), max(k, op.TopK)
 	}
 	sp := &g.split
 	alloc := func(h **cudadrv.HostMem, n int) error {
@@ -632,16 +685,23 @@ func (g *Exec) splitSkips(spec backend.SegmentSpec) (map[*ir.Weight]int64, error
 	}
 	b := g.cfg.Batch
 	if err := errors.Join(alloc(&sp.x, b*emb), alloc(&sp.y, b*emb), alloc(&sp.ids, b*k), alloc(&sp.weights, b*k)); err != nil {
-		return nil, fmt.Errorf("gpu: host buffers of a split MoE layer: %w", err)
+		return nil, nil, fmt.Errorf("gpu: host buffers of a split MoE layer: %w", err)
 	}
-	if sp.ready == nil {
-		e, err := g.dev.ctx.NewEvent(cudadrv.EventDisableTiming)
-		if err != nil {
-			return nil, fmt.Errorf("gpu: %w", err)
+	if len(routed) > 0 {
+		if err := alloc(&g.routed.ids, b*k); err != nil {
+			return nil, nil, fmt.Errorf("gpu: host buffers of a routed MoE layer: %w", err)
 		}
-		sp.ready = e
 	}
-	return skip, nil
+	for _, e := range []**cudadrv.Event{&sp.ready, &g.routed.copied} {
+		if *e == nil {
+			ev, err := g.dev.ctx.NewEvent(cudadrv.EventDisableTiming)
+			if err != nil {
+				return nil, nil, fmt.Errorf("gpu: %w", err)
+			}
+			*e = ev
+		}
+	}
+	return skip, routed, nil
 }
 
 // Release destroys the schedule's graphs.
@@ -710,7 +770,7 @@ func (g *Exec) run(seg *Segment, rows int) (int, error) {
 		g.ran = append(g.ran, seg)
 	}
 	b := g.batch
-	if b.Decode() && b.AllLogits() && !b.Hidden && rows == b.Len() && (seg.graphable || g.st.kept) && g.prof == nil && g.routeInspector == nil && !g.cfg.Options.NoGraphs {
+	if b.Decode() && b.AllLogits() && !b.Hidden && rows == b.Len() && (seg.graphable || g.st.kept && len(seg.Split) == 0) && g.prof == nil && g.routeInspector == nil && !g.cfg.Options.NoGraphs {
 		key := graphKey{rows, g.plan.short}
 		graph := seg.graphs[key]
 		if graph == nil {

@@ -4,7 +4,9 @@ package cuda
 // layer split between the host and the device.
 
 import (
+	"errors"
 	"fmt"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -46,6 +48,11 @@ func (g *Exec) moeStep(op *ir.Op, sum bool, ks int) (step, error) {
 	gu, _ := w.(groupedOps)
 	if gate.seq >= 0 || up.seq >= 0 {
 		gu = nil
+	}
+	if ks == backend.SplitRouted {
+		return step{group: grp, run: func(s *cudadrv.Stream, n int) error {
+			return g.moeRouted(s, op, router, gate, up, down, in, out, n)
+		}}, nil
 	}
 	if ks > 0 {
 		return step{group: grp, run: func(s *cudadrv.Stream, n int) error {
@@ -171,6 +178,141 @@ func (g *Exec) moeSplit(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *ma
 			backend.HostSpan{Name: fmt.Sprintf("layer %d: the CPU's experts 0-%d (%d of them routed, %d slots)", op.Layer, ks-1, used, slots), Start: t1, End: t2})
 	}
 	return d.moe.WeightedSumHost(s, out, m.down, m.weights, m.ids, sp.y.DevicePtr(), emb, k, n)
+}
+
+// moeRouted queues a decode step's routed MoE layer (SplitRouted), whose
+// expert stacks stay in host memory. The device routes the tokens and
+// hands every slot to the host (Split at the last expert). The host picks
+// the device's share of the experts the tokens chose (routedPick), copies
+// their weights alone into the routed scratch on the copy stream, and
+// queues their slots' products; it computes the other experts' slots
+// meanwhile, and the device then adds its slots onto the host's sum.
+func (g *Exec) moeRouted(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *mat, in, out cudadrv.DevicePtr, n int) error {
+	m, d, sp, r := &g.moe, g.dev, &g.split, &g.routed
+	k, ff, emb, ne := op.TopK, gate.Rows, down.Rows, gate.Experts
+	if err := g.route(s, op, router, in, n); err != nil {
+		return err
+	}
+	if err := d.moe.Split(s, m.ids, m.weights, ne, n*k, sp.ids.DevicePtr(), sp.weights.DevicePtr()); err != nil {
+		return err
+	}
+	if err := d.elem.CopyF32(s, sp.x.DevicePtr(), in, n*emb); err != nil {
+		return err
+	}
+	if err := sp.ready.Record(s); err != nil {
+		return err
+	}
+	g.host.Expect(splitRoutingWait)
+	t0 := time.Now()
+	if err := sp.ready.Synchronize(); err != nil {
+		return fmt.Errorf("waiting for the routing of layer %d: %w", op.Layer, err)
+	}
+	t1, cpu0 := time.Now(), processCPUTime()
+	x := unsafe.Slice((*float32)(sp.x.Pointer()), n*emb)
+	y := unsafe.Slice((*float32)(sp.y.Pointer()), n*emb)
+	ids := unsafe.Slice((*int32)(sp.ids.Pointer()), n*k)
+	w := unsafe.Slice((*float32)(sp.weights.Pointer()), n*k)
+	devIDs := unsafe.Slice((*int32)(r.ids.Pointer()), n*k)
+	var ks int
+	ks, r.pick = routedPick(ids, ne, g.cfg.RoutedShare, r.most, r.pick[:0], devIDs)
+	var copied int64
+	if len(r.pick) > 0 {
+		// The slots' device ids (after Split, which left them all -1),
+		// then the picked experts' weights; the products wait for both.
+		if err := s.CopyHtoD(m.ids, r.ids.Bytes()[:4*n*k]); err != nil {
+			return fmt.Errorf("layer %d's routed ids: %w", op.Layer, err)
+		}
+		// The kernels find expert i of a stack at i times its experts'
+		// bytes: the picked experts lie so, region by region.
+		var local [3]mat
+		region := r.base
+		for j, src := range []*mat{gate, up, down} {
+			per := len(src.W.Data) / ne
+			for i, e := range r.pick {
+				b := g.reg.source(src.W.Data[int(e)*per : (int(e)+1)*per])
+				if err := g.cs.CopyHtoD(region.Add(i*per), b); err != nil {
+					return fmt.Errorf("layer %d: copying expert %d of %s: %w", op.Layer, e, src.W.Name, err)
+				}
+				copied += int64(per)
+			}
+			local[j] = mat{W: src.W, Ptr: region, Rows: src.Rows, Cols: src.Cols, Experts: len(r.pick), seq: -1}
+			region = region.Add(int(align(int64(r.most) * r.per[j])))
+		}
+		if err := errors.Join(r.copied.Record(g.cs), s.WaitEvent(r.copied)); err != nil {
+			return fmt.Errorf("layer %d's routed experts: %w", op.Layer, err)
+		}
+		if err := g.moeExperts(s, &local[0], &local[1], &local[2], in, n, k, ff); err != nil {
+			return err
+		}
+	}
+	g.host.Expect(splitShareSpin)
+	if err := g.host.MoEPartial(op, n, ks, x, ids, w, y); err != nil {
+		return fmt.Errorf("the host's experts 0-%d: %w", ks-1, err)
+	}
+	t2 := time.Now()
+	slots, used := 0, 0
+	var routed [kernels.MaxExperts]bool
+	for _, e := range ids {
+		if e >= 0 && int(e) < ks {
+			slots++
+			if !routed[e] {
+				routed[e], used = true, used+1
+			}
+		}
+	}
+	st := &sp.stats
+	st.Layers++
+	st.RoutedLayers++
+	st.Slots += len(ids)
+	st.HostSlots += slots
+	st.HostExperts += ks
+	st.HostRouted += used
+	st.HostBytes += (op.Gate.Bytes() + op.Up.Bytes() + op.Down.Bytes()) / int64(ne) * int64(used)
+	st.DeviceExperts += len(r.pick)
+	st.CopiedBytes += copied
+	st.Wait += t1.Sub(t0)
+	st.Host += t2.Sub(t1)
+	st.HostCPU += processCPUTime() - cpu0
+	if g.measure {
+		g.hostSpans = append(g.hostSpans,
+			backend.HostSpan{Name: fmt.Sprintf("layer %d: waiting for the routing", op.Layer), Start: t0, End: t1},
+			backend.HostSpan{Name: fmt.Sprintf("layer %d: the CPU's %d routed experts (%d slots); the GPU's %d", op.Layer, used, slots, len(r.pick)), Start: t1, End: t2})
+	}
+	return d.moe.WeightedSumHost(s, out, m.down, m.weights, m.ids, sp.y.DevicePtr(), emb, k, n)
+}
+
+// routedPick picks the device's share of a routed layer's experts: of the
+// distinct experts the slots chose (ids, all below ne), share of them
+// rounded (at most most), the highest-numbered ones. Any would do, since
+// an expert's number means nothing, and so the host keeps a range: it
+// computes the slots of experts below ks. pick is the device's experts,
+// ascending, appended to buf; dev gets each slot's index among them, or
+// -1 for the host's slots.
+func routedPick(ids []int32, ne int, share float64, most int, buf []int32, dev []int32) (ks int, pick []int32) {
+	var chose [kernels.MaxExperts]bool
+	distinct := 0
+	for _, e := range ids {
+		if !chose[e] {
+			chose[e], distinct = true, distinct+1
+		}
+	}
+	take := min(int(share*float64(distinct)+0.5), most, distinct)
+	ks, pick = ne, buf
+	for e := ne - 1; e >= 0 && len(pick) < take; e-- {
+		if chose[e] {
+			pick = append(pick, int32(e))
+			ks = e
+		}
+	}
+	slices.Reverse(pick)
+	for i, e := range ids {
+		dev[i] = -1
+		if int(e) >= ks {
+			j, _ := slices.BinarySearch(pick, e)
+			dev[i] = int32(j)
+		}
+	}
+	return ks, pick
 }
 
 // splitRoutingWait bounds how long the host's workers spin for their share
