@@ -75,6 +75,16 @@ type benchResult struct {
 	// many of them the batch's routing used, on average over the layers.
 	SplitExperts float64 `json:"split_experts,omitempty"`
 	SplitRouted  float64 `json:"split_routed,omitempty"`
+	// Decode's routed MoE layers (the GPU takes a share of the experts a
+	// step's tokens chose): per decode step, and per layer the experts
+	// the GPU and the CPU took, and the CPU's time waiting for the
+	// routing and computing its share.
+	RoutedLayers        float64 `json:"routed_layers,omitempty"`
+	RoutedGPUExperts    float64 `json:"routed_gpu_experts,omitempty"`
+	RoutedCPUExperts    float64 `json:"routed_cpu_experts,omitempty"`
+	RoutedWaitMs        float64 `json:"routed_wait_ms,omitempty"`
+	RoutedHostMs        float64 `json:"routed_host_ms,omitempty"`
+	RoutedCopiedPerStep int64   `json:"routed_copied_bytes,omitempty"`
 	// The floor of a hybrid prompt whose batches stream (pp): per prompt,
 	// the host-resident weights the link carried (StreamedGB, at LinkGBps,
 	// the profile's copy rate) and the CPU's shares of split MoE layers
@@ -296,6 +306,10 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 					}
 					if r.DecodeCPUMs > 0 {
 						fmt.Fprintf(stderr, "; a decode step: %.2f ms in CPU segments, %.2f ms in GPU segments and waits", r.DecodeCPUMs, r.DecodeGPUMs)
+					}
+					if r.RoutedLayers > 0 {
+						fmt.Fprintf(stderr, "; a decode step routes %.0f MoE layers: the GPU takes %.1f of a layer's chosen experts (%.1f MB a step over the link), the CPU %.1f in %.2f ms after %.2f ms waiting for the routing",
+							r.RoutedLayers, r.RoutedGPUExperts, float64(r.RoutedCopiedPerStep)/1e6, r.RoutedCPUExperts, r.RoutedHostMs, r.RoutedWaitMs)
 					}
 					if r.SplitLayers > 0 {
 						fmt.Fprintf(stderr, "; a batch splits %d MoE layers with the CPU, its share (%.1f%% of the routed slots, %.1f of its %.0f experts used) %.2f ms each after %.2f ms waiting for the routing", r.SplitLayers, 100*r.SplitSlots, r.SplitRouted, r.SplitExperts, r.SplitHostMs, r.SplitWaitMs)
@@ -560,6 +574,13 @@ func benchOne(m *model.Model, weights *cpu.Weights, r *benchResult, o benchOptio
 			if st.Split.Host > 0 {
 				r.SplitThreads = st.Split.HostCPU.Seconds() / st.Split.Host.Seconds()
 			}
+		}
+		if sp := st.Split; sp.RoutedLayers > 0 && st.DecodeSteps > 0 {
+			l := float64(sp.RoutedLayers)
+			r.RoutedLayers = l / float64(st.DecodeSteps)
+			r.RoutedGPUExperts, r.RoutedCPUExperts = float64(sp.DeviceExperts)/l, float64(sp.RoutedHostExperts)/l
+			r.RoutedWaitMs, r.RoutedHostMs = sp.RoutedWait.Seconds()*1e3/l, sp.RoutedHost.Seconds()*1e3/l
+			r.RoutedCopiedPerStep = sp.CopiedBytes / int64(st.DecodeSteps)
 		}
 		if prompts := int64(o.reps); r.NPrompt > 0 && st.DecodeSteps == 0 && c.Backend() == executor.BackendHybrid && prompts > 0 {
 			if !o.noWarmup {

@@ -265,9 +265,10 @@ type HostSpan struct {
 // share; the slots (token, expert) they routed, and how many the host's
 // experts took; the host's experts, and how many of them had a slot; the
 // process's CPU time during the host's shares; and the file bytes of the
-// host's experts that had a slot. Of them, the routed layers
-// (SplitRouted): how many, the experts the device took, and the bytes
-// their weights brought over the link.
+// host's experts that had a slot. The routed layers of decode steps
+// (SplitRouted) count apart: how many, the experts the device took and the
+// host's that had a slot, the bytes the device's brought over the link,
+// and the host's time waiting for their routing and computing its share.
 type SplitStats struct {
 	Layers                  int
 	Wait, Host              time.Duration
@@ -277,5 +278,7 @@ type SplitStats struct {
 	HostBytes               int64
 	RoutedLayers            int
 	DeviceExperts           int
+	RoutedHostExperts       int
 	CopiedBytes             int64
+	RoutedWait, RoutedHost  time.Duration
 }

@@ -207,7 +207,7 @@ func (g *Exec) moeRouted(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *m
 	if err := sp.ready.Synchronize(); err != nil {
 		return fmt.Errorf("waiting for the routing of layer %d: %w", op.Layer, err)
 	}
-	t1, cpu0 := time.Now(), processCPUTime()
+	t1 := time.Now()
 	x := unsafe.Slice((*float32)(sp.x.Pointer()), n*emb)
 	y := unsafe.Slice((*float32)(sp.y.Pointer()), n*emb)
 	ids := unsafe.Slice((*int32)(sp.ids.Pointer()), n*k)
@@ -253,7 +253,7 @@ func (g *Exec) moeRouted(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *m
 	slots, used := 0, 0
 	var routed [kernels.MaxExperts]bool
 	for _, e := range ids {
-		if e >= 0 && int(e) < ks {
+		if int(e) < ks {
 			slots++
 			if !routed[e] {
 				routed[e], used = true, used+1
@@ -261,18 +261,12 @@ func (g *Exec) moeRouted(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *m
 		}
 	}
 	st := &sp.stats
-	st.Layers++
 	st.RoutedLayers++
-	st.Slots += len(ids)
-	st.HostSlots += slots
-	st.HostExperts += ks
-	st.HostRouted += used
-	st.HostBytes += (op.Gate.Bytes() + op.Up.Bytes() + op.Down.Bytes()) / int64(ne) * int64(used)
+	st.RoutedHostExperts += used
 	st.DeviceExperts += len(r.pick)
 	st.CopiedBytes += copied
-	st.Wait += t1.Sub(t0)
-	st.Host += t2.Sub(t1)
-	st.HostCPU += processCPUTime() - cpu0
+	st.RoutedWait += t1.Sub(t0)
+	st.RoutedHost += t2.Sub(t1)
 	if g.measure {
 		g.hostSpans = append(g.hostSpans,
 			backend.HostSpan{Name: fmt.Sprintf("layer %d: waiting for the routing", op.Layer), Start: t0, End: t1},
