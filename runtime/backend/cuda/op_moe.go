@@ -215,11 +215,17 @@ func (g *Exec) moeRouted(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *m
 	devIDs := unsafe.Slice((*int32)(r.ids.Pointer()), n*k)
 	var ks int
 	ks, r.pick = routedPick(ids, ne, g.cfg.RoutedShare, r.most, r.pick[:0], devIDs)
+	// The host's share starts now, beside the copies and launches below
+	// (tens of microseconds of driver calls a layer).
+	g.host.Expect(splitShareSpin)
+	hostDone := make(chan error, 1)
+	go func() { hostDone <- g.host.MoEPartial(op, n, ks, x, ids, w, y) }()
 	var copied int64
 	if len(r.pick) > 0 {
 		// The slots' device ids (after Split, which left them all -1),
 		// then the picked experts' weights; the products wait for both.
 		if err := s.CopyHtoD(m.ids, r.ids.Bytes()[:4*n*k]); err != nil {
+			<-hostDone
 			return fmt.Errorf("layer %d's routed ids: %w", op.Layer, err)
 		}
 		// The kernels find expert i of a stack at i times its experts'
@@ -231,6 +237,7 @@ func (g *Exec) moeRouted(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *m
 			for i, e := range r.pick {
 				b := g.reg.source(src.W.Data[int(e)*per : (int(e)+1)*per])
 				if err := g.cs.CopyHtoD(region.Add(i*per), b); err != nil {
+					<-hostDone
 					return fmt.Errorf("layer %d: copying expert %d of %s: %w", op.Layer, e, src.W.Name, err)
 				}
 				copied += int64(per)
@@ -238,15 +245,16 @@ func (g *Exec) moeRouted(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *m
 			local[j] = mat{W: src.W, Ptr: region, Rows: src.Rows, Cols: src.Cols, Experts: len(r.pick), seq: -1}
 			region = region.Add(int(align(int64(r.most) * r.per[j])))
 		}
-		if err := errors.Join(r.copied.Record(g.cs), s.WaitEvent(r.copied)); err != nil {
+		err := errors.Join(r.copied.Record(g.cs), s.WaitEvent(r.copied))
+		if err == nil {
+			err = g.moeExperts(s, &local[0], &local[1], &local[2], in, n, k, ff)
+		}
+		if err != nil {
+			<-hostDone // y and the slots stay the host's until it is done
 			return fmt.Errorf("layer %d's routed experts: %w", op.Layer, err)
 		}
-		if err := g.moeExperts(s, &local[0], &local[1], &local[2], in, n, k, ff); err != nil {
-			return err
-		}
 	}
-	g.host.Expect(splitShareSpin)
-	if err := g.host.MoEPartial(op, n, ks, x, ids, w, y); err != nil {
+	if err := <-hostDone; err != nil {
 		return fmt.Errorf("the host's experts 0-%d: %w", ks-1, err)
 	}
 	t2 := time.Now()
