@@ -161,7 +161,9 @@ func DeviceConfig(m *model.Model, l *Layout, opt Options) (cfg backend.ExecConfi
 	streamed := map[*ir.Weight]bool{}
 	for i, u := range l.Units {
 		for _, w := range u.Mats {
-			if l.Resident[i] {
+			// A routed unit's router lives on the device: it routes
+			// every decode step, and is small.
+			if l.Resident[i] || l.routed(i) && w.Experts() == 0 {
 				resident[w] = true
 			}
 			for _, s := range scheds {

@@ -782,7 +782,7 @@ func (p *promoter) observe(r executor.StepReport) {
 	}
 	// How the step compares with the plan's model under the same speeds.
 	cur := p.est.Current()
-	if len(t.Uploads) > 0 && m.CPU > 0 {
+	if len(t.Uploads) > 0 && m.CPU > 0 && len(p.curPlan.Promote) == len(p.units) {
 		e := cur
 		e.CPU, e.Overlap = m.CPU, 1
 		if m.GPU > 0 {

@@ -254,7 +254,7 @@ func checkOracleVariants(t *testing.T, dev *cuda.Device, ctx int, variantsOf fun
 					if sp.RoutedLayers == 0 || (pl.RoutedShare > 0) != (sp.DeviceExperts > 0) || (sp.DeviceExperts > 0) != (sp.CopiedBytes > 0) {
 						t.Errorf("routed stats at share %g: %d layers, %d experts on the device, %d bytes copied", pl.RoutedShare, sp.RoutedLayers, sp.DeviceExperts, sp.CopiedBytes)
 					}
-					t.Logf("routed: %d layers, %d experts on the device (%d bytes), %d routed on the host", sp.RoutedLayers, sp.DeviceExperts, sp.CopiedBytes, sp.HostRouted)
+					t.Logf("routed: %d layers, %d experts on the device (%d bytes), %d on the host", sp.RoutedLayers, sp.DeviceExperts, sp.CopiedBytes, sp.RoutedHostExperts)
 				}
 				if sp.Layers > 0 {
 					// The bytes of the host's experts that had a slot: some
