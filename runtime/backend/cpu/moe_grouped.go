@@ -187,7 +187,8 @@ func (b *Backend) moeGroupedRange(op *ir.Op, n int, x []float32, out func(t int)
 // whose expert is in [e0, e1), zero when it has none, into out
 // ([n][emb]). The routing is the GPU's (ids and weights: [n][topK], as
 // the router chose them), so both sides agree on every slot; x is the
-// layer's input ([n][emb]). Each slot's arithmetic is moeGrouped's.
+// layer's input ([n][emb]). Each slot's arithmetic is the layer's own:
+// moeSlots' for a few tokens (decode), moeGrouped's for more.
 func (b *Backend) MoEPartial(op *ir.Op, n, e0, e1 int, x []float32, ids []int32, weights []float32, out []float32) error {
 	k, ne, emb := op.TopK, b.w.Of(op.W).Rows, b.w.Of(op.Gate).Stack[0].Cols
 	if op.Kind != ir.OpMoE || b.moe.start == nil || len(b.moe.choice) < n*k || n < 0 || e0 < 0 || e1 > ne || e0 > e1 {
@@ -207,7 +208,14 @@ func (b *Backend) MoEPartial(op *ir.Op, n, e0, e1 int, x []float32, ids []int32,
 		s.choice[i] = int(e)
 	}
 	copy(s.weight, weights[:n*k])
-	b.moeGroupedRange(op, n, x[:n*emb], func(t int) []float32 { return out[t*emb : (t+1)*emb] }, e0, e1)
+	outRow := func(t int) []float32 { return out[t*emb : (t+1)*emb] }
+	if n*k <= maxMoESlots {
+		// A decode step's share (a routed layer): moeSlots' two
+		// dispatches, over the share's slots.
+		b.moeSlotsRange(op, n, x[:n*emb], outRow, e0, e1)
+		return nil
+	}
+	b.moeGroupedRange(op, n, x[:n*emb], outRow, e0, e1)
 	return nil
 }
 

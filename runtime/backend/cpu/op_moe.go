@@ -78,14 +78,36 @@ const moeChunkBytes = 64 << 10
 // of the expert loop (the same quantized rows through the same kernels,
 // the weighted sum in slot order), so the results are identical.
 func (b *Backend) moeSlots(op *ir.Op, n int) {
+	emb := b.w.Of(op.Gate).Stack[0].Cols
+	b.moeSlotsRange(op, n, b.bufs[op.In][:n*emb], func(t int) []float32 { return b.row(op.Out, t) }, 0, b.w.Of(op.W).Rows)
+}
+
+// moeSlotsRange is moeSlots over the slots whose expert is in [e0, e1)
+// (s.choice), from the inputs x ([n][emb]) into out(t), which gets zeros
+// for a token without such a slot: the whole layer, or the CPU's share of
+// a routed decode layer (MoEPartial).
+func (b *Backend) moeSlotsRange(op *ir.Op, n int, x []float32, out func(t int) []float32, e0, e1 int) {
 	s := &b.moe
 	k := op.TopK
 	gate0, down0 := b.w.Of(op.Gate).Stack[0], b.w.Of(op.Down).Stack[0]
 	emb, ff := gate0.Cols, gate0.Rows
-	slots := n * k
+	var selBuf [maxMoESlots]int // the slots in the range, in slot order
+	sel := selBuf[:0]
+	for i, e := range s.choice[:n*k] {
+		if e >= e0 && e < e1 {
+			sel = append(sel, i)
+		}
+	}
+	slots := len(sel)
 	const rg = ops.RowGroup
 	t0 := b.lapStart()
-	xq := gate0.QuantizeActs(b.pool, b.bufs[op.In][:n*emb], n, b.scratch)
+	if slots == 0 {
+		for t := range n {
+			clear(out(t)[:emb])
+		}
+		return
+	}
+	xq := gate0.QuantizeActs(b.pool, x, n, b.scratch)
 	ab := gate0.Kernel.ActRowBytes(emb)
 	db := down0.Kernel.ActRowBytes(ff)
 	xd := s.downAct[:slots*db]
@@ -100,7 +122,8 @@ func (b *Backend) moeSlots(op *ir.Op, n int) {
 	b.pool.RunChunks(slots*2*g, minUnits, func(lo, hi int) {
 		for i := lo / (2 * g); i*2*g < hi; i++ {
 			a, z := max(lo-i*2*g, 0), min(hi-i*2*g, 2*g)
-			e, x := s.choice[i], xq[i/k*ab:(i/k+1)*ab]
+			e, t := s.choice[sel[i]], sel[i]/k
+			x := xq[t*ab : (t+1)*ab]
 			gate, up := s.gate[i*ff:(i+1)*ff], s.up[i*ff:(i+1)*ff]
 			if a < g {
 				b.w.Of(op.Gate).Stack[e].MulRows(a*rg, min(min(z, g)*rg, ff), x, 1, gate, ff)
@@ -130,11 +153,11 @@ func (b *Backend) moeSlots(op *ir.Op, n int) {
 	b.pool.RunChunks(slots*gd, minUnits, func(lo, hi int) {
 		for i := lo / gd; i*gd < hi; i++ {
 			a, z := max(lo-i*gd, 0), min(hi-i*gd, gd)
-			b.w.Of(op.Down).Stack[s.choice[i]].MulRows(a*rg, min(z*rg, emb), xd[i*db:(i+1)*db], 1, s.down[i*emb:(i+1)*emb], emb)
+			b.w.Of(op.Down).Stack[s.choice[sel[i]]].MulRows(a*rg, min(z*rg, emb), xd[i*db:(i+1)*db], 1, s.down[i*emb:(i+1)*emb], emb)
 			for c := a / bg; c*bg < z; c++ {
 				done := min(z, (c+1)*bg) - max(a, c*bg)
 				if s.downLeft[c].Add(-int32(done)) == 0 {
-					b.sumSlotRows(op, n, c*moeSumRows, min((c+1)*moeSumRows, emb))
+					b.sumSlotRows(op, n, c*moeSumRows, min((c+1)*moeSumRows, emb), sel, out)
 				}
 			}
 		}
@@ -143,17 +166,23 @@ func (b *Backend) moeSlots(op *ir.Op, n int) {
 }
 
 // sumSlotRows writes output rows [r0, r1) of each of n tokens: its slots'
-// down products (in s.down) times their weights, added in slot order. The
-// conversions keep every product rounded before its add, as the expert
-// loop's separate passes do (moeLoop, moeSum).
-func (b *Backend) sumSlotRows(op *ir.Op, n, r0, r1 int) {
+// down products (in s.down, by their place in sel, the slots computed)
+// times their weights, added in slot order; zeros for a token without a
+// slot in sel. The conversions keep every product rounded before its add,
+// as the expert loop's separate passes do (moeLoop, moeSum).
+func (b *Backend) sumSlotRows(op *ir.Op, n, r0, r1 int, sel []int, out func(t int) []float32) {
 	s := &b.moe
 	k, emb := op.TopK, b.w.Of(op.Gate).Stack[0].Cols
+	j := 0 // sel's first slot of token t
 	for t := 0; t < n; t++ {
-		out := b.row(op.Out, t)[r0:r1]
-		for j := 0; j < k; j++ {
-			i := t*k + j
-			addSlot(out, s.down[i*emb+r0:i*emb+r1], s.weight[i], j == 0)
+		o := out(t)[r0:r1]
+		first := true
+		for ; j < len(sel) && sel[j] < (t+1)*k; j++ {
+			addSlot(o, s.down[j*emb+r0:j*emb+r1], s.weight[sel[j]], first)
+			first = false
+		}
+		if first {
+			clear(o)
 		}
 	}
 }
