@@ -393,5 +393,8 @@ func (pl *Placement) Describe() string {
 	if pl.KV != nil {
 		fmt.Fprintf(&b, "; KV cache %s", pl.KV)
 	}
+	if len(pl.Routed) > 0 {
+		fmt.Fprintf(&b, "; decode hands the GPU %.0f%% of the chosen experts of %d CPU MoE layers", 100*pl.RoutedShare, len(pl.Routed))
+	}
 	return b.String()
 }

@@ -358,3 +358,99 @@ func TestSplitCPUCountsRepackedExperts(t *testing.T) {
 		}
 	}
 }
+
+// TestRoutedShare checks the GPU's share of a routed layer's experts: the
+// balance of the link's and the CPU's rates, a forced fraction, none
+// below one of a token's experts, and a clear error for a bad setting.
+func TestRoutedShare(t *testing.T) {
+	for _, c := range []struct {
+		link, cpu float64
+		k         int
+		forced    string
+		want      float64
+		err       bool
+	}{
+		{50e9, 50e9, 8, "", 0.5, false},
+		{30e9, 90e9, 8, "auto", 0.25, false},
+		{1e9, 99e9, 8, "", 0, false},      // 0.08 of an expert: none
+		{1e9, 99e9, 8, "0.5", 0.5, false}, // forced
+		{50e9, 50e9, 8, "0", 0, false},
+		{50e9, 50e9, 8, "1", 1, false},
+		{50e9, 50e9, 8, "1.5", 0, true},
+		{50e9, 50e9, 8, "half", 0, true},
+		{50e9, 50e9, 8, "NaN", 0, true},
+	} {
+		got, err := routedShare(c.link, c.cpu, c.k, c.forced)
+		if got != c.want || (err != nil) != c.err {
+			t.Errorf("routedShare(%g, %g, %d, %q) = %g, %v; want %g (error %v)", c.link, c.cpu, c.k, c.forced, got, err, c.want, c.err)
+		}
+	}
+}
+
+// TestPlacementJSONRouted round-trips a placement whose decode steps route
+// the CPU's expert layers (Placement.Routed), and rejects routing a dense
+// unit, a resident one, or a share outside [0, 1].
+func TestPlacementJSONRouted(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3moe-q4_k_m")
+	units := programUnits(m.Prog, 64, nil)
+	pl := newPlacement(m, units, executor.BackendCPU)
+	dense := ""
+	for i, u := range units {
+		if u.Experts > 0 {
+			pl.Routed = append(pl.Routed, u.Name)
+		} else if u.Streamable && dense == "" {
+			dense = units[i].Name
+		}
+	}
+	if len(pl.Routed) == 0 || dense == "" {
+		t.Fatalf("%d expert units, dense unit %q", len(pl.Routed), dense)
+	}
+	pl.RoutedShare, pl.RoutedExperts = 0.375, 3
+	pl.sum()
+	b, err := pl.JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "p.json")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	read, err := ReadPlacement(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := hostWeights(t, m)
+	bound, err := read.bind(m, w, units)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(pl.Routed, bound.Routed); diff != "" || bound.RoutedShare != 0.375 || bound.RoutedExperts != 3 {
+		t.Errorf("routed after a round trip: share %g, experts %d (-want +got):\n%s", bound.RoutedShare, bound.RoutedExperts, diff)
+	}
+	l := bound.Layout()
+	for i, u := range units {
+		if want := u.Experts > 0; l.Routed[i] != want {
+			t.Errorf("layout: %s routed %v, want %v", u.Name, l.Routed[i], want)
+		}
+	}
+	bad := func(name string, edit func(p *Placement), wantErr string) {
+		t.Helper()
+		q := *read
+		q.Units = append([]UnitPlacement(nil), read.Units...)
+		q.Routed = append([]string(nil), read.Routed...)
+		edit(&q)
+		if _, err := q.bind(m, w, units); err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Errorf("%s: error %v, want one saying %q", name, err, wantErr)
+		}
+	}
+	bad("routes a dense unit", func(p *Placement) { p.Routed = append(p.Routed, dense) }, "want an expert unit")
+	bad("routes a resident unit", func(p *Placement) {
+		for i := range p.Units {
+			if p.Units[i].Name == p.Routed[0] {
+				p.Units[i].Backend = executor.BackendGPU
+			}
+		}
+	}, "want an expert unit")
+	bad("share 1.5", func(p *Placement) { p.RoutedShare = 1.5 }, "routed_share")
+	bad("no scratch", func(p *Placement) { p.RoutedExperts = 0 }, "at least one expert")
+}

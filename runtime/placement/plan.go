@@ -511,20 +511,14 @@ func (p *Planner) routeExperts(pl *Placement, units []model.Unit, prof *plan.Pro
 	if len(names) == 0 || secs <= 0 || k == 0 {
 		return 0
 	}
-	link, cpuRate := prof.Stream.BytesPerSec, bytes/secs
-	share := link / (link + cpuRate)
-	if v := opt.MoERouted; v != "" && v != "auto" {
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil || f < 0 || f > 1 {
-			badRoutedNote.Do(func() {
-				opt.Notes.Note(fmt.Sprintf("ATS_MOE_ROUTED=%q is neither a fraction in [0, 1] nor auto: ignored", v))
-			})
-			return 0
-		}
-		share = f
+	link := prof.Stream.BytesPerSec
+	share, err := routedShare(link, bytes/secs, k, opt.MoERouted)
+	if err != nil {
+		badRoutedNote.Do(func() { opt.Notes.Note(err.Error()) })
+		return 0
 	}
-	if share*float64(k) < 0.5 {
-		return 0 // not one expert of a token's
+	if share == 0 {
+		return 0
 	}
 	// Scratch for the share of what a step of up to routedRows tokens
 	// chooses, less where the budget has no room.
@@ -545,6 +539,26 @@ func (p *Planner) routeExperts(pl *Placement, units []model.Unit, prof *plan.Pro
 	// routing and queues its copies (routedLayerSeconds).
 	t := max(secs*(1-share), share*bytes/link) + float64(len(names))*routedLayerSeconds
 	return max(secs-t, 0)
+}
+
+// routedShare is the GPU's share of a routed layer's chosen experts: the
+// one that has the link (link bytes/s) and the CPU (cpuRate bytes of
+// chosen experts a second) finish together, or forced's (a fraction;
+// "" and "auto" leave the balance; "0" none); 0 when it is not one of a
+// token's k experts.
+func routedShare(link, cpuRate float64, k int, forced string) (float64, error) {
+	share := link / (link + cpuRate)
+	if forced != "" && forced != "auto" {
+		f, err := strconv.ParseFloat(forced, 64)
+		if err != nil || !(f >= 0 && f <= 1) {
+			return 0, fmt.Errorf("ATS_MOE_ROUTED=%q is neither a fraction in [0, 1] nor auto: ignored", forced)
+		}
+		share = f
+	}
+	if !(share*float64(k) >= 0.5) {
+		return 0, nil
+	}
+	return share, nil
 }
 
 // routedRows is the decode batch the routed scratch is sized for: a step
