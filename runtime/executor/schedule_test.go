@@ -95,8 +95,8 @@ func TestSchedules(t *testing.T) {
 // TestRoutedSchedule checks that a layout's routed expert units
 // (Layout.Routed) run on the device in the decode schedule, marked
 // backend.SplitRouted and not streamed whole by prefill's rules, that
-// resident units are never routed, that the device config carries the
-// share, and that promotion keeps the routing of the units it leaves.
+// resident units are never routed, and that the device config carries
+// the share and keeps the router resident.
 func TestRoutedSchedule(t *testing.T) {
 	m := openOracle(t, "tiny-qwen3moe-q4_k_m")
 	units := programUnits(m.Prog, 64)

@@ -481,7 +481,8 @@ func prefillStreams(w *cpu.Weights, prof *plan.Profile, units []model.Unit, pl *
 
 // routeExperts picks the CPU's expert units whose decode steps hand the
 // GPU a share of the experts their tokens chose (Placement.Routed), and
-// that share, and returns the decode step's predicted saving. The GPU's
+// that share, and returns the decode step's predicted saving; by its own
+// choice only where it predicts one. The GPU's
 // share crosses the link while the CPU computes the rest, so the share
 // that has both finish together is link / (link + CPU), the rates in
 // bytes of chosen experts a second: the link's as the profile measured
@@ -503,7 +504,6 @@ func (p *Planner) routeExperts(pl *Placement, units []model.Unit, prof *plan.Pro
 		bytes += float64(u.DecodeBytes)
 		secs += prof.Units[i].CPU[d0]
 		ne = max(ne, u.Experts)
-		k = max(k, p.m.Prog.Ops[u.Lo].TopK)
 		for op := u.Lo; op < u.Hi; op++ {
 			k = max(k, p.m.Prog.Ops[op].TopK)
 		}
@@ -517,7 +517,11 @@ func (p *Planner) routeExperts(pl *Placement, units []model.Unit, prof *plan.Pro
 		badRoutedNote.Do(func() { opt.Notes.Note(err.Error()) })
 		return 0
 	}
-	if share == 0 {
+	// A token's chosen experts: the CPU computes 1-share of them while
+	// the link brings the rest; each routed layer also waits for its
+	// routing and queues its copies (routedLayerSeconds).
+	t := max(secs*(1-share), share*bytes/link) + float64(len(names))*routedLayerSeconds
+	if auto := opt.MoERouted == "" || opt.MoERouted == "auto"; share == 0 || auto && t >= secs {
 		return 0
 	}
 	// Scratch for the share of what a step of up to routedRows tokens
@@ -534,11 +538,7 @@ func (p *Planner) routeExperts(pl *Placement, units []model.Unit, prof *plan.Pro
 		pl.Routed, pl.RoutedShare, pl.RoutedExperts = nil, 0, 0
 		return 0
 	}
-	// A token's chosen experts: the CPU computes 1-share of them while
-	// the link brings the rest; each routed layer also waits for its
-	// routing and queues its copies (routedLayerSeconds).
-	t := max(secs*(1-share), share*bytes/link) + float64(len(names))*routedLayerSeconds
-	return max(secs-t, 0)
+	return secs - t // negative where a forced share is predicted slower
 }
 
 // routedShare is the GPU's share of a routed layer's chosen experts: the
