@@ -413,3 +413,24 @@ func TestWebUIMachine(t *testing.T) {
 		t.Error("the legend shows without a map")
 	}
 }
+
+// TestWebUIMachineRouted: a placement whose decode steps route CPU MoE
+// layers (Placement.Routed) says so in the machine page's summary.
+func TestWebUIMachineRouted(t *testing.T) {
+	b := newBrowser(t, 1440, 900)
+	var pl map[string]any
+	if err := json.Unmarshal(testPlacementMap(t, qwen3_14B, 6<<30), &pl); err != nil {
+		t.Fatal(err)
+	}
+	pl["routed"], pl["routed_share"], pl["routed_experts"] = []string{"blk.20.ffn_moe", "blk.21.ffn_moe", "blk.22.ffn_moe"}, 0.375, 12
+	placement, err := json.Marshal(pl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := startServer(t, Config{PlacementMap: func() ([]byte, error) { return placement, nil }})
+	b.do(chromedp.Navigate(ts.url + "/machine"))
+	b.wait("the map", `document.querySelectorAll("#placement-map .cell").length > 0`, 10*time.Second)
+	if got := b.text("#placement-summary"); !containsAll(got, "MoE layers routed at decode", "3: the GPU takes 38% of the chosen experts, up to 12 a layer") {
+		t.Errorf("summary %q", got)
+	}
+}

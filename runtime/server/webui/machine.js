@@ -214,6 +214,12 @@ function renderPlacement(p) {
     ["Weights on the CPU", fmtBytes(p.weights_cpu_bytes)],
     ["Units on the GPU", `${onGPU} of ${units.length}`],
   ];
+  if (Array.isArray(p.routed) && p.routed.length) {
+    // Decode hands the GPU a share of the experts its tokens choose in
+    // these CPU MoE layers (their weights alone cross the link).
+    rows.push(["MoE layers routed at decode", `${p.routed.length}: the GPU takes ${Math.round(100 * (p.routed_share || 0))}% ` +
+      `of the chosen experts, up to ${p.routed_experts} a layer`]);
+  }
   if (p.predicted) {
     rows.push(["Predicted decode", fmtRate(p.predicted.decode_tokens_per_s, "tok/s")]);
     rows.push(["Predicted prefill", fmtRate(p.predicted.prefill_tokens_per_s, "tok/s") +
