@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Runs the GPU test suites that tools/gpu/stage.sh staged in .carry/, from
 # the repository root of a checkout of the same commit, and prints each
-# suite's verdict and failures last; each whole log goes to $OUT when it is
-# set. SUITES picks some (default: all); RUN narrows the session suite.
+# suite's verdict and failures last; the whole logs go to $OUT when it is
+# set, packed into one suites.tgz (a GPU machine's reply brings back only
+# a few files). SUITES picks some (default: all); RUN narrows the session
+# suite.
 #
 #   tools/gpu/run.sh
 #   SUITES="kernels cuda" tools/gpu/run.sh
@@ -12,7 +14,8 @@
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 carry=$root/.carry
-logs=${OUT:-$(mktemp -d)}
+logs=${LOGS:-$(mktemp -d)} # LOGS (outside $OUT): where a caller greps them afterwards
+mkdir -p "$logs"
 export ATS_FATBIN_DIR=$root/cudadrv/kernels
 for f in "$carry"/*.xz; do
 	[[ -e "$f" ]] && xz -df "$f"
@@ -40,4 +43,5 @@ for s in ${SUITES:-cudadrv kernels cuda session}; do
 	echo "== $s: exit $r, $(grep -c '^--- PASS' "$logs/$s.log") passed, $(grep -c '^--- SKIP' "$logs/$s.log") skipped, $(grep -c -- '--- FAIL' "$logs/$s.log") failed"
 	grep -A3 -- '--- FAIL' "$logs/$s.log" | head -20
 done
+[[ -n "${OUT:-}" ]] && tar -czf "$OUT/suites.tgz" -C "$logs" .
 exit $rc
