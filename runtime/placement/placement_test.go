@@ -37,18 +37,7 @@ func TestPlacementJSON(t *testing.T) {
 		pl.Prefill[0].Stream = nil
 	}
 	pl.sum()
-	b, err := pl.JSON()
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "p.json")
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	read, err := ReadPlacement(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	read, path := writeAndRead(t, pl)
 	bound, err := read.bind(m, hostWeights(t, m), units)
 	if err != nil {
 		t.Fatal(err)
@@ -359,6 +348,24 @@ func TestSplitCPUCountsRepackedExperts(t *testing.T) {
 	}
 }
 
+// writeAndRead writes pl as `ats plan --json` does and reads it back,
+// as --placement does; path is the file.
+func writeAndRead(t *testing.T, pl *Placement) (read *Placement, path string) {
+	t.Helper()
+	b, err := pl.JSON()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path = filepath.Join(t.TempDir(), "p.json")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if read, err = ReadPlacement(path); err != nil {
+		t.Fatal(err)
+	}
+	return read, path
+}
+
 // TestRoutedShare checks the GPU's share of a routed layer's experts: the
 // balance of the link's and the CPU's rates, a forced fraction, none
 // below one of a token's experts, and a clear error for a bad setting.
@@ -407,18 +414,7 @@ func TestPlacementJSONRouted(t *testing.T) {
 	}
 	pl.RoutedShare, pl.RoutedExperts = 0.375, 3
 	pl.sum()
-	b, err := pl.JSON()
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "p.json")
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	read, err := ReadPlacement(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+	read, _ := writeAndRead(t, pl)
 	w := hostWeights(t, m)
 	bound, err := read.bind(m, w, units)
 	if err != nil {
