@@ -861,6 +861,289 @@ template <int T> struct FloatOp {
     }
 };
 
+// ---------------------------------------------------------------- decode rows on the tensor cores
+
+// mvt_<type>_<NT>, mvt2_<type>_<NT>: the Q8_1 product for 4 to 32 tokens
+// (decode rows of many sequences) on the integer tensor cores, one launch reading each
+// weight once. The matvec's dp4a kernels reload every token's activations
+// for each weight unit, so their cost grows with the tokens; here a warp
+// multiplies a 16-row tile of weights by NF fragments of 8 tokens with
+// mma.sync (s8 x s8 -> s32, exact), one MMA per scale group of the weight
+// format, and applies the scales in float32 per group as unit_dot does.
+//
+// A CTA of MVT_WARPS warps forms MVT_WARPS/ks groups of ks warps (ks = 1,
+// 2 or 4, the launcher's choice); a group owns MT 16-row tiles, its warps
+// take every ks-th super-block of K and sum through shared memory at the
+// end.
+// Lane (g, t) = (lane/4, lane%4) holds, per the PTX fragment layouts, rows
+// g and g+8 of A and token g of each B fragment, and the sums of rows g,
+// g+8 by tokens 2t, 2t+1. A dot product does not depend on the order of
+// its K terms, so each MMA's K is permuted to give a thread contiguous
+// bytes: in a group of 32 (m16n8k32), thread t takes values 8t..8t+7 (the
+// fragments' columns 4t..4t+3 and 16+4t..16+4t+3); in a group of 16
+// (m16n8k16), values 4t..4t+3. Weights and activations use the same
+// permutation. CC 8.0 and later; the launcher keeps older GPUs on matvec.
+#define MVT_WARPS 4
+
+__device__ __forceinline__ void mma_s8_k32(int *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%10,%10,%10,%10};"
+                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+#endif
+}
+
+__device__ __forceinline__ void mma_s8_k16(int *c, u32 a0, u32 a1, u32 b0)
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
+                 : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+#endif
+}
+
+// A 32-bit little-endian load from an address that is at least 2-aligned
+// (Q6_K blocks are 210 bytes).
+__device__ __forceinline__ u32 ldg32a2(const u8 *p)
+{
+    if ((((unsigned long long)p) & 3) == 0)
+        return __ldg((const unsigned int *)p);
+    const unsigned short *h = (const unsigned short *)p;
+    return (u32)__ldg(h) | ((u32)__ldg(h + 1) << 16);
+}
+
+// The activations one thread reads: per fragment f, its B token (f*8 + g)
+// and its two C tokens (f*8 + 2t, +1), clamped to the last token, as
+// offsets (int, to spare registers) into xq and xds.
+template <int NF> struct MvtAct {
+    const i8 *xq;
+    const float2 *xds;
+    int b[NF], ds[NF][2];
+
+    __device__ __forceinline__ MvtAct(const MvArgs &a, int g, int t) : xq(a.xq), xds(a.xds)
+    {
+        const int ncols32 = a.cols >> 5;
+#pragma unroll
+        for (int f = 0; f < NF; f++) {
+            b[f] = min(8 * f + g, a.ntok - 1) * a.cols;
+#pragma unroll
+            for (int i = 0; i < 2; i++)
+                ds[f][i] = min(8 * f + 2 * t + i, a.ntok - 1) * ncols32;
+        }
+    }
+    // Fragment f's B bytes at value e.
+    __device__ __forceinline__ const i8 *bq(int f, int e) const { return xq + b[f] + e; }
+    // The scales {d, d*sum} of blocks e/32 and e/32+1 (e a multiple of 64)
+    // of C token i of fragment f: one 16-byte load.
+    __device__ __forceinline__ float4 s2(int f, int i, int e) const
+    {
+        return __ldg((const float4 *)(xds + ds[f][i] + (e >> 5)));
+    }
+};
+
+// Adds one MMA's integer sums c (rows g, g+8 by tokens 2t, 2t+1) to acc
+// with the rows' scales ws and min terms wm (MIN: Q4_K's dmin*m, times the
+// block's d*sum) and the tokens' block scales s0, s1 ({d, d*sum}).
+template <bool MIN>
+__device__ __forceinline__ void mvt_acc(float *acc, const int *c, float ws0, float ws1, float wm0, float wm1,
+                                        float s0d, float s0s, float s1d, float s1s)
+{
+    acc[0] += ws0 * (s0d * (float)c[0]);
+    acc[1] += ws0 * (s1d * (float)c[1]);
+    acc[2] += ws1 * (s0d * (float)c[2]);
+    acc[3] += ws1 * (s1d * (float)c[3]);
+    if (MIN) {
+        acc[0] -= wm0 * s0s;
+        acc[1] -= wm0 * s1s;
+        acc[2] -= wm1 * s0s;
+        acc[3] -= wm1 * s1s;
+    }
+}
+
+// Q4_K super-block sb of the warp's MT 16-row tiles (rows g and g+8 of
+// tile m at p[2m], p[2m+1]): eight groups of 32 with one scale and min
+// each; the quant bytes of groups 2i and 2i+1 are the low and high nibbles
+// of qs[32i..32i+31]. The B fragments and scales load once for the MT tiles.
+template <int NF, int MT>
+__device__ __forceinline__ void mvt_q4_k(const u8 *const *p, int sb, int t, const MvtAct<NF> &x,
+                                         float (*acc)[NF][4])
+{
+    float d[2 * MT], dm[2 * MT];
+    u32 sc[2 * MT][3];
+#pragma unroll
+    for (int r = 0; r < 2 * MT; r++) {
+        const uint4 h = ldg16(p[r] + (long long)sb * 144);
+        d[r] = h2f(h.x & 0xffff), dm[r] = h2f(h.x >> 16);
+        sc[r][0] = h.y, sc[r][1] = h.z, sc[r][2] = h.w;
+    }
+#define SCB(s, i) ((int)(((s)[(i) >> 2] >> (8 * ((i) & 3))) & 0xff))
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        uint2 q[2 * MT];
+#pragma unroll
+        for (int r = 0; r < 2 * MT; r++)
+            q[r] = __ldg((const uint2 *)(p[r] + (long long)sb * 144 + 16 + 32 * i + 8 * t));
+        float ws[2][2 * MT], wm[2][2 * MT];
+#pragma unroll
+        for (int r = 0; r < 2 * MT; r++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int j = 2 * i + h;
+                int scv, mnv;
+                if (j < 4) {
+                    scv = SCB(sc[r], j) & 63, mnv = SCB(sc[r], j + 4) & 63;
+                } else {
+                    scv = (SCB(sc[r], j + 4) & 0xF) | ((SCB(sc[r], j - 4) >> 6) << 4);
+                    mnv = (SCB(sc[r], j + 4) >> 4) | ((SCB(sc[r], j) >> 6) << 4);
+                }
+                ws[h][r] = d[r] * (float)scv, wm[h][r] = dm[r] * (float)mnv;
+            }
+        const int e = sb * 256 + 64 * i; // first value of group 2i
+#pragma unroll
+        for (int f = 0; f < NF; f++) {
+            const uint2 b0 = __ldg((const uint2 *)(x.bq(f, e) + 8 * t));
+            const uint2 b1 = __ldg((const uint2 *)(x.bq(f, e + 32) + 8 * t));
+            const float4 s0 = x.s2(f, 0, e), s1 = x.s2(f, 1, e);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint2 bq = h ? b1 : b0;
+#pragma unroll
+                for (int m = 0; m < MT; m++) {
+                    const int sh = 4 * h;
+                    int c[4];
+                    mma_s8_k32(c, (q[2 * m].x >> sh) & 0x0F0F0F0Fu, (q[2 * m + 1].x >> sh) & 0x0F0F0F0Fu,
+                               (q[2 * m].y >> sh) & 0x0F0F0F0Fu, (q[2 * m + 1].y >> sh) & 0x0F0F0F0Fu, bq.x, bq.y);
+                    if (h)
+                        mvt_acc<true>(acc[m][f], c, ws[1][2 * m], ws[1][2 * m + 1], wm[1][2 * m], wm[1][2 * m + 1],
+                                      s0.z, s0.w, s1.z, s1.w);
+                    else
+                        mvt_acc<true>(acc[m][f], c, ws[0][2 * m], ws[0][2 * m + 1], wm[0][2 * m], wm[0][2 * m + 1],
+                                      s0.x, s0.y, s1.x, s1.y);
+                }
+            }
+        }
+    }
+#undef SCB
+}
+
+// Q6_K super-block sb of the warp's MT tiles: sixteen groups of 16 with one
+// int8 scale each. Group (hf, c, s) holds values 128hf + 32c + 16s + l (l <
+// 16): the low (c < 2) or high nibble of ql[64hf + 32(c&1) + 16s + l],
+// bits 2c of qh[32hf + 16s + l] above them, less 32; its scale is
+// scales[8hf + 2c + s].
+template <int NF, int MT>
+__device__ __forceinline__ void mvt_q6_k(const u8 *const *p, int sb, int t, const MvtAct<NF> &x,
+                                         float (*acc)[NF][4])
+{
+    float d[2 * MT];
+    u32 sc[2 * MT][4];
+#pragma unroll
+    for (int r = 0; r < 2 * MT; r++) {
+        const u8 *b = p[r] + (long long)sb * 210;
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            sc[r][i] = ldg32a2(b + 192 + 4 * i);
+        d[r] = h2f(__ldg((const unsigned short *)(b + 208)));
+    }
+#pragma unroll
+    for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+            u32 l[2 * MT][2], hq[2 * MT];
+#pragma unroll
+            for (int r = 0; r < 2 * MT; r++) {
+                const u8 *b = p[r] + (long long)sb * 210;
+                l[r][0] = ldg32a2(b + 64 * hf + 16 * s + 4 * t);
+                l[r][1] = ldg32a2(b + 64 * hf + 32 + 16 * s + 4 * t);
+                hq[r] = ldg32a2(b + 128 + 32 * hf + 16 * s + 4 * t);
+            }
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int si = 8 * hf + 2 * c + s;
+                u32 a[2 * MT];
+                float ws[2 * MT];
+#pragma unroll
+                for (int r = 0; r < 2 * MT; r++) {
+                    ws[r] = d[r] * (float)(signed char)((sc[r][si >> 2] >> (8 * (si & 3))) & 0xff);
+                    a[r] = __vsub4(((l[r][c & 1] >> (4 * (c >> 1))) & 0x0F0F0F0Fu) | (((hq[r] >> (2 * c)) & 0x03030303u) << 4),
+                                   0x20202020u);
+                }
+                const int e = sb * 256 + 128 * hf + 32 * c + 16 * s; // first value of the group
+#pragma unroll
+                for (int f = 0; f < NF; f++) {
+                    const u32 bq = __ldg((const unsigned int *)(x.bq(f, e) + 4 * t));
+                    const float2 s0 = x.xds[x.ds[f][0] + (e >> 5)], s1 = x.xds[x.ds[f][1] + (e >> 5)];
+#pragma unroll
+                    for (int m = 0; m < MT; m++) {
+                        int cc[4];
+                        mma_s8_k16(cc, a[2 * m], a[2 * m + 1], bq);
+                        mvt_acc<false>(acc[m][f], cc, ws[2 * m], ws[2 * m + 1], 0.f, 0.f, s0.x, 0.f, s1.x, 0.f);
+                    }
+                }
+            }
+        }
+}
+
+// A CTA's MVT_WARPS warps form MVT_WARPS/ks groups of ks warps; a group
+// owns MT 16-row tiles and its ks warps take every ks-th super-block.
+template <int T, int NF, int MT>
+__device__ __forceinline__ void mvt_drive(const MvArgs &a0)
+{
+    const MvArgs &a = a0;
+    const MvMat mm = mv_member(a);
+    __shared__ float red[MVT_WARPS][MT * NF * 4][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int ks = a.ks, rg = warp / ks, kw = warp % ks;
+    const int g = lane >> 2, t = lane & 3;
+    const int row0 = (mm.bx * (MVT_WARPS / ks) + rg) * 16 * MT;
+    const u8 *p[2 * MT];
+#pragma unroll
+    for (int r = 0; r < 2 * MT; r++)
+        p[r] = mm.W + (long long)min(row0 + g + 8 * r, mm.rows - 1) * mm.rowBytes;
+    const MvtAct<NF> x(a, g, t);
+    float acc[MT][NF][4];
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int f = 0; f < NF; f++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                acc[m][f][i] = 0.f;
+    const int nsb = a.cols >> 8;
+    for (int sb = kw; sb < nsb; sb += ks) {
+        if (T == T_Q4_K)
+            mvt_q4_k<NF, MT>(p, sb, t, x, acc);
+        else
+            mvt_q6_k<NF, MT>(p, sb, t, x, acc);
+    }
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int f = 0; f < NF; f++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                red[warp][(m * NF + f) * 4 + i][lane] = acc[m][f][i];
+    __syncthreads();
+    if (kw != 0)
+        return;
+#pragma unroll
+    for (int m = 0; m < MT; m++)
+#pragma unroll
+        for (int f = 0; f < NF; f++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int k = (m * NF + f) * 4 + i;
+                const int row = row0 + 16 * m + g + 8 * (i >> 1), tok = 8 * f + 2 * t + (i & 1);
+                float s = red[warp][k][lane];
+                for (int w = 1; w < ks; w++)
+                    s += red[warp + w][k][lane];
+                if (row < mm.rows && tok < a.ntok)
+                    mm.out[(long long)tok * mm.ldOut + row] = s;
+            }
+}
+
 // ---------------------------------------------------------------- entry points
 
 // Every matvec kernel takes one MvArgs by value. mv_<type>_<ntok> are the
@@ -918,6 +1201,25 @@ MVK_KERNEL(mv_q4_k_1_r1, T_Q4_K, 1, 1, 8)
 MVK_KERNEL(mv_q4_k_1_r4, T_Q4_K, 1, 4, 4)
 MVQ_BENCH(q6_k, T_Q6_K)
 MVQ_BENCH(q8_0, T_Q8_0)
+
+// The tensor-core decode kernels: NF fragments of 8 tokens (8, 16, 32
+// tokens), MT 16-row tiles per warp (mvt_: 1, mvt2_: 2, for matrices of
+// many rows: the B fragments load once for both tiles).
+#define MVT_KERNEL(NAME, T, NF, MT, MINB)                                                         \
+    extern "C" __global__ void __launch_bounds__(MVT_WARPS * 32, MINB) NAME(const MvArgs a) \
+    {                                                                                         \
+        PDL_ENTRY();                                                                          \
+        mvt_drive<T, NF, MT>(a);                                                              \
+    }
+#define MVT_ALL(NAME, T)                      \
+    MVT_KERNEL(mvt_##NAME##_8, T, 1, 1, 4)    \
+    MVT_KERNEL(mvt_##NAME##_16, T, 2, 1, 4)   \
+    MVT_KERNEL(mvt_##NAME##_32, T, 4, 1, 4)   \
+    MVT_KERNEL(mvt2_##NAME##_8, T, 1, 2, 4)   \
+    MVT_KERNEL(mvt2_##NAME##_16, T, 2, 2, 4)  \
+    MVT_KERNEL(mvt2_##NAME##_32, T, 4, 2, 3)
+MVT_ALL(q4_k, T_Q4_K)
+MVT_ALL(q6_k, T_Q6_K)
 
 // quantize_q8_1: x f32 [ntok][ldx] -> q int8 [ntok][cols], ds float2
 // [ntok][cols/32] (layout above). One warp per block of 32 values,

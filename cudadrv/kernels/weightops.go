@@ -3,6 +3,8 @@ package kernels
 import (
 	"encoding/binary"
 	"fmt"
+	"os"
+	"strconv"
 
 	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/gguf"
@@ -106,6 +108,8 @@ type typeKernels struct {
 	mv      [4]*cudadrv.Function // NTOK 1, 2, 4, 8
 	mvR1    *cudadrv.Function    // NTOK 1 with 1 / 4 rows per row group (benchmarks)
 	mvR4    *cudadrv.Function
+	mvt     [2][len(mvtTokens)]*cudadrv.Function // tensor-core decode rows (Q4_K, Q6_K): mvt_, mvt2_ by mvtTokens
+	mvtMin  int                                  // fewest tokens that take mvt_ by default (0: none)
 	mm      [3]*cudadrv.Function // by token tile: mm_ (128), mm64_, mm32_; see mmTiles
 	getRows *cudadrv.Function
 }
@@ -119,7 +123,9 @@ type WeightOps struct {
 
 	quantizeQ8_1, convertF16, moeGroup *cudadrv.Function
 	types                              [int(gguf.TypeBF16) + 1]*typeKernels
-	sms                                int // multiprocessors, for the matvec split
+	sms                                int  // multiprocessors, for the matvec split
+	tensorCoreInt8                     bool // CC 8.0 or later: the mvt_ kernels run
+	mvtMin                             int  // ATS_GPU_DECODE_MMA: -1 the types' own minimum, 0 off, else the fewest tokens
 
 	// Benchmark knobs (package tests only): rows per row group of the
 	// one-token matvec (0: the default 2; 1 or 4 where built), a forced
@@ -136,7 +142,11 @@ func NewWeightOps(ctx *cudadrv.Context) (*WeightOps, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &WeightOps{sms: max(1, sms)}
+	major, _, err := ctx.Device().ComputeCapability()
+	if err != nil {
+		return nil, err
+	}
+	w := &WeightOps{sms: max(1, sms), tensorCoreInt8: major >= 8, mvtMin: mvtMinTokens()}
 	mv := map[string]**cudadrv.Function{"quantize_q8_1": &w.quantizeQ8_1}
 	mm := map[string]**cudadrv.Function{"convert_f16": &w.convertF16, "moe_group": &w.moeGroup}
 	for _, t := range WeightTypes {
@@ -149,6 +159,13 @@ func NewWeightOps(ctx *cudadrv.Context) (*WeightOps, error) {
 		}
 		for i, nt := range []int{1, 2, 4, 8} {
 			mv[fmt.Sprintf("%s%s_%d", prefix, n, nt)] = &k.mv[i]
+		}
+		if min, ok := mvtTypes[t]; ok {
+			k.mvtMin = min
+			for i, nt := range mvtTokens {
+				mv[fmt.Sprintf("mvt_%s_%d", n, nt)] = &k.mvt[0][i]
+				mv[fmt.Sprintf("mvt2_%s_%d", n, nt)] = &k.mvt[1][i]
+			}
 		}
 		if t == gguf.TypeQ4_K || t == gguf.TypeQ6_K || t == gguf.TypeQ8_0 {
 			mv["mv_"+n+"_1_r1"] = &k.mvR1
@@ -330,6 +347,8 @@ func (p *mvArgs) encode(b *[mvArgsBytes]byte) {
 
 const mvWarps = 4 // MV_WARPS
 
+const mvtWarps = 4 // MVT_WARPS
+
 // mvLaunch picks the kernel for nTok (<= 8) tokens and the K split, and
 // queues problems matvecs of p.rows rows (and of each extra member's rows,
 // p.nextra of them, in the same launch).
@@ -429,11 +448,143 @@ func (w *WeightOps) MatVecQ8_1(s *cudadrv.Stream, m Matrix, xq cudadrv.DevicePtr
 	if nTok > MatVecQ8_1MaxTokens {
 		return fmt.Errorf("kernels: MatVecQ8_1 of %d tokens (at most %d)", nTok, MatVecQ8_1MaxTokens)
 	}
+	if w.mvtUse(k, nTok) {
+		p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
+			xq: xq, xds: xq.Add(align16(nTok * m.Cols)), out: out, ldOut: int64(ldOut), actDiv: 1}
+		return w.mvtLaunch(s, k, &p, nTok)
+	}
 	return q8Chunks(xq, nTok, m.Cols, func(t0, n int, xq, xds cudadrv.DevicePtr) error {
 		p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
 			xq: xq, xds: xds, ntok: int32(n), out: out.Add(4 * t0 * ldOut), ldOut: int64(ldOut), actDiv: 1}
 		return w.mvLaunch(s, k, m, &p, n, 1)
 	})
+}
+
+// mvtTokens are the token counts of the mvt_ kernels (matvec.cu): 1, 2
+// and 4 fragments of 8 tokens. More tokens take them in runs of 32.
+var mvtTokens = [...]int{8, 16, 32}
+
+// mvtTypes are the weight types with mvt_ kernels, and the fewest tokens
+// from which they beat the matvec in runs of 8 on an H200
+// (BenchmarkDecodeBatch): Q4_K's from 4 tokens, Q6_K's (twelve 2-byte
+// loads a row and super-block) from 9.
+var mvtTypes = map[gguf.Type]int{gguf.TypeQ4_K: 4, gguf.TypeQ6_K: 9}
+
+// mvt2Rows: launches of at least this many rows (all members together)
+// take mvt2_, which gives each warp two 16-row tiles: half the activation
+// loads for each weight, half the warps.
+const mvt2Rows = 12288
+
+// EnvGPUDecodeMMA sets the fewest tokens of a decode product that take
+// the tensor-core kernels (mvt_: Q4_K and Q6_K weights, CC 8.0 and later)
+// instead of the matvec in runs of 8; 0 turns them off. Unset, each type
+// has its own (mvtTypes).
+const EnvGPUDecodeMMA = "ATS_GPU_DECODE_MMA"
+
+func mvtMinTokens() int {
+	v := os.Getenv(EnvGPUDecodeMMA)
+	if v == "" {
+		return -1
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		fmt.Fprintf(os.Stderr, "ats: %s=%q is not a token count; using each type's own\n", EnvGPUDecodeMMA, v)
+		return -1
+	}
+	return n
+}
+
+// mvtUse reports whether a product of nTok tokens of k's type takes the
+// mvt_ kernels.
+func (w *WeightOps) mvtUse(k *typeKernels, nTok int) bool {
+	min := w.mvtMin
+	if min < 0 {
+		min = k.mvtMin
+	}
+	return w.tensorCoreInt8 && k.mvt[0][0] != nil && min > 0 && nTok >= min
+}
+
+// mvtLaunch queues the mvt_ kernels for nTok tokens (in runs of 32) over
+// p's matrix and its extra members: each warp group of a CTA owns 16 or 32
+// rows (mvt_, mvt2_), split over K among its ks warps.
+func (w *WeightOps) mvtLaunch(s *cudadrv.Stream, k *typeKernels, p *mvArgs, nTok int) error {
+	if err := w.matvec.ready(); err != nil {
+		return err
+	}
+	allRows := int(p.rows)
+	for _, e := range p.m[:p.nextra] {
+		allRows += int(e.rows)
+	}
+	mt := 0
+	if allRows >= mvt2Rows {
+		mt = 1
+	}
+	rowsPerGroup := 16 << mt
+	tiles := (int(p.rows) + rowsPerGroup - 1) / rowsPerGroup
+	for _, e := range p.m[:p.nextra] {
+		tiles += (int(e.rows) + rowsPerGroup - 1) / rowsPerGroup
+	}
+	cols := int(p.cols)
+	xq, xds := p.xq, p.xds
+	out0, outs := p.out, [2]cudadrv.DevicePtr{p.m[0].out, p.m[1].out}
+	for t0 := 0; t0 < nTok; t0 += mvtTokens[len(mvtTokens)-1] {
+		n := min(mvtTokens[len(mvtTokens)-1], nTok-t0)
+		var f *cudadrv.Function
+		for i, nt := range mvtTokens {
+			if n <= nt {
+				f = k.mvt[mt][i]
+				break
+			}
+		}
+		ks := w.mvKS
+		if ks == 0 {
+			ks = mvtSplit(tiles, cols/256, w.sms*mvtBlocksPerSM(n, mt))
+		}
+		q := *p
+		q.ks, q.ntok = int32(ks), int32(n)
+		q.xq, q.xds = xq.Add(t0*cols), xds.Add(t0*cols/32*8)
+		q.out = out0.Add(4 * t0 * int(p.ldOut))
+		perCTA := mvtWarps / ks * rowsPerGroup
+		bx := (int(p.rows) + perCTA - 1) / perCTA
+		for i := range q.m[:q.nextra] {
+			q.m[i].out = outs[i].Add(4 * t0 * int(q.m[i].ldOut))
+			q.m[i].bx0 = int32(bx)
+			bx += (int(q.m[i].rows) + perCTA - 1) / perCTA
+		}
+		var b [mvArgsBytes]byte
+		q.encode(&b)
+		if err := launch(f, s, cudadrv.Dim3{X: uint32(bx), Y: 1, Z: 1}, cudadrv.D1(32*mvtWarps), 0, func(a *cudadrv.Args) { a.Bytes(b[:]) }); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// mvtBlocksPerSM is the resident CTAs per multiprocessor of the mvt_
+// kernel for n tokens (mt 0) or of mvt2_ (mt 1): their launch bounds
+// (MVT_ALL in matvec.cu).
+func mvtBlocksPerSM(n, mt int) int {
+	if mt == 1 && n > 16 {
+		return 3
+	}
+	return 4
+}
+
+// mvtSplit picks the warps that share a 32-row group's super-blocks (1, 2
+// or 4) for tiles groups of nsb super-blocks on slots resident CTAs: the
+// fewest rounds of CTAs times each CTA's super-blocks (plus one for its
+// start and its sums), so that a last, partial round of CTAs costs little.
+func mvtSplit(tiles, nsb, slots int) int {
+	best, bestCost := mvtWarps, 0
+	for _, ks := range []int{4, 2, 1} {
+		ctas := (tiles + mvtWarps/ks - 1) / (mvtWarps / ks)
+		rounds := (ctas + slots - 1) / slots
+		cost := rounds * ((nsb+ks-1)/ks + 1)
+		if bestCost == 0 || cost < bestCost {
+			best, bestCost = ks, cost
+		}
+	}
+	return best
 }
 
 // q8Chunks calls f for each run of up to MatVecMaxTokens of nTok tokens
@@ -477,6 +628,15 @@ func (w *WeightOps) MatVecQ8_1Group(s *cudadrv.Stream, ms []Matrix, xq cudadrv.D
 	}
 	if nTok > MatVecQ8_1MaxTokens {
 		return fmt.Errorf("kernels: MatVecQ8_1Group of %d tokens (at most %d)", nTok, MatVecQ8_1MaxTokens)
+	}
+	if w.mvtUse(k, nTok) {
+		p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
+			xq: xq, xds: xq.Add(align16(nTok * m.Cols)), out: outs[0], ldOut: int64(ldOuts[0]), actDiv: 1}
+		for i, e := range ms[1:] {
+			p.m[i] = mvMember{w: e.Data, out: outs[i+1], rowBytes: int64(e.RowBytes()), ldOut: int64(ldOuts[i+1]), rows: int32(e.Rows)}
+		}
+		p.nextra = int32(len(ms) - 1)
+		return w.mvtLaunch(s, k, &p, nTok)
 	}
 	return q8Chunks(xq, nTok, m.Cols, func(t0, n int, xq, xds cudadrv.DevicePtr) error {
 		p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),

@@ -359,3 +359,56 @@ func BenchmarkWeightMatMulMulti(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkDecodeBatch: a decode step's product for n tokens (decode rows
+// of n sequences), through MatVecQ8_1 as the engine calls it: the matvec
+// in runs of 8 (mvt=off) against the tensor-core kernels (mvt), with the
+// one-token matvec as the yardstick ("x1" is the time over one token's).
+func BenchmarkDecodeBatch(b *testing.B) {
+	ctx, w := woSetup(b)
+	s := woBenchStream(b, ctx)
+	defer func() { w.mvtMin = mvtMinTokens() }()
+	const maxTok = MatVecQ8_1MaxTokens
+	for _, t := range []gguf.Type{gguf.TypeQ4_K, gguf.TypeQ6_K} {
+		for _, sh := range woBenchShapes {
+			ms := woBenchWeights(b, ctx, t, sh.rows, sh.cols, 1)
+			m := ms[0]
+			x := woAlloc(b, ctx, 4*maxTok*m.Cols)
+			if err := ctx.CopyHtoD(x.p, woF32s(woGauss(woRand("x"), maxTok*m.Cols, m.Cols))); err != nil {
+				b.Fatal(err)
+			}
+			out := woAlloc(b, ctx, 4*maxTok*m.Rows)
+			xq := woAlloc(b, ctx, Q8_1Bytes(maxTok, m.Cols))
+			if err := w.QuantizeQ8_1(s, x.p, m.Cols, maxTok, m.Cols, xq.p); err != nil {
+				b.Fatal(err)
+			}
+			var one time.Duration
+			for _, n := range []int{1, 4, 8, 16, 32} {
+				for _, path := range []string{"mvt=off", "mvt", "mvt/ks=2", "mvt/ks=4"} {
+					if n == 1 && path != "mvt=off" {
+						continue
+					}
+					b.Run(fmt.Sprintf("type=%s/%s/ntok=%d/%s", t, sh.name, n, path), func(b *testing.B) {
+						w.mvtMin, w.mvKS = 0, woVariantInt(path, "ks")
+						defer func() { w.mvKS = 0 }()
+						if path != "mvt=off" {
+							w.mvtMin = 1
+						}
+						d := woTimeGraph(b, ctx, s, 2*len(ms), func(i int) error {
+							m := ms[i%len(ms)]
+							return w.MatVecQ8_1(s, m, xq.p, n, out.p, m.Rows)
+						})
+						if n == 1 {
+							one = d
+						}
+						b.ReportMetric(float64(m.Bytes())/d.Seconds()/1e9, "GB/s")
+						b.ReportMetric(float64(d.Nanoseconds())/1e3, "us/op")
+						if one > 0 {
+							b.ReportMetric(float64(d)/float64(one), "x1")
+						}
+					})
+				}
+			}
+		}
+	}
+}

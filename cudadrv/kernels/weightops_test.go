@@ -399,10 +399,40 @@ func woCases() []woCase {
 				}
 			}
 		}
-		// The matvec over more tokens than a launch takes, in runs.
+		// The matvec over more tokens than a launch takes: in runs, and
+		// on the tensor cores where the type has mvt_ kernels.
 		if !isFloat(t) {
 			for _, n := range []int{13, MatVecQ8_1MaxTokens} {
 				cs = append(cs, woCase{op: "matvec", typ: t, rows: 33, cols: cols[1], ntok: n, variant: "chunked"})
+				cs = append(cs, woCase{op: "matvec", typ: t, rows: 33, cols: cols[1], ntok: n, variant: "chunked/mvt=off"})
+			}
+		}
+		if t == gguf.TypeQ4_K || t == gguf.TypeQ6_K {
+			// Every fragment count and a partial last fragment; rows
+			// short of a 16-row tile; one super-block, fewer than the
+			// warps, and odd counts (Q6_K rows of 1280 values are 1050
+			// bytes: 2-byte aligned).
+			for _, rows := range []int{7, 33, 4096 + 13} {
+				for _, c := range cols {
+					for _, n := range []int{1, 5, 8, 9, 16, 17, 32, 33, 48} {
+						if rows > 33 && (c > 1280 || n%8 != 1) {
+							continue
+						}
+						cs = append(cs, woCase{op: "matvec", typ: t, rows: rows, cols: c, ntok: n, variant: "chunked/mvt=1"})
+					}
+				}
+			}
+			// Launches of mvt2Rows rows and more: two tiles a warp (mvt2_).
+			for _, sh := range [][2]int{{cols[1], 9}, {cols[1], 33}, {cols[0], 17}} {
+				cs = append(cs, woCase{op: "matvec", typ: t, rows: mvt2Rows + 13, cols: sh[0], ntok: sh[1], variant: "chunked/mvt=1"})
+			}
+			cs = append(cs, woCase{op: "group", typ: t, rows: mvt2Rows + 7, cols: cols[1], ntok: 12, variant: "dense"})
+			// Each K split, with super-blocks fewer than and not a
+			// multiple of the warps that share them.
+			for _, ks := range []int{1, 2, 4} {
+				for _, c := range cols[1:] {
+					cs = append(cs, woCase{op: "matvec", typ: t, rows: 4096 + 13, cols: c, ntok: 20, variant: fmt.Sprintf("chunked/mvt=1/ks=%d", ks)})
+				}
 			}
 		}
 		// The K split and row-group variants of the matvec.
@@ -446,7 +476,7 @@ func woCases() []woCase {
 		cs = append(cs, woCase{op: "graph", typ: t, rows: 33, cols: cols[1], ntok: 1})
 		if !isFloat(t) {
 			// Several matrices in one launch: Q, K, V (dense) and gate, up (MoE).
-			for _, n := range []int{1, 3, 20} {
+			for _, n := range []int{1, 3, 20, 41} {
 				cs = append(cs, woCase{op: "group", typ: t, rows: 300, cols: cols[1], ntok: n, variant: "dense"})
 			}
 			cs = append(cs, woCase{op: "group", typ: t, rows: 33, cols: cols[1], ntok: 1, variant: "moe"})
@@ -597,15 +627,21 @@ func woTestMatMul(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, no
 	xd := woUpload(t, ctx, woF32s(x))
 	out := woPoisoned(t, ctx, c.ntok*ldOut)
 	scratch := woAlloc(t, ctx, max(MatMulScratchBytes(m, c.ntok), Q8_1Bytes(c.ntok, c.cols)))
+	w.mvKS = woVariantInt(c.variant, "ks")
 	switch c.variant {
-	case "ks=1", "ks=2", "ks=4":
-		w.mvKS = int(c.variant[3] - '0')
 	case "r=1", "r=4":
 		w.mvRows = int(c.variant[2] - '0')
 	}
 	w.mmBN = woVariantInt(c.variant, "bn")
+	switch {
+	case strings.Contains(c.variant, "mvt=off"):
+		w.mvtMin = 0
+	case strings.Contains(c.variant, "mvt="):
+		w.mvtMin = woVariantInt(c.variant, "mvt")
+	}
+	defer func() { w.mvtMin = mvtMinTokens() }()
 	var err error
-	if c.variant == "chunked" {
+	if strings.HasPrefix(c.variant, "chunked") {
 		// More tokens than one matvec launch takes: MatVecQ8_1 in runs of
 		// MatVecMaxTokens (the engine's decode rows of many sequences).
 		if err = w.QuantizeQ8_1(nil, xd.p, ldx, c.ntok, c.cols, scratch.p); err == nil {
