@@ -110,7 +110,7 @@ type typeKernels struct {
 	mvR4    *cudadrv.Function
 	mvt     [2][len(mvtTokens)]*cudadrv.Function // tensor-core decode rows (Q4_K, Q6_K): mvt_, mvt2_ by mvtTokens
 	mvtMin  int                                  // fewest tokens that take mvt_ by default (0: none)
-	mm      [3]*cudadrv.Function // by token tile: mm_ (128), mm64_, mm32_; see mmTiles
+	mm      [3]*cudadrv.Function                 // by token tile: mm_ (128), mm64_, mm32_; see mmTiles
 	getRows *cudadrv.Function
 }
 
