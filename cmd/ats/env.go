@@ -17,18 +17,19 @@ import (
 // reads them here, once, into the engine's options; nothing below cmd/ats
 // reads the environment.
 const (
-	envRepack      = "ATS_REPACK"          // "0": the CPU computes from the file's blocks, no repacked copies
-	envCPUProfile  = "ATS_CPU_OPS_PROFILE" // "1": time every CPU op, report at the end
-	envGPUProfile  = "ATS_GPU_PROFILE"     // "1": time every GPU launch group, report at the end
-	envGPUGraphs   = "ATS_GPU_GRAPHS"      // "0": no CUDA graphs for decode steps
-	envGPUPrefetch = "ATS_GPU_PREFETCH"    // "0": no prefetch of the next decode step's streamed weights
-	envGPUPDL      = "ATS_GPU_PDL"         // "0": no programmatic dependent launch
-	envGPUSpin     = "ATS_GPU_SPIN_SYNC"   // "0": wait in the driver instead of polling
-	envGPURegister = "ATS_GPU_REGISTER"    // "0": never page-lock the model file
-	envGPUWeights  = "ATS_GPU_WEIGHTS"     // "ref": the float32 reference weight kernels
-	envMoESplit    = "ATS_MOE_SPLIT"       // how prompt batches split streamed MoE layers with the CPU
-	envMoERouted   = "ATS_MOE_ROUTED"      // the GPU's share of a decode step's chosen experts of the CPU's MoE layers ("0": none)
-	envPromoteLog  = "ATS_PROMOTE_LOG"     // "1": a line per decode step the promoter observes
+	envRepack       = "ATS_REPACK"          // "0": the CPU computes from the file's blocks, no repacked copies
+	envCPUProfile   = "ATS_CPU_OPS_PROFILE" // "1": time every CPU op, report at the end
+	envGPUProfile   = "ATS_GPU_PROFILE"     // "1": time every GPU launch group, report at the end
+	envGPUGraphs    = "ATS_GPU_GRAPHS"      // "0": no CUDA graphs for decode steps
+	envGPUPrefetch  = "ATS_GPU_PREFETCH"    // "0": no prefetch of the next decode step's streamed weights
+	envGPUPDL       = "ATS_GPU_PDL"         // "0": no programmatic dependent launch
+	envGPUSpin      = "ATS_GPU_SPIN_SYNC"   // "0": wait in the driver instead of polling
+	envGPURegister  = "ATS_GPU_REGISTER"    // "0": never page-lock the model file
+	envGPUWeights   = "ATS_GPU_WEIGHTS"     // "ref": the float32 reference weight kernels
+	envGPUDecodeMMA = "ATS_GPU_DECODE_MMA"  // fewest decode rows whose Q4_K/Q6_K products take the tensor cores ("0": never)
+	envMoESplit     = "ATS_MOE_SPLIT"       // how prompt batches split streamed MoE layers with the CPU
+	envMoERouted    = "ATS_MOE_ROUTED"      // the GPU's share of a decode step's chosen experts of the CPU's MoE layers ("0": none)
+	envPromoteLog   = "ATS_PROMOTE_LOG"     // "1": a line per decode step the promoter observes
 )
 
 // envOptions sets the switches the environment asks for in o.
@@ -46,6 +47,7 @@ func envOptions(o *session.Options) {
 		NoSpinSync: os.Getenv(envGPUSpin) == "0",
 		NoRegister: os.Getenv(envGPURegister) == "0",
 		Weights:    os.Getenv(envGPUWeights),
+		DecodeMMA:  os.Getenv(envGPUDecodeMMA),
 	}
 }
 

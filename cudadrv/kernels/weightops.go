@@ -3,8 +3,6 @@ package kernels
 import (
 	"encoding/binary"
 	"fmt"
-	"os"
-	"strconv"
 
 	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/gguf"
@@ -125,7 +123,7 @@ type WeightOps struct {
 	types                              [int(gguf.TypeBF16) + 1]*typeKernels
 	sms                                int  // multiprocessors, for the matvec split
 	tensorCoreInt8                     bool // CC 8.0 or later: the mvt_ kernels run
-	mvtMin                             int  // ATS_GPU_DECODE_MMA: -1 the types' own minimum, 0 off, else the fewest tokens
+	mvtMin                             int  // SetDecodeMMA: -1 the types' own minimum, 0 off, else the fewest tokens
 
 	// Benchmark knobs (package tests only): rows per row group of the
 	// one-token matvec (0: the default 2; 1 or 4 where built), a forced
@@ -146,7 +144,7 @@ func NewWeightOps(ctx *cudadrv.Context) (*WeightOps, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &WeightOps{sms: max(1, sms), tensorCoreInt8: major >= 8, mvtMin: mvtMinTokens()}
+	w := &WeightOps{sms: max(1, sms), tensorCoreInt8: major >= 8, mvtMin: -1}
 	mv := map[string]**cudadrv.Function{"quantize_q8_1": &w.quantizeQ8_1}
 	mm := map[string]**cudadrv.Function{"convert_f16": &w.convertF16, "moe_group": &w.moeGroup}
 	for _, t := range WeightTypes {
@@ -475,24 +473,10 @@ var mvtTypes = map[gguf.Type]int{gguf.TypeQ4_K: 4, gguf.TypeQ6_K: 9}
 // loads for each weight, half the warps.
 const mvt2Rows = 12288
 
-// EnvGPUDecodeMMA sets the fewest tokens of a decode product that take
-// the tensor-core kernels (mvt_: Q4_K and Q6_K weights, CC 8.0 and later)
-// instead of the matvec in runs of 8; 0 turns them off. Unset, each type
-// has its own (mvtTypes).
-const EnvGPUDecodeMMA = "ATS_GPU_DECODE_MMA"
-
-func mvtMinTokens() int {
-	v := os.Getenv(EnvGPUDecodeMMA)
-	if v == "" {
-		return -1
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
-		fmt.Fprintf(os.Stderr, "ats: %s=%q is not a token count; using each type's own\n", EnvGPUDecodeMMA, v)
-		return -1
-	}
-	return n
-}
+// SetDecodeMMA sets the fewest tokens of a decode product that take the
+// tensor-core kernels (mvt_) instead of the matvec in runs of 8: 0 turns
+// them off, a negative count restores each type's own (mvtTypes).
+func (w *WeightOps) SetDecodeMMA(min int) { w.mvtMin = min }
 
 // mvtUse reports whether a product of nTok tokens of k's type takes the
 // mvt_ kernels.

@@ -367,7 +367,7 @@ func BenchmarkWeightMatMulMulti(b *testing.B) {
 func BenchmarkDecodeBatch(b *testing.B) {
 	ctx, w := woSetup(b)
 	s := woBenchStream(b, ctx)
-	defer func() { w.mvtMin = mvtMinTokens() }()
+	defer func() { w.mvtMin = -1 }()
 	const maxTok = MatVecQ8_1MaxTokens
 	for _, t := range []gguf.Type{gguf.TypeQ4_K, gguf.TypeQ6_K} {
 		for _, sh := range woBenchShapes {

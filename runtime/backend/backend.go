@@ -108,7 +108,11 @@ type Options struct {
 	NoRegister bool   // never page-lock the model file for streaming
 	Profile    bool   // time every launch group and report at Close (to Notes)
 	Weights    string // weight kernels: "" (the device's best) or "ref" (float32 reference)
-	Notes      Notes
+	// DecodeMMA: the fewest decode rows whose quantized products take the
+	// GPU's tensor-core kernels where it has them: "" each weight type's
+	// own, "0" never, else a count. The setting is the device's.
+	DecodeMMA string
+	Notes     Notes
 }
 
 // Notes receives what a backend has to tell the user (a fallback it took,

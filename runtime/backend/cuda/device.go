@@ -11,6 +11,7 @@ package cuda
 
 import (
 	"fmt"
+	"strconv"
 	"sync"
 
 	"github.com/atsinfer/ats/cudadrv"
@@ -150,6 +151,15 @@ func (d *Device) Weights(opt backend.Options) WeightOps {
 			opt.Notes.Note(fmt.Sprintf("the GPU weight kernels failed to load (%v); using the float32 reference kernels", d.quantWhy))
 		})
 		return d.ref
+	}
+	if opt.DecodeMMA != "" {
+		q := d.w.(*quantOps)
+		n, err := strconv.Atoi(opt.DecodeMMA)
+		if err != nil || n < 0 {
+			opt.Notes.Note(fmt.Sprintf("decode tensor-core rows %q is not a count; using each weight type's own", opt.DecodeMMA))
+			n = -1
+		}
+		q.k.SetDecodeMMA(n)
 	}
 	return d.w
 }
