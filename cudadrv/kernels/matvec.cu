@@ -914,29 +914,54 @@ __device__ __forceinline__ u32 ldg32a2(const u8 *p)
     return (u32)__ldg(h) | ((u32)__ldg(h + 1) << 16);
 }
 
-// The activations one thread reads: per fragment f, its B token (f*8 + g)
-// and its two C tokens (f*8 + 2t, +1), clamped to the last token, as
-// offsets (int, to spare registers) into xq and xds.
-template <int NF> struct MvtAct {
+// A warp's activations of one super-block, staged in shared memory: the
+// B fragments read the int8 values from there. Read from global memory
+// they cost one L1 wavefront per token and fragment row (8 tokens, 8
+// lines an instruction), and the L1 bounded the kernels (ncu: 85% busy,
+// DRAM 29%); staged, each token's 256 bytes load as two whole lines. P is
+// the row pitch in bytes: 256 plus a pad that keeps the B reads free of
+// bank conflicts (288 for Q4_K's 8-byte reads, 272 for Q6_K's 4-byte ones).
+// The block scales {d, d*sum} of the C tokens (f*8 + 2t, +1) load from
+// global memory, as int offsets (to spare registers).
+template <int NF, int P> struct MvtAct {
     const i8 *xq;
     const float2 *xds;
-    int b[NF], ds[NF][2];
+    u8 *stg; // the warp's stage: NF*8 rows of P bytes
+    int ntok, cols, g;
+    int ds[NF][2];
 
-    __device__ __forceinline__ MvtAct(const MvArgs &a, int g, int t) : xq(a.xq), xds(a.xds)
+    __device__ __forceinline__ MvtAct(const MvArgs &a, u8 *stage, int g_, int t)
+        : xq(a.xq), xds(a.xds), stg(stage), ntok(a.ntok), cols(a.cols), g(g_)
     {
         const int ncols32 = a.cols >> 5;
 #pragma unroll
-        for (int f = 0; f < NF; f++) {
-            b[f] = min(8 * f + g, a.ntok - 1) * a.cols;
+        for (int f = 0; f < NF; f++)
 #pragma unroll
             for (int i = 0; i < 2; i++)
                 ds[f][i] = min(8 * f + 2 * t + i, a.ntok - 1) * ncols32;
+    }
+    // Stages super-block sb of every token: 16 bytes a lane, a token's 256
+    // bytes by 16 lanes (tokens past ntok repeat the last).
+    __device__ __forceinline__ void stage(int sb, int lane) const
+    {
+        const int h = lane >> 4, off = 16 * (lane & 15);
+#pragma unroll
+        for (int f = 0; f < NF; f++) {
+            uint4 v[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                const int tok = min(8 * f + 2 * i + h, ntok - 1);
+                v[i] = ldg16(xq + (long long)tok * cols + sb * 256 + off);
+            }
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                *(uint4 *)(stg + (8 * f + 2 * i + h) * P + off) = v[i];
         }
     }
-    // Fragment f's B bytes at value e.
-    __device__ __forceinline__ const i8 *bq(int f, int e) const { return xq + b[f] + e; }
-    // The scales {d, d*sum} of blocks e/32 and e/32+1 (e a multiple of 64)
-    // of C token i of fragment f: one 16-byte load.
+    // Fragment f's B bytes at value e of the staged super-block.
+    __device__ __forceinline__ const u8 *bq(int f, int e) const { return stg + (8 * f + g) * P + (e & 255); }
+    // The scales of blocks e/32 and e/32+1 (e a multiple of 64) of C token
+    // i of fragment f: one 16-byte load.
     __device__ __forceinline__ float4 s2(int f, int i, int e) const
     {
         return __ldg((const float4 *)(xds + ds[f][i] + (e >> 5)));
@@ -965,26 +990,40 @@ __device__ __forceinline__ void mvt_acc(float *acc, const int *c, float ws0, flo
 // Q4_K super-block sb of the warp's MT 16-row tiles (rows g and g+8 of
 // tile m at p[2m], p[2m+1]): eight groups of 32 with one scale and min
 // each; the quant bytes of groups 2i and 2i+1 are the low and high nibbles
-// of qs[32i..32i+31]. The B fragments and scales load once for the MT tiles.
-template <int NF, int MT>
-__device__ __forceinline__ void mvt_q4_k(const u8 *const *p, int sb, int t, const MvtAct<NF> &x,
+// of qs[32i..32i+31]. The loads (mvt_q4_k_load) are issued before the
+// activations are staged; the B fragments and scales serve the MT tiles.
+template <int MT> struct MvtQ4K {
+    uint4 h[2 * MT];
+    uint2 q[4][2 * MT];
+};
+
+template <int MT>
+__device__ __forceinline__ void mvt_q4_k_load(const u8 *const *p, int sb, int t, MvtQ4K<MT> &w)
+{
+#pragma unroll
+    for (int r = 0; r < 2 * MT; r++) {
+        const u8 *b = p[r] + (long long)sb * 144;
+        w.h[r] = ldg16(b);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            w.q[i][r] = __ldg((const uint2 *)(b + 16 + 32 * i + 8 * t));
+    }
+}
+
+template <int NF, int MT, int P>
+__device__ __forceinline__ void mvt_q4_k(const MvtQ4K<MT> &w, int sb, int t, const MvtAct<NF, P> &x,
                                          float (*acc)[NF][4])
 {
     float d[2 * MT], dm[2 * MT];
     u32 sc[2 * MT][3];
 #pragma unroll
     for (int r = 0; r < 2 * MT; r++) {
-        const uint4 h = ldg16(p[r] + (long long)sb * 144);
-        d[r] = h2f(h.x & 0xffff), dm[r] = h2f(h.x >> 16);
-        sc[r][0] = h.y, sc[r][1] = h.z, sc[r][2] = h.w;
+        d[r] = h2f(w.h[r].x & 0xffff), dm[r] = h2f(w.h[r].x >> 16);
+        sc[r][0] = w.h[r].y, sc[r][1] = w.h[r].z, sc[r][2] = w.h[r].w;
     }
 #define SCB(s, i) ((int)(((s)[(i) >> 2] >> (8 * ((i) & 3))) & 0xff))
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        uint2 q[2 * MT];
-#pragma unroll
-        for (int r = 0; r < 2 * MT; r++)
-            q[r] = __ldg((const uint2 *)(p[r] + (long long)sb * 144 + 16 + 32 * i + 8 * t));
         float ws[2][2 * MT], wm[2][2 * MT];
 #pragma unroll
         for (int r = 0; r < 2 * MT; r++)
@@ -1003,8 +1042,8 @@ __device__ __forceinline__ void mvt_q4_k(const u8 *const *p, int sb, int t, cons
         const int e = sb * 256 + 64 * i; // first value of group 2i
 #pragma unroll
         for (int f = 0; f < NF; f++) {
-            const uint2 b0 = __ldg((const uint2 *)(x.bq(f, e) + 8 * t));
-            const uint2 b1 = __ldg((const uint2 *)(x.bq(f, e + 32) + 8 * t));
+            const uint2 b0 = *(const uint2 *)(x.bq(f, e) + 8 * t);
+            const uint2 b1 = *(const uint2 *)(x.bq(f, e + 32) + 8 * t);
             const float4 s0 = x.s2(f, 0, e), s1 = x.s2(f, 1, e);
 #pragma unroll
             for (int h = 0; h < 2; h++) {
@@ -1012,9 +1051,10 @@ __device__ __forceinline__ void mvt_q4_k(const u8 *const *p, int sb, int t, cons
 #pragma unroll
                 for (int m = 0; m < MT; m++) {
                     const int sh = 4 * h;
+                    const uint2 q0 = w.q[i][2 * m], q1 = w.q[i][2 * m + 1];
                     int c[4];
-                    mma_s8_k32(c, (q[2 * m].x >> sh) & 0x0F0F0F0Fu, (q[2 * m + 1].x >> sh) & 0x0F0F0F0Fu,
-                               (q[2 * m].y >> sh) & 0x0F0F0F0Fu, (q[2 * m + 1].y >> sh) & 0x0F0F0F0Fu, bq.x, bq.y);
+                    mma_s8_k32(c, (q0.x >> sh) & 0x0F0F0F0Fu, (q1.x >> sh) & 0x0F0F0F0Fu, (q0.y >> sh) & 0x0F0F0F0Fu,
+                               (q1.y >> sh) & 0x0F0F0F0Fu, bq.x, bq.y);
                     if (h)
                         mvt_acc<true>(acc[m][f], c, ws[1][2 * m], ws[1][2 * m + 1], wm[1][2 * m], wm[1][2 * m + 1],
                                       s0.z, s0.w, s1.z, s1.w);
@@ -1033,32 +1073,40 @@ __device__ __forceinline__ void mvt_q4_k(const u8 *const *p, int sb, int t, cons
 // 16): the low (c < 2) or high nibble of ql[64hf + 32(c&1) + 16s + l],
 // bits 2c of qh[32hf + 16s + l] above them, less 32; its scale is
 // scales[8hf + 2c + s].
-template <int NF, int MT>
-__device__ __forceinline__ void mvt_q6_k(const u8 *const *p, int sb, int t, const MvtAct<NF> &x,
-                                         float (*acc)[NF][4])
-{
+template <int MT> struct MvtQ6K {
+    u32 sc[2 * MT][4], l[2][2][2 * MT][2], hq[2][2][2 * MT];
     float d[2 * MT];
-    u32 sc[2 * MT][4];
+};
+
+template <int MT>
+__device__ __forceinline__ void mvt_q6_k_load(const u8 *const *p, int sb, int t, MvtQ6K<MT> &w)
+{
 #pragma unroll
     for (int r = 0; r < 2 * MT; r++) {
         const u8 *b = p[r] + (long long)sb * 210;
 #pragma unroll
         for (int i = 0; i < 4; i++)
-            sc[r][i] = ldg32a2(b + 192 + 4 * i);
-        d[r] = h2f(__ldg((const unsigned short *)(b + 208)));
+            w.sc[r][i] = ldg32a2(b + 192 + 4 * i);
+        w.d[r] = h2f(__ldg((const unsigned short *)(b + 208)));
+#pragma unroll
+        for (int hf = 0; hf < 2; hf++)
+#pragma unroll
+            for (int s = 0; s < 2; s++) {
+                w.l[hf][s][r][0] = ldg32a2(b + 64 * hf + 16 * s + 4 * t);
+                w.l[hf][s][r][1] = ldg32a2(b + 64 * hf + 32 + 16 * s + 4 * t);
+                w.hq[hf][s][r] = ldg32a2(b + 128 + 32 * hf + 16 * s + 4 * t);
+            }
     }
+}
+
+template <int NF, int MT, int P>
+__device__ __forceinline__ void mvt_q6_k(const MvtQ6K<MT> &w, int sb, int t, const MvtAct<NF, P> &x,
+                                         float (*acc)[NF][4])
+{
 #pragma unroll
     for (int hf = 0; hf < 2; hf++)
 #pragma unroll
-        for (int s = 0; s < 2; s++) {
-            u32 l[2 * MT][2], hq[2 * MT];
-#pragma unroll
-            for (int r = 0; r < 2 * MT; r++) {
-                const u8 *b = p[r] + (long long)sb * 210;
-                l[r][0] = ldg32a2(b + 64 * hf + 16 * s + 4 * t);
-                l[r][1] = ldg32a2(b + 64 * hf + 32 + 16 * s + 4 * t);
-                hq[r] = ldg32a2(b + 128 + 32 * hf + 16 * s + 4 * t);
-            }
+        for (int s = 0; s < 2; s++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
                 const int si = 8 * hf + 2 * c + s;
@@ -1066,14 +1114,15 @@ __device__ __forceinline__ void mvt_q6_k(const u8 *const *p, int sb, int t, cons
                 float ws[2 * MT];
 #pragma unroll
                 for (int r = 0; r < 2 * MT; r++) {
-                    ws[r] = d[r] * (float)(signed char)((sc[r][si >> 2] >> (8 * (si & 3))) & 0xff);
-                    a[r] = __vsub4(((l[r][c & 1] >> (4 * (c >> 1))) & 0x0F0F0F0Fu) | (((hq[r] >> (2 * c)) & 0x03030303u) << 4),
+                    ws[r] = w.d[r] * (float)(signed char)((w.sc[r][si >> 2] >> (8 * (si & 3))) & 0xff);
+                    a[r] = __vsub4(((w.l[hf][s][r][c & 1] >> (4 * (c >> 1))) & 0x0F0F0F0Fu) |
+                                       (((w.hq[hf][s][r] >> (2 * c)) & 0x03030303u) << 4),
                                    0x20202020u);
                 }
                 const int e = sb * 256 + 128 * hf + 32 * c + 16 * s; // first value of the group
 #pragma unroll
                 for (int f = 0; f < NF; f++) {
-                    const u32 bq = __ldg((const unsigned int *)(x.bq(f, e) + 4 * t));
+                    const u32 bq = *(const u32 *)(x.bq(f, e) + 4 * t);
                     const float2 s0 = x.xds[x.ds[f][0] + (e >> 5)], s1 = x.xds[x.ds[f][1] + (e >> 5)];
 #pragma unroll
                     for (int m = 0; m < MT; m++) {
@@ -1083,17 +1132,20 @@ __device__ __forceinline__ void mvt_q6_k(const u8 *const *p, int sb, int t, cons
                     }
                 }
             }
-        }
 }
 
 // A CTA's MVT_WARPS warps form MVT_WARPS/ks groups of ks warps; a group
-// owns MT 16-row tiles and its ks warps take every ks-th super-block.
+// owns MT 16-row tiles and its ks warps take every ks-th super-block. Per
+// super-block a warp issues its weight loads, stages the activations and
+// then computes. The stage, free after the loop, holds the warps' sums.
 template <int T, int NF, int MT>
 __device__ __forceinline__ void mvt_drive(const MvArgs &a0)
 {
     const MvArgs &a = a0;
     const MvMat mm = mv_member(a);
-    __shared__ float red[MVT_WARPS][MT * NF * 4][32];
+    enum { P = T == T_Q4_K ? 288 : 272, STAGE = NF * 8 * P };
+    static_assert(STAGE >= MT * NF * 4 * 32 * 4, "the stage holds the sums");
+    __shared__ __align__(16) u8 stage[MVT_WARPS][STAGE];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int ks = a.ks, rg = warp / ks, kw = warp % ks;
     const int g = lane >> 2, t = lane & 3;
@@ -1102,7 +1154,7 @@ __device__ __forceinline__ void mvt_drive(const MvArgs &a0)
 #pragma unroll
     for (int r = 0; r < 2 * MT; r++)
         p[r] = mm.W + (long long)min(row0 + g + 8 * r, mm.rows - 1) * mm.rowBytes;
-    const MvtAct<NF> x(a, g, t);
+    const MvtAct<NF, P> x(a, stage[warp], g, t);
     float acc[MT][NF][4];
 #pragma unroll
     for (int m = 0; m < MT; m++)
@@ -1113,18 +1165,31 @@ __device__ __forceinline__ void mvt_drive(const MvArgs &a0)
                 acc[m][f][i] = 0.f;
     const int nsb = a.cols >> 8;
     for (int sb = kw; sb < nsb; sb += ks) {
-        if (T == T_Q4_K)
-            mvt_q4_k<NF, MT>(p, sb, t, x, acc);
-        else
-            mvt_q6_k<NF, MT>(p, sb, t, x, acc);
+        if (T == T_Q4_K) {
+            MvtQ4K<MT> w;
+            mvt_q4_k_load<MT>(p, sb, t, w);
+            __syncwarp();
+            x.stage(sb, lane);
+            __syncwarp();
+            mvt_q4_k<NF, MT, P>(w, sb, t, x, acc);
+        } else {
+            MvtQ6K<MT> w;
+            mvt_q6_k_load<MT>(p, sb, t, w);
+            __syncwarp();
+            x.stage(sb, lane);
+            __syncwarp();
+            mvt_q6_k<NF, MT, P>(w, sb, t, x, acc);
+        }
     }
+    __syncwarp();
+    float(*red)[32] = (float(*)[32])stage[warp];
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
         for (int f = 0; f < NF; f++)
 #pragma unroll
             for (int i = 0; i < 4; i++)
-                red[warp][(m * NF + f) * 4 + i][lane] = acc[m][f][i];
+                red[(m * NF + f) * 4 + i][lane] = acc[m][f][i];
     __syncthreads();
     if (kw != 0)
         return;
@@ -1136,9 +1201,9 @@ __device__ __forceinline__ void mvt_drive(const MvArgs &a0)
             for (int i = 0; i < 4; i++) {
                 const int k = (m * NF + f) * 4 + i;
                 const int row = row0 + 16 * m + g + 8 * (i >> 1), tok = 8 * f + 2 * t + (i & 1);
-                float s = red[warp][k][lane];
+                float s = red[k][lane];
                 for (int w = 1; w < ks; w++)
-                    s += red[warp + w][k][lane];
+                    s += ((const float(*)[32])stage[warp + w])[k][lane];
                 if (row < mm.rows && tok < a.ntok)
                     mm.out[(long long)tok * mm.ldOut + row] = s;
             }
