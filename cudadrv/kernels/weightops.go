@@ -46,13 +46,13 @@ func (m Matrix) Bytes() int { return m.Rows * m.RowBytes() }
 // kernels takes.
 const MatVecMaxTokens = 8
 
-// MatVecQ8_1MaxTokens is the most tokens MatVecQ8_1 takes, in launches
-// of up to MatVecMaxTokens tokens, each reading the weights once; the
-// engine's prepared path (runtime/backend/cuda) uses it up to there, the
-// tensor-core kernels above. A batch of decode rows of many sequences (9 to
-// 48) took the tensor-core path before, whose cost hardly shrinks below
-// a prompt batch's: a 14B decode step of 9 rows cost 43 ms on an H200,
-// against 5 ms for one row, where a pass of 8 rows costs about a row's.
+// MatVecQ8_1MaxTokens is the most tokens MatVecQ8_1 takes: on the integer
+// tensor cores (mvt_) or in matvec launches of up to MatVecMaxTokens
+// tokens, each reading the weights once. The engine's prepared path
+// (runtime/backend/cuda) uses it for decode rows up to there, the f16
+// tensor-core kernels (mm_) above, whose cost hardly shrinks below a
+// prompt batch's: a 14B decode step of 9 rows cost 43 ms on an H200 on
+// them, against 5 ms for one row.
 const MatVecQ8_1MaxTokens = 48
 
 // WeightTypes are the weight types the kernels support, in type-id order:
@@ -432,9 +432,12 @@ func mvSplit(groups, nchunk, sms int, direct bool) int {
 	return ks
 }
 
-// MatVecQ8_1 queues out[t][r] = W[r] . xq[t] for t < nTok <= 8 on the
-// integer path: m a quantized type, xq nTok rows of m.Cols activations
-// from QuantizeQ8_1, out rows ldOut floats apart.
+// MatVecQ8_1 queues out[t][r] = W[r] . xq[t] for t < nTok <=
+// MatVecQ8_1MaxTokens on the integer path: m a quantized type, xq nTok
+// rows of m.Cols activations from QuantizeQ8_1, out rows ldOut floats
+// apart. Up to 8 tokens take one matvec launch; more take the tensor-core
+// kernels where the type and the GPU have them (mvtUse), else matvec
+// launches of 8 tokens.
 func (w *WeightOps) MatVecQ8_1(s *cudadrv.Stream, m Matrix, xq cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr, ldOut int) error {
 	k, err := w.kernels(m)
 	if err != nil {
