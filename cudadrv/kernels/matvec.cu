@@ -892,6 +892,8 @@ __device__ __forceinline__ void mma_s8_k32(int *c, u32 a0, u32 a1, u32 a2, u32 a
                  "{%10,%10,%10,%10};"
                  : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
                  : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1), "r"(0));
+#else
+    __trap(); // the launcher never runs mvt_ before CC 8.0 (WeightOps.mvtUse)
 #endif
 }
 
@@ -901,6 +903,8 @@ __device__ __forceinline__ void mma_s8_k16(int *c, u32 a0, u32 a1, u32 b0)
     asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%7,%7,%7,%7};"
                  : "=r"(c[0]), "=r"(c[1]), "=r"(c[2]), "=r"(c[3])
                  : "r"(a0), "r"(a1), "r"(b0), "r"(0));
+#else
+    __trap();
 #endif
 }
 
