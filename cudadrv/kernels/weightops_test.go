@@ -1067,3 +1067,61 @@ func TestMVSplit(t *testing.T) {
 		}
 	}
 }
+
+// TestMVTSplit: the K split of the tensor-core decode kernels for Qwen3-14B's
+// products on an H200 (132 SMs), against the fastest of BenchmarkDecodeBatch.
+func TestMVTSplit(t *testing.T) {
+	cases := []struct {
+		name             string
+		tiles, nsb, nTok int
+		mt               int
+		want             int
+	}{
+		{"ffn_up 17408x5120 (mvt2_), 8 tokens", 544, 20, 8, 1, 2},
+		{"ffn_up 17408x5120 (mvt2_), 32 tokens", 544, 20, 32, 1, 2},
+		{"ffn_down 5120x17408, 32 tokens", 320, 68, 32, 0, 4},
+		{"attn_q 5120x5120, 8 tokens", 320, 20, 8, 0, 4},
+		{"attn_k 1024x5120, 32 tokens", 64, 20, 32, 0, 4},
+		{"one tile of one super-block: a tie, the first tried", 1, 1, 8, 0, 4},
+	}
+	for _, c := range cases {
+		if got := mvtSplit(c.tiles, c.nsb, 132*mvtBlocksPerSM(c.nTok, c.mt)); got != c.want {
+			t.Errorf("%s: mvtSplit = %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+// TestMVTUse: which products take the tensor-core decode kernels: each
+// type's own fewest tokens, a count set, off, and never before CC 8.0 or
+// for a type without them.
+func TestMVTUse(t *testing.T) {
+	withMVT := &typeKernels{mvtMin: mvtTypes[gguf.TypeQ6_K]}
+	withMVT.mvt[0][0] = &cudadrv.Function{}
+	without := &typeKernels{}
+	cases := []struct {
+		name    string
+		ampere  bool
+		setting int
+		k       *typeKernels
+		nTok    int
+		want    bool
+	}{
+		{"Q6_K below its own", true, -1, withMVT, 8, false},
+		{"Q6_K at its own", true, -1, withMVT, 9, true},
+		{"set to 2", true, 2, withMVT, 2, true},
+		{"set to 2, one token", true, 2, withMVT, 1, false},
+		{"off", true, 0, withMVT, 32, false},
+		{"before CC 8.0", false, -1, withMVT, 32, false},
+		{"a type without them", true, -1, without, 32, false},
+	}
+	for _, c := range cases {
+		w := &WeightOps{tensorCoreInt8: c.ampere}
+		w.SetDecodeMMA(c.setting)
+		if got := w.mvtUse(c.k, c.nTok); got != c.want {
+			t.Errorf("%s: mvtUse(%d tokens) = %v, want %v", c.name, c.nTok, got, c.want)
+		}
+	}
+	if mvtTypes[gguf.TypeQ4_K] != 4 || mvtTypes[gguf.TypeQ6_K] != 9 {
+		t.Errorf("mvtTypes = %v: the measured minimums are Q4_K 4, Q6_K 9", mvtTypes)
+	}
+}
