@@ -18,6 +18,9 @@ mkdir -p "$out"
 T=${THREADS:-16} budget=${BUDGET:-4.5GiB} gen=${GEN:-128} ctx=${CTX:-4096}
 start=$SECONDS
 note() { echo "[$((SECONDS - start))s] $*" | tee -a "$out/batching.log"; }
+for tool in "$ats" curl jq; do
+	command -v "$tool" >/dev/null || { echo "batching.sh: $tool not found" >&2; exit 1; }
+done
 # shellcheck source=lib.sh
 . "$(dirname "$0")/lib.sh"
 port=8191

@@ -10,6 +10,8 @@
 #   THREADS=16 BUDGET=4.5GiB DEPTH_BUDGET=7.6GiB CTX=16384 LONG=6000 GEN=64
 #   DEPTHS=0,4096,16384
 #   SKIP_GPU_ONLY=1    leave out the all-GPU server rows
+#   SKIP_HYBRID=1, SKIP_DEPTH=1  leave out the hybrid server rows, the depth
+#                      rows (SKIP_HYBRID=1 SKIP_DEPTH=1: the all-GPU rows alone)
 #   DEPTH_ATS_FLAGS, DEPTH_LLAMA_FLAGS  the depth rows' placement (default:
 #                      the hybrid at DEPTH_BUDGET against llama.cpp's split;
 #                      "--backend gpu" and "" put both wholly on the GPU)
@@ -32,6 +34,17 @@ m=${MODEL:-/tmp/ats-round/q14.gguf}
 ot='blk\.(1[6-9]|2[0-9]|3[0-9])\.ffn_.*=CPU'
 start=$SECONDS
 note() { echo "[$((SECONDS - start))s] $*" | tee -a "$out/round.log"; }
+
+# Every tool first: a missing one would otherwise surface as a server that
+# never comes up, after the wait for it.
+for tool in "$ats" curl jq; do
+	command -v "$tool" >/dev/null || { echo "round.sh: $tool not found" >&2; exit 1; }
+done
+need=(llama-server)
+[[ -z "${SKIP_DEPTH:-}" ]] && need+=(llama-bench)
+for b in "${need[@]}"; do
+	[[ -z "$lb" || -x "$lb/$b" ]] || { echo "round.sh: $lb/$b not found" >&2; exit 1; }
+done
 
 if [[ ! -f "$m" ]]; then
 	mkdir -p "$(dirname "$m")"
@@ -65,25 +78,29 @@ load() {
 }
 
 # The hybrid server.
-"$ats" serve "$m" --vram-budget "$budget" -c "$ctx" --parallel 4 -t "$T" --port 8181 >"$out/ats-hybrid.log" 2>&1 &
-load ats-hybrid http://127.0.0.1:8181 $!
-if [[ -n "$lb" ]]; then
-	"$lb/llama-server" -m "$m" -ngl 99 -ot "$ot" -fa on --no-mmap -c "$ctx" -np 4 -kvu -t "$T" --port 8182 >"$out/llama-hybrid.log" 2>&1 &
-	load llama-hybrid http://127.0.0.1:8182 $!
+if [[ -z "${SKIP_HYBRID:-}" ]]; then
+	"$ats" serve "$m" --vram-budget "$budget" -c "$ctx" --parallel 4 -t "$T" --port 8181 >"$out/ats-hybrid.log" 2>&1 &
+	load ats-hybrid http://127.0.0.1:8181 $!
+	if [[ -n "$lb" ]]; then
+		"$lb/llama-server" -m "$m" -ngl 99 -ot "$ot" -fa on --no-mmap -c "$ctx" -np 4 -kvu -t "$T" --port 8182 >"$out/llama-hybrid.log" 2>&1 &
+		load llama-hybrid http://127.0.0.1:8182 $!
+	fi
 fi
 
 # At depth: ats bench -d against llama-bench -d (pp with --no-mmap, its
 # faster prefill; tg with the default).
-note "bench at depth"
-# shellcheck disable=SC2086
-timeout 400 "$ats" bench -m "$m" ${DEPTH_ATS_FLAGS---vram-budget $dbudget} -t "$T" -p 512 -n "$gen" -d "$depths" -r 1 -o json >"$out/ats-depth.json" 2>>"$out/round.log" || note "ats bench -d failed"
-note "ats bench -d done"
-if [[ -n "$lb" ]]; then
-	dl=(-ot "$ot")
-	[[ -n "${DEPTH_LLAMA_FLAGS+set}" ]] && read -ra dl <<<"$DEPTH_LLAMA_FLAGS"
-	timeout 400 "$lb/llama-bench" -m "$m" -ngl 99 "${dl[@]}" -fa 1 -mmp 0 -t "$T" -p 512 -n 0 -d "$depths" -r 1 -o json >"$out/llama-depth-pp.json" 2>>"$out/round.log" || note "llama-bench pp failed"
-	timeout 400 "$lb/llama-bench" -m "$m" -ngl 99 "${dl[@]}" -fa 1 -t "$T" -p 0 -n "$gen" -d "$depths" -r 1 -o json >"$out/llama-depth-tg.json" 2>>"$out/round.log" || note "llama-bench tg failed"
-	note "llama-bench -d done"
+if [[ -z "${SKIP_DEPTH:-}" ]]; then
+	note "bench at depth"
+	# shellcheck disable=SC2086
+	timeout 400 "$ats" bench -m "$m" ${DEPTH_ATS_FLAGS---vram-budget $dbudget} -t "$T" -p 512 -n "$gen" -d "$depths" -r 1 -o json >"$out/ats-depth.json" 2>>"$out/round.log" || note "ats bench -d failed"
+	note "ats bench -d done"
+	if [[ -n "$lb" ]]; then
+		dl=(-ot "$ot")
+		[[ -n "${DEPTH_LLAMA_FLAGS+set}" ]] && read -ra dl <<<"$DEPTH_LLAMA_FLAGS"
+		timeout 400 "$lb/llama-bench" -m "$m" -ngl 99 "${dl[@]}" -fa 1 -mmp 0 -t "$T" -p 512 -n 0 -d "$depths" -r 1 -o json >"$out/llama-depth-pp.json" 2>>"$out/round.log" || note "llama-bench pp failed"
+		timeout 400 "$lb/llama-bench" -m "$m" -ngl 99 "${dl[@]}" -fa 1 -t "$T" -p 0 -n "$gen" -d "$depths" -r 1 -o json >"$out/llama-depth-tg.json" 2>>"$out/round.log" || note "llama-bench tg failed"
+		note "llama-bench -d done"
+	fi
 fi
 
 # All on the GPU: 8 and 32 requests at once.
