@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -422,7 +423,19 @@ func TestWebUIMachineRouted(t *testing.T) {
 	if err := json.Unmarshal(testPlacementMap(t, qwen3_14B, 6<<30), &pl); err != nil {
 		t.Fatal(err)
 	}
-	pl["routed"], pl["routed_share"], pl["routed_experts"] = []string{"blk.20.ffn_moe", "blk.21.ffn_moe", "blk.22.ffn_moe"}, 0.375, 12
+	// Three of the CPU's units stand for routed MoE layers (the dense test
+	// model has none): the page marks exactly their cells.
+	var routed []string
+	for _, u := range pl["units"].([]any) {
+		u := u.(map[string]any)
+		if u["backend"] == "cpu" && u["role"] == "ffn_down" && len(routed) < 3 {
+			routed = append(routed, u["name"].(string))
+		}
+	}
+	if len(routed) != 3 {
+		t.Fatalf("the test placement has %d CPU ffn_down units, want 3 or more", len(routed))
+	}
+	pl["routed"], pl["routed_share"], pl["routed_experts"] = routed, 0.375, 12
 	placement, err := json.Marshal(pl)
 	if err != nil {
 		t.Fatal(err)
@@ -432,5 +445,37 @@ func TestWebUIMachineRouted(t *testing.T) {
 	b.wait("the map", `document.querySelectorAll("#placement-map .cell").length > 0`, 10*time.Second)
 	if got := b.text("#placement-summary"); !containsAll(got, "MoE layers routed at decode", "3: the GPU takes 38% of the chosen experts, up to 12 a layer") {
 		t.Errorf("summary %q", got)
+	}
+	marked := evalJS[[]string](b, `[...document.querySelectorAll("#placement-map .cell.routed")].map((c) => c.title.split(":")[0])`)
+	if !slices.Equal(marked, routed) {
+		t.Errorf("cells marked routed: %q, want %q", marked, routed)
+	}
+	if n := evalJS[int](b, `document.querySelectorAll("#placement-map .cell[data-routed]").length`); n != 3 {
+		t.Errorf("%d cells with data-routed, want 3", n)
+	}
+	if !evalJS[bool](b, `!document.getElementById("legend-routed").hidden`) {
+		t.Error("the legend does not show the routed swatch")
+	}
+	if got := b.text("#placement-map .cell.routed"); got != "" {
+		t.Errorf("a routed cell has text %q", got)
+	}
+	if title := evalJS[string](b, `document.querySelector("#placement-map .cell.routed").title`); !strings.Contains(title, "routed: at decode the GPU takes a share") {
+		t.Errorf("a routed cell's title %q does not say so", title)
+	}
+	if bg := evalJS[string](b, `getComputedStyle(document.querySelector("#placement-map .cell.routed")).backgroundImage`); !strings.Contains(bg, "repeating-linear-gradient") {
+		t.Errorf("a routed cell's background %q is not striped", bg)
+	}
+
+	// Without routed layers the swatch stays hidden.
+	delete(pl, "routed")
+	plain, err := json.Marshal(pl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts2 := startServer(t, Config{PlacementMap: func() ([]byte, error) { return plain, nil }})
+	b.do(chromedp.Navigate(ts2.url + "/machine"))
+	b.wait("the map", `document.querySelectorAll("#placement-map .cell").length > 0`, 10*time.Second)
+	if !evalJS[bool](b, `document.getElementById("legend-routed").hidden && !document.querySelector("#placement-map .cell.routed")`) {
+		t.Error("a placement without routed layers shows the routed swatch or marks cells")
 	}
 }

@@ -190,13 +190,18 @@ function ms(s) {
   return typeof s === "number" ? (s * 1000).toFixed(3) + " ms" : "?";
 }
 
-function unitText(u) {
-  return `${u.name}: ${u.backend.toUpperCase()} · ${u.type || "?"} · ${fmtBytes(u.bytes)} · CPU ${ms(u.cpu_s)}, GPU ${ms(u.gpu_s)}`;
+function unitText(u, routed) {
+  return `${u.name}: ${u.backend.toUpperCase()} · ${u.type || "?"} · ${fmtBytes(u.bytes)} · CPU ${ms(u.cpu_s)}, GPU ${ms(u.gpu_s)}` +
+    (routed && routed.has(u.name) ? " · routed: at decode the GPU takes a share of the experts its tokens choose" : "");
 }
 
 function renderPlacement(p) {
   const units = Array.isArray(p.units) ? p.units : [];
+  // The CPU MoE layers whose decode steps hand the GPU a share of the
+  // chosen experts: CPU cells with a GPU stripe.
+  const routed = new Set(Array.isArray(p.routed) ? p.routed : []);
   document.querySelector(".legend").hidden = false;
+  $("legend-routed").hidden = routed.size === 0;
   $("cell-info").hidden = false;
 
   // Summary.
@@ -254,10 +259,12 @@ function renderPlacement(p) {
       const us = cells.get(role + "/" + l) || [];
       const backends = new Set(us.map((u) => u.backend));
       const backend = backends.size === 0 ? "none" : backends.size > 1 ? "mixed" : [...backends][0];
-      const text = us.length ? us.map(unitText).join("\n") : `layer ${l} has no ${role}`;
+      const text = us.length ? us.map((u) => unitText(u, routed)).join("\n") : `layer ${l} has no ${role}`;
+      const isRouted = us.some((u) => routed.has(u.name));
       const show = () => (info.textContent = text);
-      map.append(el("div", { class: "cell " + backend, role: "gridcell", tabindex: us.length ? "0" : false,
-        "data-layer": l, "data-role": role, "data-backend": backend, title: text, onmouseenter: show, onfocus: show, onclick: show }));
+      map.append(el("div", { class: "cell " + backend + (isRouted ? " routed" : ""), role: "gridcell", tabindex: us.length ? "0" : false,
+        "data-layer": l, "data-role": role, "data-backend": backend, "data-routed": isRouted, title: text,
+        onmouseenter: show, onfocus: show, onclick: show }));
     }
   }
 
@@ -265,7 +272,7 @@ function renderPlacement(p) {
   const outside = $("placement-outside");
   outside.replaceChildren();
   for (const u of units.filter((u) => !(u.layer >= 0))) {
-    const text = unitText(u);
+    const text = unitText(u, routed);
     const show = () => (info.textContent = text);
     outside.append(el("span", { class: "chip " + u.backend, "data-role": u.role, "data-backend": u.backend, title: text,
       tabindex: "0", text: `${u.role} · ${u.backend.toUpperCase()} · ${fmtBytes(u.bytes)}`,
