@@ -158,8 +158,8 @@ func NewWeightOps(ctx *cudadrv.Context) (*WeightOps, error) {
 		for i, nt := range []int{1, 2, 4, 8} {
 			mv[fmt.Sprintf("%s%s_%d", prefix, n, nt)] = &k.mv[i]
 		}
-		if min, ok := mvtTypes[t]; ok {
-			k.mvtMin = min
+		if fewest, ok := mvtTypes[t]; ok {
+			k.mvtMin = fewest
 			for i, nt := range mvtTokens {
 				mv[fmt.Sprintf("mvt_%s_%d", n, nt)] = &k.mvt[0][i]
 				mv[fmt.Sprintf("mvt2_%s_%d", n, nt)] = &k.mvt[1][i]
@@ -479,16 +479,16 @@ const mvt2Rows = 12288
 // SetDecodeMMA sets the fewest tokens of a decode product that take the
 // tensor-core kernels (mvt_) instead of the matvec in runs of 8: 0 turns
 // them off, a negative count restores each type's own (mvtTypes).
-func (w *WeightOps) SetDecodeMMA(min int) { w.mvtMin = min }
+func (w *WeightOps) SetDecodeMMA(fewest int) { w.mvtMin = fewest }
 
 // mvtUse reports whether a product of nTok tokens of k's type takes the
 // mvt_ kernels.
 func (w *WeightOps) mvtUse(k *typeKernels, nTok int) bool {
-	min := w.mvtMin
-	if min < 0 {
-		min = k.mvtMin
+	fewest := w.mvtMin
+	if fewest < 0 {
+		fewest = k.mvtMin
 	}
-	return w.tensorCoreInt8 && k.mvt[0][0] != nil && min > 0 && nTok >= min
+	return w.tensorCoreInt8 && k.mvt[0][0] != nil && fewest > 0 && nTok >= fewest
 }
 
 // mvtLaunch queues the mvt_ kernels for nTok tokens (in runs of 32) over
@@ -557,8 +557,8 @@ func mvtBlocksPerSM(n, mt int) int {
 	return 4
 }
 
-// mvtSplit picks the warps that share a 32-row group's super-blocks (1, 2
-// or 4) for tiles groups of nsb super-blocks on slots resident CTAs: the
+// mvtSplit picks the warps that share a row group's super-blocks (1, 2 or
+// 4) for tiles row groups of nsb super-blocks on slots resident CTAs: the
 // fewest rounds of CTAs times each CTA's super-blocks (plus one for its
 // start and its sums), so that a last, partial round of CTAs costs little.
 func mvtSplit(tiles, nsb, slots int) int {
