@@ -864,25 +864,26 @@ template <int T> struct FloatOp {
 // ---------------------------------------------------------------- decode rows on the tensor cores
 
 // mvt_<type>_<NT>, mvt2_<type>_<NT>: the Q8_1 product for 4 to 32 tokens
-// (decode rows of many sequences) on the integer tensor cores, one launch reading each
-// weight once. The matvec's dp4a kernels reload every token's activations
-// for each weight unit, so their cost grows with the tokens; here a warp
-// multiplies a 16-row tile of weights by NF fragments of 8 tokens with
-// mma.sync (s8 x s8 -> s32, exact), one MMA per scale group of the weight
-// format, and applies the scales in float32 per group as unit_dot does.
+// (decode rows of many sequences) on the integer tensor cores, one launch
+// reading each weight once. The matvec's dp4a kernels reload every
+// token's activations for each weight unit, so their cost grows with the
+// tokens; here a warp multiplies MT 16-row tiles of weights (mvt_: 1,
+// mvt2_: 2) by NF fragments of 8 tokens with mma.sync (s8 x s8 -> s32,
+// exact), one MMA per scale group of the weight format, and applies the
+// scales in float32 per group as unit_dot does.
 //
 // A CTA of MVT_WARPS warps forms MVT_WARPS/ks groups of ks warps (ks = 1,
 // 2 or 4, the launcher's choice); a group owns MT 16-row tiles, its warps
 // take every ks-th super-block of K and sum through shared memory at the
-// end.
-// Lane (g, t) = (lane/4, lane%4) holds, per the PTX fragment layouts, rows
-// g and g+8 of A and token g of each B fragment, and the sums of rows g,
-// g+8 by tokens 2t, 2t+1. A dot product does not depend on the order of
-// its K terms, so each MMA's K is permuted to give a thread contiguous
-// bytes: in a group of 32 (m16n8k32), thread t takes values 8t..8t+7 (the
-// fragments' columns 4t..4t+3 and 16+4t..16+4t+3); in a group of 16
-// (m16n8k16), values 4t..4t+3. Weights and activations use the same
-// permutation. CC 8.0 and later; the launcher keeps older GPUs on matvec.
+// end. Lane (g, t) = (lane/4, lane%4) holds, per the PTX fragment
+// layouts, rows g and g+8 of A and token g of each B fragment, and the
+// sums of rows g, g+8 by tokens 2t, 2t+1. A dot product does not depend
+// on the order of its K terms, so each MMA's K is permuted to give a
+// thread contiguous bytes: in a group of 32 (m16n8k32), thread t takes
+// values 8t..8t+7 (the fragments' columns 4t..4t+3 and 16+4t..16+4t+3);
+// in a group of 16 (m16n8k16), values 4t..4t+3. Weights and activations
+// use the same permutation. CC 8.0 and later; the launcher keeps older
+// GPUs on matvec.
 #define MVT_WARPS 4
 
 __device__ __forceinline__ void mma_s8_k32(int *c, u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1)
