@@ -383,30 +383,44 @@ func (s *Sampler) plainGreedy() bool {
 // greedyArgmax is the first index of the largest logit among those allowed (nil:
 // all), as prepare, mask and argmax together give it: NaN never wins (it
 // compares false) and +Inf wins (prepare makes it the largest float).
+// Runs of whole allowed mask words take firstMax's vector scan: a mask
+// that leaves out a few tokens (ignore_eos, most grammars' early states)
+// made the plain loop 0.3 ms a draw over 150k logits.
 func greedyArgmax(logits []float32, allowed []uint64) (int, error) {
 	if allowed == nil {
 		return firstMax(logits)
 	}
 	best, bestL := -1, float32(math.Inf(-1))
+	runLo := -1 // the first logit of a run of whole allowed words, not yet scanned
+	flush := func(hi int) {
+		if runLo < 0 {
+			return
+		}
+		if i, err := firstMax(logits[runLo:hi]); err == nil && logits[runLo+i] > bestL {
+			best, bestL = runLo+i, logits[runLo+i]
+		}
+		runLo = -1
+	}
 	for w, word := range allowed {
 		lo := w * 64
+		if lo >= len(logits) {
+			break
+		}
 		hi := min(lo+64, len(logits))
-		switch word {
-		case 0:
-		case ^uint64(0):
-			for i, l := range logits[lo:hi] {
-				if l > bestL {
-					best, bestL = lo+i, l
-				}
+		if word == ^uint64(0) {
+			if runLo < 0 {
+				runLo = lo
 			}
-		default:
-			for j := lo; j < hi; j++ {
-				if word>>(j-lo)&1 != 0 && logits[j] > bestL {
-					best, bestL = j, logits[j]
-				}
+			continue
+		}
+		flush(lo)
+		for j := lo; j < hi && word != 0; j++ {
+			if word>>(j-lo)&1 != 0 && logits[j] > bestL {
+				best, bestL = j, logits[j]
 			}
 		}
 	}
+	flush(min(len(allowed)*64, len(logits)))
 	if best < 0 {
 		return 0, ErrNoCandidates
 	}

@@ -576,6 +576,32 @@ func benchSample(b *testing.B, edit func(*Config)) {
 func BenchmarkSampleDefault150k(b *testing.B) { benchSample(b, func(*Config) {}) }
 func BenchmarkSampleGreedy150k(b *testing.B)  { benchSample(b, func(c *Config) { c.Temperature = 0 }) }
 func BenchmarkSampleNoTopK150k(b *testing.B)  { benchSample(b, func(c *Config) { c.TopK = 0 }) }
+
+// BenchmarkSampleGreedyMasked150k: a greedy draw with a mask that leaves
+// out a few tokens (a server's ignore_eos).
+func BenchmarkSampleGreedyMasked150k(b *testing.B) {
+	const n = 151936
+	logits := bigLogits(n)
+	cfg := DefaultConfig()
+	cfg.Temperature, cfg.RepeatPenalty = 0, 1
+	s, err := New(cfg, n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	allowed := make([]uint64, (n+63)/64)
+	for w := range allowed {
+		allowed[w] = ^uint64(0)
+	}
+	for _, id := range []int{151643, 151645} {
+		allowed[id/64] &^= 1 << (id % 64)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.SampleMasked(logits, allowed); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
 func BenchmarkSampleNoTopKNoMinP150k(b *testing.B) {
 	benchSample(b, func(c *Config) { c.TopK, c.MinP = 0, 0 })
 }
@@ -659,7 +685,8 @@ func TestGreedyArgmaxMatchesPrepared(t *testing.T) {
 				}
 			}
 			var allowed []uint64
-			if trial%2 == 1 {
+			switch trial % 3 {
+			case 1:
 				allowed = make([]uint64, (n+63)/64)
 				for w := range allowed {
 					switch rng.IntN(3) {
@@ -669,6 +696,15 @@ func TestGreedyArgmaxMatchesPrepared(t *testing.T) {
 					default:
 						allowed[w] = rng.Uint64()
 					}
+				}
+			case 2: // all but a few, as ignore_eos: long runs of whole words
+				allowed = make([]uint64, (n+63)/64)
+				for w := range allowed {
+					allowed[w] = ^uint64(0)
+				}
+				for range 1 + n/20000 {
+					id := rng.IntN(n)
+					allowed[id/64] &^= 1 << (id % 64)
 				}
 			}
 			got, gotErr := greedyArgmax(logits, allowed)
