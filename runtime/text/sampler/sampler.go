@@ -452,18 +452,10 @@ func firstMax(logits []float32) (int, error) {
 
 const argmaxBlock = 4096
 
-func (s *Sampler) argmax() (int, error) {
-	best := 0
-	for i, l := range s.work {
-		if l > s.work[best] {
-			best = i
-		}
-	}
-	if math.IsInf(float64(s.work[best]), -1) {
-		return 0, ErrNoCandidates
-	}
-	return best, nil
-}
+// argmax is the greedy draw over the prepared logits (penalties, bias and
+// mask applied; NaN made -Inf): the first of the largest, by firstMax's
+// vector scan.
+func (s *Sampler) argmax() (int, error) { return firstMax(s.work) }
 
 // candidates runs top-k, top-p and min-p over s.work and returns what is
 // left, most likely first when sorted is reported (not needed by draw).

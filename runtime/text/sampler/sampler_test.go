@@ -655,6 +655,21 @@ func TestSampleMasked(t *testing.T) {
 	}
 }
 
+// scalarArgmax is the plain loop the vector draws must match: the first
+// of the largest, ErrNoCandidates when that is -Inf.
+func scalarArgmax(w []float32) (int, error) {
+	best := 0
+	for i, l := range w {
+		if l > w[best] {
+			best = i
+		}
+	}
+	if math.IsInf(float64(w[best]), -1) {
+		return 0, ErrNoCandidates
+	}
+	return best, nil
+}
+
 // The greedy fast path draws what prepare, mask and argmax give, with
 // NaN, -Inf, ties and masks of every word shape, and says so when nothing
 // is allowed.
@@ -712,7 +727,10 @@ func TestGreedyArgmaxMatchesPrepared(t *testing.T) {
 			if allowed != nil {
 				s.mask(allowed)
 			}
-			want, wantErr := s.argmax()
+			if a, aErr := s.argmax(); (aErr != nil) != (gotErr != nil) || aErr == nil && a != got {
+				t.Fatalf("n=%d trial %d: argmax %d (%v), fast path %d (%v)", n, trial, a, aErr, got, gotErr)
+			}
+			want, wantErr := scalarArgmax(s.work)
 			if (gotErr != nil) != (wantErr != nil) || gotErr == nil && got != want {
 				t.Fatalf("n=%d trial %d: fast path %d (%v), prepared %d (%v)", n, trial, got, gotErr, want, wantErr)
 			}
