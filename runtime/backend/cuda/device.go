@@ -47,8 +47,9 @@ type Device struct {
 	// contextBytes is what NVML charged the process once the context and
 	// the modules were loaded, before any allocation of ats (0 without
 	// NVML): the CUDA context's own memory, reported apart from budgets.
-	contextBytes int64
-	quantNote    sync.Once
+	contextBytes  int64
+	quantNote     sync.Once
+	decodeMMANote sync.Once // a bad DecodeMMA said once
 }
 
 var devices struct {
@@ -156,7 +157,9 @@ func (d *Device) Weights(opt backend.Options) WeightOps {
 		q := d.w.(*quantOps)
 		n, err := strconv.Atoi(opt.DecodeMMA)
 		if err != nil || n < 0 {
-			opt.Notes.Note(fmt.Sprintf("decode tensor-core rows %q is not a count; using each weight type's own", opt.DecodeMMA))
+			d.decodeMMANote.Do(func() {
+				opt.Notes.Note(fmt.Sprintf("ATS_GPU_DECODE_MMA=%q is not a count of decode rows (0: off): ignored", opt.DecodeMMA))
+			})
 			n = -1
 		}
 		q.k.SetDecodeMMA(n)
