@@ -3,6 +3,7 @@ package kernels
 import (
 	"encoding/binary"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/atsinfer/ats/cudadrv"
 	"github.com/atsinfer/ats/gguf"
@@ -121,9 +122,9 @@ type WeightOps struct {
 
 	quantizeQ8_1, convertF16, moeGroup *cudadrv.Function
 	types                              [int(gguf.TypeBF16) + 1]*typeKernels
-	sms                                int  // multiprocessors, for the matvec split
-	tensorCoreInt8                     bool // CC 8.0 or later: the mvt_ kernels run
-	mvtMin                             int  // SetDecodeMMA: -1 the types' own minimum, 0 off, else the fewest tokens
+	sms                                int          // multiprocessors, for the matvec split
+	tensorCoreInt8                     bool         // CC 8.0 or later: the mvt_ kernels run
+	mvtMin                             atomic.Int32 // SetDecodeMMA: -1 the types' own minimum, 0 off, else the fewest tokens
 
 	// Benchmark knobs (package tests only): rows per row group of the
 	// one-token matvec (0: the default 2; 1 or 4 where built), a forced
@@ -144,7 +145,8 @@ func NewWeightOps(ctx *cudadrv.Context) (*WeightOps, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &WeightOps{sms: max(1, sms), tensorCoreInt8: major >= 8, mvtMin: -1}
+	w := &WeightOps{sms: max(1, sms), tensorCoreInt8: major >= 8}
+	w.mvtMin.Store(-1)
 	mv := map[string]**cudadrv.Function{"quantize_q8_1": &w.quantizeQ8_1}
 	mm := map[string]**cudadrv.Function{"convert_f16": &w.convertF16, "moe_group": &w.moeGroup}
 	for _, t := range WeightTypes {
@@ -479,12 +481,13 @@ const mvt2Rows = 12288
 // SetDecodeMMA sets the fewest tokens of a decode product that take the
 // tensor-core kernels (mvt_) instead of the matvec in runs of 8: 0 turns
 // them off, a negative count restores each type's own (mvtTypes).
-func (w *WeightOps) SetDecodeMMA(fewest int) { w.mvtMin = fewest }
+// The device's executors share the WeightOps: the setting is atomic.
+func (w *WeightOps) SetDecodeMMA(fewest int) { w.mvtMin.Store(int32(min(max(fewest, -1), 1<<30))) }
 
 // mvtUse reports whether a product of nTok tokens of k's type takes the
 // mvt_ kernels.
 func (w *WeightOps) mvtUse(k *typeKernels, nTok int) bool {
-	fewest := w.mvtMin
+	fewest := int(w.mvtMin.Load())
 	if fewest < 0 {
 		fewest = k.mvtMin
 	}

@@ -367,7 +367,7 @@ func BenchmarkWeightMatMulMulti(b *testing.B) {
 func BenchmarkDecodeBatch(b *testing.B) {
 	ctx, w := woSetup(b)
 	s := woBenchStream(b, ctx)
-	defer func() { w.mvtMin = -1 }()
+	defer func() { w.SetDecodeMMA(-1) }()
 	const maxTok = MatVecQ8_1MaxTokens
 	for _, t := range []gguf.Type{gguf.TypeQ4_K, gguf.TypeQ6_K} {
 		for _, sh := range woBenchShapes {
@@ -389,10 +389,11 @@ func BenchmarkDecodeBatch(b *testing.B) {
 						continue
 					}
 					b.Run(fmt.Sprintf("type=%s/%s/ntok=%d/%s", t, sh.name, n, path), func(b *testing.B) {
-						w.mvtMin, w.mvKS = 0, woVariantInt(path, "ks")
+						w.SetDecodeMMA(0)
+						w.mvKS = woVariantInt(path, "ks")
 						defer func() { w.mvKS = 0 }()
 						if path != "mvt=off" {
-							w.mvtMin = 1
+							w.SetDecodeMMA(1)
 						}
 						d := woTimeGraph(b, ctx, s, 2*len(ms), func(i int) error {
 							m := ms[i%len(ms)]

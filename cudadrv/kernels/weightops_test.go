@@ -635,11 +635,11 @@ func woTestMatMul(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, no
 	w.mmBN = woVariantInt(c.variant, "bn")
 	switch {
 	case strings.Contains(c.variant, "mvt=off"):
-		w.mvtMin = 0
+		w.SetDecodeMMA(0)
 	case strings.Contains(c.variant, "mvt="):
-		w.mvtMin = woVariantInt(c.variant, "mvt")
+		w.SetDecodeMMA(woVariantInt(c.variant, "mvt"))
 	}
-	defer func() { w.mvtMin = -1 }()
+	defer func() { w.SetDecodeMMA(-1) }()
 	var err error
 	if strings.HasPrefix(c.variant, "chunked") {
 		// More tokens than one matvec launch takes: MatVecQ8_1 in runs of
