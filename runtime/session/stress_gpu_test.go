@@ -43,14 +43,16 @@ func stressChild(load string) int {
 		fmt.Fprintf(os.Stderr, "%s=%q: want cpu=PCT or gpu=PCT\n", envStressChild, load)
 		return 2
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	// Ignored from the load's end on (deferred after stop, so it runs
-	// first): the parent closes stdin and then signals, and a SIGTERM
-	// that arrived after stop had restored the default action would kill
-	// the exiting process (the race detector holds an exit for a second).
-	defer signal.Ignore(syscall.SIGTERM, os.Interrupt)
-	ctx, cancel := context.WithCancel(ctx)
+	// The parent closes stdin and then signals, so the signal often
+	// arrives while the load ends. It stays caught until the process has
+	// exited: stopping or ignoring it on the way out leaves a moment in
+	// which the runtime forwards it to the default action (sigignore
+	// clears the Go handler before it installs SIG_IGN), and a loaded
+	// machine killed the child there ("signal: terminated").
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { <-sigs; cancel() }()
 	go func() { _, _ = io.Copy(io.Discard, os.Stdin); cancel() }()
 	cpu, gpu := 0, 0
 	if kind == "cpu" {
