@@ -385,7 +385,7 @@ func (s *Sampler) plainGreedy() bool {
 // compares false) and +Inf wins (prepare makes it the largest float).
 // Runs of whole allowed mask words take firstMax's vector scan: a mask
 // that leaves out a few tokens (ignore_eos, most grammars' early states)
-// made the plain loop 0.3 ms a draw over 150k logits.
+// made the plain loop 0.25 ms a draw over 152k logits (2 cores of a Xeon).
 func greedyArgmax(logits []float32, allowed []uint64) (int, error) {
 	if allowed == nil {
 		return firstMax(logits)
