@@ -347,6 +347,18 @@ func (p *mvArgs) encode(b *[mvArgsBytes]byte) {
 
 const mvWarps = 4 // MV_WARPS
 
+// layCTAs gives each matrix of a launch (p's own, then its extra members)
+// its range of blockIdx.x, perCTA rows a block, and returns the blocks in
+// all: the members' bx0 (mv_member in matvec.cu).
+func (p *mvArgs) layCTAs(perCTA int) int {
+	bx := (int(p.rows) + perCTA - 1) / perCTA
+	for i := range p.m[:p.nextra] {
+		p.m[i].bx0 = int32(bx)
+		bx += (int(p.m[i].rows) + perCTA - 1) / perCTA
+	}
+	return bx
+}
+
 const mvtWarps = 4 // MVT_WARPS
 
 // mvLaunch picks the kernel for nTok (<= 8) tokens and the K split, and
@@ -396,13 +408,7 @@ func (w *WeightOps) mvLaunch(s *cudadrv.Stream, k *typeKernels, m Matrix, p *mvA
 		ks = mvSplit(groups, nchunk, w.sms, m.Type == gguf.TypeQ4_K || m.Type == gguf.TypeQ5_K)
 	}
 	p.ks = int32(ks)
-	perCTA := mvWarps / ks * rows
-	bx := (m.Rows + perCTA - 1) / perCTA
-	for i := range p.m[:p.nextra] {
-		p.m[i].bx0 = int32(bx)
-		bx += (int(p.m[i].rows) + perCTA - 1) / perCTA
-	}
-	grid := cudadrv.Dim3{X: uint32(bx), Y: uint32(problems), Z: 1}
+	grid := cudadrv.Dim3{X: uint32(p.layCTAs(mvWarps / ks * rows)), Y: uint32(problems), Z: 1}
 	var b [mvArgsBytes]byte
 	p.encode(&b)
 	return launch(f, s, grid, cudadrv.D1(32*mvWarps), 0, func(a *cudadrv.Args) { a.Bytes(b[:]) })
@@ -439,28 +445,12 @@ func mvSplit(groups, nchunk, sms int, direct bool) int {
 // rows of m.Cols activations from QuantizeQ8_1, out rows ldOut floats
 // apart. Up to 8 tokens take one matvec launch; more take the tensor-core
 // kernels where the type and the GPU have them (mvtUse), else matvec
-// launches of 8 tokens.
+// launches of 8 tokens. It is MatVecQ8_1Group of one matrix.
 func (w *WeightOps) MatVecQ8_1(s *cudadrv.Stream, m Matrix, xq cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr, ldOut int) error {
-	k, err := w.kernels(m)
-	if err != nil {
-		return err
-	}
 	if isFloat(m.Type) {
 		return fmt.Errorf("kernels: MatVecQ8_1 of %s weights: use MatVecF32", m.Type)
 	}
-	if nTok > MatVecQ8_1MaxTokens {
-		return fmt.Errorf("kernels: MatVecQ8_1 of %d tokens (at most %d)", nTok, MatVecQ8_1MaxTokens)
-	}
-	if w.mvtUse(k, nTok) {
-		p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
-			xq: xq, xds: xq.Add(align16(nTok * m.Cols)), out: out, ldOut: int64(ldOut), actDiv: 1}
-		return w.mvtLaunch(s, k, &p, nTok)
-	}
-	return q8Chunks(xq, nTok, m.Cols, func(t0, n int, xq, xds cudadrv.DevicePtr) error {
-		p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
-			xq: xq, xds: xds, ntok: int32(n), out: out.Add(4 * t0 * ldOut), ldOut: int64(ldOut), actDiv: 1}
-		return w.mvLaunch(s, k, m, &p, n, 1)
-	})
+	return w.MatVecQ8_1Group(s, []Matrix{m}, xq, nTok, []cudadrv.DevicePtr{out}, []int{ldOut})
 }
 
 // mvtTokens are the token counts of the mvt_ kernels (matvec.cu): 1, 2
@@ -534,13 +524,10 @@ func (w *WeightOps) mvtLaunch(s *cudadrv.Stream, k *typeKernels, p *mvArgs, nTok
 		q.ks, q.ntok = int32(ks), int32(n)
 		q.xq, q.xds = xq.Add(t0*cols), xds.Add(t0*cols/32*8)
 		q.out = out0.Add(4 * t0 * int(p.ldOut))
-		perCTA := mvtWarps / ks * rowsPerGroup
-		bx := (int(p.rows) + perCTA - 1) / perCTA
 		for i := range q.m[:q.nextra] {
 			q.m[i].out = outs[i].Add(4 * t0 * int(q.m[i].ldOut))
-			q.m[i].bx0 = int32(bx)
-			bx += (int(q.m[i].rows) + perCTA - 1) / perCTA
 		}
+		bx := q.layCTAs(mvtWarps / ks * rowsPerGroup)
 		var b [mvArgsBytes]byte
 		q.encode(&b)
 		if err := launch(f, s, cudadrv.Dim3{X: uint32(bx), Y: 1, Z: 1}, cudadrv.D1(32*mvtWarps), 0, func(a *cudadrv.Args) { a.Bytes(b[:]) }); err != nil {

@@ -160,6 +160,23 @@ var woBenchShapes = []woShape{
 	{"attn_k_1024x5120", 1024, 5120},
 }
 
+// woBenchInput makes nTok random f32 activation rows for m (x), their
+// Q8_1 rows for a quantized m (xq), and room for the products (out).
+func woBenchInput(b *testing.B, ctx *cudadrv.Context, w *WeightOps, s *cudadrv.Stream, m Matrix, nTok int) (x, xq, out woBuf) {
+	x = woAlloc(b, ctx, 4*nTok*m.Cols)
+	if err := ctx.CopyHtoD(x.p, woF32s(woGauss(woRand("x"), nTok*m.Cols, m.Cols))); err != nil {
+		b.Fatal(err)
+	}
+	out = woAlloc(b, ctx, 4*nTok*m.Rows)
+	xq = woAlloc(b, ctx, Q8_1Bytes(nTok, m.Cols))
+	if !isFloat(m.Type) {
+		if err := w.QuantizeQ8_1(s, x.p, m.Cols, nTok, m.Cols, xq.p); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return x, xq, out
+}
+
 func BenchmarkWeightMatVec(b *testing.B) {
 	ctx, w := woSetup(b)
 	s := woBenchStream(b, ctx)
@@ -167,17 +184,7 @@ func BenchmarkWeightMatVec(b *testing.B) {
 		for _, sh := range woBenchShapes {
 			ms := woBenchWeights(b, ctx, t, sh.rows, sh.cols, 1)
 			m := ms[0]
-			x := woAlloc(b, ctx, 4*8*m.Cols)
-			if err := ctx.CopyHtoD(x.p, woF32s(woGauss(woRand("x"), 8*m.Cols, m.Cols))); err != nil {
-				b.Fatal(err)
-			}
-			out := woAlloc(b, ctx, 4*8*m.Rows)
-			xq := woAlloc(b, ctx, Q8_1Bytes(8, m.Cols))
-			if !isFloat(t) {
-				if err := w.QuantizeQ8_1(s, x.p, m.Cols, 8, m.Cols, xq.p); err != nil {
-					b.Fatal(err)
-				}
-			}
+			x, xq, out := woBenchInput(b, ctx, w, s, m, 8)
 			for _, n := range []int{1, 2, 4, 8} {
 				type variant struct{ rows, ks int }
 				variants := []variant{{0, 0}}
@@ -373,15 +380,7 @@ func BenchmarkDecodeBatch(b *testing.B) {
 		for _, sh := range woBenchShapes {
 			ms := woBenchWeights(b, ctx, t, sh.rows, sh.cols, 1)
 			m := ms[0]
-			x := woAlloc(b, ctx, 4*maxTok*m.Cols)
-			if err := ctx.CopyHtoD(x.p, woF32s(woGauss(woRand("x"), maxTok*m.Cols, m.Cols))); err != nil {
-				b.Fatal(err)
-			}
-			out := woAlloc(b, ctx, 4*maxTok*m.Rows)
-			xq := woAlloc(b, ctx, Q8_1Bytes(maxTok, m.Cols))
-			if err := w.QuantizeQ8_1(s, x.p, m.Cols, maxTok, m.Cols, xq.p); err != nil {
-				b.Fatal(err)
-			}
+			_, xq, out := woBenchInput(b, ctx, w, s, m, maxTok)
 			var one time.Duration
 			for _, n := range []int{1, 4, 8, 16, 32} {
 				for _, path := range []string{"mvt=off", "mvt", "mvt/ks=2", "mvt/ks=4"} {

@@ -1125,3 +1125,17 @@ func TestMVTUse(t *testing.T) {
 		t.Errorf("mvtTypes = %v: the measured minimums are Q4_K 4, Q6_K 9", mvtTypes)
 	}
 }
+
+// TestLayCTAs: the blocks of a launch of several matrices, and where each
+// member's begin (mv_member reads them), rows rounded up per matrix.
+func TestLayCTAs(t *testing.T) {
+	p := mvArgs{rows: 5120, nextra: 2}
+	p.m[0].rows, p.m[1].rows = 1024, 1000
+	if got := p.layCTAs(32); got != 160+32+32 || p.m[0].bx0 != 160 || p.m[1].bx0 != 192 {
+		t.Errorf("32 rows a block: %d blocks, members at %d and %d; want 224, 160 and 192", got, p.m[0].bx0, p.m[1].bx0)
+	}
+	one := mvArgs{rows: 7}
+	if got := one.layCTAs(16); got != 1 {
+		t.Errorf("7 rows, 16 a block: %d blocks, want 1", got)
+	}
+}

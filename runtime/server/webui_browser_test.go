@@ -435,14 +435,18 @@ func TestWebUIMachineRouted(t *testing.T) {
 	if len(routed) != 3 {
 		t.Fatalf("the test placement has %d CPU ffn_down units, want 3 or more", len(routed))
 	}
-	pl["routed"], pl["routed_share"], pl["routed_experts"] = routed, 0.375, 12
-	placement, err := json.Marshal(pl)
-	if err != nil {
-		t.Fatal(err)
+	// showMap serves pl and opens the machine page on it.
+	showMap := func() {
+		placement, err := json.Marshal(pl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts := startServer(t, Config{PlacementMap: func() ([]byte, error) { return placement, nil }})
+		b.do(chromedp.Navigate(ts.url + "/machine"))
+		b.wait("the map", `document.querySelectorAll("#placement-map .cell").length > 0`, 10*time.Second)
 	}
-	ts := startServer(t, Config{PlacementMap: func() ([]byte, error) { return placement, nil }})
-	b.do(chromedp.Navigate(ts.url + "/machine"))
-	b.wait("the map", `document.querySelectorAll("#placement-map .cell").length > 0`, 10*time.Second)
+	pl["routed"], pl["routed_share"], pl["routed_experts"] = routed, 0.375, 12
+	showMap()
 	if got := b.text("#placement-summary"); !containsAll(got, "MoE layers routed at decode", "3: the GPU takes 38% of the chosen experts, up to 12 a layer") {
 		t.Errorf("summary %q", got)
 	}
@@ -468,13 +472,7 @@ func TestWebUIMachineRouted(t *testing.T) {
 
 	// Without routed layers the swatch stays hidden.
 	delete(pl, "routed")
-	plain, err := json.Marshal(pl)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ts2 := startServer(t, Config{PlacementMap: func() ([]byte, error) { return plain, nil }})
-	b.do(chromedp.Navigate(ts2.url + "/machine"))
-	b.wait("the map", `document.querySelectorAll("#placement-map .cell").length > 0`, 10*time.Second)
+	showMap()
 	if !evalJS[bool](b, `document.getElementById("legend-routed").hidden && !document.querySelector("#placement-map .cell.routed")`) {
 		t.Error("a placement without routed layers shows the routed swatch or marks cells")
 	}
