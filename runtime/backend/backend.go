@@ -13,6 +13,7 @@
 package backend
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/atsinfer/ats/runtime/ir"
@@ -285,4 +286,37 @@ type SplitStats struct {
 	RoutedHostExperts       int
 	CopiedBytes             int64
 	RoutedWait, RoutedHost  time.Duration
+}
+
+// RouteRecord is the routing of one MoE op for one batch, as a backend
+// hands it to a RouteInspector (tests): MoE routing is a discrete choice,
+// so a small numerical difference upstream can send a token to another
+// expert when two router probabilities are nearly tied, and the oracle
+// tests count such flips and can impose one backend's choice on another.
+type RouteRecord struct {
+	Op, Layer     int // the op's index in the program, its layer
+	Pos0          int // the position of the batch's first token
+	NTok          int
+	NExpert, TopK int
+	Logits        []float32 // [NTok][NExpert]: the router's logits
+	IDs           []int32   // [NTok][TopK]: the chosen experts, in slot order
+	Weights       []float32 // [NTok][TopK]: their weights
+}
+
+// RouteInspector receives the routing of one MoE op for one batch. It may
+// rewrite r.IDs and r.Weights and return true: the op then uses them.
+type RouteInspector func(r *RouteRecord) (replace bool)
+
+// CheckImposed says whether r's IDs and Weights, rewritten by an
+// inspector, are a routing the op can use.
+func (r *RouteRecord) CheckImposed() error {
+	if n := r.NTok * r.TopK; len(r.IDs) != n || len(r.Weights) != n {
+		return fmt.Errorf("route inspection: %d ids and %d weights to impose, want %d", len(r.IDs), len(r.Weights), n)
+	}
+	for _, id := range r.IDs {
+		if id < 0 || int(id) >= r.NExpert {
+			return fmt.Errorf("route inspection: expert %d imposed, of %d", id, r.NExpert)
+		}
+	}
+	return nil
 }

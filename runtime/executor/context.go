@@ -271,6 +271,9 @@ func (c *Context) Units() []model.Unit { return c.units }
 // Device is the accelerator's side of the context (nil: none).
 func (c *Context) Device() backend.Exec { return c.dev }
 
+// Host is the host backend, which runs the units placed on the CPU.
+func (c *Context) Host() *cpu.Backend { return c.host }
+
 // Streamed is the weight bytes streamed to the device so far; unlike the
 // rest of a context, it may be read from any goroutine (metrics).
 func (c *Context) Streamed() int64 {

@@ -202,6 +202,17 @@ func checkOracleVariants(t *testing.T, dev *cuda.Device, ctx int, variantsOf fun
 	t.Logf("device memory in use before the tests (%s): %s", baseHow, executor.FormatBytes(base))
 	eachOracleModel(t, func(t *testing.T, name string, m *model.Model, want *oracleLogits) {
 		ref := flatOracle(want)
+		// An MoE model runs with the CPU backend's expert choice imposed
+		// on every token and layer, on both backends (as
+		// TestOraclesGPUWithCPURouting): the GPU's rounding flips a few
+		// near-tied choices (TestOraclesGPU counts them), and a flipped
+		// token's logits then say nothing of the placement's arithmetic.
+		// The inspector runs decode steps without graphs;
+		// TestGPUGraphMatchesEager checks an MoE model's graphs.
+		var cpuRoutes [][]tokenRoute
+		if len(moeOps(m.Prog)) > 0 {
+			cpuRoutes, _, _ = cpuOracleRoutes(t, m.File.Path, want)
+		}
 		for _, v := range variantsOf(m, name) {
 			t.Run(v.name, func(t *testing.T) {
 				v.opt.CtxSize, v.opt.Threads = ctx, 2
@@ -222,6 +233,10 @@ func checkOracleVariants(t *testing.T, dev *cuda.Device, ctx int, variantsOf fun
 					t.Fatal(err)
 				}
 				defer c.Close()
+				var own [][]tokenRoute
+				if cpuRoutes != nil {
+					own = inspectRoutes(t, c.Engine, len(want.Prompt)+len(want.Generated), cpuRoutes)
+				}
 				if v.copies {
 					if ok, copied, why := c.Ctx.Device().Pinned(); !ok || copied == 0 {
 						t.Fatalf("streamed weights not in pinned copies (registration: %s)", why)
@@ -287,9 +302,12 @@ func checkOracleVariants(t *testing.T, dev *cuda.Device, ctx int, variantsOf fun
 				}
 				t.Logf("%s %s: NMSE %.3g (bound %.0e), last row of one batch %.3g; %s; %s; %s; VRAM %s",
 					name, v.name, e, tol, eLast, c.Backend(), pl.Describe(), promoted, used)
-				if e > tol || eLast > tol {
-					t.Errorf("NMSE %.3g / %.3g over the bound %.0e", e, eLast, tol)
+				if cpuRoutes != nil {
+					flips, _ := routeFlips(cpuRoutes, own)
+					t.Logf("%s %s: with the CPU's expert choice imposed; the placement's own choice would differ at %d token x layer pairs", name, v.name, len(flips))
 				}
+				checkNMSE(t, name+" "+v.name, e, tol)
+				checkNMSE(t, name+" "+v.name+", last row of one batch", eLast, tol)
 			})
 		}
 	})

@@ -53,7 +53,10 @@ type Backend struct {
 	ropeTab ropeCache  // rotation table of the current step
 	step    uint64     // steps begun
 	prof    *opProfile // Options.Profile; nil when off
-	notes   backend.Notes
+	// routeInspector receives every MoE op's routing (InspectRoutes);
+	// nil outside tests.
+	routeInspector backend.RouteInspector
+	notes          backend.Notes
 }
 
 // New sizes the buffers, scratch and KV caches of the ops that may run on
@@ -217,7 +220,7 @@ func (b *Backend) exec(op *ir.Op, bt *ir.Batch, n int) error {
 	case ir.OpAdd:
 		b.add(op, n)
 	case ir.OpMoE:
-		b.moeFFN(op, n)
+		return b.moeFFN(op, bt, n)
 	default:
 		return fmt.Errorf("op %v has no CPU implementation", op.Kind)
 	}

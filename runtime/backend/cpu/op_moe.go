@@ -1,9 +1,11 @@
 package cpu
 
 import (
+	"slices"
 	"sync/atomic"
 
 	"github.com/atsinfer/ats/ops"
+	"github.com/atsinfer/ats/runtime/backend"
 	"github.com/atsinfer/ats/runtime/ir"
 )
 
@@ -320,13 +322,17 @@ func selectTopK(p []float32, k int, choice []int, weight []float32, idx []int) {
 
 // moeFFN routes each token to its top experts and sums their outputs in
 // slot order, as llama.cpp's build_moe_ffn does.
-func (b *Backend) moeFFN(op *ir.Op, n int) {
+func (b *Backend) moeFFN(op *ir.Op, bt *ir.Batch, n int) error {
 	s := &b.moe
 	ne, k := b.w.Of(op.W).Rows, op.TopK
 	emb := b.w.Of(op.Gate).Stack[0].Cols
 	t0 := b.lapStart()
 	b.w.Of(op.W).Mul(b.pool, b.bufs[op.In][:n*emb], n, s.probs, ne, b.scratch)
 	t0 = b.lap(n, "moe > router", t0)
+	var logits []float32
+	if b.routeInspector != nil {
+		logits = slices.Clone(s.probs[:n*ne]) // Route turns them into probabilities in place
+	}
 	if n < 64 {
 		for t := 0; t < n; t++ {
 			Route(s.probs[t*ne:(t+1)*ne], k, op.NormTopK, s.choice[t*k:(t+1)*k], s.weight[t*k:(t+1)*k], s.idx[:ne])
@@ -340,15 +346,55 @@ func (b *Backend) moeFFN(op *ir.Op, n int) {
 		})
 	}
 	b.lap(n, "moe > top-k", t0)
+	if b.routeInspector != nil {
+		if err := b.inspectRoute(op, bt, n, logits); err != nil {
+			return err
+		}
+	}
 	if gate0 := b.w.Of(op.Gate).Stack[0]; b.w.Of(op.Up).Stack[0].Kernel.ActType == gate0.Kernel.ActType {
 		if n*k <= maxMoESlots {
 			b.moeSlots(op, n)
 		} else {
 			b.moeGrouped(op, n)
 		}
-		return
+		return nil
 	}
 	b.moeLoop(op, n)
+	return nil
+}
+
+// InspectRoutes sets f to receive the routing of every MoE op this
+// backend runs from now on, in execution order (nil: stop), for tests: f
+// may impose another choice (backend.RouteInspector). f runs inside Run.
+func (b *Backend) InspectRoutes(f backend.RouteInspector) { b.routeInspector = f }
+
+// inspectRoute hands the routing of op over n tokens (its router logits
+// before the softmax) to the inspector, and takes the inspector's choice
+// when it imposes one.
+func (b *Backend) inspectRoute(op *ir.Op, bt *ir.Batch, n int, logits []float32) error {
+	s := &b.moe
+	ne, k := b.w.Of(op.W).Rows, op.TopK
+	r := backend.RouteRecord{Layer: op.Layer, NTok: n, NExpert: ne, TopK: k, Pos0: int(bt.Pos[0]),
+		Logits: logits, IDs: make([]int32, n*k), Weights: slices.Clone(s.weight[:n*k])}
+	for j := range b.prog.Ops {
+		if &b.prog.Ops[j] == op {
+			r.Op = j
+		}
+	}
+	for i, e := range s.choice[:n*k] {
+		r.IDs[i] = int32(e)
+	}
+	if !b.routeInspector(&r) {
+		return nil
+	}
+	if err := r.CheckImposed(); err != nil {
+		return err
+	}
+	for i, e := range r.IDs {
+		s.choice[i] = int(e)
+	}
+	copy(s.weight[:n*k], r.Weights)
+	return nil
 }
 
 // moeLoop runs the experts one by one, each over the tokens that chose it

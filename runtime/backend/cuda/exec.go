@@ -114,9 +114,9 @@ type Exec struct {
 		pick   []int32
 	}
 
-	routeInspector RouteInspector // InspectRoutes; nil outside tests
-	capturing      bool           // a decode graph is being captured (capture)
-	captures       int            // graphs captured so far
+	routeInspector backend.RouteInspector // InspectRoutes; nil outside tests
+	capturing      bool                   // a decode graph is being captured (capture)
+	captures       int                    // graphs captured so far
 }
 
 // Captured is how many decode graphs the executor has captured: a step

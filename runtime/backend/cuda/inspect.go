@@ -5,6 +5,7 @@ import (
 	"unsafe"
 
 	"github.com/atsinfer/ats/cudadrv"
+	"github.com/atsinfer/ats/runtime/backend"
 	"github.com/atsinfer/ats/runtime/ir"
 )
 
@@ -12,7 +13,8 @@ import (
 // token, read back from the device. MoE routing is a discrete choice, so a
 // small numerical difference upstream can send a token to another expert
 // when two router probabilities are nearly tied; the oracle tests count
-// such flips against the CPU backend's choice (runtime/gpu_test.go).
+// such flips against the CPU backend's choice (runtime/session's GPU
+// tests). The records are backend.RouteRecord, as the CPU backend's.
 //
 // The inspector may also impose its own choice (the CPU's, say), so that a
 // test can compare logits computed with the same routing.
@@ -21,26 +23,10 @@ import (
 // decode graph) and each MoE op waits for its routing and copies it back.
 // Without one, the MoE step pays a nil check.
 
-// RouteRecord is the routing of one MoE op for one batch.
-type RouteRecord struct {
-	Op, Layer     int // the op's index in the program, its layer
-	Pos0          int // the position of the batch's first token
-	NTok          int
-	NExpert, TopK int
-	Logits        []float32 // [NTok][NExpert]: the router's logits
-	IDs           []int32   // [NTok][TopK]: the chosen experts, in slot order
-	Weights       []float32 // [NTok][TopK]: their weights
-}
-
-// RouteInspector receives the routing of one MoE op for one batch. It may
-// rewrite r.IDs and r.Weights and return true: the op then uses them (a
-// test imposing another backend's expert choice).
-type RouteInspector func(r *RouteRecord) (replace bool)
-
 // InspectRoutes sets f to receive the routing of every MoE op this Exec
 // runs from now on, in execution order (nil: stop). f runs on the calling
 // goroutine, inside Run.
-func (g *Exec) InspectRoutes(f RouteInspector) { g.routeInspector = f }
+func (g *Exec) InspectRoutes(f backend.RouteInspector) { g.routeInspector = f }
 
 // inspectRoute waits for the routing of op over n tokens and hands it to
 // the inspector.
@@ -49,7 +35,7 @@ func (g *Exec) inspectRoute(s *cudadrv.Stream, op *ir.Op, n int) error {
 		return fmt.Errorf("route inspection: %w", err)
 	}
 	ne, k := matOf(op.W, 0).Rows, op.TopK
-	r := RouteRecord{Layer: op.Layer, NTok: n, NExpert: ne, TopK: k,
+	r := backend.RouteRecord{Layer: op.Layer, NTok: n, NExpert: ne, TopK: k,
 		Pos0:    int(g.batch.Pos[0]),
 		Logits:  make([]float32, n*ne),
 		IDs:     make([]int32, n*k),
@@ -72,13 +58,8 @@ func (g *Exec) inspectRoute(s *cudadrv.Stream, op *ir.Op, n int) error {
 	if !g.routeInspector(&r) {
 		return nil
 	}
-	if len(r.IDs) != n*k || len(r.Weights) != n*k {
-		return fmt.Errorf("route inspection: %d ids and %d weights to impose, want %d", len(r.IDs), len(r.Weights), n*k)
-	}
-	for _, id := range r.IDs {
-		if id < 0 || int(id) >= ne {
-			return fmt.Errorf("route inspection: expert %d imposed, of %d", id, ne)
-		}
+	if err := r.CheckImposed(); err != nil {
+		return err
 	}
 	if err := ctx.CopyHtoD(g.moe.ids, unsafe.Slice((*byte)(unsafe.Pointer(&r.IDs[0])), 4*len(r.IDs))); err != nil {
 		return fmt.Errorf("route inspection: imposing expert ids: %w", err)
