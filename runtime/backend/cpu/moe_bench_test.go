@@ -17,7 +17,8 @@ import (
 // BenchmarkMoEDecode times one MoE op of Qwen3-30B-A3B's shape (128
 // experts of 768×2048, top 8, gate and up Q4_K, down Q6_K, repacked as
 // the model loader does) at decode, one token, for 1, 2 and all threads:
-// the CPU part of a hybrid decode step, 48 of them per token. The inputs
+// the CPU part of a hybrid decode step, 48 of them per token; and a step
+// of 4 sequences (tok4: 32 slots, some sharing an expert). The inputs
 // cycle through 64 random rows, so that the routing changes from call to
 // call; the experts' weights (about 350 MB) are a few distinct rows
 // repeated, which speed does not depend on. The router's logits are about
@@ -42,22 +43,30 @@ func BenchmarkMoEDecode(b *testing.B) {
 	}{{"cold", experts}, {"hot", topK}} {
 		_, pw := program(c.experts)
 		for _, threads := range threads {
-			b.Run(fmt.Sprintf("%s/t%d", c.name, threads), func(b *testing.B) {
-				pool := ops.NewPool(threads)
-				defer pool.Close()
-				be := newTestBackend(b, pw, pool, 1)
-				for i := 0; b.Loop(); i++ {
-					copy(be.Buf(0), inputs[i%64*emb:][:emb])
-					runAll(b, be, 1)
-					be.CountBatch(1)
+			for _, tok := range []int{1, 4} {
+				name := fmt.Sprintf("%s/t%d", c.name, threads)
+				if tok > 1 {
+					name += fmt.Sprintf("/tok%d", tok) // a decode step of tok sequences
 				}
-				if be.prof != nil {
-					var parts strings.Builder
-					be.notes = func(s string) { parts.WriteString(s) }
-					be.report()
-					b.Log("\n" + parts.String())
-				}
-			})
+				b.Run(name, func(b *testing.B) {
+					pool := ops.NewPool(threads)
+					defer pool.Close()
+					be := newTestBackend(b, pw, pool, tok)
+					for i := 0; b.Loop(); i++ {
+						for t := range tok {
+							copy(be.Buf(0)[t*emb:(t+1)*emb], inputs[(i*tok+t)%64*emb:][:emb])
+						}
+						runAll(b, be, tok)
+						be.CountBatch(tok)
+					}
+					if be.prof != nil {
+						var parts strings.Builder
+						be.notes = func(s string) { parts.WriteString(s) }
+						be.report()
+						b.Log("\n" + parts.String())
+					}
+				})
+			}
 		}
 	}
 }

@@ -58,7 +58,9 @@ const moeSumRows = 8 * ops.RowGroup
 const moeChunkBytes = 64 << 10
 
 // moeSlots is the MoE FFN of a few tokens: every chosen (token, expert)
-// pair is a slot. At decode a layer's experts are a few hundred
+// pair is a slot, and the slots that share an expert (tokens that chose
+// the same one) form one group, whose products read the expert's rows once
+// for all its tokens. At decode a layer's experts are a few hundred
 // microseconds of work, so what also counts is each dispatch and barrier
 // over the pool (microseconds at 16 threads) and every serial stretch
 // between them, the more so as those read rows that other cores wrote and
@@ -66,22 +68,51 @@ const moeChunkBytes = 64 << 10
 // the small steps between the products are done inside them, spread over
 // the threads, as soon as their inputs are complete:
 //
-//   - the slots' gate and up products, in row groups, slot after slot; the
-//     thread that computes a slot's last group applies SwiGLU to the slot
-//     and quantizes it for the down product;
-//   - the down products, in row groups, slot after slot; the thread that
-//     computes a row group's last slot adds the slots' rows there into the
-//     output, weighted.
+//   - the groups' gate and up products, in row groups, group after group;
+//     the thread that computes a group's last row group applies SwiGLU to
+//     its slots and quantizes them for the down product;
+//   - the down products, in row groups, group after group; the thread that
+//     computes a row range's last group adds the slots' rows there into
+//     the output, weighted.
 //
 // Each dispatch walks every expert's rows in the order they lie in memory,
 // in long runs: a split that reads all slots' rows of one output range
 // together (so that one thread could own the sum) reads eight short runs
 // instead, which DRAM streams 5-15% slower. Each slot's arithmetic is that
 // of the expert loop (the same quantized rows through the same kernels,
-// the weighted sum in slot order), so the results are identical.
+// which give a token the same result whatever other tokens share the
+// call, and the weighted sum in slot order), so the results are identical.
 func (b *Backend) moeSlots(op *ir.Op, n int) {
 	emb := b.w.Of(op.Gate).Stack[0].Cols
 	b.moeSlotsRange(op, n, b.bufs[op.In][:n*emb], func(t int) []float32 { return b.row(op.Out, t) }, 0, b.w.Of(op.W).Rows)
+}
+
+// slotGroup is the slots of one expert in moeSlotsRange: rows
+// [row, row+n) of its buffers, in token order.
+type slotGroup struct{ expert, row, n int }
+
+// groupSlots groups the slots sel (indices into choice, in slot order) by
+// expert: the groups in the order of their first slot, and each slot's row
+// (rows[j] for sel[j]) in the groups' buffers. The top-k of a token are
+// distinct experts, so a group's slots are of distinct tokens.
+func groupSlots(choice, sel []int, groups []slotGroup, rows []int) []slotGroup {
+	var taken [maxMoESlots]bool
+	r := 0
+	for j, i := range sel {
+		if taken[j] {
+			continue
+		}
+		g := slotGroup{expert: choice[i], row: r}
+		for j2 := j; j2 < len(sel); j2++ {
+			if !taken[j2] && choice[sel[j2]] == g.expert {
+				taken[j2], rows[j2] = true, r
+				r++
+				g.n++
+			}
+		}
+		groups = append(groups, g)
+	}
+	return groups
 }
 
 // moeSlotsRange is moeSlots over the slots whose expert is in [e0, e1)
@@ -109,57 +140,86 @@ func (b *Backend) moeSlotsRange(op *ir.Op, n int, x []float32, out func(t int) [
 		}
 		return
 	}
+	var rowBuf [maxMoESlots]int
+	var groupBuf [maxMoESlots]slotGroup
+	rows := rowBuf[:slots]
+	groups := groupSlots(s.choice, sel, groupBuf[:0], rows)
 	xq := gate0.QuantizeActs(b.pool, x, n, b.scratch)
 	ab := gate0.Kernel.ActRowBytes(emb)
 	db := down0.Kernel.ActRowBytes(ff)
 	xd := s.downAct[:slots*db]
+	// A group's inputs: its one token's row, or its tokens' rows copied
+	// together.
+	acts := make([][]byte, len(groups))
+	for gi, g := range groups {
+		if g.n == 1 {
+			for j := range sel {
+				if rows[j] == g.row {
+					t := sel[j] / k
+					acts[gi] = xq[t*ab : (t+1)*ab]
+				}
+			}
+			continue
+		}
+		xg := s.groupAct[g.row*ab : (g.row+g.n)*ab]
+		for j, i := range sel {
+			if r := rows[j]; r >= g.row && r < g.row+g.n {
+				t := i / k
+				copy(xg[(r-g.row)*ab:], xq[t*ab:(t+1)*ab])
+			}
+		}
+		acts[gi] = xg
+	}
 
-	// Gate and up: slot i's units are its gate's row groups [0, g), then
-	// its up's [g, 2g).
-	g := (ff + rg - 1) / rg
-	for i := range slots {
-		s.gateLeft[i].Store(int32(2 * g))
+	// Gate and up: group gi's units are its gate's row groups [0, rgs),
+	// then its up's [rgs, 2rgs).
+	rgs := (ff + rg - 1) / rg
+	for gi := range groups {
+		s.gateLeft[gi].Store(int32(2 * rgs))
 	}
 	minUnits := max(1, moeChunkBytes/(rg*gate0.Kernel.RowBytes(emb)))
-	b.pool.RunChunks(slots*2*g, minUnits, func(lo, hi int) {
-		for i := lo / (2 * g); i*2*g < hi; i++ {
-			a, z := max(lo-i*2*g, 0), min(hi-i*2*g, 2*g)
-			e, t := s.choice[sel[i]], sel[i]/k
-			x := xq[t*ab : (t+1)*ab]
-			gate, up := s.gate[i*ff:(i+1)*ff], s.up[i*ff:(i+1)*ff]
-			if a < g {
-				b.w.Of(op.Gate).Stack[e].MulRows(a*rg, min(min(z, g)*rg, ff), x, 1, gate, ff)
+	b.pool.RunChunks(len(groups)*2*rgs, minUnits, func(lo, hi int) {
+		for gi := lo / (2 * rgs); gi*2*rgs < hi; gi++ {
+			a, z := max(lo-gi*2*rgs, 0), min(hi-gi*2*rgs, 2*rgs)
+			g := groups[gi]
+			gate, up := s.gate[g.row*ff:(g.row+g.n)*ff], s.up[g.row*ff:(g.row+g.n)*ff]
+			if a < rgs {
+				b.w.Of(op.Gate).Stack[g.expert].MulRows(a*rg, min(min(z, rgs)*rg, ff), acts[gi], g.n, gate, ff)
 			}
-			if z > g {
-				b.w.Of(op.Up).Stack[e].MulRows((max(a, g)-g)*rg, min((z-g)*rg, ff), x, 1, up, ff)
+			if z > rgs {
+				b.w.Of(op.Up).Stack[g.expert].MulRows((max(a, rgs)-rgs)*rg, min((z-rgs)*rg, ff), acts[gi], g.n, up, ff)
 			}
-			// The atomic orders the other threads' rows of this slot
+			// The atomic orders the other threads' rows of this group
 			// before the last one's reading them.
-			if s.gateLeft[i].Add(-int32(z-a)) == 0 {
-				ops.SwiGLU(gate, gate, up)
-				down0.Kernel.QuantizeAct(xd[i*db:(i+1)*db], gate)
+			if s.gateLeft[gi].Add(-int32(z-a)) == 0 {
+				for q := range g.n {
+					gq, uq := gate[q*ff:(q+1)*ff], up[q*ff:(q+1)*ff]
+					ops.SwiGLU(gq, gq, uq)
+					down0.Kernel.QuantizeAct(xd[(g.row+q)*db:(g.row+q+1)*db], gq)
+				}
 			}
 		}
 	})
 	t0 = b.lap(n, "moe > gate+up, swiglu", t0)
 
-	// Down: slot i's units are its down product's row groups [0, gd). The
-	// countdowns are per moeSumRows rows (an atomic add per group would
-	// cost as much as the sum).
+	// Down: group gi's units are its down product's row groups [0, gd).
+	// The countdowns are per moeSumRows rows (an atomic add per group
+	// would cost as much as the sum).
 	gd := (emb + rg - 1) / rg
-	const bg = moeSumRows / rg // groups per countdown
+	const bg = moeSumRows / rg // row groups per countdown
 	for c := range (gd + bg - 1) / bg {
-		s.downLeft[c].Store(int32(slots * min(bg, gd-c*bg)))
+		s.downLeft[c].Store(int32(len(groups) * min(bg, gd-c*bg)))
 	}
 	minUnits = max(1, moeChunkBytes/(rg*down0.Kernel.RowBytes(ff)))
-	b.pool.RunChunks(slots*gd, minUnits, func(lo, hi int) {
-		for i := lo / gd; i*gd < hi; i++ {
-			a, z := max(lo-i*gd, 0), min(hi-i*gd, gd)
-			b.w.Of(op.Down).Stack[s.choice[sel[i]]].MulRows(a*rg, min(z*rg, emb), xd[i*db:(i+1)*db], 1, s.down[i*emb:(i+1)*emb], emb)
+	b.pool.RunChunks(len(groups)*gd, minUnits, func(lo, hi int) {
+		for gi := lo / gd; gi*gd < hi; gi++ {
+			a, z := max(lo-gi*gd, 0), min(hi-gi*gd, gd)
+			g := groups[gi]
+			b.w.Of(op.Down).Stack[g.expert].MulRows(a*rg, min(z*rg, emb), xd[g.row*db:(g.row+g.n)*db], g.n, s.down[g.row*emb:(g.row+g.n)*emb], emb)
 			for c := a / bg; c*bg < z; c++ {
 				done := min(z, (c+1)*bg) - max(a, c*bg)
 				if s.downLeft[c].Add(-int32(done)) == 0 {
-					b.sumSlotRows(op, n, c*moeSumRows, min((c+1)*moeSumRows, emb), sel, out)
+					b.sumSlotRows(op, n, c*moeSumRows, min((c+1)*moeSumRows, emb), sel, rows, out)
 				}
 			}
 		}
@@ -168,11 +228,11 @@ func (b *Backend) moeSlotsRange(op *ir.Op, n int, x []float32, out func(t int) [
 }
 
 // sumSlotRows writes output rows [r0, r1) of each of n tokens: its slots'
-// down products (in s.down, by their place in sel, the slots computed)
-// times their weights, added in slot order; zeros for a token without a
-// slot in sel. The conversions keep every product rounded before its add,
-// as the expert loop's separate passes do (moeLoop, moeSum).
-func (b *Backend) sumSlotRows(op *ir.Op, n, r0, r1 int, sel []int, out func(t int) []float32) {
+// down products (slot sel[j]'s in s.down row rows[j]) times their weights,
+// added in slot order; zeros for a token without a slot in sel. The
+// conversions keep every product rounded before its add, as the expert
+// loop's separate passes do (moeLoop, moeSum).
+func (b *Backend) sumSlotRows(op *ir.Op, n, r0, r1 int, sel, rows []int, out func(t int) []float32) {
 	s := &b.moe
 	k, emb := op.TopK, b.w.Of(op.Gate).Stack[0].Cols
 	j := 0 // sel's first slot of token t
@@ -180,7 +240,7 @@ func (b *Backend) sumSlotRows(op *ir.Op, n, r0, r1 int, sel []int, out func(t in
 		o := out(t)[r0:r1]
 		first := true
 		for ; j < len(sel) && sel[j] < (t+1)*k; j++ {
-			addSlot(o, s.down[j*emb+r0:j*emb+r1], s.weight[sel[j]], first)
+			addSlot(o, s.down[rows[j]*emb+r0:rows[j]*emb+r1], s.weight[sel[j]], first)
 			first = false
 		}
 		if first {
