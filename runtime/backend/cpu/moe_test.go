@@ -63,7 +63,7 @@ func TestMoESlotsMatchExpertLoop(t *testing.T) {
 	defer pool.Close()
 	rng := rand.New(rand.NewPCG(3, 4))
 	for _, topK := range []int{1, 2, 5, h.NExpert} {
-		for _, n := range []int{1, 3} {
+		for _, n := range []int{1, 3, 4} { // with top-k of all experts, every expert is shared
 			p, in, out := moeProgram(t, f, h, 1, topK)
 			if n*topK > maxMoESlots {
 				continue
