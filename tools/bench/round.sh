@@ -9,6 +9,9 @@
 #   MODEL=FILE.gguf    use this file instead of synthesizing one
 #   THREADS=16 BUDGET=4.5GiB DEPTH_BUDGET=7.6GiB CTX=16384 LONG=6000 GEN=64
 #   DEPTHS=0,4096,16384
+#   LATE=0             no late request: by default each concurrency row also
+#                      sends one more request once the others decode (its
+#                      time to first token), which then decodes beside them
 #   SKIP_GPU_ONLY=1    leave out the all-GPU server rows
 #   SKIP_HYBRID=1, SKIP_DEPTH=1  leave out the hybrid server rows, the depth
 #                      rows (SKIP_HYBRID=1 SKIP_DEPTH=1: the all-GPU rows alone)
@@ -32,6 +35,8 @@ gen=${GEN:-64}
 depths=${DEPTHS:-0,4096,16384}
 m=${MODEL:-/tmp/ats-round/q14.gguf}
 ot='blk\.(1[6-9]|2[0-9]|3[0-9])\.ffn_.*=CPU'
+late=(--late)
+[[ "${LATE:-1}" == 0 ]] && late=()
 start=$SECONDS
 note() { echo "[$((SECONDS - start))s] $*" | tee -a "$out/round.log"; }
 
@@ -66,7 +71,7 @@ load() {
 	note "$name: up"
 	# The VRAM the whole process takes, by NVML, to set the other side's budget.
 	nvidia-smi --query-gpu=memory.used --format=csv,noheader >"$out/$name-vram.txt" 2>/dev/null
-	timeout 300 "$ats" bench --serve "$url" --concurrency "${CONC:-1,4,8}" -n "$gen" --late -o json >"$out/$name-concurrency.json" 2>>"$out/round.log" || note "$name: concurrency failed"
+	timeout 300 "$ats" bench --serve "$url" --concurrency "${CONC:-1,4,8}" -n "$gen" "${late[@]}" -o json >"$out/$name-concurrency.json" 2>>"$out/round.log" || note "$name: concurrency failed"
 	note "$name: concurrency done"
 	if [[ -n "${LONG_ROWS-1}" ]]; then
 		timeout 300 "$ats" bench --serve "$url" --concurrency 1 -n 32 -p "$long" -o json >"$out/$name-long.json" 2>>"$out/round.log" || note "$name: long prompt failed"
