@@ -13,6 +13,7 @@ import (
 	"github.com/atsinfer/ats/internal/testenv"
 	"github.com/atsinfer/ats/ops"
 	"github.com/atsinfer/ats/runtime/ir"
+	"github.com/google/go-cmp/cmp"
 )
 
 // openTinyMoE opens the MoE oracle model (closed with the test), or
@@ -484,4 +485,32 @@ func skewedBatch(rng *rand.Rand, n, emb, k, ne int, hot func(rng *rand.Rand, i i
 		w[i] = rng.Float32()
 	}
 	return x, ids, w
+}
+
+// TestGroupSlots checks how moeSlots groups the slots that share an
+// expert: groups in the order of their first slot, rows consecutive within
+// a group, in slot order.
+func TestGroupSlots(t *testing.T) {
+	choice := []int{3, 5, 5, 2, 3, 5} // three tokens' top 2
+	sel := []int{0, 1, 2, 3, 4, 5}
+	rows := make([]int, len(sel))
+	groups := groupSlots(choice, sel, nil, rows)
+	want := []slotGroup{{expert: 3, row: 0, n: 2, first: 0}, {expert: 5, row: 2, n: 3, first: 1}, {expert: 2, row: 5, n: 1, first: 3}}
+	if diff := cmp.Diff(want, groups, cmp.AllowUnexported(slotGroup{})); diff != "" {
+		t.Errorf("groups (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]int{0, 2, 3, 5, 1, 4}, rows); diff != "" {
+		t.Errorf("rows (-want +got):\n%s", diff)
+	}
+	// A range's slots: experts 2 and 3 only (sel skips the others).
+	sel = []int{0, 3, 4}
+	rows = rows[:len(sel)]
+	groups = groupSlots(choice, sel, nil, rows)
+	want = []slotGroup{{expert: 3, row: 0, n: 2, first: 0}, {expert: 2, row: 2, n: 1, first: 1}}
+	if diff := cmp.Diff(want, groups, cmp.AllowUnexported(slotGroup{})); diff != "" {
+		t.Errorf("groups of a range (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]int{0, 2, 1}, rows); diff != "" {
+		t.Errorf("rows of a range (-want +got):\n%s", diff)
+	}
 }

@@ -88,8 +88,9 @@ func (b *Backend) moeSlots(op *ir.Op, n int) {
 }
 
 // slotGroup is the slots of one expert in moeSlotsRange: rows
-// [row, row+n) of its buffers, in token order.
-type slotGroup struct{ expert, row, n int }
+// [row, row+n) of its buffers, in token order; first is the index in sel
+// of its first slot.
+type slotGroup struct{ expert, row, n, first int }
 
 // groupSlots groups the slots sel (indices into choice, in slot order) by
 // expert: the groups in the order of their first slot, and each slot's row
@@ -102,7 +103,7 @@ func groupSlots(choice, sel []int, groups []slotGroup, rows []int) []slotGroup {
 		if taken[j] {
 			continue
 		}
-		g := slotGroup{expert: choice[i], row: r}
+		g := slotGroup{expert: choice[i], row: r, first: j}
 		for j2 := j; j2 < len(sel); j2++ {
 			if !taken[j2] && choice[sel[j2]] == g.expert {
 				taken[j2], rows[j2] = true, r
@@ -150,15 +151,12 @@ func (b *Backend) moeSlotsRange(op *ir.Op, n int, x []float32, out func(t int) [
 	xd := s.downAct[:slots*db]
 	// A group's inputs: its one token's row, or its tokens' rows copied
 	// together.
-	acts := make([][]byte, len(groups))
+	var actBuf [maxMoESlots][]byte
+	acts := actBuf[:len(groups)]
 	for gi, g := range groups {
 		if g.n == 1 {
-			for j := range sel {
-				if rows[j] == g.row {
-					t := sel[j] / k
-					acts[gi] = xq[t*ab : (t+1)*ab]
-				}
-			}
+			t := sel[g.first] / k
+			acts[gi] = xq[t*ab : (t+1)*ab]
 			continue
 		}
 		xg := s.groupAct[g.row*ab : (g.row+g.n)*ab]
