@@ -200,6 +200,16 @@ func (p *Program) LogitsOp() int {
 	return -1
 }
 
+// OpIndex is op's index in p.Ops (-1: op is not one of p's ops).
+func (p *Program) OpIndex(op *Op) int {
+	for i := range p.Ops {
+		if &p.Ops[i] == op {
+			return i
+		}
+	}
+	return -1
+}
+
 // Blk is the name of a block tensor: Blk(3, "attn_q.weight") = "blk.3.attn_q.weight".
 func Blk(layer int, name string) string { return fmt.Sprintf("blk.%d.%s", layer, name) }
 

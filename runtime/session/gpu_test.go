@@ -104,7 +104,7 @@ func TestOraclesGPU(t *testing.T) {
 					var decode [][]float32
 					prefill, decode = runOracleWith(t, path, want, onGPU(dev, Options{DeviceOptions: v.opt}), func(c *Engine) {
 						if len(cpuRoutes) > 0 {
-							gpuRoutes = inspectGPURoutes(t, c, len(want.Prompt)+len(want.Generated), nil)
+							gpuRoutes = inspectRoutes(t, c, len(want.Prompt)+len(want.Generated), nil)
 						}
 					})
 					got := flatLogits(prefill, decode)
@@ -140,27 +140,15 @@ func TestOraclesGPU(t *testing.T) {
 	}
 }
 
-// inspectGPURoutes has the context's GPU executor report its routing, and
-// returns where it goes: [MoE op][row], filled as the context runs rows
-// tokens. Each record's ids are checked against cpu.Route on the GPU's
-// own router logits (the routing kernel against its CPU twin). With
-// impose ([MoE op][row], the CPU's routing), the GPU then uses impose's
-// experts instead of its own choice, weighted by its own probabilities
-// (renormalised as the op says): only the discrete choice is the CPU's.
-func inspectGPURoutes(t *testing.T, c *Engine, rows int, impose [][]tokenRoute) [][]tokenRoute {
-	t.Helper()
-	g, ok := c.Ctx.Device().(*cuda.Exec)
-	if !ok {
-		t.Fatal("the engine runs nothing on the GPU")
-	}
-	routes, f := routeInspector(t, c, rows, impose)
-	g.InspectRoutes(f)
-	return routes
-}
-
-// inspectRoutes is inspectGPURoutes on every backend of the context: the
-// GPU's and the host's, whichever run MoE ops (a hybrid placement routes
-// some layers on each).
+// inspectRoutes has every backend of the context that runs MoE ops (the
+// GPU's and the host's: a hybrid placement routes some layers on each)
+// report its routing, and returns where it goes: [MoE op][row], filled as
+// the context runs rows tokens. Each record's ids are checked against
+// cpu.Route on the backend's own router logits (the GPU's routing kernel
+// against its CPU twin). With impose ([MoE op][row], the CPU's routing),
+// the backends then use impose's experts instead of their own choice,
+// weighted by their own probabilities (renormalised as the op says): only
+// the discrete choice is the CPU's.
 func inspectRoutes(t *testing.T, c *Engine, rows int, impose [][]tokenRoute) [][]tokenRoute {
 	t.Helper()
 	routes, f := routeInspector(t, c, rows, impose)
@@ -171,7 +159,7 @@ func inspectRoutes(t *testing.T, c *Engine, rows int, impose [][]tokenRoute) [][
 	return routes
 }
 
-// routeInspector is the inspector inspectGPURoutes and inspectRoutes set:
+// routeInspector is the inspector inspectRoutes sets:
 // it fills the routes it returns ([MoE op][row]) and imposes impose's
 // choice when impose is set.
 func routeInspector(t *testing.T, c *Engine, rows int, impose [][]tokenRoute) ([][]tokenRoute, backend.RouteInspector) {
@@ -249,7 +237,7 @@ func TestOraclesGPUWithCPURouting(t *testing.T) {
 					var prefill []float32
 					var decode [][]float32
 					prefill, decode = runOracleWith(t, path, want, onGPU(dev, Options{DeviceOptions: v.opt}), func(c *Engine) {
-						own = inspectGPURoutes(t, c, len(want.Prompt)+len(want.Generated), cpuRoutes)
+						own = inspectRoutes(t, c, len(want.Prompt)+len(want.Generated), cpuRoutes)
 					})
 					got, cpu := flatLogits(prefill, decode), flatLogits(cpuPre, cpuDec)
 					ref := flatLogits(nil, append(slices.Clone(want.PrefillLogits), want.DecodeLogits...))
@@ -374,7 +362,7 @@ func TestGPUGraphMatchesEager(t *testing.T) {
 			// not change the logits: the comparisons below check it too).
 			rows := len(want.Prompt) + len(want.Generated)
 			var one, five [][]tokenRoute
-			pre2, dec2 := runOracleWith(t, path, want, eager, func(c *Engine) { one = inspectGPURoutes(t, c, rows, nil) })
+			pre2, dec2 := runOracleWith(t, path, want, eager, func(c *Engine) { one = inspectRoutes(t, c, rows, nil) })
 			if !slices.Equal(pre, pre2) {
 				t.Fatal("prefill logits differ between runs")
 			}
@@ -391,7 +379,7 @@ func TestGPUGraphMatchesEager(t *testing.T) {
 			// The rows of tokens routed alike in every layer are judged.
 			five5 := eager
 			five5.Batch = 5
-			pre3, _ := runOracleWith(t, path, want, five5, func(c *Engine) { five = inspectGPURoutes(t, c, rows, nil) })
+			pre3, _ := runOracleWith(t, path, want, five5, func(c *Engine) { five = inspectRoutes(t, c, rows, nil) })
 			e := nmse(pre3, pre)
 			t.Logf("prompt of %d in batches of 5 against one batch: NMSE %.3g", len(want.Prompt), e)
 			if len(one) > 0 {

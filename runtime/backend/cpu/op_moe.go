@@ -432,13 +432,8 @@ func (b *Backend) InspectRoutes(f backend.RouteInspector) { b.routeInspector = f
 func (b *Backend) inspectRoute(op *ir.Op, bt *ir.Batch, n int, logits []float32) error {
 	s := &b.moe
 	ne, k := b.w.Of(op.W).Rows, op.TopK
-	r := backend.RouteRecord{Layer: op.Layer, NTok: n, NExpert: ne, TopK: k, Pos0: int(bt.Pos[0]),
+	r := backend.RouteRecord{Op: b.prog.OpIndex(op), Layer: op.Layer, NTok: n, NExpert: ne, TopK: k, Pos0: int(bt.Pos[0]),
 		Logits: logits, IDs: make([]int32, n*k), Weights: slices.Clone(s.weight[:n*k])}
-	for j := range b.prog.Ops {
-		if &b.prog.Ops[j] == op {
-			r.Op = j
-		}
-	}
 	for i, e := range s.choice[:n*k] {
 		r.IDs[i] = int32(e)
 	}

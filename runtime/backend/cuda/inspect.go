@@ -35,16 +35,11 @@ func (g *Exec) inspectRoute(s *cudadrv.Stream, op *ir.Op, n int) error {
 		return fmt.Errorf("route inspection: %w", err)
 	}
 	ne, k := matOf(op.W, 0).Rows, op.TopK
-	r := backend.RouteRecord{Layer: op.Layer, NTok: n, NExpert: ne, TopK: k,
+	r := backend.RouteRecord{Op: g.prog.OpIndex(op), Layer: op.Layer, NTok: n, NExpert: ne, TopK: k,
 		Pos0:    int(g.batch.Pos[0]),
 		Logits:  make([]float32, n*ne),
 		IDs:     make([]int32, n*k),
 		Weights: make([]float32, n*k)}
-	for j := range g.prog.Ops {
-		if &g.prog.Ops[j] == op {
-			r.Op = j
-		}
-	}
 	ctx := g.dev.ctx
 	if err := ctx.CopyDtoH(unsafe.Slice((*byte)(unsafe.Pointer(&r.Logits[0])), 4*len(r.Logits)), g.moe.probs); err != nil {
 		return fmt.Errorf("route inspection: router logits: %w", err)
