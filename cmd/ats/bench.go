@@ -139,12 +139,19 @@ test.
 
 --serve URL loads a running OpenAI-compatible server instead (ats serve,
 llama-server, ...): at each --concurrency C, C streamed completions of -n
-tokens (the first value) start together, at temperature 0 with ignore_eos,
-after one warm-up request; -p sets about how many prompt tokens each has
-(default: a short prompt). It prints the aggregate tokens per second, time
-to first token and time per output token at p50 and p99, and the mean
-rate of a request; --late also times a request that arrives while the
-others decode; -o json gives every request's figures.`,
+tokens (the first value) start together, at temperature 0 (see below)
+with ignore_eos, after one warm-up request; -p sets about how many prompt
+tokens each has (default: a short prompt). It prints the aggregate tokens
+per second, time to first token and time per output token at p50 and p99,
+and the mean rate of a request; --late also times a request that arrives
+while the others decode; -o json gives every request's figures.
+
+--temperature T > 0 samples instead of decoding greedily, request i of the
+run (0: the warm-up) with seed S+i, S from --seed (1 unless given): the
+runs repeat and the requests differ. On a model of random weights, greedy
+requests soon all emit the same token, so a mixture of experts' batch
+routes every sequence to the same experts and reads as few weights as one
+sequence does: a concurrency figure that flatters.`,
 			Args: cobra.NoArgs,
 			RunE: func(cmd *cobra.Command, _ []string) error {
 				var err error
@@ -161,6 +168,13 @@ others decode; -o json gives every request's figures.`,
 					return err
 				}
 				if o.serve.url != "" {
+					if t := o.serve.temperature; math.IsNaN(t) || math.IsInf(t, 0) || t < 0 {
+						return fmt.Errorf("bench --serve: --temperature %v: must be a finite number from 0 up (0: greedy)", t)
+					}
+					if o.serve.seed < 0 || o.serve.seed > math.MaxInt32 {
+						// llama-server reads a seed as 32 bits: S+i must not wrap.
+						return fmt.Errorf("bench --serve: --seed %d: must be from 0 to %d", o.serve.seed, math.MaxInt32)
+					}
 					if o.serve.concurrency, err = parseIntList("--concurrency", concurrency, 1); err != nil {
 						return err
 					}
@@ -212,6 +226,8 @@ others decode; -o json gives every request's figures.`,
 		f.StringVar(&o.serve.model, "served-model", "", "with --serve: the model field of the requests (servers of several models)")
 		f.BoolVar(&o.serve.late, "late", false, "with --serve: also time the first token of a request that arrives while the others decode")
 		f.DurationVar(&o.serve.timeout, "timeout", 30*time.Minute, "with --serve: the longest a request may take")
+		f.Float64Var(&o.serve.temperature, "temperature", 0, "with --serve: the requests' temperature (0: greedy; above 0, request i also gets seed --seed + i)")
+		f.Int64Var(&o.serve.seed, "seed", 1, "with --serve and --temperature above 0: the seed of request 0 (the warm-up); request i gets this + i")
 		f.StringVar(&o.stress, "stress", "", "load experiment: decode (tg of -n) static and with dynamic promotion, each with and without a competing load: cpu=PCT (busy threads on that share of the cores) or gpu=PCT (GPU memory and link busy that share of the time)")
 		return cmd
 	})

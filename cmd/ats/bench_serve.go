@@ -17,11 +17,17 @@ import (
 
 // `ats bench --serve URL` loads an OpenAI-compatible server (ats serve,
 // llama-server, ...) the way users do: at each concurrency C, C streamed
-// /v1/completions of -n tokens start together, at temperature 0 with
-// ignore_eos, and the tool times each one's first token and its tokens
-// after it. It reports the aggregate rate (all tokens over the wall time
+// /v1/completions of -n tokens start together, at temperature 0 (by
+// default) with ignore_eos, and the tool times each one's first token and
+// its tokens after it. It reports the aggregate rate (all tokens over the wall time
 // from the first request to the last token), time to first token and
 // time per output token at p50 and p99, and each request's rate.
+//
+// At temperature 0 the requests of a synthetic (random-weight) model soon
+// all emit the same token, so on a mixture of experts a batch's sequences
+// route to the same experts and a batched step reads no more weights than
+// one sequence's: --temperature T > 0 samples instead, with seed S+i for
+// request i, so that runs repeat and requests differ.
 
 // serveBenchOptions are the flags of the load test.
 type serveBenchOptions struct {
@@ -33,6 +39,8 @@ type serveBenchOptions struct {
 	model        string
 	late         bool // also time a request that arrives while the others decode
 	timeout      time.Duration
+	temperature  float64 // 0: greedy; above 0, request i also gets seed seed+i
+	seed         int64
 }
 
 // serveRequest is one request's figures.
@@ -60,6 +68,8 @@ type serveBenchResult struct {
 	TPOTp99      float64        `json:"tpot_p99_ms"`
 	Failed       int            `json:"failed"`
 	LateTTFT     float64        `json:"ttft_late_ms,omitempty"` // a request arriving while the others decode
+	Temperature  float64        `json:"temperature"`
+	Seed         *int64         `json:"seed,omitempty"` // request i's seed is this plus i; none at temperature 0
 	Requests     []serveRequest `json:"requests"`
 }
 
@@ -107,9 +117,10 @@ func bytesPerToken(ctx context.Context, client *http.Client, o serveBenchOptions
 	return float64(len(text)) / float64(len(out.Tokens))
 }
 
-// streamCompletion sends one streamed completion and times its tokens;
-// onFirst (nil: none) is called once, at its first token or its end.
-func streamCompletion(ctx context.Context, client *http.Client, o serveBenchOptions, prompt string, onFirst func()) serveRequest {
+// streamCompletion sends request i of the run (servePrompt's index) and
+// times its tokens; onFirst (nil: none) is called once, at its first
+// token or its end.
+func streamCompletion(ctx context.Context, client *http.Client, o serveBenchOptions, i int, prompt string, onFirst func()) serveRequest {
 	var once sync.Once
 	first := func() {
 		if onFirst != nil {
@@ -119,6 +130,11 @@ func streamCompletion(ctx context.Context, client *http.Client, o serveBenchOpti
 	defer first()
 	body := map[string]any{"prompt": prompt, "max_tokens": o.tokens, "temperature": 0, "ignore_eos": true,
 		"stream": true, "stream_options": map[string]any{"include_usage": true}}
+	if o.temperature > 0 {
+		// Each request its own seed: the run repeats, and its requests
+		// still sample different tokens from one another.
+		body["temperature"], body["seed"] = o.temperature, o.seed+int64(i)
+	}
 	if o.model != "" {
 		body["model"] = o.model
 	}
@@ -219,17 +235,23 @@ func runServeBench(stdout, stderr io.Writer, o serveBenchOptions, format string)
 	if o.promptTokens > 0 {
 		bpt = bytesPerToken(ctx, client, o)
 	}
-	if w := streamCompletion(ctx, client, o, servePrompt(0, o.promptTokens, bpt), nil); w.Err != "" {
+	if w := streamCompletion(ctx, client, o, 0, servePrompt(0, o.promptTokens, bpt), nil); w.Err != "" {
 		return fmt.Errorf("bench --serve: the warm-up request to %s: %s", o.url, w.Err)
 	}
 	var results []serveBenchResult
 	if format == "md" {
+		if o.temperature > 0 {
+			fmt.Fprintf(stdout, "temperature %g, request i seeded %d+i\n\n", o.temperature, o.seed)
+		}
 		fmt.Fprintln(stdout, "| concurrency | prompt | tokens | aggregate t/s | per request t/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | TPOT p99 ms | late TTFT ms | failed |")
 		fmt.Fprintln(stdout, "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	}
 	seq := 0
 	for _, c := range o.concurrency {
-		res := serveBenchResult{URL: o.url, Concurrency: c, MaxTokens: o.tokens, Requests: make([]serveRequest, c)}
+		res := serveBenchResult{URL: o.url, Concurrency: c, MaxTokens: o.tokens, Temperature: o.temperature, Requests: make([]serveRequest, c)}
+		if o.temperature > 0 {
+			res.Seed = &o.seed
+		}
 		var wg, firsts sync.WaitGroup
 		firsts.Add(c)
 		start := time.Now()
@@ -237,9 +259,9 @@ func runServeBench(stdout, stderr io.Writer, o serveBenchOptions, format string)
 		var mu sync.Mutex
 		for i := range c {
 			seq++
-			prompt := servePrompt(seq, o.promptTokens, bpt)
+			k, prompt := seq, servePrompt(seq, o.promptTokens, bpt)
 			wg.Go(func() {
-				r := streamCompletion(ctx, client, o, prompt, firsts.Done)
+				r := streamCompletion(ctx, client, o, k, prompt, firsts.Done)
 				mu.Lock()
 				res.Requests[i] = r
 				if t := start.Add(time.Duration(r.Seconds * float64(time.Second))); t.After(end) {
@@ -253,7 +275,8 @@ func runServeBench(stdout, stderr io.Writer, o serveBenchOptions, format string)
 			// to first token beside the running ones.
 			firsts.Wait()
 			seq++
-			r := streamCompletion(ctx, client, o, servePrompt(1_000_000+seq, o.promptTokens, bpt), nil)
+			k := 1_000_000 + seq
+			r := streamCompletion(ctx, client, o, k, servePrompt(k, o.promptTokens, bpt), nil)
 			if r.Err != "" {
 				fmt.Fprintf(stderr, "bench --serve: the late request at concurrency %d: %s\n", c, r.Err)
 			}

@@ -4,11 +4,17 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/atsinfer/ats/tools/synth"
 )
@@ -219,7 +225,133 @@ func TestBenchServe(t *testing.T) {
 	if err != nil || !strings.Contains(md, "| concurrency |") || !strings.Contains(md, "\n| 2 | ") {
 		t.Errorf("markdown: %v\n%s", err, md)
 	}
+	// ats serve takes the sampled requests' temperature and seeds.
+	if _, stderr, err := runATS(t, "bench", "--serve", url, "--concurrency", "2", "-n", "4", "--late", "--temperature", "0.8", "--seed", "10"); err != nil {
+		t.Errorf("--temperature 0.8 --seed 10: %v\n%s", err, stderr)
+	}
 	if _, _, err := runATS(t, "bench", "--serve", "http://127.0.0.1:1", "-n", "4"); err == nil || !strings.Contains(err.Error(), "warm-up") {
 		t.Errorf("no server: %v", err)
+	}
+}
+
+// servedBody is what the sampling test reads of a request's body.
+type servedBody struct {
+	Temperature *float64 `json:"temperature"`
+	Seed        *int64   `json:"seed"`
+}
+
+// fakeCompletions is an OpenAI-compatible /v1/completions that streams
+// four tokens and records every request's body, the warm-up's first.
+func fakeCompletions(t *testing.T) (url string, bodies func() []servedBody) {
+	t.Helper()
+	var mu sync.Mutex
+	var got []servedBody
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/completions" {
+			http.NotFound(w, r)
+			return
+		}
+		b, err := io.ReadAll(r.Body)
+		var body servedBody
+		if err == nil {
+			err = json.Unmarshal(b, &body)
+		}
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		mu.Lock()
+		got = append(got, body)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "text/event-stream")
+		for range 4 {
+			fmt.Fprint(w, "data: {\"choices\":[{\"text\":\"x\"}]}\n\n")
+			w.(http.Flusher).Flush()
+		}
+		fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":4}}\n\ndata: [DONE]\n\n")
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL, func() []servedBody {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
+}
+
+// --temperature T > 0 sends T and seed S+i to request i (0 the warm-up),
+// so that the requests of a synthetic model do not all decode the same
+// tokens; without it the requests are greedy and carry no seed.
+func TestBenchServeTemperature(t *testing.T) {
+	f64 := func(v float64) *float64 { return &v }
+	i64 := func(v int64) *int64 { return &v }
+	bySeed := cmp.Transformer("bySeed", func(b []servedBody) []servedBody {
+		b = slices.Clone(b)
+		slices.SortFunc(b, func(x, y servedBody) int {
+			if x.Seed == nil || y.Seed == nil {
+				return 0
+			}
+			return int(*x.Seed - *y.Seed)
+		})
+		return b
+	})
+
+	url, bodies := fakeCompletions(t)
+	out, stderr, err := runATS(t, "bench", "--serve", url, "--concurrency", "3", "-n", "4", "--temperature", "0.8", "--seed", "10", "-o", "json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	want := []servedBody{{f64(0.8), i64(10)}, {f64(0.8), i64(11)}, {f64(0.8), i64(12)}, {f64(0.8), i64(13)}}
+	if d := cmp.Diff(want, bodies(), bySeed); d != "" {
+		t.Errorf("--temperature 0.8 --seed 10: bodies (-want +got):\n%s", d)
+	}
+	var rs []serveBenchResult
+	if err := json.Unmarshal([]byte(out), &rs); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if len(rs) != 1 || rs[0].Temperature != 0.8 || rs[0].Seed == nil || *rs[0].Seed != 10 {
+		t.Errorf("rows %+v: want temperature 0.8 and seed 10", rs)
+	}
+
+	// The late request has an index of its own: seq 3 (after the warm-up's
+	// 0 and the load's 1 and 2) plus a million.
+	url, bodies = fakeCompletions(t)
+	if _, stderr, err := runATS(t, "bench", "--serve", url, "--concurrency", "2", "-n", "4", "--late", "--temperature", "0.5"); err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	want = []servedBody{{f64(0.5), i64(1)}, {f64(0.5), i64(2)}, {f64(0.5), i64(3)}, {f64(0.5), i64(1_000_004)}}
+	if d := cmp.Diff(want, bodies(), bySeed); d != "" {
+		t.Errorf("--late, default seed: bodies (-want +got):\n%s", d)
+	}
+
+	url, bodies = fakeCompletions(t)
+	out, stderr, err = runATS(t, "bench", "--serve", url, "--concurrency", "3", "-n", "4", "-o", "json")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr)
+	}
+	want = []servedBody{{f64(0), nil}, {f64(0), nil}, {f64(0), nil}, {f64(0), nil}}
+	if d := cmp.Diff(want, bodies()); d != "" {
+		t.Errorf("no --temperature: bodies (-want +got):\n%s", d)
+	}
+	if strings.Contains(out, `"seed"`) || !strings.Contains(out, `"temperature": 0`) {
+		t.Errorf("no --temperature: the rows record a seed or no temperature:\n%s", out)
+	}
+
+	md, _, err := runATS(t, "bench", "--serve", url, "--concurrency", "1", "-n", "4", "--temperature", "0.8")
+	if err != nil || !strings.HasPrefix(md, "temperature 0.8, ") {
+		t.Errorf("markdown at temperature 0.8: %v\n%s", err, md)
+	}
+	if md, _, err = runATS(t, "bench", "--serve", url, "--concurrency", "1", "-n", "4"); err != nil || strings.Contains(md, "temperature") {
+		t.Errorf("markdown at temperature 0: %v\n%s", err, md)
+	}
+
+	for _, tc := range []struct{ flag, want string }{
+		{"--temperature=-0.5", "--temperature -0.5"},
+		{"--temperature=NaN", "--temperature NaN"},
+		{"--temperature=+Inf", "--temperature +Inf"},
+		{"--seed=-1", "--seed -1"},
+	} {
+		if _, _, err := runATS(t, "bench", "--serve", url, "-n", "4", tc.flag); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want it to name %q", tc.flag, err, tc.want)
+		}
 	}
 }

@@ -2,20 +2,26 @@
 # ats serve under concurrent requests against ats bench's single stream,
 # on one machine: the hybrid at a VRAM budget, all on the GPU, and CPU only.
 # Each server takes N concurrent /v1/completions of GEN tokens (temperature
-# 0, ignore_eos) with ats bench --serve, a late request among them, and ats
+# TEMP, ignore_eos) with ats bench --serve, a late request among them, and ats
 # bench measures tg of GEN tokens with the same placement flags and the
 # same cache reserved in the budget (-c CTX, as the server). Writes the
 # JSON into OUT and prints a summary last.
 #
+# TEMP (unset: 0, greedy) is the requests' --temperature. On a synthetic
+# (random-weight) model greedy requests soon all emit the same token, so a
+# mixture of experts routes a whole batch to the same experts and the
+# concurrent figures flatter it: TEMP=0.8 samples each request with its
+# own seed (bench --serve's --seed base 1 plus the request's index).
+#
 # Usage: ATS=/path/to/ats tools/bench/batching.sh MODEL OUT
 #   THREADS=16 BUDGET=4.5GiB GEN=128 CTX=4096
 #   HYBRID_CONC=1,4,8 HYBRID_PARALLEL=9 GPU_CONC=1 GPU_PARALLEL=32 CPU_CONC=1,4 CPU_PARALLEL=4
-#   SETUPS="hybrid gpu cpu"
+#   SETUPS="hybrid gpu cpu" TEMP=0.8
 set -uo pipefail
 ats=${ATS:-ats}
 m=${1:?usage: batching.sh MODEL OUT} out=${2:?}
 mkdir -p "$out"
-T=${THREADS:-16} budget=${BUDGET:-4.5GiB} gen=${GEN:-128} ctx=${CTX:-4096}
+T=${THREADS:-16} budget=${BUDGET:-4.5GiB} gen=${GEN:-128} ctx=${CTX:-4096} temp=${TEMP:-0}
 start=$SECONDS
 note() { echo "[$((SECONDS - start))s] $*" | tee -a "$out/batching.log"; }
 for tool in "$ats" curl jq; do
@@ -38,7 +44,7 @@ for s in ${SETUPS:-hybrid gpu cpu}; do
 	"$ats" serve "$m" $flags -c "$ctx" --parallel "$par" -t "$T" --port $port >"$out/$s-serve.log" 2>&1 &
 	pid=$!
 	if up "http://127.0.0.1:$port"; then
-		timeout 400 "$ats" bench --serve "http://127.0.0.1:$port" --concurrency "$conc" -n "$gen" --late -o json >"$out/$s-serve.json" 2>>"$out/batching.log" || note "$s: serve load failed"
+		timeout 400 "$ats" bench --serve "http://127.0.0.1:$port" --concurrency "$conc" -n "$gen" --temperature "$temp" --late -o json >"$out/$s-serve.json" 2>>"$out/batching.log" || note "$s: serve load failed"
 		curl -sf "http://127.0.0.1:$port/metrics" >"$out/$s-metrics.txt"
 	else
 		note "$s: server not up"
