@@ -65,6 +65,36 @@ func checkNMSE(t *testing.T, what string, e, tol float64) {
 	}
 }
 
+// gpuOverMargin lists the oracle models known to land between
+// oracleMargin and the bound when the GPU computes part of them, and why.
+// They fail over the bound only, and say so in the log; every other model
+// is held to the margin.
+var gpuOverMargin = map[string]string{
+	// 6.0-7.0e-4 on the GPU, 4.6e-4 on the CPU: the rows of one-token
+	// decode steps are the furthest (the long oracle's prompt rows
+	// 4.9-5.5e-4). Their products quantize activations in blocks of 32
+	// (Q8_1), where the CPU and llama.cpp's CPU use blocks of 256 for
+	// k-quant weights (Q8_K): the oracle carries Q8_K's rounding, which
+	// the GPU does not repeat.
+	"tiny-glm4-q4_k_m": "decode activations in Q8_1 blocks of 32, not Q8_K's 256",
+}
+
+// checkNMSEOnGPU is checkNMSE for a run the GPU took part in: a model in
+// gpuOverMargin fails over the bound only.
+func checkNMSEOnGPU(t *testing.T, name, what string, e, tol float64) {
+	t.Helper()
+	if why, ok := gpuOverMargin[name]; ok {
+		if e > oracleMargin*tol {
+			t.Logf("%s: NMSE %.3g over %.1f of the bound %.0e: known (%s)", what, e, oracleMargin, tol, why)
+		}
+		if e > tol {
+			t.Errorf("%s: NMSE %.3g over the bound %.0e", what, e, tol)
+		}
+		return
+	}
+	checkNMSE(t, what, e, tol)
+}
+
 // runOracle evaluates one oracle model the way `ats eval` does and returns
 // our logits for the prompt and for each decode step.
 func runOracle(t *testing.T, path string, want *oracleLogits, opt Options) (prefill []float32, decode [][]float32) {
