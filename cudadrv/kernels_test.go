@@ -177,7 +177,7 @@ func TestLazyLoading(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ctx.Free(q8)
-	if err := errors.Join(w.QuantizeQ8_1(s, x, n, 1, n, 32, q8), s.Synchronize()); err != nil {
+	if err := errors.Join(w.QuantizeQ8_1(s, x, n, 1, n, q8), s.Synchronize()); err != nil {
 		t.Fatal(err)
 	}
 	if mv, mm := w.Loaded(); !mv || mm {
@@ -188,7 +188,7 @@ func TestLazyLoading(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ctx.Free(xh)
-	if err := errors.Join(w.ConvertF16(s, x, n, 1, n, 0, xh), s.Synchronize()); err != nil {
+	if err := errors.Join(w.ConvertF16(s, x, n, 1, n, xh), s.Synchronize()); err != nil {
 		t.Fatal(err)
 	}
 	if mv, mm := w.Loaded(); !mv || !mm {

@@ -67,13 +67,12 @@ func (k *GLU) AddBias(s *cudadrv.Stream, x, b cudadrv.DevicePtr, width, rows int
 }
 
 // SwiGLUQ8 is SwiGLU that also writes out in the Q8_1 layout of
-// QuantizeQ8_1 at q8 (Q8_1Bytes(rows, width)), one scale per block values
-// (32 or 256, width a multiple of it): the input of the matrix-vector
-// product that follows, without a launch of its own.
-func (k *GLU) SwiGLUQ8(s *cudadrv.Stream, out, gate, up cudadrv.DevicePtr, width, ld, rows, block int, q8 cudadrv.DevicePtr) error {
+// QuantizeQ8_1 at q8 (Q8_1Bytes(rows, width); width % 32 == 0): the input
+// of the matrix-vector product that follows, without a launch of its own.
+func (k *GLU) SwiGLUQ8(s *cudadrv.Stream, out, gate, up cudadrv.DevicePtr, width, ld, rows int, q8 cudadrv.DevicePtr) error {
 	n := width * rows
-	if (block != 32 && block != 256) || width%block != 0 {
-		return fmt.Errorf("kernels: Q8_1 output of a SwiGLU of width %d in blocks of %d", width, block)
+	if width%32 != 0 {
+		return fmt.Errorf("kernels: Q8_1 output of a SwiGLU of width %d", width)
 	}
 	if n == 0 {
 		return nil
@@ -81,13 +80,8 @@ func (k *GLU) SwiGLUQ8(s *cudadrv.Stream, out, gate, up cudadrv.DevicePtr, width
 	if err := k.ready(); err != nil {
 		return err
 	}
-	// Blocks of 32: a thread a value; of 256: a warp a block.
-	grid := grid1(n, gluBlock)
-	if block == 256 {
-		grid = grid1(n/256, gluBlock/32)
-	}
-	return launch(k.swigluQ8, s, grid, cudadrv.D1(gluBlock), 0, func(a *cudadrv.Args) {
-		a.Ptr(out).Ptr(gate).Ptr(up).I32(int32(width)).I32(int32(ld)).I64(int64(rows)).I32(int32(block)).
+	return launch(k.swigluQ8, s, grid1(n, gluBlock), cudadrv.D1(gluBlock), 0, func(a *cudadrv.Args) {
+		a.Ptr(out).Ptr(gate).Ptr(up).I32(int32(width)).I32(int32(ld)).I64(int64(rows)).
 			Ptr(q8).Ptr(q8.Add(align16(rows * width)))
 	})
 }

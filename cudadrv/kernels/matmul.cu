@@ -579,61 +579,15 @@ __device__ __forceinline__ void get_rows_body(const u8 *__restrict__ W, long lon
 
 // ---------------------------------------------------------------- activations
 
-// q8k_scale and q8k_value: matvec.cu's (Q8_K's rounding in ats's GPU Q8_1
-// layout), repeated here: each .cu file is its own module.
-__device__ __forceinline__ float q8k_scale(float amax, float &d)
-{
-    const float iscale = amax != 0.0f ? 127.0f / amax : 0.0f;
-    d = amax != 0.0f ? 1.0f / iscale : 0.0f;
-    return iscale;
-}
-
-__device__ __forceinline__ int q8k_value(float v, float amax, float iscale)
-{
-    return amax != 0.0f ? max(-127, min(127, __float2int_rn(iscale * v))) : 0;
-}
-
-// convert_f16(x, ldx, cols, qb, perm, actDiv, nrows, xh, ldh): for i <
-// nrows, xh[i][j] = f16(x[src][j]) for j < cols and 0 for cols <= j < ldh,
-// with src = perm ? perm[i] / actDiv : i. Values beyond the f16 range
-// saturate at +-65504 rather than becoming infinite. Grid-stride over pairs.
-// qb = 256 (k-quant weights; cols % 256 == 0, so ldh == cols): each value
-// is first rounded as the CPU's Q8_K activations round it (q*d, one scale
-// a 256-block, quantize_q8_1's qb = 256), so the tensor-core products see
-// the activations the CPU's k-quant products see; a warp takes a block.
-extern "C" __global__ void convert_f16(const float *__restrict__ x, long long ldx, int cols, int qb,
+// convert_f16(x, ldx, cols, perm, actDiv, nrows, xh, ldh): for i < nrows,
+// xh[i][j] = f16(x[src][j]) for j < cols and 0 for cols <= j < ldh, with
+// src = perm ? perm[i] / actDiv : i. Values beyond the f16 range saturate
+// at +-65504 rather than becoming infinite. Grid-stride over pairs.
+extern "C" __global__ void convert_f16(const float *__restrict__ x, long long ldx, int cols,
                                        const int *__restrict__ perm, int actDiv, int nrows, u32 *__restrict__ xh,
                                        int ldh)
 {
     PDL_ENTRY();
-    if (qb == 256) {
-        const int lane = threadIdx.x & 31, nb = cols / 256;
-        const long long total = (long long)nrows * nb, warps = (long long)gridDim.x * (blockDim.x >> 5);
-        u16 *h = (u16 *)xh;
-        for (long long b = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); b < total; b += warps) {
-            const int i = (int)(b / nb), j = (int)(b - (long long)i * nb);
-            const int src = perm ? perm[i] / actDiv : i;
-            const float *xr = x + (long long)src * ldx + 256 * j;
-            float v[8];
-            float amax = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                v[k] = xr[32 * k + lane];
-                amax = fmaxf(amax, fabsf(v[k]));
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-            float d;
-            const float iscale = q8k_scale(amax, d);
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                const float y = (float)q8k_value(v[k], amax, iscale) * d;
-                h[(long long)i * ldh + 256 * j + 32 * k + lane] = f2h(fminf(fmaxf(y, -65504.f), 65504.f));
-            }
-        }
-        return;
-    }
     const int pairs = ldh >> 1;
     const long long total = (long long)nrows * pairs;
     for (long long k = (long long)blockIdx.x * blockDim.x + threadIdx.x; k < total;

@@ -21,12 +21,6 @@
 // d*sum in float32 rather than half: more exact, and the scratch is small.
 // ds starts at the first 16-byte boundary after ntok*cols bytes.
 //
-// For the k-quants the same layout carries Q8_K's rounding instead (qb =
-// 256, kernels.Q8Block): one d per 256 values, d = 1/(127/amax), quants
-// rounded half to even, as the CPU's k-quant products (ats's and
-// llama.cpp's) quantize their activations. Each 32-block of a 256-block
-// holds that d and its own d*sum(q), so the products read both forms alike.
-//
 // ## Integer matvec: thread mapping
 //
 // A CTA has 4 warps, grouped into 4/ks row groups of ks warps (ks = 1, 2
@@ -1297,68 +1291,20 @@ MVQ_BENCH(q8_0, T_Q8_0)
 MVT_ALL(q4_k, T_Q4_K)
 MVT_ALL(q6_k, T_Q6_K)
 
-// q8k_scale and q8k_value are ggml's quantize_row_q8_K_ref (ops'
-// quantActQ8_K) for a block whose largest magnitude is amax: iscale =
-// -127/max and d = 1/iscale there, with max the signed value of largest
-// magnitude. Here the scale is taken positive (127/amax): every quant and d
-// change sign together, so q*d, d*sum(q) and every product are the CPU's
-// bit for bit. Rounding is half to even (nearest_int), and an all-zero
-// block is zero with d = 0.
-__device__ __forceinline__ float q8k_scale(float amax, float &d)
-{
-    const float iscale = amax != 0.0f ? 127.0f / amax : 0.0f;
-    d = amax != 0.0f ? 1.0f / iscale : 0.0f;
-    return iscale;
-}
-
-__device__ __forceinline__ int q8k_value(float v, float amax, float iscale)
-{
-    return amax != 0.0f ? max(-127, min(127, __float2int_rn(iscale * v))) : 0;
-}
-
 // quantize_q8_1: x f32 [ntok][ldx] -> q int8 [ntok][cols], ds float2
-// [ntok][cols/32] (layout above), with one scale per qb values: qb = 32
-// (ggml's Q8_1, one warp a block) or qb = 256 (the scale of ggml's Q8_K,
-// which the CPU's k-quant products read: q8k_values, one warp a block of
-// 256, each of its eight 32-blocks keeping that scale and its own sum).
-// Grid-stride over the ntok*cols/qb blocks.
-extern "C" __global__ void quantize_q8_1(const float *__restrict__ x, long long ldx, int ntok, int cols, int qb,
+// [ntok][cols/32] (layout above). One warp per block of 32 values,
+// grid-stride over the ntok*cols/32 blocks.
+extern "C" __global__ void quantize_q8_1(const float *__restrict__ x, long long ldx, int ntok, int cols,
                                          i8 *__restrict__ q, float2 *__restrict__ ds)
 {
     PDL_ENTRY();
     const int lane = threadIdx.x & 31;
-    const int nb = cols / qb;
+    const int nb = cols >> 5;
     const long long total = (long long)ntok * nb;
     const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
     for (long long gb = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); gb < total; gb += warps) {
         long long t = gb / nb;
         int j = (int)(gb - t * nb);
-        if (qb == 256) {
-            const float *xr = x + t * ldx + 256 * j;
-            float v[8];
-            float amax = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                v[k] = xr[32 * k + lane];
-                amax = fmaxf(amax, fabsf(v[k]));
-            }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1)
-                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-            float d;
-            const float iscale = q8k_scale(amax, d);
-#pragma unroll
-            for (int k = 0; k < 8; k++) {
-                int qv = q8k_value(v[k], amax, iscale);
-                q[t * cols + 256 * j + 32 * k + lane] = (i8)qv;
-#pragma unroll
-                for (int o = 16; o > 0; o >>= 1)
-                    qv += __shfl_xor_sync(0xffffffffu, qv, o);
-                if (lane == 0)
-                    ds[gb * 8 + k] = make_float2(d, (float)qv * d);
-            }
-            continue;
-        }
         float v = x[t * ldx + 32 * j + lane];
         float amax = fabsf(v);
 #pragma unroll

@@ -128,59 +128,6 @@ __device__ __forceinline__ void q8_1_block(float v, signed char *q, float2 *ds)
         *ds = make_float2(d, (float)sum * d);
 }
 
-// q8k_scale and q8k_value: matvec.cu's (Q8_K's rounding in ats's GPU Q8_1
-// layout), repeated here: each .cu file is its own module.
-__device__ __forceinline__ float q8k_scale(float amax, float &d)
-{
-    const float iscale = amax != 0.0f ? 127.0f / amax : 0.0f;
-    d = amax != 0.0f ? 1.0f / iscale : 0.0f;
-    return iscale;
-}
-
-__device__ __forceinline__ int q8k_value(float v, float amax, float iscale)
-{
-    return amax != 0.0f ? max(-127, min(127, __float2int_rn(iscale * v))) : 0;
-}
-
-// q8_block writes a pass's values (v, one a thread; in: whether the
-// thread's warp holds columns of the row) in the Q8_1 layout with scale
-// block qb. qb = 32: a warp's values are one block (q8_1_block). qb = 256:
-// warps 8g..8g+7 of the block hold one 256-block, which takes one scale
-// (matvec.cu's quantize_q8_1 with qb = 256): their largest magnitude goes
-// through smax (32 floats of shared memory). Every thread of the block
-// calls it in step (the barriers; blockDim.x % 256 == 0 and cols % 256 ==
-// 0 for qb = 256, so a 256-block is whole warps of one pass).
-__device__ __forceinline__ void q8_block(float v, bool in, int qb, signed char *q, float2 *ds, float *smax)
-{
-    if (qb != 256) {
-        if (in)
-            q8_1_block(v, q, ds);
-        return;
-    }
-    float amax = in ? fabsf(v) : 0.0f;
-    for (int o = 16; o > 0; o >>= 1)
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const int warp = threadIdx.x >> 5;
-    __syncthreads(); // smax may still be read from the previous pass
-    if ((threadIdx.x & 31) == 0)
-        smax[warp] = amax;
-    __syncthreads();
-    const int g = warp & ~7;
-#pragma unroll
-    for (int k = 0; k < 8; k++)
-        amax = fmaxf(amax, smax[g + k]);
-    if (!in)
-        return;
-    float d;
-    const float iscale = q8k_scale(amax, d);
-    int qv = q8k_value(v, amax, iscale);
-    *q = (signed char)qv;
-    for (int o = 16; o > 0; o >>= 1)
-        qv += __shfl_xor_sync(0xffffffffu, qv, o);
-    if ((threadIdx.x & 31) == 0)
-        *ds = make_float2(d, (float)qv * d);
-}
-
 // rms_norm_ex is the norm with everything that may surround it in a
 // decoder fused in, each part optional (null pointers skip it). Per row r:
 //     term = b[r]                          (k == 0, b not null), or
@@ -189,9 +136,7 @@ __device__ __forceinline__ void q8_block(float v, bool in, int qb, signed char *
 //     x    = a[r] + term                   (a[r] alone without a term)
 //     bout[r] = term,  sum[r] = x          (when given)
 //     dst[r] = rmsnorm(x) * w              (when dst is given)
-//     q, ds  = Q8_1 of dst[r]              (when q is given; cols % 32 == 0),
-//              one scale per qb values (q8_block: 32, or 256 with
-//              blockDim.x and cols multiples of 256)
+//     q, ds  = Q8_1 of dst[r]              (when q is given; cols % 32 == 0)
 // y is [rows][k][cols], yw [rows][k]. sum may alias a; bout may alias b;
 // dst must not alias a, b or y. Thread mapping as rms_norm_f32; with q, a
 // warp's 32 consecutive columns of one pass are one Q8_1 block (blockDim
@@ -206,8 +151,8 @@ __device__ __forceinline__ void q8_block(float v, bool in, int qb, signed char *
 
 __device__ __forceinline__ void norm_ex_regs(float *sum, const float *a, const float *b, float *bout,
                                              float *dst, const float *w,
-                                             signed char *q, float2 *ds, int qb,
-                                             int cols, float eps, long long r, float *red, float *smax)
+                                             signed char *q, float2 *ds,
+                                             int cols, float eps, long long r, float *red)
 {
     const long long o = r * cols;
     float v[NORM_ITEMS], t[NORM_ITEMS];
@@ -248,8 +193,8 @@ __device__ __forceinline__ void norm_ex_regs(float *sum, const float *a, const f
             dst[o + i] = x;
         }
         // cols % 32 == 0 with q: a warp's lanes are all in range or all out.
-        if (q)
-            q8_block(x, i0 + (threadIdx.x & ~31) < cols, qb, q + o + i, ds + (o + i) / 32, smax);
+        if (q && i0 + (threadIdx.x & ~31) < cols)
+            q8_1_block(x, q + o + i, ds + (o + i) / 32);
     }
 }
 
@@ -266,8 +211,8 @@ __device__ __forceinline__ void norm_ex_regs(float *sum, const float *a, const f
 template <int ITEMS>
 __device__ __forceinline__ void norm_ex_moe_regs(float *sum, const float *a, const float *y, const float *yw, int k,
                                                  float *bout, float *dst, const float *w,
-                                                 signed char *q, float2 *ds, int qb,
-                                                 int cols, float eps, long long r, float *red, float *smax)
+                                                 signed char *q, float2 *ds,
+                                                 int cols, float eps, long long r, float *red)
 {
     const long long o = r * cols;
     float wj[NORM_MOE_SLOTS];
@@ -317,8 +262,8 @@ __device__ __forceinline__ void norm_ex_moe_regs(float *sum, const float *a, con
                 x = x * w[i];
             dst[o + i] = x;
         }
-        if (q)
-            q8_block(x, i0 + (threadIdx.x & ~31) < cols, qb, q + o + i, ds + (o + i) / 32, smax);
+        if (q && i0 + (threadIdx.x & ~31) < cols)
+            q8_1_block(x, q + o + i, ds + (o + i) / 32);
     }
 }
 
@@ -329,10 +274,10 @@ template <bool MOE>
 __device__ __forceinline__ void rms_norm_ex_body(float *sum, const float *a, const float *b,
                                                  const float *y, const float *yw, int k, float *bout,
                                                  float *dst, const float *w,
-                                                 signed char *q, float2 *ds, int qb,
+                                                 signed char *q, float2 *ds,
                                                  int cols, float eps, long long rows)
 {
-    __shared__ float red[32], smax[32];
+    __shared__ float red[32];
     for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
         // Measured on an H200 (docs/bench/gpu.md): registers help the plain
         // and residual norms a little. The MoE sum takes its own register
@@ -340,11 +285,11 @@ __device__ __forceinline__ void rms_norm_ex_body(float *sum, const float *a, con
         // RMSNormEx) for up to NORM_MOE_SLOTS slots and rows up to twice
         // the block, else the loop.
         if (k == 0 && cols <= NORM_ITEMS * (int)blockDim.x) {
-            norm_ex_regs(sum, a, b, bout, dst, w, q, ds, qb, cols, eps, r, red, smax);
+            norm_ex_regs(sum, a, b, bout, dst, w, q, ds, cols, eps, r, red);
             continue;
         }
         if (MOE && k > 0 && k <= NORM_MOE_SLOTS && cols <= 2 * (int)blockDim.x) {
-            norm_ex_moe_regs<2>(sum, a, y, yw, k, bout, dst, w, q, ds, qb, cols, eps, r, red, smax);
+            norm_ex_moe_regs<2>(sum, a, y, yw, k, bout, dst, w, q, ds, cols, eps, r, red);
             continue;
         }
 
@@ -402,8 +347,8 @@ __device__ __forceinline__ void rms_norm_ex_body(float *sum, const float *a, con
             }
             // The whole warp takes part in the block's shuffles; cols % 32
             // == 0 makes a warp's lanes all in range or all out.
-            if (q)
-                q8_block(v, i0 + (threadIdx.x & ~31) < cols, qb, q + o + i, ds + (o + i) / 32, smax);
+            if (q && i0 + (threadIdx.x & ~31) < cols)
+                q8_1_block(v, q + o + i, ds + (o + i) / 32);
         }
     }
 }
@@ -411,19 +356,19 @@ __device__ __forceinline__ void rms_norm_ex_body(float *sum, const float *a, con
 extern "C" __global__ void __launch_bounds__(1024) rms_norm_ex(float *sum, const float *a, const float *b,
                                                                const float *y, const float *yw, int k, float *bout,
                                                                float *dst, const float *w,
-                                                               signed char *q, float2 *ds, int qb,
+                                                               signed char *q, float2 *ds,
                                                                int cols, float eps, long long rows)
 {
     PDL_ENTRY();
-    rms_norm_ex_body<false>(sum, a, b, y, yw, k, bout, dst, w, q, ds, qb, cols, eps, rows);
+    rms_norm_ex_body<false>(sum, a, b, y, yw, k, bout, dst, w, q, ds, cols, eps, rows);
 }
 
 extern "C" __global__ void __launch_bounds__(1024) rms_norm_ex_moe(float *sum, const float *a, const float *b,
                                                                    const float *y, const float *yw, int k, float *bout,
                                                                    float *dst, const float *w,
-                                                                   signed char *q, float2 *ds, int qb,
+                                                                   signed char *q, float2 *ds,
                                                                    int cols, float eps, long long rows)
 {
     PDL_ENTRY();
-    rms_norm_ex_body<true>(sum, a, b, y, yw, k, bout, dst, w, q, ds, qb, cols, eps, rows);
+    rms_norm_ex_body<true>(sum, a, b, y, yw, k, bout, dst, w, q, ds, cols, eps, rows);
 }

@@ -1,7 +1,6 @@
 package kernels
 
 import (
-	"cmp"
 	"fmt"
 
 	"github.com/atsinfer/ats/cudadrv"
@@ -39,13 +38,9 @@ func LoadNorm(ctx *cudadrv.Context) (*Norm, error) { return loadNow(NewNorm(ctx)
 
 // normBlock picks the threads of the block that normalises one row of cols:
 // about four columns a thread, a multiple of the warp, at most 1024.
-func normBlock(cols int) cudadrv.Dim3 { return normBlockOf(cols, 32) }
-
-// normBlockOf is normBlock in whole units of threads (32, or 256 for a
-// Q8_1 output with one scale per 256 values).
-func normBlockOf(cols, unit int) cudadrv.Dim3 {
-	t := (cols/4 + unit - 1) / unit * unit
-	return cudadrv.D1(min(1024, max(unit, t)))
+func normBlock(cols int) cudadrv.Dim3 {
+	t := (cols/4 + 31) &^ 31
+	return cudadrv.D1(min(1024, max(32, t)))
 }
 
 // normGrid is one block per row, capped; the kernel strides over the rest.
@@ -95,8 +90,7 @@ func (k *Norm) AddRMSNorm(s *cudadrv.Stream, sum, a, b, dst, w cudadrv.DevicePtr
 //	term = B[r], or Σ_j Y[r][j]·YW[r][j] when K > 0 (the MoE weighted sum)
 //	x    = A[r] + term (A[r] without a term)
 //	BOut[r] = term; Sum[r] = x
-//	Dst[r] = rmsnorm(x)·W; Q8 = Q8_1 of Dst[r] (Q8_1Bytes layout, one scale
-//	per Q8Block values, Cols a multiple of it)
+//	Dst[r] = rmsnorm(x)·W; Q8 = Q8_1 of Dst[r] (Q8_1Bytes layout, Cols % 32 == 0)
 type NormEx struct {
 	Sum, A, B  cudadrv.DevicePtr
 	Y, YW      cudadrv.DevicePtr // [Rows][K][Cols], [Rows][K]
@@ -104,7 +98,6 @@ type NormEx struct {
 	BOut       cudadrv.DevicePtr
 	Dst, W     cudadrv.DevicePtr
 	Q8         cudadrv.DevicePtr // Q8_1 activations of Dst: Q8_1Bytes(Rows, Cols)
-	Q8Block    int               // values a scale of Q8 covers: 32 (0 means 32) or 256 (QuantizeQ8_1's block)
 	Cols, Rows int
 	Eps        float32
 }
@@ -115,29 +108,23 @@ func (k *Norm) RMSNormEx(s *cudadrv.Stream, a *NormEx) error {
 		return err
 	}
 	var q, ds cudadrv.DevicePtr
-	qb := cmp.Or(a.Q8Block, 32)
 	if a.Q8 != 0 {
-		if (qb != 32 && qb != 256) || a.Cols%qb != 0 || a.Dst == 0 {
-			return fmt.Errorf("kernels: Q8_1 output of a norm of %d columns in blocks of %d", a.Cols, qb)
+		if a.Cols%32 != 0 || a.Dst == 0 {
+			return fmt.Errorf("kernels: Q8_1 output of a norm of %d columns", a.Cols)
 		}
 		q, ds = a.Q8, a.Q8.Add(align16(a.Rows*a.Cols))
 	}
 	if err := k.ready(); err != nil {
 		return err
 	}
-	// A pass of the block covers whole scale blocks (norm.cu's q8_block).
-	unit := 32
-	if q != 0 {
-		unit = qb
-	}
-	f, block := k.rmsNormEx, normBlockOf(a.Cols, unit)
+	f, block := k.rmsNormEx, normBlock(a.Cols)
 	if a.K > 0 {
 		// The MoE sum's register path holds NORM_MOE_SLOTS values per
 		// column: two columns a thread, not normBlock's four.
-		f, block = k.rmsNormExMoE, cudadrv.D1(min(1024, max(unit, (a.Cols/2+unit-1)/unit*unit)))
+		f, block = k.rmsNormExMoE, cudadrv.D1(min(1024, max(32, (a.Cols/2+31)&^31)))
 	}
 	return launch(f, s, normGrid(a.Rows), block, 0, func(p *cudadrv.Args) {
 		p.Ptr(a.Sum).Ptr(a.A).Ptr(a.B).Ptr(a.Y).Ptr(a.YW).I32(int32(a.K)).Ptr(a.BOut).
-			Ptr(a.Dst).Ptr(a.W).Ptr(q).Ptr(ds).I32(int32(qb)).I32(int32(a.Cols)).F32(a.Eps).I64(int64(a.Rows))
+			Ptr(a.Dst).Ptr(a.W).Ptr(q).Ptr(ds).I32(int32(a.Cols)).F32(a.Eps).I64(int64(a.Rows))
 	})
 }

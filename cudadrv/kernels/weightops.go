@@ -238,35 +238,18 @@ func Q8_1Bytes(nTok, cols int) int { return align16(nTok*cols) + nTok*cols/32*8 
 
 func align16(n int) int { return (n + 15) &^ 15 }
 
-// Q8Block is the number of values that share one activation scale when a
-// product of weights of type t reads Q8_1 activations: 256 for the
-// k-quants, whose CPU products (ats's and llama.cpp's) read Q8_K, one scale
-// a super-block; 32 for the others, whose CPU activations are Q8_0 or Q8_1
-// blocks of 32. The GPU then rounds its activations as the CPU does, so
-// the two backends and llama.cpp's oracles agree beyond the rounding's
-// noise. The layout is Q8_1Bytes' either way.
-func Q8Block(t gguf.Type) int {
-	switch t {
-	case gguf.TypeQ2_K, gguf.TypeQ3_K, gguf.TypeQ4_K, gguf.TypeQ5_K, gguf.TypeQ6_K:
-		return 256
-	}
-	return 32
-}
-
 // QuantizeQ8_1 queues the quantization of x (nTok rows of cols f32 values,
-// ldx values apart) into dst (Q8_1Bytes(nTok, cols)) with one scale per
-// block values: 32 (Q8_1's rounding) or 256 (Q8_K's, for the k-quants:
-// Q8Block); cols a multiple of block.
-func (w *WeightOps) QuantizeQ8_1(s *cudadrv.Stream, x cudadrv.DevicePtr, ldx, nTok, cols, block int, dst cudadrv.DevicePtr) error {
-	if (block != 32 && block != 256) || cols%block != 0 || nTok < 1 || ldx < cols {
-		return fmt.Errorf("kernels: quantize_q8_1 of %d rows of %d (stride %d) in blocks of %d: cols must be a multiple of the block, 32 or 256", nTok, cols, ldx, block)
+// ldx values apart; cols a multiple of 32) into dst (Q8_1Bytes(nTok, cols)).
+func (w *WeightOps) QuantizeQ8_1(s *cudadrv.Stream, x cudadrv.DevicePtr, ldx, nTok, cols int, dst cudadrv.DevicePtr) error {
+	if cols%32 != 0 || nTok < 1 || ldx < cols {
+		return fmt.Errorf("kernels: quantize_q8_1 of %d rows of %d (stride %d): cols must be a multiple of 32", nTok, cols, ldx)
 	}
 	if err := w.matvec.ready(); err != nil {
 		return err
 	}
-	blocks := nTok * cols / block // one warp each, 8 per CTA
+	blocks := nTok * cols / 32 // one warp each, 8 per CTA
 	return launch(w.quantizeQ8_1, s, grid1(cudadrv.Blocks(blocks, 8), 1), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
-		a.Ptr(x).I64(int64(ldx)).I32(int32(nTok)).I32(int32(cols)).I32(int32(block)).Ptr(dst).Ptr(dst.Add(align16(nTok * cols)))
+		a.Ptr(x).I64(int64(ldx)).I32(int32(nTok)).I32(int32(cols)).Ptr(dst).Ptr(dst.Add(align16(nTok * cols)))
 	})
 }
 
@@ -279,33 +262,23 @@ func F16Bytes(nRows, cols int) int { return nRows * F16Stride(cols) * 2 }
 
 // ConvertF16 queues the conversion of x (nTok rows of cols f32 values, ldx
 // apart) to f16 rows of F16Stride(cols) values at dst, saturating at
-// +-65504. q8Block 256 (Q8Block of a k-quant, cols a multiple of 256)
-// first rounds each value as QuantizeQ8_1 in blocks of 256 would (q*d):
-// the tensor cores then multiply the activations the CPU's k-quant
-// products read. 0 (or 32) converts the values as they are.
-func (w *WeightOps) ConvertF16(s *cudadrv.Stream, x cudadrv.DevicePtr, ldx, nTok, cols, q8Block int, dst cudadrv.DevicePtr) error {
-	return w.convert(s, x, ldx, nTok, cols, q8Block, 0, 1, dst)
+// +-65504.
+func (w *WeightOps) ConvertF16(s *cudadrv.Stream, x cudadrv.DevicePtr, ldx, nTok, cols int, dst cudadrv.DevicePtr) error {
+	return w.convert(s, x, ldx, nTok, cols, 0, 1, dst)
 }
 
 // convert is ConvertF16 with an optional gather: row i of dst is row
 // perm[i]/actDiv of x.
-func (w *WeightOps) convert(s *cudadrv.Stream, x cudadrv.DevicePtr, ldx, nRows, cols, q8Block int, perm cudadrv.DevicePtr, actDiv int, dst cudadrv.DevicePtr) error {
-	if q8Block != 256 {
-		q8Block = 0
-	}
-	if nRows < 1 || cols < 1 || ldx < cols || cols%max(q8Block, 1) != 0 {
-		return fmt.Errorf("kernels: convert_f16 of %d rows of %d (stride %d, Q8 rounding in blocks of %d)", nRows, cols, ldx, q8Block)
+func (w *WeightOps) convert(s *cudadrv.Stream, x cudadrv.DevicePtr, ldx, nRows, cols int, perm cudadrv.DevicePtr, actDiv int, dst cudadrv.DevicePtr) error {
+	if nRows < 1 || cols < 1 || ldx < cols {
+		return fmt.Errorf("kernels: convert_f16 of %d rows of %d (stride %d)", nRows, cols, ldx)
 	}
 	if err := w.matmul.ready(); err != nil {
 		return err
 	}
 	ldh := F16Stride(cols)
-	grid := grid1(nRows*ldh/2, 256) // a thread a pair
-	if q8Block == 256 {
-		grid = grid1(nRows*cols/256, 8) // a warp a block
-	}
-	return launch(w.convertF16, s, grid, cudadrv.D1(256), 0, func(a *cudadrv.Args) {
-		a.Ptr(x).I64(int64(ldx)).I32(int32(cols)).I32(int32(q8Block)).Ptr(perm).I32(int32(actDiv)).I32(int32(nRows)).Ptr(dst).I32(int32(ldh))
+	return launch(w.convertF16, s, grid1(nRows*ldh/2, 256), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
+		a.Ptr(x).I64(int64(ldx)).I32(int32(cols)).Ptr(perm).I32(int32(actDiv)).I32(int32(nRows)).Ptr(dst).I32(int32(ldh))
 	})
 }
 
@@ -801,14 +774,14 @@ func MatMulScratchBytes(m Matrix, nTok int) int {
 func (w *WeightOps) MatMul(s *cudadrv.Stream, m Matrix, x cudadrv.DevicePtr, ldx, nTok int, out cudadrv.DevicePtr, ldOut int, scratch cudadrv.DevicePtr) error {
 	switch {
 	case nTok > MatVecMaxTokens:
-		if err := w.ConvertF16(s, x, ldx, nTok, m.Cols, Q8Block(m.Type), scratch); err != nil {
+		if err := w.ConvertF16(s, x, ldx, nTok, m.Cols, scratch); err != nil {
 			return err
 		}
 		return w.MatMulF16(s, m, scratch, nTok, out, ldOut)
 	case isFloat(m.Type):
 		return w.MatVecF32(s, m, x, ldx, nTok, out, ldOut)
 	}
-	if err := w.QuantizeQ8_1(s, x, ldx, nTok, m.Cols, Q8Block(m.Type), scratch); err != nil {
+	if err := w.QuantizeQ8_1(s, x, ldx, nTok, m.Cols, scratch); err != nil {
 		return err
 	}
 	return w.MatVecQ8_1(s, m, scratch, nTok, out, ldOut)
@@ -948,7 +921,7 @@ func (w *WeightOps) MoEMatMulReusing(s *cudadrv.Stream, e MoE, ids cudadrv.Devic
 			p.x, p.ldx = x, int64(ldx)
 		} else {
 			rows := e.inputRows(nTok)
-			if err := w.QuantizeQ8_1(s, x, ldx, rows, e.Cols, Q8Block(e.Type), scratch); err != nil {
+			if err := w.QuantizeQ8_1(s, x, ldx, rows, e.Cols, scratch); err != nil {
 				return err
 			}
 			p.xq, p.xds = scratch, scratch.Add(align16(rows*e.Cols))
@@ -973,7 +946,7 @@ func (w *WeightOps) MoEMatMulReusing(s *cudadrv.Stream, e MoE, ids cudadrv.Devic
 		}
 	}
 	if reuse < MoEReuseInput {
-		if err := w.convert(s, x, ldx, nslots, e.Cols, Q8Block(e.Type), perm, actDiv, xh); err != nil {
+		if err := w.convert(s, x, ldx, nslots, e.Cols, perm, actDiv, xh); err != nil {
 			return err
 		}
 	}

@@ -170,7 +170,7 @@ func woBenchInput(b *testing.B, ctx *cudadrv.Context, w *WeightOps, s *cudadrv.S
 	out = woAlloc(b, ctx, 4*nTok*m.Rows)
 	xq = woAlloc(b, ctx, Q8_1Bytes(nTok, m.Cols))
 	if !isFloat(m.Type) {
-		if err := w.QuantizeQ8_1(s, x.p, m.Cols, nTok, m.Cols, Q8Block(m.Type), xq.p); err != nil {
+		if err := w.QuantizeQ8_1(s, x.p, m.Cols, nTok, m.Cols, xq.p); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -236,7 +236,7 @@ func BenchmarkWeightMatMul(b *testing.B) {
 			}
 			out := woAlloc(b, ctx, 4*n*m.Rows)
 			scratch := woAlloc(b, ctx, MatMulScratchBytes(m, n))
-			if err := w.ConvertF16(s, x.p, m.Cols, n, m.Cols, Q8Block(m.Type), scratch.p); err != nil {
+			if err := w.ConvertF16(s, x.p, m.Cols, n, m.Cols, scratch.p); err != nil {
 				b.Fatal(err)
 			}
 			flop := 2 * float64(m.Rows) * float64(m.Cols) * n
@@ -336,7 +336,7 @@ func BenchmarkWeightMatMulMulti(b *testing.B) {
 		if err := ctx.CopyHtoD(x.p, woF32s(woGauss(woRand("x"), n*cols, cols))); err != nil {
 			b.Fatal(err)
 		}
-		if err := w.ConvertF16(s, x.p, cols, n, cols, 0, xh.p); err != nil {
+		if err := w.ConvertF16(s, x.p, cols, n, cols, xh.p); err != nil {
 			b.Fatal(err)
 		}
 		products := func(i int) []F16Product {

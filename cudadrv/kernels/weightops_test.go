@@ -342,31 +342,6 @@ func woF64(v []float32) []float64 {
 	return o
 }
 
-// woF16Input is what the tensor-core path multiplies weights of type typ
-// with, as float64 rows ldx apart: x itself, or for the k-quants x rounded
-// as the CPU's Q8_K activations are (ConvertF16's q8Block 256).
-func woF16Input(t *testing.T, x []float32, ldx, rows, cols int, typ gguf.Type) []float64 {
-	if Q8Block(typ) != 256 {
-		return woF64(x)
-	}
-	const blockQ8K = 4 + 256 + 32
-	out := woF64(x)
-	q := make([]byte, cols/256*blockQ8K)
-	row := make([]float32, cols)
-	for r := range rows {
-		if err := ops.Quantize(gguf.TypeQ8_K, q, x[r*ldx:r*ldx+cols]); err != nil {
-			t.Fatal(err)
-		}
-		if err := ops.DequantizeRow(gguf.TypeQ8_K, row, q); err != nil {
-			t.Fatal(err)
-		}
-		for j, v := range row {
-			out[r*ldx+j] = float64(v)
-		}
-	}
-	return out
-}
-
 // ---- the table
 
 type woCase struct {
@@ -402,11 +377,6 @@ func woCases() []woCase {
 	var cs []woCase
 	for _, sh := range [][2]int{{1, 32}, {3, 96}, {8, 5120}, {300, 4096}} {
 		cs = append(cs, woCase{op: "quantize", ntok: sh[0], cols: sh[1]})
-	}
-	// Q8_K's scale blocks (the k-quants' activations), with a row of
-	// exact halves among them: rounding half to even.
-	for _, sh := range [][2]int{{1, 256}, {3, 768}, {8, 5120}, {300, 4096}} {
-		cs = append(cs, woCase{op: "quantize", ntok: sh[0], cols: sh[1], variant: "block=256"})
 	}
 	for _, t := range WeightTypes {
 		cols := woColsFor(t)
@@ -607,26 +577,16 @@ func joinLines(l []string) string {
 func woTestQuantize(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase) {
 	ldx := c.cols + 3
 	x := woGauss(woRand(c.name()), c.ntok*ldx, ldx)
-	block := max(32, woVariantInt(c.variant, "block"))
-	if block == 256 {
-		woHalves(x[:c.cols])
-	}
 	xd := woUpload(t, ctx, woF32s(x))
 	q := woAlloc(t, ctx, Q8_1Bytes(c.ntok, c.cols))
 	if err := ctx.MemsetD8(q.p, 0xa5, q.n); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.QuantizeQ8_1(nil, xd.p, ldx, c.ntok, c.cols, block, q.p); err != nil {
+	if err := w.QuantizeQ8_1(nil, xd.p, ldx, c.ntok, c.cols, q.p); err != nil {
 		t.Fatal(err)
 	}
 	got := woDownload(t, ctx, q)
 	ds := got[align16(c.ntok*c.cols):]
-	if block == 256 {
-		for tk := 0; tk < c.ntok; tk++ {
-			woCheckQ8K(t, fmt.Sprintf("token %d", tk), x[tk*ldx:tk*ldx+c.cols], got[tk*c.cols:][:c.cols], ds[tk*c.cols/32*8:][:c.cols/32*8])
-		}
-		return
-	}
 	ref := make([]byte, c.cols/32*36)
 	for tk := 0; tk < c.ntok; tk++ {
 		if err := ops.Quantize(gguf.TypeQ8_1, ref, x[tk*ldx:tk*ldx+c.cols]); err != nil {
@@ -684,7 +644,7 @@ func woTestMatMul(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, no
 	if strings.HasPrefix(c.variant, "chunked") {
 		// More tokens than one matvec launch takes: MatVecQ8_1 in runs of
 		// MatVecMaxTokens (the engine's decode rows of many sequences).
-		if err = w.QuantizeQ8_1(nil, xd.p, ldx, c.ntok, c.cols, Q8Block(c.typ), scratch.p); err == nil {
+		if err = w.QuantizeQ8_1(nil, xd.p, ldx, c.ntok, c.cols, scratch.p); err == nil {
 			err = w.MatVecQ8_1(nil, m, scratch.p, c.ntok, out.p, ldOut)
 		}
 	} else {
@@ -701,9 +661,7 @@ func woTestMatMul(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, no
 	refAct := woDot(wt.deq, c.cols, woF64(x), ldx, c.ntok, c.rows, wrow, xrow)
 	switch {
 	case c.op == "matmul":
-		refF16 := woDot(wt.deq, c.cols, woF16Input(t, x, ldx, c.ntok, c.cols, c.typ), ldx, c.ntok, c.rows, wrow, xrow)
-		note(key+"/f16", woCheck(t, "vs its activations (Q8_K-rounded for k-quants)", got, ldOut, c.rows, refF16, woBoundF16), c.name())
-		note(key+"/act", woCheck(t, "vs f32 activations", got, ldOut, c.rows, refAct, woBoundAct), c.name())
+		note(key+"/f16", woCheck(t, "vs f32 activations", got, ldOut, c.rows, refAct, woBoundF16), c.name())
 	case isFloat(c.typ):
 		note(key+"/f32", woCheck(t, "vs f32 activations", got, ldOut, c.rows, refAct, woBoundFloat), c.name())
 	default:
@@ -726,7 +684,7 @@ func woTestMulti(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, not
 	x := woGauss(woRand(c.name()), c.ntok*ldx, ldx)
 	xd := woUpload(t, ctx, woF32s(x))
 	xh := woAlloc(t, ctx, F16Bytes(c.ntok, c.cols))
-	if err := w.ConvertF16(nil, xd.p, ldx, c.ntok, c.cols, 0, xh.p); err != nil {
+	if err := w.ConvertF16(nil, xd.p, ldx, c.ntok, c.cols, xh.p); err != nil {
 		t.Fatal(err)
 	}
 	var ps []F16Product
@@ -857,9 +815,7 @@ func woTestMoE(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, note 
 	refAct := woDot(wt.deq, c.cols, woF64(x), ldx, nslots, c.rows, wrow, xrow)
 	switch {
 	case c.ntok > MoEMatVecMaxTokens:
-		refF16 := woDot(wt.deq, c.cols, woF16Input(t, x, ldx, inRows, c.cols, c.typ), ldx, nslots, c.rows, wrow, xrow)
-		note(key+"/f16", woCheck(t, "vs its activations (Q8_K-rounded for k-quants)", got, ldOut, c.rows, refF16, woBoundF16), c.name())
-		note(key+"/act", woCheck(t, "vs f32 activations", got, ldOut, c.rows, refAct, woBoundAct), c.name())
+		note(key+"/f16", woCheck(t, "vs f32 activations", got, ldOut, c.rows, refAct, woBoundF16), c.name())
 	case isFloat(c.typ):
 		note(key+"/f32", woCheck(t, "vs f32 activations", got, ldOut, c.rows, refAct, woBoundFloat), c.name())
 	default:
@@ -893,7 +849,7 @@ func woTestGroup(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, not
 		x := woGauss(r, c.ntok*c.cols, c.cols)
 		xd := woUpload(t, ctx, woF32s(x))
 		xq := woAlloc(t, ctx, Q8_1Bytes(c.ntok, c.cols))
-		if err := w.QuantizeQ8_1(nil, xd.p, c.cols, c.ntok, c.cols, Q8Block(c.typ), xq.p); err != nil {
+		if err := w.QuantizeQ8_1(nil, xd.p, c.cols, c.ntok, c.cols, xq.p); err != nil {
 			t.Fatal(err)
 		}
 		if err := w.MatVecQ8_1Group(nil, ms, xq.p, c.ntok, outs, lds); err != nil {
@@ -914,7 +870,7 @@ func woTestGroup(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, not
 	x := woGauss(r, c.ntok*c.cols, c.cols)
 	xd := woUpload(t, ctx, woF32s(x))
 	xq := woAlloc(t, ctx, Q8_1Bytes(c.ntok, c.cols))
-	if err := w.QuantizeQ8_1(nil, xd.p, c.cols, c.ntok, c.cols, Q8Block(c.typ), xq.p); err != nil {
+	if err := w.QuantizeQ8_1(nil, xd.p, c.cols, c.ntok, c.cols, xq.p); err != nil {
 		t.Fatal(err)
 	}
 	nslots := c.ntok * k
@@ -987,8 +943,8 @@ func woTestMoEReuse(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, 
 			}
 			return p / k
 		}
-		ref := woDot(wt.deq, c.cols, woF16Input(t, x, ldx, len(x)/ldx, c.cols, c.typ), ldx, nslots, st.rows, wrow, xrow)
-		note("moereuse/"+c.typ.String()+"/f16", woCheck(t, fmt.Sprintf("product %d vs its activations (Q8_K-rounded for k-quants)", i), got, ldOut, st.rows, ref, woBoundF16), c.name())
+		ref := woDot(wt.deq, c.cols, woF64(x), ldx, nslots, st.rows, wrow, xrow)
+		note("moereuse/"+c.typ.String()+"/f16", woCheck(t, fmt.Sprintf("product %d vs f32 activations", i), got, ldOut, st.rows, ref, woBoundF16), c.name())
 	}
 }
 
@@ -1181,75 +1137,5 @@ func TestLayCTAs(t *testing.T) {
 	one := mvArgs{rows: 7}
 	if got := one.layCTAs(16); got != 1 {
 		t.Errorf("7 rows, 16 a block: %d blocks, want 1", got)
-	}
-}
-
-// woHalves makes x's first 256-block one whose Q8_K scale is 1 (its
-// largest magnitude 127), with values at exact halves: the quants must
-// round half to even, as ggml's nearest_int, and one block is all zero.
-func woHalves(x []float32) {
-	for j := range min(256, len(x)) {
-		x[j] = float32(j%64) - 31.5
-	}
-	x[0] = -127
-	if len(x) >= 512 {
-		clear(x[256:512])
-	}
-}
-
-// woCheckQ8K checks one row's Q8_1-layout quants q and scales ds (float32
-// pairs {d, d*sum} a 32-block) made with one scale per 256 values against
-// ops' Q8_K of x, the CPU's k-quant activations: every value's q*d and every
-// block's d*sum bit for bit. The GPU takes the scale positive where Q8_K
-// takes the sign of the largest-magnitude value, so q and d may both be
-// negated.
-func woCheckQ8K(t *testing.T, what string, x []float32, q, ds []byte) {
-	t.Helper()
-	const blockQ8K = 4 + 256 + 32 // d, 256 quants, 16 int16 sums
-	ref := make([]byte, len(x)/256*blockQ8K)
-	if err := ops.Quantize(gguf.TypeQ8_K, ref, x); err != nil {
-		t.Fatal(err)
-	}
-	for b := range len(x) / 256 {
-		blk := ref[b*blockQ8K:]
-		dRef := math.Float32frombits(binary.LittleEndian.Uint32(blk))
-		for s := range 8 {
-			d := math.Float32frombits(binary.LittleEndian.Uint32(ds[8*(8*b+s):]))
-			dsum := math.Float32frombits(binary.LittleEndian.Uint32(ds[8*(8*b+s)+4:]))
-			if math.Abs(float64(d)) != math.Abs(float64(dRef)) {
-				t.Fatalf("%s block %d/%d: d = %v, Q8_K's is %v", what, b, s, d, dRef)
-			}
-			sum, sumRef := 0, 0
-			for j := range 32 {
-				k := 256*b + 32*s + j
-				g, r := int8(q[k]), int8(blk[4+32*s+j])
-				if float32(g)*d != float32(r)*dRef {
-					t.Fatalf("%s value %d (%v): q*d = %d*%v, Q8_K's %d*%v", what, k, x[k], g, d, r, dRef)
-				}
-				sum, sumRef = sum+int(g), sumRef+int(r)
-			}
-			if dsum != float32(sum)*d || dsum != float32(sumRef)*dRef {
-				t.Fatalf("%s block %d/%d: d*sum = %v, want %v (Q8_K's %v)", what, b, s, dsum, float32(sum)*d, float32(sumRef)*dRef)
-			}
-		}
-	}
-}
-
-// TestQ8Block: the GPU's activations for a weight type take the scale
-// block of the CPU's (ops' vec-dot activation type): 256 where the CPU
-// reads Q8_K, 32 where it reads Q8_0 or Q8_1.
-func TestQ8Block(t *testing.T) {
-	for _, typ := range WeightTypes {
-		k, err := ops.KernelFor(typ)
-		if err != nil {
-			t.Fatal(err)
-		}
-		want := 32
-		if k.ActType == gguf.TypeQ8_K {
-			want = 256
-		}
-		if got := Q8Block(typ); got != want {
-			t.Errorf("Q8Block(%s) = %d; the CPU's activations are %s (want %d)", typ, got, k.ActType, want)
-		}
 	}
 }

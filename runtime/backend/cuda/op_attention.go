@@ -20,9 +20,8 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 	if store {
 		name = "kv_store+attention"
 	}
-	// The output projection's Q8 input can come from the attention's
-	// epilogue when a head is whole blocks of 32 (and its scales cover
-	// 32 values: see below).
+	// The output projection's Q8_1 input can come from the attention's
+	// epilogue when a head is whole blocks of 32.
 	var link *q8Link
 	if a.HeadSize%32 == 0 {
 		link = &q8Link{}
@@ -56,17 +55,12 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 			}
 		}
 		plan := &g.plan
-		qb := 0
-		if link != nil {
-			qb = g.q8Ready(link.group, n)
-		}
-		q8 := qb > 0
-		// The epilogue writes the Q8_1 rows of its own launch, a scale per
-		// 32 values (a warp's): one launch must cover the step (and a
-		// prompt chunk's outputs need no rotation back; the decode kernel
-		// rotates its rows before their Q8_1 write), else, and for scales
-		// of 256 values, the rows are quantized afterwards.
-		one := qb == 32 && ((plan.decode == n && len(plan.chunks) == 0) || (rotV == 0 && plan.decode == 0 && len(plan.chunks) == 1))
+		q8 := link != nil && g.q8Ready(link.group, n)
+		// The epilogue writes the Q8_1 rows of its own launch: one launch
+		// must cover the step (and a prompt chunk's outputs need no
+		// rotation back; the decode kernel rotates its rows before their
+		// Q8_1 write), else the rows are quantized afterwards.
+		one := (plan.decode == n && len(plan.chunks) == 0) || (rotV == 0 && plan.decode == 0 && len(plan.chunks) == 1)
 		if plan.decode > 0 {
 			d := plan.decode
 			args := kernels.DecodeKVArgs{Out: out, Q: q, Cache: cache, Batch: &g.kvb, NTok: d,
@@ -108,7 +102,7 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 			}
 		}
 		if q8 && !one {
-			return g.w.(preparedOps).Prepare(s, g.format(link.group, n), out, n, qw, g.act)
+			return g.w.(preparedOps).Prepare(s, actQ8_1, out, n, qw, g.act)
 		}
 		return nil
 	}}

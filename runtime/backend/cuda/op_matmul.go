@@ -75,9 +75,6 @@ type q8Link struct{ group *group }
 
 // format is the input format the group's products read at nTok tokens,
 // actMixed when they differ (or the weight kernels take float32 only).
-// Members that read Q8 with different scale blocks (a k-quant beside a
-// Q8_0 matrix) share blocks of 32, and f16 members the plain values
-// (commonFormat).
 func (g *Exec) format(grp *group, nTok int) actFormat {
 	p, ok := g.w.(preparedOps)
 	if !ok {
@@ -94,25 +91,17 @@ func (g *Exec) format(grp *group, nTok int) actFormat {
 	}
 	f := in(grp.members[0].m, nTok)
 	for _, mb := range grp.members[1:] {
-		if f = commonFormat(f, in(mb.m, nTok)); f == actMixed {
-			break
+		if in(mb.m, nTok) != f {
+			return actMixed
 		}
 	}
 	return f
 }
 
-// q8Ready is, at nTok tokens, the scale block of the Q8 input the group
-// reads when its producer writes that form (the producer and the group ask
-// the same), else 0: the producer writes none.
-func (g *Exec) q8Ready(grp *group, nTok int) int {
-	if grp == nil || !grp.fedQ8 {
-		return 0
-	}
-	qb := g.format(grp, nTok).q8Block()
-	if qb == 0 || grp.cols%qb != 0 {
-		return 0
-	}
-	return qb
+// q8Ready says whether, at nTok tokens, the group reads Q8_1 and its
+// producer writes that form (the producer and the group ask the same).
+func (g *Exec) q8Ready(grp *group, nTok int) bool {
+	return grp != nil && grp.fedQ8 && grp.cols%32 == 0 && g.format(grp, nTok) == actQ8_1
 }
 
 // matMulGroupLen is how many matrix products from ops[i] on read ops[i].In
@@ -171,20 +160,20 @@ func (g *Exec) runGroup(s *cudadrv.Stream, grp *group, n int) error {
 	p := g.w.(preparedOps)
 	x := grp.x
 	if f != actF32 {
-		if g.q8Ready(grp, n) == 0 { // else the producer wrote g.act
+		if !g.q8Ready(grp, n) { // else the producer wrote g.act
 			if err := p.Prepare(s, f, grp.x, n, grp.cols, g.act); err != nil {
 				return err
 			}
 		}
 		x = g.act
 	}
-	if f.q8Block() > 0 && grp.oneLaunch() {
+	if f == actQ8_1 && grp.oneLaunch() {
 		if done, err := g.w.(groupedOps).MatMulPreparedGroup(s, grp.mats, x, n, grp.outs, grp.lds); done || err != nil {
 			return err
 		}
 	}
-	if mp, ok := g.w.(multiPreparedOps); ok && (f == actF16 || f == actF16K) {
-		return g.runGroupMulti(s, grp, mp, f, x, n)
+	if mp, ok := g.w.(multiPreparedOps); ok && f == actF16 {
+		return g.runGroupMulti(s, grp, mp, x, n)
 	}
 	for _, mb := range grp.members {
 		if err := g.with(s, mb.m, func() error { return p.MatMulPrepared(s, mb.m, f, x, n, mb.out, mb.ld) }); err != nil {
@@ -212,7 +201,7 @@ type multiPreparedOps interface {
 // attn_k, or all three; ffn_gate and ffn_up) launched together: each
 // alone would leave part of a wave of the GPU idle. Streamed members run
 // alone, between their acquire and release.
-func (g *Exec) runGroupMulti(s *cudadrv.Stream, grp *group, mp multiPreparedOps, f actFormat, x cudadrv.DevicePtr, n int) error {
+func (g *Exec) runGroupMulti(s *cudadrv.Stream, grp *group, mp multiPreparedOps, x cudadrv.DevicePtr, n int) error {
 	p := g.w.(preparedOps)
 	mbs := grp.members
 	for i := 0; i < len(mbs); {
@@ -224,7 +213,7 @@ func (g *Exec) runGroupMulti(s *cudadrv.Stream, grp *group, mp multiPreparedOps,
 		}
 		if j == i+1 {
 			mb := mbs[i]
-			if err := g.with(s, mb.m, func() error { return p.MatMulPrepared(s, mb.m, f, x, n, mb.out, mb.ld) }); err != nil {
+			if err := g.with(s, mb.m, func() error { return p.MatMulPrepared(s, mb.m, actF16, x, n, mb.out, mb.ld) }); err != nil {
 				return err
 			}
 		} else {

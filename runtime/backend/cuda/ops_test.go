@@ -2,7 +2,6 @@ package cuda
 
 import (
 	"cmp"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -254,25 +253,18 @@ func TestGPUOps(t *testing.T) {
 		rows, cols, k    int
 		add, norm, q8    bool
 		weight, storeSum bool
-		qb               int // values a Q8 scale covers
 	}{
-		{1, 5120, 0, false, true, true, true, false, 32},  // norm → Q8_1 (decode)
-		{3, 2048, 0, true, true, true, true, true, 32},    // add + norm → Q8_1
-		{1, 2048, 8, true, true, true, true, true, 32},    // moe sum + add + norm → Q8_1
-		{5, 256, 2, true, false, false, false, true, 32},  // moe sum + add alone
-		{7, 96, 0, true, true, false, false, true, 32},    // add + norm, no weight
-		{2, 4096, 4, true, true, false, true, false, 32},  // moe sum + add + norm, sum not stored
-		{2, 4096, 8, true, true, true, true, true, 32},    // moe sum wider than the register path: the loop
-		{3, 992, 10, true, true, true, true, true, 32},    // more slots than the register path holds
-		{1, 2048, 3, true, false, false, false, true, 32}, // moe sum + add alone, register path
-		{1, 5120, 0, false, true, true, true, false, 256}, // norm → Q8_K-scaled (k-quant decode)
-		{3, 2048, 0, true, true, true, true, true, 256},   // add + norm → Q8_K-scaled
-		{1, 2048, 8, true, true, true, true, true, 256},   // moe sum + add + norm → Q8_K-scaled
-		{2, 4096, 8, true, true, true, true, true, 256},   // the loop
-		{3, 768, 4, true, true, true, true, true, 256},    // a block of 256 threads, three passes
-		{2, 256, 0, false, true, true, false, false, 256}, // one scale block a row
+		{1, 5120, 0, false, true, true, true, false},  // norm → Q8_1 (decode)
+		{3, 2048, 0, true, true, true, true, true},    // add + norm → Q8_1
+		{1, 2048, 8, true, true, true, true, true},    // moe sum + add + norm → Q8_1
+		{5, 256, 2, true, false, false, false, true},  // moe sum + add alone
+		{7, 96, 0, true, true, false, false, true},    // add + norm, no weight
+		{2, 4096, 4, true, true, false, true, false},  // moe sum + add + norm, sum not stored
+		{2, 4096, 8, true, true, true, true, true},    // moe sum wider than the register path: the loop
+		{3, 992, 10, true, true, true, true, true},    // more slots than the register path holds
+		{1, 2048, 3, true, false, false, false, true}, // moe sum + add alone, register path
 	} {
-		run(fmt.Sprintf("rms_norm_ex/rows=%d,cols=%d,k=%d,add=%v,norm=%v,q8=%v,w=%v,sum=%v,qb=%d", c.rows, c.cols, c.k, c.add, c.norm, c.q8, c.weight, c.storeSum, c.qb), func(g *gpuT) {
+		run(fmt.Sprintf("rms_norm_ex/rows=%d,cols=%d,k=%d,add=%v,norm=%v,q8=%v,w=%v,sum=%v", c.rows, c.cols, c.k, c.add, c.norm, c.q8, c.weight, c.storeSum), func(g *gpuT) {
 			n := c.rows * c.cols
 			a := g.randn(n, 2)
 			var term []float32
@@ -318,7 +310,7 @@ func TestGPUOps(t *testing.T) {
 				args.Dst = g.poison(n)
 			}
 			if c.q8 {
-				args.Q8, args.Q8Block = g.alloc(kernels.Q8_1Bytes(c.rows, c.cols)), c.qb
+				args.Q8 = g.alloc(kernels.Q8_1Bytes(c.rows, c.cols))
 			}
 			g.check(dev.norm.RMSNormEx(g.s, &args))
 			if c.add {
@@ -337,24 +329,23 @@ func TestGPUOps(t *testing.T) {
 			got := down[float32](g, args.Dst, n)
 			expectClose(g.t, "norm", got, want, 1e-10)
 			if c.q8 {
-				checkQ8Block(g, args.Q8, got, c.rows, c.cols, c.qb)
+				checkQ8(g, args.Q8, got, c.rows, c.cols)
 			}
 		})
 	}
 
-	// swiglu_q8_1: SwiGLU with the Q8_1 form of its output, a scale per
-	// 32 or (the k-quants') 256 values.
-	for _, c := range []struct{ rows, width, qb int }{{1, 17408, 32}, {3, 768, 32}, {1, 17408, 256}, {3, 768, 256}, {40, 1536, 256}} {
-		run(fmt.Sprintf("swiglu_q8_1/rows=%d,width=%d,qb=%d", c.rows, c.width, c.qb), func(g *gpuT) {
+	// swiglu_q8_1: SwiGLU with the Q8_1 form of its output.
+	for _, c := range []struct{ rows, width int }{{1, 17408}, {3, 768}} {
+		run(fmt.Sprintf("swiglu_q8_1/rows=%d,width=%d", c.rows, c.width), func(g *gpuT) {
 			n := c.rows * c.width
 			gate, upv := g.randn(n, 3), g.randn(n, 3)
 			want := make([]float32, n)
 			ops.SwiGLU(want, gate, upv)
 			dg, q8 := up(g, gate), g.alloc(kernels.Q8_1Bytes(c.rows, c.width))
-			g.check(dev.glu.SwiGLUQ8(g.s, dg, dg, up(g, upv), c.width, c.width, c.rows, c.qb, q8))
+			g.check(dev.glu.SwiGLUQ8(g.s, dg, dg, up(g, upv), c.width, c.width, c.rows, q8))
 			got := down[float32](g, dg, n)
 			expectClose(g.t, "swiglu", got, want, 1e-12)
-			checkQ8Block(g, q8, got, c.rows, c.width, c.qb)
+			checkQ8(g, q8, got, c.rows, c.width)
 		})
 	}
 
@@ -810,44 +801,6 @@ func TestGPUOps(t *testing.T) {
 // checkQ8 checks a Q8_1 buffer (kernels.Q8_1Bytes layout) against the
 // quantization of x, the formula of quantize_q8_1 in matvec.cu: d =
 // amax/127, q = round(x·(1/d)) half away from zero, {d, d·Σq} per block.
-// checkQ8Block is checkQ8 for a scale per qb values: 32 (Q8_1), or 256,
-// where the values must be ops' Q8_K's, the CPU's k-quant activations:
-// every q*d and every 32-block's d*sum bit for bit (the GPU takes the
-// scale positive, Q8_K the sign of the largest-magnitude value: q and d
-// may both be negated).
-func checkQ8Block(g *gpuT, p cudadrv.DevicePtr, x []float32, rows, cols, qb int) {
-	g.t.Helper()
-	if qb != 256 {
-		checkQ8(g, p, x, rows, cols)
-		return
-	}
-	n := rows * cols
-	raw := down[byte](g, p, kernels.Q8_1Bytes(rows, cols))
-	off := (n + 15) &^ 15
-	const blockQ8K = 4 + 256 + 32 // d, 256 quants, 16 int16 sums
-	ref := make([]byte, n/256*blockQ8K)
-	if err := ops.Quantize(gguf.TypeQ8_K, ref, x); err != nil {
-		g.t.Fatal(err)
-	}
-	f32 := func(b []byte) float32 { return math.Float32frombits(binary.LittleEndian.Uint32(b)) }
-	for b := 0; b < n/32; b++ {
-		blk := ref[b/8*blockQ8K:]
-		dRef, gd, gs := f32(blk), f32(raw[off+8*b:]), f32(raw[off+8*b+4:])
-		sum := 0
-		for i := 0; i < 32; i++ {
-			q, r := int8(raw[32*b+i]), int8(blk[4+32*(b%8)+i])
-			if float32(q)*gd != float32(r)*dRef {
-				g.t.Fatalf("Q8_K-scaled block %d value %d: %d*%v, Q8_K's %d*%v (x %v)", b, i, q, gd, r, dRef, x[32*b+i])
-			}
-			sum += int(q)
-		}
-		if gs != float32(sum)*gd {
-			g.t.Fatalf("Q8_K-scaled block %d: d*sum %v, want %v", b, gs, float32(sum)*gd)
-		}
-	}
-	g.t.Logf("Q8_K-scaled: %d blocks exact", n/32)
-}
-
 func checkQ8(g *gpuT, p cudadrv.DevicePtr, x []float32, rows, cols int) {
 	g.t.Helper()
 	n := rows * cols

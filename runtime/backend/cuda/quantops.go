@@ -62,9 +62,8 @@ func (q *quantOps) MoEMatMul(s *cudadrv.Stream, m *mat, x cudadrv.DevicePtr, per
 	return q.k.MoEMatMul(s, q.moe(m, topK, perSlot), ids, x, m.Cols, nTok, out, m.Rows, scratch)
 }
 
-// quantOps reads Q8_1 activations in the matrix-vector path (with Q8_K's
-// scale blocks for the k-quants: actQ8_K), f16 in the tensor-core path, and
-// float32 for float weights in the former.
+// quantOps reads Q8_1 activations in the matrix-vector path, f16 in the
+// tensor-core path, and float32 for float weights in the former.
 var _ preparedOps = (*quantOps)(nil)
 
 func isFloatType(t gguf.Type) bool {
@@ -72,26 +71,26 @@ func isFloatType(t gguf.Type) bool {
 }
 
 func (q *quantOps) InputFormat(m *mat, nTok int, decode bool) actFormat {
-	float := isFloatType(m.W.Type)
 	switch {
-	case float && nTok <= kernels.MatVecMaxTokens:
+	case isFloatType(m.W.Type) && nTok <= kernels.MatVecMaxTokens:
 		return actF32
-	case float:
+	case isFloatType(m.W.Type) || nTok > kernels.MatVecQ8_1MaxTokens:
 		return actF16
-	case nTok > kernels.MatVecQ8_1MaxTokens || (nTok > kernels.MatVecMaxTokens && !decode):
+	case nTok > kernels.MatVecMaxTokens && !decode:
 		// Beyond one matvec launch, only decode rows of many sequences
 		// take the matvec in runs (its cost grows with the rows); prompt
-		// chunks take the tensor cores.
-		return f16Format(m.W.Type)
+		// chunks keep the tensor cores' f16 activations, whose rounding
+		// the oracles' margins were measured with.
+		return actF16
 	}
-	return q8Format(m.W.Type)
+	return actQ8_1
 }
 
 func (q *quantOps) InputBytes(f actFormat, nTok, cols int) int {
 	switch f {
-	case actQ8_1, actQ8_K:
+	case actQ8_1:
 		return kernels.Q8_1Bytes(nTok, cols)
-	case actF16, actF16K:
+	case actF16:
 		return kernels.F16Bytes(nTok, cols)
 	}
 	return 0
@@ -99,21 +98,19 @@ func (q *quantOps) InputBytes(f actFormat, nTok, cols int) int {
 
 func (q *quantOps) Prepare(s *cudadrv.Stream, f actFormat, x cudadrv.DevicePtr, nTok, cols int, dst cudadrv.DevicePtr) error {
 	switch f {
-	case actQ8_1, actQ8_K:
-		return q.k.QuantizeQ8_1(s, x, cols, nTok, cols, f.q8Block(), dst)
+	case actQ8_1:
+		return q.k.QuantizeQ8_1(s, x, cols, nTok, cols, dst)
 	case actF16:
-		return q.k.ConvertF16(s, x, cols, nTok, cols, 0, dst)
-	case actF16K:
-		return q.k.ConvertF16(s, x, cols, nTok, cols, 256, dst)
+		return q.k.ConvertF16(s, x, cols, nTok, cols, dst)
 	}
 	return nil
 }
 
 func (q *quantOps) MatMulPrepared(s *cudadrv.Stream, m *mat, f actFormat, x cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr, ldOut int) error {
 	switch f {
-	case actQ8_1, actQ8_K:
+	case actQ8_1:
 		return q.k.MatVecQ8_1(s, q.matrix(m), x, nTok, out, ldOut)
-	case actF16, actF16K:
+	case actF16:
 		return q.k.MatMulF16(s, q.matrix(m), x, nTok, out, ldOut)
 	}
 	return q.k.MatVecF32(s, q.matrix(m), x, m.Cols, nTok, out, ldOut)
@@ -145,7 +142,7 @@ func (q *quantOps) MoEInputFormat(m *mat, nTok int) actFormat {
 	if nTok > kernels.MoEMatVecMaxTokens || isFloatType(m.W.Type) {
 		return actMixed
 	}
-	return q8Format(m.W.Type)
+	return actQ8_1
 }
 
 func (q *quantOps) MoEMatMulPrepared(s *cudadrv.Stream, m *mat, xq cudadrv.DevicePtr, perSlot bool, ids cudadrv.DevicePtr, nTok, topK int, out cudadrv.DevicePtr) error {

@@ -523,58 +523,10 @@ func (r *registration) release() {
 // actFormat is a format of activations as the weight kernels read them.
 type actFormat uint8
 
-// q8Block is the number of values a scale of f covers (0: f is not Q8).
-func (f actFormat) q8Block() int {
-	switch f {
-	case actQ8_1:
-		return 32
-	case actQ8_K:
-		return 256
-	}
-	return 0
-}
-
-// q8Format is the Q8 format that quantizes weights of type t as the CPU's
-// products do (kernels.Q8Block).
-func q8Format(t gguf.Type) actFormat {
-	if kernels.Q8Block(t) == 256 {
-		return actQ8_K
-	}
-	return actQ8_1
-}
-
-// f16Format is the f16 format of the tensor-core products of quantized
-// weights of type t: the k-quants' values rounded as Q8_K first, as the
-// CPU's products (and llama.cpp's, whose logits the oracles hold) round
-// them, so prompt rows and the KV cache they fill match the CPU's.
-func f16Format(t gguf.Type) actFormat {
-	if kernels.Q8Block(t) == 256 {
-		return actF16K
-	}
-	return actF16
-}
-
-// commonFormat is the one input both a product reading a and one reading
-// b can take: the Q8 forms share blocks of 32, which every Q8 product
-// reads; the f16 forms the plain values; else none (actMixed).
-func commonFormat(a, b actFormat) actFormat {
-	switch {
-	case a == b:
-		return a
-	case a.q8Block() > 0 && b.q8Block() > 0:
-		return actQ8_1
-	case (a == actF16 || a == actF16K) && (b == actF16 || b == actF16K):
-		return actF16
-	}
-	return actMixed
-}
-
 const (
 	actF32   actFormat = iota // float32 rows as the executor keeps them
-	actQ8_1                   // kernels.Q8_1Bytes layout (integer matrix-vector products), a scale per 32 values
-	actQ8_K                   // the same layout with a scale per 256 values (kernels.Q8Block: the k-quants)
+	actQ8_1                   // kernels.Q8_1Bytes layout (integer matrix-vector products)
 	actF16                    // kernels.F16Bytes layout (tensor-core products)
-	actF16K                   // the same of values rounded as Q8_K rounds them (the k-quants' tensor-core input)
 	actMixed                  // members of a group disagree: no shared input
 )
 
@@ -602,7 +554,7 @@ type preparedOps interface {
 // SwiGLU write the input of down.
 type moePreparedOps interface {
 	// MoEInputFormat is the format MoEMatMulPrepared of m reads at nTok
-	// tokens: actQ8_1 or actQ8_K, or actMixed where it has no such path.
+	// tokens: actQ8_1, or actMixed where it has no such path.
 	MoEInputFormat(m *mat, nTok int) actFormat
 	MoEMatMulPrepared(s *cudadrv.Stream, m *mat, x cudadrv.DevicePtr, perSlot bool, ids cudadrv.DevicePtr, nTok, topK int, out cudadrv.DevicePtr) error
 }
