@@ -17,11 +17,15 @@
 #   THREADS=16 BUDGET=4.5GiB GEN=128 CTX=4096
 #   HYBRID_CONC=1,4,8 HYBRID_PARALLEL=9 GPU_CONC=1 GPU_PARALLEL=32 CPU_CONC=1,4 CPU_PARALLEL=4
 #   SETUPS="hybrid gpu cpu" TEMP=0.8
+#   LATE=0   no late request (by default each row also times one that
+#            arrives while the others decode, and it then decodes beside them)
 set -uo pipefail
 ats=${ATS:-ats}
 m=${1:?usage: batching.sh MODEL OUT} out=${2:?}
 mkdir -p "$out"
 T=${THREADS:-16} budget=${BUDGET:-4.5GiB} gen=${GEN:-128} ctx=${CTX:-4096} temp=${TEMP:-0}
+late=(--late)
+[[ "${LATE:-1}" == 0 ]] && late=()
 start=$SECONDS
 note() { echo "[$((SECONDS - start))s] $*" | tee -a "$out/batching.log"; }
 for tool in "$ats" curl jq; do
@@ -44,7 +48,7 @@ for s in ${SETUPS:-hybrid gpu cpu}; do
 	"$ats" serve "$m" $flags -c "$ctx" --parallel "$par" -t "$T" --port $port >"$out/$s-serve.log" 2>&1 &
 	pid=$!
 	if up "http://127.0.0.1:$port"; then
-		timeout 400 "$ats" bench --serve "http://127.0.0.1:$port" --concurrency "$conc" -n "$gen" --temperature "$temp" --late -o json >"$out/$s-serve.json" 2>>"$out/batching.log" || note "$s: serve load failed"
+		timeout 400 "$ats" bench --serve "http://127.0.0.1:$port" --concurrency "$conc" -n "$gen" --temperature "$temp" "${late[@]}" -o json >"$out/$s-serve.json" 2>>"$out/batching.log" || note "$s: serve load failed"
 		curl -sf "http://127.0.0.1:$port/metrics" >"$out/$s-metrics.txt"
 	else
 		note "$s: server not up"
