@@ -121,7 +121,7 @@ func TestOraclesGPU(t *testing.T) {
 					if len(cpuRoutes) > 0 {
 						e = judgeRoutes(t, name+" ("+v.name+")", cpuRoutes, gpuRoutes, got, ref, cpu, want.NVocab)
 					}
-					checkNMSEOnGPU(t, name, name+" on GPU ("+v.name+")", e, tol)
+					checkOracleNMSE(t, name, name+" on GPU ("+v.name+")", true, e, tol)
 					nv := want.NVocab
 					greedy := []int{ops.Argmax(prefill[len(prefill)-nv:])}
 					for _, d := range decode[:len(decode)-1] {
@@ -244,7 +244,7 @@ func TestOraclesGPUWithCPURouting(t *testing.T) {
 					flips, _ := routeFlips(cpuRoutes, own)
 					e, tol := nmse(got, ref), oracleTolerance(name)
 					t.Logf("IMPOSED %s (%s): with the CPU's expert choice, NMSE %.3g vs llama.cpp (bound %.0e), %.3g vs ats CPU; the GPU's own choice would differ at %d token x layer pairs", name, v.name, e, tol, nmse(got, cpu), len(flips))
-					checkNMSEOnGPU(t, name, name+" on GPU ("+v.name+") with the CPU's routing", e, tol)
+					checkOracleNMSE(t, name, name+" on GPU ("+v.name+") with the CPU's routing", true, e, tol)
 				})
 			}
 		})

@@ -106,12 +106,7 @@ func checkLongOracleWith(t *testing.T, name string, m *model.Model, want *longOr
 	}
 	e, tol := nmse(got, ref), oracleTolerance(name)
 	t.Logf("%s (%s cache, %s): NMSE %.3g (prompt rows %.3g; bound %.0e)", name, kt, c.Backend(), e, prefill, tol)
-	what := fmt.Sprintf("%s (%s cache, %s)", name, kt, c.Backend())
-	if c.Backend() == executor.BackendCPU {
-		checkNMSE(t, what, e, tol)
-	} else {
-		checkNMSEOnGPU(t, name, what, e, tol)
-	}
+	checkOracleNMSE(t, name, fmt.Sprintf("%s (%s cache, %s)", name, kt, c.Backend()), c.Backend() != executor.BackendCPU, e, tol)
 }
 
 // TestLongOracles checks the CPU backend against llama.cpp's logits after

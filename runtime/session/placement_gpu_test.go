@@ -306,12 +306,9 @@ func checkOracleVariants(t *testing.T, dev *cuda.Device, ctx int, variantsOf fun
 					flips, _ := routeFlips(cpuRoutes, own)
 					t.Logf("%s %s: with the CPU's expert choice imposed; the placement's own choice would differ at %d token x layer pairs", name, v.name, len(flips))
 				}
-				check := checkNMSE
-				if c.Backend() != executor.BackendCPU {
-					check = func(t *testing.T, what string, e, tol float64) { t.Helper(); checkNMSEOnGPU(t, name, what, e, tol) }
-				}
-				check(t, name+" "+v.name, e, tol)
-				check(t, name+" "+v.name+", last row of one batch", eLast, tol)
+				gpu := c.Backend() != executor.BackendCPU
+				checkOracleNMSE(t, name, name+" "+v.name, gpu, e, tol)
+				checkOracleNMSE(t, name, name+" "+v.name+", last row of one batch", gpu, eLast, tol)
 			})
 		}
 	})
