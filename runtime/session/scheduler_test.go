@@ -131,6 +131,10 @@ func schedulerMatchesAlone(t *testing.T, m *model.Model, opt Options, bound floa
 		}
 		mu.Unlock()
 	})
+	// The engine is held until every request waits, so the first steps
+	// batch them however slowly the requests arrive (a busy 2-core machine
+	// once ran each to its end before the next came).
+	release := holdScheduler(t, sched)
 	got := make([][][]float32, len(prompts))
 	var wg sync.WaitGroup
 	for i, p := range prompts {
@@ -146,6 +150,8 @@ func schedulerMatchesAlone(t *testing.T, m *model.Model, opt Options, bound floa
 			}
 		})
 	}
+	waitQueued(t, sched, len(prompts))
+	release()
 	wg.Wait()
 	worst := 0.0
 	for i := range prompts {
@@ -166,6 +172,46 @@ func schedulerMatchesAlone(t *testing.T, m *model.Model, opt Options, bound floa
 		t.Errorf("no step held more than one request (%d steps)", steps)
 	}
 	t.Logf("%d steps, %d of them batched; worst NMSE against alone %.3g", steps, batched, worst)
+}
+
+// holdScheduler occupies the scheduler's goroutine with a task until the
+// returned release is called: requests queue meanwhile.
+func holdScheduler(t *testing.T, sched *Scheduler) (release func()) {
+	t.Helper()
+	started, gate, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- sched.Do(context.Background(), func(*Engine) error {
+			close(started)
+			<-gate
+			return nil
+		})
+	}()
+	<-started
+	return func() {
+		close(gate)
+		if err := <-done; err != nil {
+			t.Errorf("holding task: %v", err)
+		}
+	}
+}
+
+// waitQueued waits until n requests wait for a slot (a condition, not a
+// time: the deadline only turns a lost request into a failure).
+func waitQueued(t *testing.T, sched *Scheduler, n int) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for {
+		sched.mu.Lock()
+		queued := len(sched.waiting)
+		sched.mu.Unlock()
+		if queued >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d requests queued after a minute", queued, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
 
 // TestSchedulerCancellations runs 64 clients on 4 slots, cancelling some
