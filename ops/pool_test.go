@@ -105,12 +105,15 @@ func TestPoolExpect(t *testing.T) {
 	for rep := range 5 {
 		run()
 		waitFor("the workers to park", func() bool { return parked() == len(p.workers) })
+		expected := time.Now()
 		p.Expect(200 * time.Millisecond)
 		if n := parked(); n != 0 {
 			t.Fatalf("rep %d: %d workers still parked after Expect", rep, n)
 		}
 		time.Sleep(20 * time.Millisecond) // past spinFor, within the expectation
-		if n := parked(); n != 0 {
+		// A loaded machine may sleep this goroutine past the expectation,
+		// where parking is right: then the check says nothing.
+		if n := parked(); n != 0 && time.Since(expected) < 150*time.Millisecond {
 			t.Errorf("rep %d: %d workers parked within the expectation", rep, n)
 		}
 		run()
