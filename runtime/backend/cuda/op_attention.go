@@ -55,11 +55,7 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 			}
 		}
 		plan := &g.plan
-		planes := 0
-		if link != nil {
-			planes = g.q8Ready(link.group, n)
-		}
-		q8 := planes > 0
+		q8 := link != nil && g.q8Ready(link.group, n)
 		// The epilogue writes the Q8_1 rows of its own launch: one launch
 		// must cover the step (and a prompt chunk's outputs need no
 		// rotation back; the decode kernel rotates its rows before their
@@ -73,7 +69,7 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 				args.Splits, args.Chunk, args.Part, args.ML, args.Count = splits, chunk, g.attn.part, g.attn.ml, g.attn.count
 			}
 			if q8 && one {
-				args.Q8, args.Q8Planes = g.act, planes
+				args.Q8 = g.act
 			}
 			if err := g.dev.attn.DecodeKV(s, &args); err != nil {
 				return err
@@ -92,7 +88,7 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 				args.K, args.V = g.gatherK, g.gatherV
 			}
 			if q8 && one {
-				args.Q8, args.Q8Planes = g.act, planes
+				args.Q8 = g.act
 			}
 			if err := g.dev.attn.Run(s, &args); err != nil {
 				return err
@@ -106,7 +102,7 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 			}
 		}
 		if q8 && !one {
-			return g.w.(preparedOps).Prepare(s, g.format(link.group, n), out, n, qw, g.act)
+			return g.w.(preparedOps).Prepare(s, actQ8_1, out, n, qw, g.act)
 		}
 		return nil
 	}}
