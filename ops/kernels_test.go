@@ -590,3 +590,34 @@ func TestAVXVNNIMatchesAVX2(t *testing.T) {
 		}
 	}
 }
+
+// TestExpShift checks the exported ExpShift at every level the CPU runs
+// (SetCPULevel), the generic one included: exp(x-m) within the vector
+// approximation's error of math.Exp, its sum, and a banned (-Inf) entry
+// at most e^-87.
+func TestExpShift(t *testing.T) {
+	defer SetCPULevel(CPULevel())
+	for _, l := range SupportedLevels() {
+		if err := SetCPULevel(l); err != nil {
+			t.Fatal(err)
+		}
+		rng := rand.New(rand.NewPCG(uint64(l), 91))
+		for _, n := range []int{1, 15, 16, 17, 1000} {
+			x := gaussRow(n, rng)
+			x[n/2] = float32(math.Inf(-1))
+			y := append([]float32(nil), x...)
+			sum := ExpShift(y, 2)
+			var ref float64
+			for i, v := range x {
+				want := math.Exp(float64(v - 2)) // x - m in float32, as the kernels
+				ref += want
+				if d := math.Abs(float64(y[i]) - want); d > 4e-7*want+2e-38 {
+					t.Fatalf("%s n=%d: exp(x[%d]-2) = %g, want %g", l, n, i, y[i], want)
+				}
+			}
+			if math.Abs(float64(sum)-ref) > 1e-5*ref+2e-38 {
+				t.Fatalf("%s n=%d: sum %g, want %g", l, n, sum, ref)
+			}
+		}
+	}
+}

@@ -46,6 +46,21 @@ var (
 	scaleRoundF16Kernel func(x []float32, scale float32)
 )
 
+// ExpShift sets x[i] = exp(x[i] - m) and returns their sum (float32), with
+// the active level's vector exp (ggml's approximation), or math.Exp at the
+// generic level: a sampler's softmax over a whole vocabulary.
+func ExpShift(x []float32, m float32) float32 {
+	if expShiftKernel != nil {
+		return expShiftKernel(x, m)
+	}
+	var sum float32
+	for i, v := range x {
+		x[i] = float32(math.Exp(float64(v - m)))
+		sum += x[i]
+	}
+	return sum
+}
+
 // softmaxRoundF16 is the attention's softmax: x normalised in place (with
 // the level's exp; Softmax is the reference) and each weight rounded to
 // f16, as llama.cpp converts the weights to the f16 cache's type.
