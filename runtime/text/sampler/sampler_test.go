@@ -10,8 +10,6 @@ import (
 	"testing"
 )
 
-var negInf = float32(math.Inf(-1))
-
 // logitsOf returns log(p) for each p, so softmax(logits) == p.
 func logitsOf(p ...float64) []float32 {
 	out := make([]float32, len(p))
@@ -202,6 +200,105 @@ func TestTopPLargeVocab(t *testing.T) {
 			}
 		}
 		t.Logf("scale %v: nucleus %d tokens", scale, len(got))
+	}
+}
+
+// TestWholeVocabFilters checks top-p and min-p over the whole vocabulary
+// (no top-k: the vector paths, topPAll and aboveLogit) against the plain
+// algorithm, a candidate per token, with tokens banned by a mask among
+// the most likely ones: min-p keeps exactly the same tokens, top-p the
+// same nucleus up to a token at the cut (float rounding), and no banned
+// token is ever kept.
+func TestWholeVocabFilters(t *testing.T) {
+	const n = 151936
+	r := rand.New(rand.NewPCG(13, 14))
+	logits := make([]float32, n)
+	allowed := make([]uint64, (n+63)/64)
+	for _, scale := range []float64{8, 3, 0.5} {
+		for i := range logits {
+			logits[i] = float32(r.NormFloat64() * scale)
+		}
+		for w := range allowed {
+			allowed[w] = ^uint64(0)
+		}
+		banned := map[int]bool{}
+		order := make([]int, n)
+		for i := range order {
+			order[i] = i
+		}
+		sort.Slice(order, func(a, b int) bool { return logits[order[a]] > logits[order[b]] })
+		for _, i := range order[:50:50] {
+			if r.IntN(2) == 0 {
+				banned[i] = true
+				allowed[i/64] &^= 1 << (i % 64)
+			}
+		}
+		for _, tc := range []struct{ topP, minP float32 }{{0.9, 0}, {0.5, 0}, {1, 0.05}, {1, 1e-6}, {0.95, 0.05}} {
+			cfg := plain()
+			cfg.TopP, cfg.MinP = tc.topP, tc.minP
+			s := mustNew(t, cfg, n)
+			s.prepare(logits)
+			s.mask(allowed)
+			c, err := s.candidates()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []int
+			for _, x := range c {
+				if banned[int(x.id)] {
+					t.Fatalf("scale %v %+v: banned token %d kept", scale, tc, x.id)
+				}
+				got = append(got, int(x.id))
+			}
+			sort.Ints(got)
+			// The plain algorithm: every allowed token, then topP's bucket
+			// path and minP as they run after a top-k.
+			var all []cand
+			for i, l := range s.work {
+				if !math.IsInf(float64(l), -1) {
+					all = append(all, cand{id: int32(i), logit: l})
+				}
+			}
+			sorted := false
+			if tc.topP < 1 {
+				all, sorted = s.topP(all, false), true
+			}
+			if tc.minP > 0 {
+				all = minP(all, tc.minP, sorted)
+			}
+			var want []int
+			for _, x := range all {
+				want = append(want, int(x.id))
+			}
+			sort.Ints(want)
+			if tc.topP == 1 {
+				if !slices.Equal(got, want) {
+					t.Fatalf("scale %v %+v: kept %d tokens, the plain path %d", scale, tc, len(got), len(want))
+				}
+				continue
+			}
+			short, long := got, want
+			if len(short) > len(long) {
+				short, long = long, short
+			}
+			if len(long)-len(short) > 1 {
+				t.Fatalf("scale %v %+v: nucleus of %d tokens, the plain path %d", scale, tc, len(got), len(want))
+			}
+			for _, id := range short {
+				if _, ok := slices.BinarySearch(long, id); !ok {
+					t.Fatalf("scale %v %+v: token %d in one nucleus only", scale, tc, id)
+				}
+			}
+		}
+	}
+	// Everything banned: no candidate, an error, not a banned token.
+	s := mustNew(t, Config{Temperature: 1, TopP: 0.9, RepeatPenalty: 1, Seed: 1}, n)
+	if _, err := s.SampleMasked(logits, make([]uint64, (n+63)/64)); !errors.Is(err, ErrNoCandidates) {
+		t.Errorf("top-p with every token banned: %v", err)
+	}
+	s = mustNew(t, Config{Temperature: 1, TopP: 1, MinP: 0.1, RepeatPenalty: 1, Seed: 1}, n)
+	if _, err := s.SampleMasked(logits, make([]uint64, (n+63)/64)); !errors.Is(err, ErrNoCandidates) {
+		t.Errorf("min-p with every token banned: %v", err)
 	}
 }
 
@@ -531,6 +628,8 @@ func TestSampleDoesNotAllocate(t *testing.T) {
 		"no top-k": func(c *Config) {
 			c.TopK = 0
 		},
+		"min-p alone": func(c *Config) { c.TopK, c.TopP = 0, 1 },
+		"no filter":   func(c *Config) { c.TopK, c.TopP, c.MinP = 0, 1, 0 },
 		"penalties": func(c *Config) {
 			c.RepeatPenalty, c.FrequencyPenalty, c.PresencePenalty = 1.1, 0.2, 0.1
 		},
@@ -604,6 +703,11 @@ func BenchmarkSampleGreedyMasked150k(b *testing.B) {
 }
 func BenchmarkSampleNoTopKNoMinP150k(b *testing.B) {
 	benchSample(b, func(c *Config) { c.TopK, c.MinP = 0, 0 })
+}
+
+// BenchmarkSampleMinPOnly150k: min-p alone (top-k and top-p off).
+func BenchmarkSampleMinPOnly150k(b *testing.B) {
+	benchSample(b, func(c *Config) { c.TopK, c.TopP = 0, 1 })
 }
 
 func TestSampleMasked(t *testing.T) {
