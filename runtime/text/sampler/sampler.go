@@ -161,7 +161,7 @@ type Sampler struct {
 	work  []float32 // the logits after penalties and bias
 	cands []cand
 	tmp   []cand
-	probs []float32 // exp(work - max), for top-p over the whole vocabulary
+	probs []float32 // exp(work - max) over the whole vocabulary: topPAll, drawAll
 
 	biasID  []int32 // LogitBias as sorted slices: cheap, ordered to iterate
 	biasVal []float32
@@ -195,8 +195,8 @@ func New(cfg Config, nVocab int) (*Sampler, error) {
 	s.work = make([]float32, nVocab)
 	s.cands = make([]cand, 0, nVocab)
 	s.tmp = make([]cand, 0, nVocab)
-	if (cfg.TopK <= 0 || cfg.TopK >= nVocab) && cfg.TopP < 1 {
-		s.probs = make([]float32, nVocab)
+	if (cfg.TopK <= 0 || cfg.TopK >= nVocab) && (cfg.TopP < 1 || cfg.MinP <= 0) {
+		s.probs = make([]float32, nVocab) // topPAll, drawAll
 	}
 
 	for id := range cfg.LogitBias {
@@ -292,6 +292,9 @@ func (s *Sampler) Sample(logits []float32) (int, error) {
 	if s.cfg.Temperature == 0 {
 		return s.argmax()
 	}
+	if s.unfiltered() {
+		return s.drawAll()
+	}
 	c, err := s.candidates()
 	if err != nil {
 		return 0, err
@@ -321,6 +324,9 @@ func (s *Sampler) SampleMasked(logits []float32, allowed []uint64) (int, error) 
 	s.mask(allowed)
 	if s.cfg.Temperature == 0 {
 		return s.argmax()
+	}
+	if s.unfiltered() {
+		return s.drawAll()
 	}
 	c, err := s.candidates()
 	if err != nil {
@@ -740,6 +746,54 @@ func minP(c []cand, p float32, sorted bool) []cand {
 		}
 	}
 	return kept
+}
+
+// unfiltered: no top-k, top-p or min-p, so the draw is over the whole
+// vocabulary (drawAll).
+func (s *Sampler) unfiltered() bool {
+	return (s.cfg.TopK <= 0 || s.cfg.TopK >= s.n) && s.cfg.TopP >= 1 && s.cfg.MinP <= 0
+}
+
+// drawAll is draw over every allowed token of s.work, in vocabulary order
+// as candidates would list them, without a candidate per token: the
+// exponentials in ops' vector kernel (a candidate and a float64
+// exponential per token took 2 ms a draw over 152k tokens).
+func (s *Sampler) drawAll() (int, error) {
+	w, p := s.work, s.probs
+	maxL := ops.MaxF32(w)
+	if math.IsInf(float64(maxL), -1) {
+		return 0, ErrNoCandidates // every token banned
+	}
+	invT := 1 / s.cfg.Temperature
+	for i, l := range w {
+		p[i] = (l - maxL) * invT
+	}
+	ops.ExpShift(p, 0)
+	var sum float64
+	allowed, only := 0, 0
+	for i, l := range w {
+		if l == negInf {
+			p[i] = 0 // banned: p = 0, where the vector exp leaves e^-87
+			continue
+		}
+		sum += float64(p[i])
+		allowed, only = allowed+1, i
+	}
+	if allowed == 1 {
+		return only, nil // as draw: no random number spent
+	}
+	u := s.rng.Float64() * sum
+	var cum float64
+	last := -1
+	for i, x := range p {
+		if x > 0 {
+			if cum += float64(x); u < cum {
+				return i, nil
+			}
+			last = i
+		}
+	}
+	return last, nil // rounding left u just above the final cum
 }
 
 // draw applies the temperature and draws one token from softmax(c/T).

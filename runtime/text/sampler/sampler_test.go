@@ -302,6 +302,74 @@ func TestWholeVocabFilters(t *testing.T) {
 	}
 }
 
+// TestDrawAllMatchesDraw checks the unfiltered draw over the whole
+// vocabulary (drawAll) against draw over the plain candidate list, seed
+// for seed: the same tokens but for draws within float rounding of a
+// boundary, never a banned token, and no random number spent when one
+// token is allowed (as draw).
+func TestDrawAllMatchesDraw(t *testing.T) {
+	const n, draws = 3000, 4000
+	r := rand.New(rand.NewPCG(15, 16))
+	logits := make([]float32, n)
+	for i := range logits {
+		logits[i] = float32(r.NormFloat64() * 2)
+	}
+	allowed := make([]uint64, (n+63)/64)
+	for w := range allowed {
+		allowed[w] = ^uint64(0)
+	}
+	for i := 0; i < n; i += 3 {
+		allowed[i/64] &^= 1 << (i % 64)
+	}
+	cfg := Config{Temperature: 0.7, TopP: 1, RepeatPenalty: 1, Seed: 77}
+	a, b := mustNew(t, cfg, n), mustNew(t, cfg, n)
+	if !a.unfiltered() {
+		t.Fatal("the config does not take drawAll")
+	}
+	differ := 0
+	for range draws {
+		got, err := a.SampleMasked(logits, allowed)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got%3 == 0 {
+			t.Fatalf("banned token %d drawn", got)
+		}
+		b.prepare(logits)
+		b.mask(allowed)
+		var c []cand
+		for i, l := range b.work {
+			if !math.IsInf(float64(l), -1) {
+				c = append(c, cand{id: int32(i), logit: l})
+			}
+		}
+		if want := b.draw(c); got != want {
+			differ++
+		}
+	}
+	if differ > draws/1000 {
+		t.Errorf("%d of %d draws differ from draw's", differ, draws)
+	}
+	// One allowed token: drawn without a random number, so the next
+	// draws of both samplers stay in step.
+	one := make([]uint64, (n+63)/64)
+	one[0] = 1 << 5
+	for _, s := range []*Sampler{a, b} {
+		s.Reset()
+	}
+	if got, err := a.SampleMasked(logits, one); err != nil || got != 5 {
+		t.Fatalf("one token allowed: %d, %v", got, err)
+	}
+	x, _ := a.SampleMasked(logits, allowed)
+	y, _ := b.SampleMasked(logits, allowed)
+	if x != y {
+		t.Errorf("after a forced token the streams differ: %d, %d", x, y)
+	}
+	if _, err := a.SampleMasked(logits, make([]uint64, (n+63)/64)); !errors.Is(err, ErrNoCandidates) {
+		t.Errorf("every token banned: %v", err)
+	}
+}
+
 func TestMinP(t *testing.T) {
 	probs := []float64{0.05, 0.5, 0.15, 0.3}
 	for _, tc := range []struct {
@@ -875,4 +943,10 @@ func TestFirstMaxBlocks(t *testing.T) {
 	if _, err := firstMax(x); !errors.Is(err, ErrNoCandidates) {
 		t.Errorf("NaN and -Inf only: %v, want ErrNoCandidates", err)
 	}
+}
+
+// BenchmarkSampleNoFilter150k: temperature alone (top-k, top-p and min-p
+// off): a draw over the whole vocabulary.
+func BenchmarkSampleNoFilter150k(b *testing.B) {
+	benchSample(b, func(c *Config) { c.TopK, c.TopP, c.MinP = 0, 1, 0 })
 }
