@@ -505,6 +505,7 @@ type chatOutput struct {
 	lpMu      sync.Mutex
 	lpAll     []tokenLogprob // every step's (not streamed)
 	lpPending []tokenLogprob // steps not yet sent (streamed)
+	lpScratch []float32      // stepLogprobs'
 }
 
 // onLogits records a step's log-probabilities (on the scheduler's
@@ -513,7 +514,7 @@ func (o *chatOutput) onLogits(tok int, logits []float32) {
 	if o.s.sess.Tok.IsEOG(tok) {
 		return // the end of the turn is no part of the reply's text
 	}
-	e := chatEntry(o.s.sess.Tok, stepLogprobs(logits, tok, o.logprobs.top))
+	e := chatEntry(o.s.sess.Tok, stepLogprobs(logits, tok, o.logprobs.top, &o.lpScratch))
 	o.lpMu.Lock()
 	defer o.lpMu.Unlock()
 	if o.stream {
@@ -810,6 +811,7 @@ type completionOutput struct {
 	lpMu      sync.Mutex
 	lpAll     completionLogprobs // every step's (not streamed)
 	lpPending completionLogprobs // steps not yet sent (streamed)
+	lpScratch []float32          // stepLogprobs'
 }
 
 // onLogits records a step's log-probabilities (on the scheduler's
@@ -819,7 +821,7 @@ func (o *completionOutput) onLogits(tok int, logits []float32) {
 	if t.IsEOG(tok) {
 		return
 	}
-	st := stepLogprobs(logits, tok, o.logprobs.top)
+	st := stepLogprobs(logits, tok, o.logprobs.top, &o.lpScratch)
 	o.lpMu.Lock()
 	defer o.lpMu.Unlock()
 	if o.stream {
