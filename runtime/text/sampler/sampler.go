@@ -469,21 +469,24 @@ func (s *Sampler) argmax() (int, error) { return firstMax(s.work) }
 
 // candidates runs top-k, top-p and min-p over s.work and returns what is
 // left, most likely first when sorted is reported (not needed by draw).
+// Without top-k, top-p and min-p scan the whole vocabulary in ops' vector
+// kernels (topPAll, aboveLogit): a candidate for each of 152k tokens and
+// an exponential each took 2.4 ms a draw (2 cores of a Xeon).
 func (s *Sampler) candidates() ([]cand, error) {
 	var c []cand
-	sorted, nucleusDone := false, false
+	sorted := false
 	switch k := s.cfg.TopK; {
 	case k > 0 && k < s.n:
 		c = topKLogits(s.cands[:k], s.work)
-		sorted = true
 		for len(c) > 0 && math.IsInf(float64(c[len(c)-1].logit), -1) {
 			c = c[:len(c)-1] // fewer than k tokens are allowed at all
 		}
+		if len(c) > 0 && s.cfg.TopP < 1 {
+			c = s.topP(c)
+		}
+		sorted = true
 	case s.cfg.TopP < 1:
-		// Top-p over the whole vocabulary, in vector passes: a candidate
-		// for each of 152k tokens, then an exponential each, took 2.4 ms
-		// a draw (2 cores of a Xeon).
-		c, sorted, nucleusDone = s.topPAll(), true, true
+		c, sorted = s.topPAll(), true
 	case s.cfg.MinP > 0:
 		c = s.aboveLogit(s.minPLogit())
 	default:
@@ -496,10 +499,6 @@ func (s *Sampler) candidates() ([]cand, error) {
 	}
 	if len(c) == 0 {
 		return nil, ErrNoCandidates
-	}
-	if s.cfg.TopP < 1 && !nucleusDone {
-		c = s.topP(c, sorted)
-		sorted = true
 	}
 	if s.cfg.MinP > 0 {
 		c = minP(c, s.cfg.MinP, sorted)
@@ -555,62 +554,32 @@ func siftDown(h []cand, i int) {
 	}
 }
 
-// topP keeps the minimal most-likely prefix whose probability reaches TopP
-// (the token that crosses the threshold is kept). Probabilities are the
-// softmax over c at temperature 1, as in llama.cpp. The result is sorted.
-func (s *Sampler) topP(c []cand, sorted bool) []cand {
+// topP keeps the minimal most-likely prefix of c (sorted, most likely
+// first: top-k's) whose probability reaches TopP (the token that crosses
+// the threshold is kept). Probabilities are the softmax over c at
+// temperature 1, as in llama.cpp.
+func (s *Sampler) topP(c []cand) []cand {
 	maxL := c[0].logit
-	if !sorted {
-		for _, x := range c {
-			maxL = max(maxL, x.logit)
-		}
-	}
-	// Sorting a whole 150k vocabulary costs milliseconds, while the nucleus
-	// is usually small. So when c is not sorted yet, bucket the tokens by
-	// logit (as llama.cpp does), find the bucket where the cumulative mass
-	// from the top crosses the target, and sort only the tokens at or above
-	// it. Buckets are monotone in the logit, so the nucleus lies inside.
-	var mass [nBuckets]float64
-	lo := maxL - bucketSpan
 	var sum float64
 	for i := range c {
 		p := float32(math.Exp(float64(c[i].logit - maxL)))
 		c[i].p = p
 		sum += float64(p)
-		if !sorted {
-			mass[bucketOf(c[i].logit, lo)] += float64(p)
-		}
 	}
-	target := float64(s.cfg.TopP) * sum
-
-	if !sorted {
-		cut, cum := 0, 0.0
-		for b := nBuckets - 1; b >= 0; b-- {
-			if cum += mass[b]; cum >= target {
-				cut = b
-				break
-			}
-		}
-		top := s.tmp[:0]
-		for _, x := range c {
-			if bucketOf(x.logit, lo) >= cut {
-				top = append(top, x)
-			}
-		}
-		c = top
-		slices.SortFunc(c, cmpCand)
-	}
-	if n := nucleus(c, target); n > 0 {
+	if n := nucleus(c, float64(s.cfg.TopP)*sum); n > 0 {
 		return c[:n]
 	}
 	return c // rounding kept the sum just under target: keep everything
 }
 
-// topPAll is topP over every allowed token of s.work, sorted, without a
-// candidate per token: the maximum and the exponentials in ops' vector
-// kernels, the bucket masses in one scalar pass, and only the tokens at or
-// above the cut's bucket gathered (a vector scan skips the rest). Empty
-// when no token is allowed.
+// topPAll is topP over every allowed token of s.work, without a candidate
+// per token. Sorting a whole vocabulary costs milliseconds while the
+// nucleus is usually small, so the tokens are bucketed by logit (as
+// llama.cpp does), the bucket where the mass from the top crosses the
+// target found, and only the tokens at or above it gathered and sorted:
+// the maximum and the exponentials in ops' vector kernels, the bucket
+// masses in one scalar pass, a vector scan skipping the tokens below the
+// cut. Sorted; empty when no token is allowed.
 func (s *Sampler) topPAll() []cand {
 	w, p := s.work, s.probs
 	maxL := ops.MaxF32(w)
@@ -671,7 +640,7 @@ func (s *Sampler) minPLogit() float32 {
 func (s *Sampler) aboveLogit(thr float32) []cand {
 	w := s.work
 	c := s.cands[:0]
-	if math.IsNaN(float64(thr)) || math.IsInf(float64(thr), -1) {
+	if math.IsInf(float64(thr), -1) {
 		return c // every token banned
 	}
 	below := math.Nextafter32(thr, float32(math.Inf(-1))) // l > below: l >= thr

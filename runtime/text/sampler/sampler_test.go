@@ -251,20 +251,29 @@ func TestWholeVocabFilters(t *testing.T) {
 				got = append(got, int(x.id))
 			}
 			sort.Ints(got)
-			// The plain algorithm: every allowed token, then topP's bucket
-			// path and minP as they run after a top-k.
+			// The plain algorithm: every allowed token sorted, the float64
+			// softmax's shortest prefix reaching top-p, then min-p.
 			var all []cand
 			for i, l := range s.work {
 				if !math.IsInf(float64(l), -1) {
 					all = append(all, cand{id: int32(i), logit: l})
 				}
 			}
-			sorted := false
+			slices.SortStableFunc(all, cmpCand)
 			if tc.topP < 1 {
-				all, sorted = s.topP(all, false), true
+				var sum, cum float64
+				for _, x := range all {
+					sum += math.Exp(float64(x.logit - all[0].logit))
+				}
+				for i, x := range all {
+					if cum += math.Exp(float64(x.logit-all[0].logit)) / sum; cum >= float64(tc.topP) {
+						all = all[:i+1]
+						break
+					}
+				}
 			}
 			if tc.minP > 0 {
-				all = minP(all, tc.minP, sorted)
+				all = minP(all, tc.minP, true)
 			}
 			var want []int
 			for _, x := range all {
