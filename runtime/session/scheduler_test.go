@@ -135,6 +135,7 @@ func schedulerMatchesAlone(t *testing.T, m *model.Model, opt Options, bound floa
 	// batch them however slowly the requests arrive (a busy 2-core machine
 	// once ran each to its end before the next came).
 	release := holdScheduler(t, sched)
+	defer release() // a failed wait must not leave the scheduler held (Close would hang)
 	got := make([][][]float32, len(prompts))
 	var wg sync.WaitGroup
 	for i, p := range prompts {
@@ -175,7 +176,7 @@ func schedulerMatchesAlone(t *testing.T, m *model.Model, opt Options, bound floa
 }
 
 // holdScheduler occupies the scheduler's goroutine with a task until the
-// returned release is called: requests queue meanwhile.
+// returned release is first called: requests queue meanwhile.
 func holdScheduler(t *testing.T, sched *Scheduler) (release func()) {
 	t.Helper()
 	started, gate, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
@@ -187,11 +188,14 @@ func holdScheduler(t *testing.T, sched *Scheduler) (release func()) {
 		})
 	}()
 	<-started
+	var once sync.Once
 	return func() {
-		close(gate)
-		if err := <-done; err != nil {
-			t.Errorf("holding task: %v", err)
-		}
+		once.Do(func() {
+			close(gate)
+			if err := <-done; err != nil {
+				t.Errorf("holding task: %v", err)
+			}
+		})
 	}
 }
 
