@@ -183,25 +183,64 @@ struct AttnParams {
     float2 *q8ds;               //   its block scales {d, d*sum(q)}
 };
 
-// q8_1_block quantizes the 32 values v of a warp (one per lane) into one
-// block of ats's GPU Q8_1 layout with the expressions of quantize_q8_1
-// (matvec.cu), so the product after sees the activations quantize_q8_1
-// would have made.
-__device__ __forceinline__ void q8_1_block(float v, signed char *q, float2 *ds)
+// q8_1_quant and q8_1_block are matvec.cu's (the expressions of
+// quantize_q8_1, so the product after sees the activations quantize_q8_1
+// would have made): a warp's block of 32 values (one per lane) in ats's
+// GPU Q8_1 layout, and with plane > 0 its residual's rounding as the
+// second plane, plane values on.
+__device__ __forceinline__ int q8_1_quant(float v, float &d, int &sum)
 {
     float amax = fabsf(v);
     for (int o = 16; o > 0; o >>= 1)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.0f;
+    d = amax / 127.0f;
     const float id = d != 0.f ? 1.0f / d : 0.f;
     int qv = (int)roundf(v * id);
     qv = max(-128, min(127, qv));
-    int sum = qv;
+    sum = qv;
     for (int o = 16; o > 0; o >>= 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    return qv;
+}
+
+__device__ __forceinline__ void q8_1_block(float v, signed char *q, float2 *ds, long long plane = 0)
+{
+    float d;
+    int sum;
+    const int qv = q8_1_quant(v, d, sum);
     *q = (signed char)qv;
     if ((threadIdx.x & 31) == 0)
         *ds = make_float2(d, (float)sum * d);
+    if (plane) {
+        float d2;
+        int sum2;
+        const int q2 = q8_1_quant(__fmaf_rn(-d, (float)qv, v), d2, sum2);
+        q[plane] = (signed char)q2;
+        if ((threadIdx.x & 31) == 0)
+            ds[plane / 32] = make_float2(d2, (float)sum2 * d2);
+    }
+}
+
+// q8_1_plane2 writes the second Q8_1 plane of n values x (n % 32 == 0)
+// whose first plane is at q, ds: q8_1_block's, from the values the
+// attention kernels of AttnParams wrote (they write the first plane only:
+// their registers are short, and prompt chunks seldom ask for Q8_1). One
+// warp a block, grid-stride.
+extern "C" __global__ void q8_1_plane2(const float *x, long long n, signed char *q, float2 *ds, long long plane)
+{
+    PDL_ENTRY();
+    const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
+    for (long long b = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); 32 * b < n; b += warps) {
+        const long long i = 32 * b + (threadIdx.x & 31);
+        const float v = x[i];
+        float d, d2;
+        int sum, sum2;
+        const int qv = q8_1_quant(v, d, sum);
+        const int q2 = q8_1_quant(__fmaf_rn(-d, (float)qv, v), d2, sum2);
+        q[plane + i] = (signed char)q2;
+        if ((threadIdx.x & 31) == 0)
+            ds[(plane + i) / 32] = make_float2(d2, (float)sum2 * d2);
+    }
 }
 
 // Dynamic shared memory layout (floats):
@@ -1017,6 +1056,7 @@ struct DecKVParams {
     int stages;                // 1..4 buffers a warp
     int region;                // shared bytes a warp
     int rot;                   // attn_dec_kv: rotate each head's output back in chunks of rot (0: none)
+    long long q8plane;         // 0, or where q8's second plane starts (q8_1_block)
 };
 
 #define FWHT_REGS 8 // chunks of up to 256 values: 8 a lane
@@ -1067,7 +1107,7 @@ __device__ __forceinline__ void fwht_warp(float (&x)[FWHT_REGS], int nj)
 // (rows of D from row0) and, when q8 is set, in Q8_1: warp w takes chunks
 // w, w + nwarps, ... of the rows in order; a chunk is whole blocks of 32,
 // x[j] across the warp one of them.
-__device__ __forceinline__ void dk_rot_out(float *out, signed char *q8, float2 *q8ds, int rot, int D,
+__device__ __forceinline__ void dk_rot_out(float *out, signed char *q8, float2 *q8ds, long long q8plane, int rot, int D,
                                            const float *O, int ld, int hb, long long row0)
 {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
@@ -1086,7 +1126,7 @@ __device__ __forceinline__ void dk_rot_out(float *out, signed char *q8, float2 *
                 break;
             out[at + 32 * j] = x[j];
             if (q8)
-                q8_1_block(x[j], q8 + at + 32 * j, q8ds + (at + 32 * j) / 32);
+                q8_1_block(x[j], q8 + at + 32 * j, q8ds + (at + 32 * j) / 32, q8plane);
         }
     }
 }
@@ -1441,7 +1481,7 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
             }
             p.out[row * D + d] = v;
             if (p.q8)
-                q8_1_block(v, p.q8 + row * D + d, p.q8ds + (row * D + d) / 32);
+                q8_1_block(v, p.q8 + row * D + d, p.q8ds + (row * D + d) / 32, p.q8plane);
         } else {
             const long long prow = (long long)split * p.nTok * p.nHeads + row;
             p.part[prow * D + d] = acc;
@@ -1508,7 +1548,7 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
                 const float v = O0[r * OLD + d];
                 p.out[row * D + d] = v;
                 if (p.q8)
-                    q8_1_block(v, p.q8 + row * D + d, p.q8ds + (row * D + d) / 32);
+                    q8_1_block(v, p.q8 + row * D + d, p.q8ds + (row * D + d) / 32, p.q8plane);
             }
         }
     }
@@ -1516,7 +1556,7 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
         // The block's rows, in warp 0's O (either way of merging), rotated
         // back and written: one call a kernel.
         __syncthreads();
-        dk_rot_out(p.out, p.q8, p.q8ds, p.rot, D, (const float *)(dk_smem + 32 * LD), OLD, hb, row0);
+        dk_rot_out(p.out, p.q8, p.q8ds, p.q8plane, p.rot, D, (const float *)(dk_smem + 32 * LD), OLD, hb, row0);
     }
 }
 
@@ -1637,7 +1677,7 @@ __device__ void attn_dec1(const DecKVParams &p)
             const float v = acc * (1.0f / L);
             p.out[row * hs + d] = v;
             if (p.q8)
-                q8_1_block(v, p.q8 + row * hs + d, p.q8ds + (row * hs + d) / 32);
+                q8_1_block(v, p.q8 + row * hs + d, p.q8ds + (row * hs + d) / 32, p.q8plane);
         } else {
             p.part[(split * rows + row) * hs + d] = acc;
         }
@@ -1671,7 +1711,7 @@ __device__ void attn_dec1(const DecKVParams &p)
         const float v = acc * (1.0f / LL);
         p.out[row * hs + d] = v;
         if (p.q8)
-            q8_1_block(v, p.q8 + row * hs + d, p.q8ds + (row * hs + d) / 32);
+            q8_1_block(v, p.q8 + row * hs + d, p.q8ds + (row * hs + d) / 32, p.q8plane);
     }
     if (threadIdx.x == 0)
         *cnt = 0;

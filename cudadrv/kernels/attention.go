@@ -90,6 +90,7 @@ type Attention struct {
 	lazyModule
 	store   *cudadrv.Function
 	combine *cudadrv.Function
+	plane2  *cudadrv.Function         // q8_1_plane2
 	attn    map[int]*cudadrv.Function // by values per lane: ceil(headSize/32)
 	mma     map[int]*cudadrv.Function // tensor-core prefill kernels by head size
 	dec     map[int]*cudadrv.Function // decode kernels by head size
@@ -143,7 +144,7 @@ func LoadAttention(ctx *cudadrv.Context) (*Attention, error) { return loadNow(Ne
 // capturable.
 func (k *Attention) bind(m *cudadrv.Module) error {
 	if err := lookup(m, map[string]**cudadrv.Function{"kv_store_f16": &k.store, "kv_store_q8_0": &k.storeQ8,
-		"kv_gather_f16": &k.gather[KVF16], "kv_gather_q8_0": &k.gather[KVQ8_0], "attn_combine": &k.combine}); err != nil {
+		"kv_gather_f16": &k.gather[KVF16], "kv_gather_q8_0": &k.gather[KVQ8_0], "attn_combine": &k.combine, "q8_1_plane2": &k.plane2}); err != nil {
 		return err
 	}
 	for t := KVType(0); t < kvTypes; t++ {
@@ -249,9 +250,11 @@ type AttnArgs struct {
 	Tiled bool
 
 	// Q8, when set, also receives Out in the Q8_1 layout of QuantizeQ8_1
-	// (Q8_1Bytes(NTok, NHeads*HeadSize); HeadSize % 32 == 0): the input of
-	// the output projection, without a launch of its own.
-	Q8 cudadrv.DevicePtr
+	// (Q8_1PlanesBytes(Q8Planes, NTok, NHeads*HeadSize); HeadSize % 32 ==
+	// 0): the input of the output projection, without a launch of its own
+	// (two planes take one more launch: q8_1_plane2).
+	Q8       cudadrv.DevicePtr
+	Q8Planes int
 }
 
 // AttnScratch is the bytes of Part and ML for a launch of nTok rows and
@@ -444,6 +447,22 @@ func (k *Attention) Run(s *cudadrv.Stream, a *AttnArgs) error {
 	if a.NTok == 0 {
 		return nil
 	}
+	if err := k.run(s, a); err != nil || a.Q8 == 0 || a.Q8Planes < 2 {
+		return err
+	}
+	// The second Q8_1 plane, from Out (these kernels write the first).
+	n := a.NTok * a.NHeads * a.HeadSize
+	ds, plane, err := q8Planes(a.Q8, a.Q8Planes, a.NTok, a.NHeads*a.HeadSize)
+	if err != nil {
+		return err
+	}
+	return launch(k.plane2, s, grid1(cudadrv.Blocks(n/32, 8), 1), cudadrv.D1(256), 0, func(args *cudadrv.Args) {
+		args.Ptr(a.Out).I64(int64(n)).Ptr(a.Q8).Ptr(ds).I64(plane)
+	})
+}
+
+// run is Run less the second Q8_1 plane.
+func (k *Attention) run(s *cudadrv.Stream, a *AttnArgs) error {
 	if !k.simt {
 		if mp, why := planAttentionMMA(a, k.optin); why == "" {
 			return k.runMMA(s, a, mp)
@@ -523,7 +542,8 @@ func attnQ8(a *AttnArgs) (q8, q8ds cudadrv.DevicePtr, err error) {
 	if a.HeadSize%32 != 0 {
 		return 0, 0, fmt.Errorf("kernels: Q8_1 output of attention with heads of %d", a.HeadSize)
 	}
-	return a.Q8, a.Q8.Add(align16(a.NTok * a.NHeads * a.HeadSize)), nil
+	ds, _, err := q8Planes(a.Q8, a.Q8Planes, a.NTok, a.NHeads*a.HeadSize)
+	return a.Q8, ds, err
 }
 
 // attnParams lays out struct AttnParams of attention.cu: 7 pointers, a
@@ -687,8 +707,10 @@ type DecodeKVArgs struct {
 	Part, ML, Count cudadrv.DevicePtr
 
 	// Q8, when set, also receives Out in the Q8_1 layout of QuantizeQ8_1
-	// (Q8_1Bytes(NTok, NHeads*HeadSize)), as AttnArgs.Q8.
-	Q8 cudadrv.DevicePtr
+	// (Q8_1PlanesBytes(Q8Planes, NTok, NHeads*HeadSize)), as AttnArgs.Q8,
+	// both planes in the decode kernels' own epilogues.
+	Q8       cudadrv.DevicePtr
+	Q8Planes int
 
 	// Rot > 0 rotates each head of the output back, in chunks of Rot
 	// values, before Out and Q8 are written (ops.FWHT, bit for bit on the
@@ -774,12 +796,15 @@ func (k *Attention) DecodeKV(s *cudadrv.Stream, a *DecodeKVArgs) error {
 	if splits <= 1 {
 		splits, chunk = 1, math.MaxInt32&^63
 	}
-	n := a.NTok * a.NHeads * a.HeadSize
 	var q8, q8ds cudadrv.DevicePtr
+	var plane int64
 	if a.Q8 != 0 {
-		q8, q8ds = a.Q8, a.Q8.Add(align16(n))
+		if q8ds, plane, err = q8Planes(a.Q8, a.Q8Planes, a.NTok, a.NHeads*a.HeadSize); err != nil {
+			return fmt.Errorf("DecodeKV: %w", err)
+		}
+		q8 = a.Q8
 	}
-	b := decKVParams(a, shift, chunk, splits, plan, q8, q8ds)
+	b := decKVParams(a, shift, chunk, splits, plan, q8, q8ds, plane)
 	if err := k.ready(); err != nil {
 		return err
 	}
@@ -831,10 +856,10 @@ func (k *Attention) checkDecodeKV(a *DecodeKVArgs) (int, decKVPlan, error) {
 }
 
 // decKVParams lays out struct DecKVParams of attention.cu: 12 pointers, a
-// float and 11 ints (144 bytes, a multiple of the struct's 8-byte
-// alignment).
-func decKVParams(a *DecodeKVArgs, shift, chunk, splits int, plan decKVPlan, q8, q8ds cudadrv.DevicePtr) [144]byte {
-	var b [144]byte
+// float, 11 ints and the Q8_1 second plane's offset (152 bytes, a multiple
+// of the struct's 8-byte alignment).
+func decKVParams(a *DecodeKVArgs, shift, chunk, splits int, plan decKVPlan, q8, q8ds cudadrv.DevicePtr, q8plane int64) [152]byte {
+	var b [152]byte
 	bt := a.Batch
 	for i, ptr := range []cudadrv.DevicePtr{a.Out, a.Part, a.ML, a.Q, a.Cache.K, a.Cache.V,
 		bt.Pos.Add(4 * a.First), bt.Seq.Add(4 * a.First), bt.Tables, q8, q8ds, a.Count} {
@@ -845,6 +870,7 @@ func decKVParams(a *DecodeKVArgs, shift, chunk, splits int, plan decKVPlan, q8, 
 		a.Cache.Type.RowBytes(a.Cache.Width), plan.stages, plan.region, a.Rot} {
 		binary.LittleEndian.PutUint32(b[100+4*i:], uint32(int32(v)))
 	}
+	binary.LittleEndian.PutUint64(b[144:], uint64(q8plane))
 	return b
 }
 

@@ -54,15 +54,51 @@ extern "C" __global__ void add_bias_f32(float *x, const float *b, int width, lon
         x[i] += b[i % width];
 }
 
+// q8_1_quant and q8_1_block are matvec.cu's (the same expressions as
+// quantize_q8_1 there): a warp's block of 32 values in ats's GPU Q8_1
+// layout, and with plane > 0 its residual's rounding as the second plane.
+__device__ __forceinline__ int q8_1_quant(float v, float &d, int &sum)
+{
+    float amax = fabsf(v);
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    d = amax / 127.0f;
+    const float id = d != 0.f ? 1.0f / d : 0.f;
+    int qv = (int)roundf(v * id);
+    qv = max(-128, min(127, qv));
+    sum = qv;
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    return qv;
+}
+
+__device__ __forceinline__ void q8_1_block(float v, signed char *q, float2 *ds, long long plane)
+{
+    float d;
+    int sum;
+    const int qv = q8_1_quant(v, d, sum);
+    *q = (signed char)qv;
+    if ((threadIdx.x & 31) == 0)
+        *ds = make_float2(d, (float)sum * d);
+    if (plane) {
+        float d2;
+        int sum2;
+        const int q2 = q8_1_quant(__fmaf_rn(-d, (float)qv, v), d2, sum2);
+        q[plane] = (signed char)q2;
+        if ((threadIdx.x & 31) == 0)
+            ds[plane / 32] = make_float2(d2, (float)sum2 * d2);
+    }
+}
+
 // swiglu_q8_1 is swiglu_f32 that also writes its output in ats's GPU Q8_1
 // layout (matvec.cu: int8 q [rows][width], float2 {d, d*sum(q)} per block
-// of 32), the input the next matrix-vector product reads, with the same
-// expressions as quantize_q8_1 there. width % 32 == 0: a warp's 32
-// consecutive outputs are one block of one row (the grid stride and the
-// block size are multiples of 32).
+// of 32), the input the next matrix-vector product reads, and with
+// plane > 0 (rows*width) the second planes as rows rows.. of that layout.
+// width % 32 == 0: a warp's 32 consecutive outputs are one block of one
+// row (the grid stride and the block size are multiples of 32).
 extern "C" __global__ void swiglu_q8_1(float *out, const float *gate, const float *up,
                                        int width, int ld, long long rows,
-                                       signed char *q, float2 *ds)
+                                       signed char *q, float2 *ds, long long plane)
 {
     PDL_ENTRY();
     const long long n = rows * width;
@@ -75,18 +111,6 @@ extern "C" __global__ void swiglu_q8_1(float *out, const float *gate, const floa
         const long long j = r * ld + c;
         const float v = __fmul_rn(silu(gate[j]), up[j]);
         out[i] = v;
-        float amax = fabsf(v);
-        for (int o = 16; o > 0; o >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        const float d = amax / 127.0f;
-        const float id = d != 0.f ? 1.0f / d : 0.f;
-        int qv = (int)roundf(v * id);
-        qv = max(-128, min(127, qv));
-        int sum = qv;
-        for (int o = 16; o > 0; o >>= 1)
-            sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        q[i] = (signed char)qv;
-        if ((threadIdx.x & 31) == 0)
-            ds[i / 32] = make_float2(d, (float)sum * d);
+        q8_1_block(v, q + i, ds + i / 32, plane);
     }
 }

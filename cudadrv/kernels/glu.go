@@ -67,12 +67,17 @@ func (k *GLU) AddBias(s *cudadrv.Stream, x, b cudadrv.DevicePtr, width, rows int
 }
 
 // SwiGLUQ8 is SwiGLU that also writes out in the Q8_1 layout of
-// QuantizeQ8_1 at q8 (Q8_1Bytes(rows, width); width % 32 == 0): the input
-// of the matrix-vector product that follows, without a launch of its own.
-func (k *GLU) SwiGLUQ8(s *cudadrv.Stream, out, gate, up cudadrv.DevicePtr, width, ld, rows int, q8 cudadrv.DevicePtr) error {
+// QuantizeQ8_1Planes at q8 (Q8_1PlanesBytes(planes, rows, width); width %
+// 32 == 0): the input of the matrix-vector product that follows, without
+// a launch of its own.
+func (k *GLU) SwiGLUQ8(s *cudadrv.Stream, out, gate, up cudadrv.DevicePtr, width, ld, rows int, q8 cudadrv.DevicePtr, planes int) error {
 	n := width * rows
 	if width%32 != 0 {
 		return fmt.Errorf("kernels: Q8_1 output of a SwiGLU of width %d", width)
+	}
+	ds, plane, err := q8Planes(q8, planes, rows, width)
+	if err != nil {
+		return err
 	}
 	if n == 0 {
 		return nil
@@ -82,6 +87,6 @@ func (k *GLU) SwiGLUQ8(s *cudadrv.Stream, out, gate, up cudadrv.DevicePtr, width
 	}
 	return launch(k.swigluQ8, s, grid1(n, gluBlock), cudadrv.D1(gluBlock), 0, func(a *cudadrv.Args) {
 		a.Ptr(out).Ptr(gate).Ptr(up).I32(int32(width)).I32(int32(ld)).I64(int64(rows)).
-			Ptr(q8).Ptr(q8.Add(align16(rows * width)))
+			Ptr(q8).Ptr(ds).I64(plane)
 	})
 }

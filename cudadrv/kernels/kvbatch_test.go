@@ -331,35 +331,17 @@ func kvNMSE(tb testing.TB, what string, got []float32, want []float64, bound flo
 	return nmse
 }
 
-// checkQ8_1 checks that q8 (QuantizeQ8_1's layout, Q8_1Bytes(1, len(x)))
-// holds x quantized as quantize_q8_1 does, exactly.
-func checkQ8_1(tb testing.TB, raw []byte, x []float32) {
+// checkQ8_1 checks that raw (QuantizeQ8_1Planes's layout of one row of
+// len(x) values in planes planes) holds x quantized as quantize_q8_1 does,
+// exactly (Q8_1Host).
+func checkQ8_1(tb testing.TB, raw []byte, x []float32, planes int) {
 	tb.Helper()
-	n := len(x)
-	off := align16(n)
-	for b := 0; b < n/32; b++ {
-		var amax float32
-		for _, v := range x[32*b : 32*b+32] {
-			amax = max(amax, float32(math.Abs(float64(v))))
-		}
-		d := amax / 127
-		var id float32
-		if d != 0 {
-			id = 1 / d
-		}
-		sum := 0
-		for i, v := range x[32*b : 32*b+32] {
-			q := int(max(-128, min(127, math.Round(float64(v*id)))))
-			sum += q
-			if got := int(int8(raw[32*b+i])); got != q {
-				tb.Fatalf("Q8_1 block %d value %d: %d, want %d", b, i, got, q)
-			}
-		}
-		gd := math.Float32frombits(binary.LittleEndian.Uint32(raw[off+8*b:]))
-		gs := math.Float32frombits(binary.LittleEndian.Uint32(raw[off+8*b+4:]))
-		if gd != d || gs != float32(sum)*d {
-			tb.Fatalf("Q8_1 block %d: d %v, d*sum %v; want %v, %v", b, gd, gs, d, float32(sum)*d)
-		}
+	want, err := Q8_1Host(x, 1, len(x), planes)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if msg := Q8_1Compare(raw, want, 1, len(x), planes); msg != "" {
+		tb.Fatalf("Q8_1 in %d planes: %s", planes, msg)
 	}
 }
 
@@ -1076,11 +1058,12 @@ func runKVDecodeRots(g *kvT, a *DecodeKVArgs, c kvDecCase, typ KVType, rots []in
 				wantR[i] = fwht64(want[i], rot)
 			}
 		}
-		for _, q8 := range []bool{false, true} {
+		for _, planes := range []int{0, 1, 2} {
+			q8 := planes > 0
 			a.Out = g.poison(4 * len(q))
-			a.Q8 = 0
+			a.Q8, a.Q8Planes = 0, planes
 			if q8 {
-				a.Q8 = g.poison(Q8_1Bytes(n, c.heads*c.hs))
+				a.Q8 = g.poison(Q8_1PlanesBytes(planes, n, c.heads*c.hs))
 			}
 			g.check(kvFix.attn.DecodeKV(g.s, a))
 			got := bytesF32(g.down(a.Out, 4*len(q)))
@@ -1090,7 +1073,7 @@ func runKVDecodeRots(g *kvT, a *DecodeKVArgs, c kvDecCase, typ KVType, rots []in
 				worst = max(worst, e)
 			}
 			if q8 {
-				checkQ8_1(g, g.down(a.Q8, Q8_1Bytes(n, w)), got)
+				checkQ8_1(g, g.down(a.Q8, Q8_1PlanesBytes(planes, n, w)), got, planes)
 			}
 			switch {
 			case rot == 0:

@@ -518,6 +518,7 @@ struct MvArgs {
     long long rowBytes;   // bytes per weight row
     int rows, cols;       // of one matrix
     int ks;               // warps per row group: 1, 2 or 4
+    int planeRows;        // 0, or two planes: act_row
     const i8 *xq;         // Q8_1 activations (integer kernels)
     const float2 *xds;    //   their block scales
     const float *x;       // f32 activations (float kernels)
@@ -531,6 +532,21 @@ struct MvArgs {
     int nextra;           // further matrices in this launch (0..2), below
     MvMember m[2];
 };
+
+// act_row is the activation row of token t of a launch (past ntok, the
+// last). With two planes (planeRows > 0: Q8_1 activations held as a block
+// of int8 and the int8 rounding of its residual, whose products sum to
+// nearly the product of the unrounded values) a launch's ntok tokens are
+// its ntok/2 rows' first planes, then their second planes, planeRows rows
+// on; mv_store and mvt_drive add each row's two sums.
+__device__ __forceinline__ int act_row(int ntok, int planeRows, int t)
+{
+    t = min(t, ntok - 1);
+    if (planeRows == 0)
+        return t;
+    const int half = ntok >> 1;
+    return t < half ? t : planeRows + t - half;
+}
 
 // MvMat is the matrix a block works on: member 0 (MvArgs's own fields) for
 // blockIdx.x below m[0].bx0, else the last extra member whose bx0 it
@@ -557,7 +573,9 @@ __device__ __forceinline__ MvMat mv_member(const MvArgs &a)
 
 // Reduces the R x NTOK sums over the warp, then over the ks warps of the
 // row group (through red), and writes them: out[(p + t) * ldOut + row].
-template <int NTOK, int R>
+// PLANES: the kernel may take two planes (the integer kernels of two
+// tokens and more; see act_row).
+template <int NTOK, int R, bool PLANES>
 __device__ __forceinline__ void mv_store(const MvArgs &a, const MvMat &mm, float *acc, float (*red)[R * NTOK], int row0, int p)
 {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kw = warp % a.ks;
@@ -577,10 +595,17 @@ __device__ __forceinline__ void mv_store(const MvArgs &a, const MvMat &mm, float
     __syncthreads();
     if (kw == 0 && lane < R * NTOK) {
         const int r = lane / NTOK, t = lane % NTOK;
-        if (row0 + r < mm.rows && t < a.ntok) {
+        const int nout = PLANES && a.planeRows ? a.ntok >> 1 : a.ntok; // see act_row
+        if (row0 + r < mm.rows && t < nout) {
             float s = 0.f;
             for (int w = warp; w < warp + a.ks; w++)
                 s += red[w][lane];
+            if (PLANES && a.planeRows) {
+                float s2 = 0.f;
+                for (int w = warp; w < warp + a.ks; w++)
+                    s2 += red[w][lane + nout];
+                s += s2;
+            }
             mm.out[(long long)(p + t) * mm.ldOut + row0 + r] = s;
         }
     }
@@ -650,13 +675,13 @@ __device__ __forceinline__ void mv_drive(const MvArgs &a0)
         Op::template chunk<NTOK, R>(a, st, c, lane, p / a.actDiv, acc);
     }
 
-    mv_store<NTOK, R>(a, mm, acc, red, row0, p);
+    mv_store<NTOK, R, NTOK >= 2 && Op::PLANES>(a, mm, acc, red, row0, p);
 }
 
 // ---------------------------------------------------------------- integer chunks
 
 template <int T> struct QuantOp {
-    enum { BV = Fmt<T>::BV, BB = Fmt<T>::BB, CB = CHUNK / BV, UPB = BV / 32, CBYTES = CB * BB };
+    enum { BV = Fmt<T>::BV, BB = Fmt<T>::BB, CB = CHUNK / BV, UPB = BV / 32, CBYTES = CB * BB, PLANES = 1 };
 
     static __device__ __forceinline__ int nchunk(const MvArgs &a) { return (a.cols / BV + CB - 1) / CB; }
 
@@ -677,7 +702,7 @@ template <int T> struct QuantOp {
         const int ncols32 = a.cols >> 5;
 #pragma unroll
         for (int t = 0; t < NTOK; t++) {
-            const long long row = act0 + min(t, a.ntok - 1);
+            const long long row = act0 + (NTOK == 1 ? 0 : act_row(a.ntok, a.planeRows, t));
             const i8 *q = a.xq + row * a.cols;
             const float2 *ds = a.xds + row * ncols32;
             const uint4 qa = *(const uint4 *)(q + ea);
@@ -754,7 +779,7 @@ __device__ __forceinline__ void mv_direct_k4(const MvArgs &a0)
         const int ea = blk * 256 + w[0].ea, eb = blk * 256 + w[0].eb;
 #pragma unroll
         for (int t = 0; t < NTOK; t++) {
-            const long long row = act0 + min(t, a.ntok - 1);
+            const long long row = act0 + (NTOK == 1 ? 0 : act_row(a.ntok, a.planeRows, t));
             const i8 *q = a.xq + row * a.cols;
             const float2 *ds = a.xds + row * ncols32;
             const uint4 qa = *(const uint4 *)(q + ea);
@@ -781,7 +806,7 @@ __device__ __forceinline__ void mv_direct_k4(const MvArgs &a0)
             load(c + 2 * ks, ra);
         compute(c + ks, rb);
     }
-    mv_store<NTOK, R>(a, mm, acc, red, row0, p);
+    mv_store<NTOK, R, NTOK >= 2>(a, mm, acc, red, row0, p);
 }
 
 // ---------------------------------------------------------------- float chunks
@@ -810,7 +835,7 @@ template <int T> __device__ __forceinline__ void fdecode8(const u8 *p, float *w)
 }
 
 template <int T> struct FloatOp {
-    enum { ES = FFmt<T>::ES, FCV = FFmt<T>::FCV, CBYTES = FCV * ES, PIECES = FCV / 256 };
+    enum { ES = FFmt<T>::ES, FCV = FFmt<T>::FCV, CBYTES = FCV * ES, PIECES = FCV / 256, PLANES = 0 };
 
     static __device__ __forceinline__ int nchunk(const MvArgs &a) { return (a.cols + FCV - 1) / FCV; }
 
@@ -932,18 +957,18 @@ template <int NF, int P> struct MvtAct {
     const i8 *xq;
     const float2 *xds;
     u8 *stg; // the warp's stage: NF*8 rows of P bytes
-    int ntok, cols, g;
+    int ntok, planeRows, cols, g;
     int ds[NF][2];
 
     __device__ __forceinline__ MvtAct(const MvArgs &a, u8 *stage, int g_, int t)
-        : xq(a.xq), xds(a.xds), stg(stage), ntok(a.ntok), cols(a.cols), g(g_)
+        : xq(a.xq), xds(a.xds), stg(stage), ntok(a.ntok), planeRows(a.planeRows), cols(a.cols), g(g_)
     {
         const int ncols32 = a.cols >> 5;
 #pragma unroll
         for (int f = 0; f < NF; f++)
 #pragma unroll
             for (int i = 0; i < 2; i++)
-                ds[f][i] = min(8 * f + 2 * t + i, a.ntok - 1) * ncols32;
+                ds[f][i] = act_row(a.ntok, a.planeRows, 8 * f + 2 * t + i) * ncols32;
     }
     // Stages super-block sb of every token: 16 bytes a lane, a token's 256
     // bytes by 16 lanes (tokens past ntok repeat the last).
@@ -955,7 +980,7 @@ template <int NF, int P> struct MvtAct {
             uint4 v[4];
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const int tok = min(8 * f + 2 * i + h, ntok - 1);
+                const int tok = act_row(ntok, planeRows, 8 * f + 2 * i + h);
                 v[i] = ldg16(xq + (long long)tok * cols + sb * 256 + off);
             }
 #pragma unroll
@@ -1198,6 +1223,7 @@ __device__ __forceinline__ void mvt_drive(const MvArgs &a0)
     __syncthreads();
     if (kw != 0)
         return;
+    const int nout = a.planeRows ? a.ntok >> 1 : a.ntok; // see act_row
 #pragma unroll
     for (int m = 0; m < MT; m++)
 #pragma unroll
@@ -1209,7 +1235,17 @@ __device__ __forceinline__ void mvt_drive(const MvArgs &a0)
                 float s = red[k][lane];
                 for (int w = 1; w < ks; w++)
                     s += ((const float(*)[32])stage[warp + w])[k][lane];
-                if (row < mm.rows && tok < a.ntok)
+                if (a.planeRows && tok < nout) {
+                    // The second plane's sum of this row and token: token
+                    // tok + nout, held by lane g*4 + its pair's index.
+                    const int t2 = tok + nout, j = t2 & 7;
+                    const int k2 = (m * NF + (t2 >> 3)) * 4 + (i & 2) + (j & 1), l2 = g * 4 + (j >> 1);
+                    float s2 = 0.f;
+                    for (int w = 0; w < ks; w++)
+                        s2 += ((const float(*)[32])stage[warp + w])[k2][l2];
+                    s += s2;
+                }
+                if (row < mm.rows && tok < nout)
                     mm.out[(long long)tok * mm.ldOut + row] = s;
             }
 }
@@ -1291,11 +1327,54 @@ MVQ_BENCH(q8_0, T_Q8_0)
 MVT_ALL(q4_k, T_Q4_K)
 MVT_ALL(q6_k, T_Q6_K)
 
+// q8_1_quant is the Q8_1 rounding of one block of 32 values, one a lane
+// of the warp: d = amax/127, q = round(v/d) (v*(1/d), as ggml), and the
+// block's sum of q. norm.cu, glu.cu and attention.cu repeat it, so that a
+// product sees the same activations whichever kernel wrote them.
+__device__ __forceinline__ int q8_1_quant(float v, float &d, int &sum)
+{
+    float amax = fabsf(v);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    d = amax / 127.0f;
+    const float id = d != 0.f ? 1.0f / d : 0.f;
+    int qv = (int)roundf(v * id);
+    qv = max(-128, min(127, qv));
+    sum = qv;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    return qv;
+}
+
+// q8_1_block writes a warp's 32 values v as one Q8_1 block (q, and ds
+// {d, d*sum}) and, when plane > 0, their residual v - d*q rounded alike as
+// the block plane values on (scales plane/32 on): the second plane.
+__device__ __forceinline__ void q8_1_block(float v, i8 *q, float2 *ds, long long plane)
+{
+    float d;
+    int sum;
+    const int qv = q8_1_quant(v, d, sum);
+    *q = (i8)qv;
+    if ((threadIdx.x & 31) == 0)
+        *ds = make_float2(d, (float)sum * d);
+    if (plane) {
+        float d2;
+        int sum2;
+        const int q2 = q8_1_quant(__fmaf_rn(-d, (float)qv, v), d2, sum2);
+        q[plane] = (i8)q2;
+        if ((threadIdx.x & 31) == 0)
+            ds[plane / 32] = make_float2(d2, (float)sum2 * d2);
+    }
+}
+
 // quantize_q8_1: x f32 [ntok][ldx] -> q int8 [ntok][cols], ds float2
-// [ntok][cols/32] (layout above). One warp per block of 32 values,
-// grid-stride over the ntok*cols/32 blocks.
+// [ntok][cols/32] (layout above); with plane > 0 (ntok*cols) the second
+// planes too, as rows ntok.. of the same layout. One warp per block of 32
+// values, grid-stride over the ntok*cols/32 blocks.
 extern "C" __global__ void quantize_q8_1(const float *__restrict__ x, long long ldx, int ntok, int cols,
-                                         i8 *__restrict__ q, float2 *__restrict__ ds)
+                                         i8 *__restrict__ q, float2 *__restrict__ ds, long long plane)
 {
     PDL_ENTRY();
     const int lane = threadIdx.x & 31;
@@ -1305,21 +1384,6 @@ extern "C" __global__ void quantize_q8_1(const float *__restrict__ x, long long 
     for (long long gb = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); gb < total; gb += warps) {
         long long t = gb / nb;
         int j = (int)(gb - t * nb);
-        float v = x[t * ldx + 32 * j + lane];
-        float amax = fabsf(v);
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-        float d = amax / 127.0f;
-        float id = d != 0.f ? 1.0f / d : 0.f;
-        int qv = (int)roundf(v * id);
-        qv = max(-128, min(127, qv));
-        int sum = qv;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1)
-            sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        q[t * cols + 32 * j + lane] = (i8)qv;
-        if (lane == 0)
-            ds[gb] = make_float2(d, (float)sum * d);
+        q8_1_block(x[t * ldx + 32 * j + lane], q + t * cols + 32 * j + lane, ds + gb, plane);
     }
 }

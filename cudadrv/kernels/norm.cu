@@ -107,25 +107,41 @@ extern "C" __global__ void add_rms_norm_f32(float *sum, const float *a, const fl
     }
 }
 
-// q8_1_block quantizes the 32 values v of a warp (one per lane) into one
-// block of ats's GPU Q8_1 layout (matvec.cu: int8 q, float2 {d, d*sum(q)}),
-// with the same expressions as quantize_q8_1 there, so the matrix products
-// see the same activations whether the norm or quantize_q8_1 made them.
-__device__ __forceinline__ void q8_1_block(float v, signed char *q, float2 *ds)
+// q8_1_quant and q8_1_block are matvec.cu's (the same expressions, so the
+// matrix products see the same activations whether the norm or
+// quantize_q8_1 made them): a warp's block of 32 values in ats's GPU Q8_1
+// layout, and with plane > 0 its residual's rounding as the second plane.
+__device__ __forceinline__ int q8_1_quant(float v, float &d, int &sum)
 {
     float amax = fabsf(v);
     for (int o = 16; o > 0; o >>= 1)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-    const float d = amax / 127.0f;
+    d = amax / 127.0f;
     const float id = d != 0.f ? 1.0f / d : 0.f;
     int qv = (int)roundf(v * id);
     qv = max(-128, min(127, qv));
-    int sum = qv;
+    sum = qv;
     for (int o = 16; o > 0; o >>= 1)
         sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    return qv;
+}
+
+__device__ __forceinline__ void q8_1_block(float v, signed char *q, float2 *ds, long long plane)
+{
+    float d;
+    int sum;
+    const int qv = q8_1_quant(v, d, sum);
     *q = (signed char)qv;
     if ((threadIdx.x & 31) == 0)
         *ds = make_float2(d, (float)sum * d);
+    if (plane) {
+        float d2;
+        int sum2;
+        const int q2 = q8_1_quant(__fmaf_rn(-d, (float)qv, v), d2, sum2);
+        q[plane] = (signed char)q2;
+        if ((threadIdx.x & 31) == 0)
+            ds[plane / 32] = make_float2(d2, (float)sum2 * d2);
+    }
 }
 
 // rms_norm_ex is the norm with everything that may surround it in a
@@ -136,7 +152,8 @@ __device__ __forceinline__ void q8_1_block(float v, signed char *q, float2 *ds)
 //     x    = a[r] + term                   (a[r] alone without a term)
 //     bout[r] = term,  sum[r] = x          (when given)
 //     dst[r] = rmsnorm(x) * w              (when dst is given)
-//     q, ds  = Q8_1 of dst[r]              (when q is given; cols % 32 == 0)
+//     q, ds  = Q8_1 of dst[r]              (when q is given; cols % 32 == 0),
+//              and its second plane plane values on (plane > 0)
 // y is [rows][k][cols], yw [rows][k]. sum may alias a; bout may alias b;
 // dst must not alias a, b or y. Thread mapping as rms_norm_f32; with q, a
 // warp's 32 consecutive columns of one pass are one Q8_1 block (blockDim
@@ -151,7 +168,7 @@ __device__ __forceinline__ void q8_1_block(float v, signed char *q, float2 *ds)
 
 __device__ __forceinline__ void norm_ex_regs(float *sum, const float *a, const float *b, float *bout,
                                              float *dst, const float *w,
-                                             signed char *q, float2 *ds,
+                                             signed char *q, float2 *ds, long long plane,
                                              int cols, float eps, long long r, float *red)
 {
     const long long o = r * cols;
@@ -194,7 +211,7 @@ __device__ __forceinline__ void norm_ex_regs(float *sum, const float *a, const f
         }
         // cols % 32 == 0 with q: a warp's lanes are all in range or all out.
         if (q && i0 + (threadIdx.x & ~31) < cols)
-            q8_1_block(x, q + o + i, ds + (o + i) / 32);
+            q8_1_block(x, q + o + i, ds + (o + i) / 32, plane);
     }
 }
 
@@ -211,7 +228,7 @@ __device__ __forceinline__ void norm_ex_regs(float *sum, const float *a, const f
 template <int ITEMS>
 __device__ __forceinline__ void norm_ex_moe_regs(float *sum, const float *a, const float *y, const float *yw, int k,
                                                  float *bout, float *dst, const float *w,
-                                                 signed char *q, float2 *ds,
+                                                 signed char *q, float2 *ds, long long plane,
                                                  int cols, float eps, long long r, float *red)
 {
     const long long o = r * cols;
@@ -263,7 +280,26 @@ __device__ __forceinline__ void norm_ex_moe_regs(float *sum, const float *a, con
             dst[o + i] = x;
         }
         if (q && i0 + (threadIdx.x & ~31) < cols)
-            q8_1_block(x, q + o + i, ds + (o + i) / 32);
+            q8_1_block(x, q + o + i, ds + (o + i) / 32, 0);
+    }
+    if (!q || !plane)
+        return;
+    // The second planes in a pass of their own, from the thread's own
+    // outputs in dst: inline above they made this path spill on CC 9.0.
+#pragma unroll
+    for (int it = 0; it < ITEMS; it++) {
+        const int i0 = it * blockDim.x;
+        const int i = i0 + threadIdx.x;
+        if (i0 + (threadIdx.x & ~31) >= cols)
+            break; // uniform over the warp (cols % 32 == 0)
+        const float x = dst[o + i];
+        float d, d2;
+        int sum, sum2;
+        const int qv = q8_1_quant(x, d, sum);
+        const int q2 = q8_1_quant(__fmaf_rn(-d, (float)qv, x), d2, sum2);
+        q[plane + o + i] = (signed char)q2;
+        if ((threadIdx.x & 31) == 0)
+            ds[(plane + o + i) / 32] = make_float2(d2, (float)sum2 * d2);
     }
 }
 
@@ -274,7 +310,7 @@ template <bool MOE>
 __device__ __forceinline__ void rms_norm_ex_body(float *sum, const float *a, const float *b,
                                                  const float *y, const float *yw, int k, float *bout,
                                                  float *dst, const float *w,
-                                                 signed char *q, float2 *ds,
+                                                 signed char *q, float2 *ds, long long plane,
                                                  int cols, float eps, long long rows)
 {
     __shared__ float red[32];
@@ -285,11 +321,11 @@ __device__ __forceinline__ void rms_norm_ex_body(float *sum, const float *a, con
         // RMSNormEx) for up to NORM_MOE_SLOTS slots and rows up to twice
         // the block, else the loop.
         if (k == 0 && cols <= NORM_ITEMS * (int)blockDim.x) {
-            norm_ex_regs(sum, a, b, bout, dst, w, q, ds, cols, eps, r, red);
+            norm_ex_regs(sum, a, b, bout, dst, w, q, ds, plane, cols, eps, r, red);
             continue;
         }
         if (MOE && k > 0 && k <= NORM_MOE_SLOTS && cols <= 2 * (int)blockDim.x) {
-            norm_ex_moe_regs<2>(sum, a, y, yw, k, bout, dst, w, q, ds, cols, eps, r, red);
+            norm_ex_moe_regs<2>(sum, a, y, yw, k, bout, dst, w, q, ds, plane, cols, eps, r, red);
             continue;
         }
 
@@ -348,7 +384,7 @@ __device__ __forceinline__ void rms_norm_ex_body(float *sum, const float *a, con
             // The whole warp takes part in the block's shuffles; cols % 32
             // == 0 makes a warp's lanes all in range or all out.
             if (q && i0 + (threadIdx.x & ~31) < cols)
-                q8_1_block(v, q + o + i, ds + (o + i) / 32);
+                q8_1_block(v, q + o + i, ds + (o + i) / 32, plane);
         }
     }
 }
@@ -356,19 +392,19 @@ __device__ __forceinline__ void rms_norm_ex_body(float *sum, const float *a, con
 extern "C" __global__ void __launch_bounds__(1024) rms_norm_ex(float *sum, const float *a, const float *b,
                                                                const float *y, const float *yw, int k, float *bout,
                                                                float *dst, const float *w,
-                                                               signed char *q, float2 *ds,
+                                                               signed char *q, float2 *ds, long long plane,
                                                                int cols, float eps, long long rows)
 {
     PDL_ENTRY();
-    rms_norm_ex_body<false>(sum, a, b, y, yw, k, bout, dst, w, q, ds, cols, eps, rows);
+    rms_norm_ex_body<false>(sum, a, b, y, yw, k, bout, dst, w, q, ds, plane, cols, eps, rows);
 }
 
 extern "C" __global__ void __launch_bounds__(1024) rms_norm_ex_moe(float *sum, const float *a, const float *b,
                                                                    const float *y, const float *yw, int k, float *bout,
                                                                    float *dst, const float *w,
-                                                                   signed char *q, float2 *ds,
+                                                                   signed char *q, float2 *ds, long long plane,
                                                                    int cols, float eps, long long rows)
 {
     PDL_ENTRY();
-    rms_norm_ex_body<true>(sum, a, b, y, yw, k, bout, dst, w, q, ds, cols, eps, rows);
+    rms_norm_ex_body<true>(sum, a, b, y, yw, k, bout, dst, w, q, ds, plane, cols, eps, rows);
 }

@@ -97,7 +97,8 @@ type NormEx struct {
 	K          int
 	BOut       cudadrv.DevicePtr
 	Dst, W     cudadrv.DevicePtr
-	Q8         cudadrv.DevicePtr // Q8_1 activations of Dst: Q8_1Bytes(Rows, Cols)
+	Q8         cudadrv.DevicePtr // Q8_1 activations of Dst: Q8_1PlanesBytes(Q8Planes, Rows, Cols)
+	Q8Planes   int               // 1 (or 0) or 2 (see Q8_1PlanesBytes)
 	Cols, Rows int
 	Eps        float32
 }
@@ -108,11 +109,16 @@ func (k *Norm) RMSNormEx(s *cudadrv.Stream, a *NormEx) error {
 		return err
 	}
 	var q, ds cudadrv.DevicePtr
+	var plane int64
 	if a.Q8 != 0 {
 		if a.Cols%32 != 0 || a.Dst == 0 {
 			return fmt.Errorf("kernels: Q8_1 output of a norm of %d columns", a.Cols)
 		}
-		q, ds = a.Q8, a.Q8.Add(align16(a.Rows*a.Cols))
+		var err error
+		if ds, plane, err = q8Planes(a.Q8, a.Q8Planes, a.Rows, a.Cols); err != nil {
+			return err
+		}
+		q = a.Q8
 	}
 	if err := k.ready(); err != nil {
 		return err
@@ -125,6 +131,6 @@ func (k *Norm) RMSNormEx(s *cudadrv.Stream, a *NormEx) error {
 	}
 	return launch(f, s, normGrid(a.Rows), block, 0, func(p *cudadrv.Args) {
 		p.Ptr(a.Sum).Ptr(a.A).Ptr(a.B).Ptr(a.Y).Ptr(a.YW).I32(int32(a.K)).Ptr(a.BOut).
-			Ptr(a.Dst).Ptr(a.W).Ptr(q).Ptr(ds).I32(int32(a.Cols)).F32(a.Eps).I64(int64(a.Rows))
+			Ptr(a.Dst).Ptr(a.W).Ptr(q).Ptr(ds).I64(plane).I32(int32(a.Cols)).F32(a.Eps).I64(int64(a.Rows))
 	})
 }

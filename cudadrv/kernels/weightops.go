@@ -238,18 +238,56 @@ func Q8_1Bytes(nTok, cols int) int { return align16(nTok*cols) + nTok*cols/32*8 
 
 func align16(n int) int { return (n + 15) &^ 15 }
 
+// Q8_1 activations may come in two planes: each block of 32 values as its
+// int8 rounding (the first plane) and the int8 rounding of what that
+// leaves (the residual, the second plane), whose products the matvec
+// kernels add. Two planes hold the values to about 1/64000 of a block's
+// largest, where one holds them to 1/254: decode products then round
+// nearly as float ones (the oracles' margins need it: a model's logits can
+// hang on single activations' roundings), for a second dot product per
+// weight read. The second planes follow the first as further rows of the
+// Q8_1Bytes layout: nTok rows in two planes are laid out as 2*nTok rows,
+// row nTok+t the second plane of row t.
+
+// Q8_1PlanesBytes is the size of nTok rows of cols activations in planes
+// planes (1 or 2).
+func Q8_1PlanesBytes(planes, nTok, cols int) int { return Q8_1Bytes(max(planes, 1)*nTok, cols) }
+
+// q8Planes returns the block scales of Q8_1 activations at q (nTok rows of
+// cols in planes planes) and where the second plane starts, in values from
+// q (0 with one plane).
+func q8Planes(q cudadrv.DevicePtr, planes, nTok, cols int) (ds cudadrv.DevicePtr, plane int64, err error) {
+	switch planes {
+	case 0, 1:
+		return q.Add(align16(nTok * cols)), 0, nil
+	case 2:
+		return q.Add(align16(2 * nTok * cols)), int64(nTok * cols), nil
+	}
+	return 0, 0, fmt.Errorf("kernels: Q8_1 activations in %d planes (1 or 2)", planes)
+}
+
 // QuantizeQ8_1 queues the quantization of x (nTok rows of cols f32 values,
 // ldx values apart; cols a multiple of 32) into dst (Q8_1Bytes(nTok, cols)).
 func (w *WeightOps) QuantizeQ8_1(s *cudadrv.Stream, x cudadrv.DevicePtr, ldx, nTok, cols int, dst cudadrv.DevicePtr) error {
+	return w.QuantizeQ8_1Planes(s, x, ldx, nTok, cols, 1, dst)
+}
+
+// QuantizeQ8_1Planes is QuantizeQ8_1 into planes planes (1 or 2) at dst
+// (Q8_1PlanesBytes(planes, nTok, cols)).
+func (w *WeightOps) QuantizeQ8_1Planes(s *cudadrv.Stream, x cudadrv.DevicePtr, ldx, nTok, cols, planes int, dst cudadrv.DevicePtr) error {
 	if cols%32 != 0 || nTok < 1 || ldx < cols {
 		return fmt.Errorf("kernels: quantize_q8_1 of %d rows of %d (stride %d): cols must be a multiple of 32", nTok, cols, ldx)
+	}
+	ds, plane, err := q8Planes(dst, planes, nTok, cols)
+	if err != nil {
+		return err
 	}
 	if err := w.matvec.ready(); err != nil {
 		return err
 	}
 	blocks := nTok * cols / 32 // one warp each, 8 per CTA
 	return launch(w.quantizeQ8_1, s, grid1(cudadrv.Blocks(blocks, 8), 1), cudadrv.D1(256), 0, func(a *cudadrv.Args) {
-		a.Ptr(x).I64(int64(ldx)).I32(int32(nTok)).I32(int32(cols)).Ptr(dst).Ptr(dst.Add(align16(nTok * cols)))
+		a.Ptr(x).I64(int64(ldx)).I32(int32(nTok)).I32(int32(cols)).Ptr(dst).Ptr(ds).I64(plane)
 	})
 }
 
@@ -301,6 +339,7 @@ type mvArgs struct {
 	w              cudadrv.DevicePtr
 	rowBytes       int64
 	rows, cols, ks int32
+	planeRows      int32 // MvArgs.planeRows: 0, or two planes (act_row)
 	xq, xds, x     cudadrv.DevicePtr
 	ldx            int64
 	ntok           int32
@@ -320,7 +359,7 @@ func (p *mvArgs) encode(b *[mvArgsBytes]byte) {
 	le.PutUint32(b[16:], uint32(p.rows))
 	le.PutUint32(b[20:], uint32(p.cols))
 	le.PutUint32(b[24:], uint32(p.ks))
-	le.PutUint32(b[28:], 0)
+	le.PutUint32(b[28:], uint32(p.planeRows))
 	le.PutUint64(b[32:], uint64(p.xq))
 	le.PutUint64(b[40:], uint64(p.xds))
 	le.PutUint64(b[48:], uint64(p.x))
@@ -507,21 +546,27 @@ func (w *WeightOps) mvtLaunch(s *cudadrv.Stream, k *typeKernels, p *mvArgs, nTok
 	cols := int(p.cols)
 	xq, xds := p.xq, p.xds
 	out0, outs := p.out, [2]cudadrv.DevicePtr{p.m[0].out, p.m[1].out}
-	for t0 := 0; t0 < nTok; t0 += mvtTokens[len(mvtTokens)-1] {
-		n := min(mvtTokens[len(mvtTokens)-1], nTok-t0)
+	// Two planes: a launch's tokens are its rows' first planes, then
+	// their second planes (act_row), so a run takes half the rows.
+	per, vt := mvtTokens[len(mvtTokens)-1], 1
+	if p.planeRows > 0 {
+		per, vt = per/2, 2
+	}
+	for t0 := 0; t0 < nTok; t0 += per {
+		n := min(per, nTok-t0)
 		var f *cudadrv.Function
 		for i, nt := range mvtTokens {
-			if n <= nt {
+			if vt*n <= nt {
 				f = k.mvt[mt][i]
 				break
 			}
 		}
 		ks := w.mvKS
 		if ks == 0 {
-			ks = mvtSplit(tiles, cols/256, w.sms*mvtBlocksPerSM(n, mt))
+			ks = mvtSplit(tiles, cols/256, w.sms*mvtBlocksPerSM(vt*n, mt))
 		}
 		q := *p
-		q.ks, q.ntok = int32(ks), int32(n)
+		q.ks, q.ntok = int32(ks), int32(vt*n)
 		q.xq, q.xds = xq.Add(t0*cols), xds.Add(t0*cols/32*8)
 		q.out = out0.Add(4 * t0 * int(p.ldOut))
 		for i := range q.m[:q.nextra] {
@@ -564,21 +609,6 @@ func mvtSplit(tiles, nsb, slots int) int {
 	return best
 }
 
-// q8Chunks calls f for each run of up to MatVecMaxTokens of nTok tokens
-// of Q8_1 activations at xq (cols values a row; the layout of
-// QuantizeQ8_1: every row's values, then every row's scales), with the
-// run's first token and its values and scales.
-func q8Chunks(xq cudadrv.DevicePtr, nTok, cols int, f func(t0, n int, xq, xds cudadrv.DevicePtr) error) error {
-	ds := xq.Add(align16(nTok * cols))
-	for t0 := 0; t0 < nTok; t0 += MatVecMaxTokens {
-		n := min(MatVecMaxTokens, nTok-t0)
-		if err := f(t0, n, xq.Add(t0*cols), ds.Add(t0*cols/32*8)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // MaxMatVecGroup is the most matrices MatVecQ8_1Group and
 // MoEMatVecQ8_1Group take in one launch.
 const MaxMatVecGroup = 3
@@ -587,6 +617,13 @@ const MaxMatVecGroup = 3
 // quantized type and width reading the same activations xq, in one launch
 // (Q, K and V of a decode step): outs[i] rows ldOuts[i] apart.
 func (w *WeightOps) MatVecQ8_1Group(s *cudadrv.Stream, ms []Matrix, xq cudadrv.DevicePtr, nTok int, outs []cudadrv.DevicePtr, ldOuts []int) error {
+	return w.MatVecQ8_1GroupPlanes(s, ms, xq, 1, nTok, outs, ldOuts)
+}
+
+// MatVecQ8_1GroupPlanes is MatVecQ8_1Group of activations in planes planes
+// (QuantizeQ8_1Planes): with two, each weight read takes both planes'
+// products, and each output is their sum.
+func (w *WeightOps) MatVecQ8_1GroupPlanes(s *cudadrv.Stream, ms []Matrix, xq cudadrv.DevicePtr, planes, nTok int, outs []cudadrv.DevicePtr, ldOuts []int) error {
 	if len(ms) < 1 || len(ms) > MaxMatVecGroup || len(outs) != len(ms) || len(ldOuts) != len(ms) {
 		return fmt.Errorf("kernels: matvec group of %d matrices (1 to %d, an output each)", len(ms), MaxMatVecGroup)
 	}
@@ -606,24 +643,41 @@ func (w *WeightOps) MatVecQ8_1Group(s *cudadrv.Stream, ms []Matrix, xq cudadrv.D
 	if nTok > MatVecQ8_1MaxTokens {
 		return fmt.Errorf("kernels: MatVecQ8_1Group of %d tokens (at most %d)", nTok, MatVecQ8_1MaxTokens)
 	}
-	if w.mvtUse(k, nTok) {
+	xds, plane, err := q8Planes(xq, planes, nTok, m.Cols)
+	if err != nil {
+		return err
+	}
+	planeRows := 0
+	if plane > 0 {
+		planeRows = nTok
+	}
+	vt := max(planes, 1) // the kernels' tokens a row
+	if w.mvtUse(k, vt*nTok) {
 		p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
-			xq: xq, xds: xq.Add(align16(nTok * m.Cols)), out: outs[0], ldOut: int64(ldOuts[0]), actDiv: 1}
+			planeRows: int32(planeRows), xq: xq, xds: xds, out: outs[0], ldOut: int64(ldOuts[0]), actDiv: 1}
 		for i, e := range ms[1:] {
 			p.m[i] = mvMember{w: e.Data, out: outs[i+1], rowBytes: int64(e.RowBytes()), ldOut: int64(ldOuts[i+1]), rows: int32(e.Rows)}
 		}
 		p.nextra = int32(len(ms) - 1)
 		return w.mvtLaunch(s, k, &p, nTok)
 	}
-	return q8Chunks(xq, nTok, m.Cols, func(t0, n int, xq, xds cudadrv.DevicePtr) error {
+	// Runs of MatVecMaxTokens kernel tokens: with two planes, half as
+	// many rows, their second planes planeRows rows on.
+	per := MatVecMaxTokens / vt
+	for t0 := 0; t0 < nTok; t0 += per {
+		n := min(per, nTok-t0)
 		p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
-			xq: xq, xds: xds, ntok: int32(n), out: outs[0].Add(4 * t0 * ldOuts[0]), ldOut: int64(ldOuts[0]), actDiv: 1}
+			planeRows: int32(planeRows), xq: xq.Add(t0 * m.Cols), xds: xds.Add(t0 * m.Cols / 32 * 8), ntok: int32(vt * n),
+			out: outs[0].Add(4 * t0 * ldOuts[0]), ldOut: int64(ldOuts[0]), actDiv: 1}
 		for i, e := range ms[1:] {
 			p.m[i] = mvMember{w: e.Data, out: outs[i+1].Add(4 * t0 * ldOuts[i+1]), rowBytes: int64(e.RowBytes()), ldOut: int64(ldOuts[i+1]), rows: int32(e.Rows)}
 		}
 		p.nextra = int32(len(ms) - 1)
-		return w.mvLaunch(s, k, m, &p, n, 1)
-	})
+		if err := w.mvLaunch(s, k, m, &p, vt*n, 1); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // MatVecF32 queues out[t][r] = W[r] . x[t] for t < nTok <= 8 for float

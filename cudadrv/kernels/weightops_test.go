@@ -51,6 +51,7 @@ import (
 const (
 	woBoundQuant = 1e-8 // integer matvec vs its own Q8_1 activations
 	woBoundAct   = 5e-4 // integer matvec vs unquantized activations
+	woBoundAct2  = 1e-8 // the same, activations in two Q8_1 planes
 	woBoundFloat = 1e-9 // float matvec (float32 FMA over float32 inputs)
 	woBoundF16   = 1e-4 // tensor-core path (f16 weights and activations)
 	woPoison     = 0x7fc00bad
@@ -312,6 +313,16 @@ func woQ8(b []byte, nRows, cols int) []float64 {
 	return v
 }
 
+// woQ8Planes is woQ8 of nRows rows in two planes: each row the sum of its
+// planes' values.
+func woQ8Planes(b []byte, nRows, cols int) []float64 {
+	v := woQ8(b, 2*nRows, cols)
+	for i := range nRows * cols {
+		v[i] += v[nRows*cols+i]
+	}
+	return v[:nRows*cols]
+}
+
 // woRef holds reference outputs and, per output, the sum of its squared
 // terms.
 type woRef struct{ v, terms []float64 }
@@ -406,6 +417,13 @@ func woCases() []woCase {
 				cs = append(cs, woCase{op: "matvec", typ: t, rows: 33, cols: cols[1], ntok: n, variant: "chunked"})
 				cs = append(cs, woCase{op: "matvec", typ: t, rows: 33, cols: cols[1], ntok: n, variant: "chunked/mvt=off"})
 			}
+			// Two planes: a launch's rows and their second planes, in
+			// runs of half the tokens.
+			for _, n := range []int{1, 2, 3, 4, 5, 8, 13, MatVecQ8_1MaxTokens} {
+				cs = append(cs, woCase{op: "matvec", typ: t, rows: 33, cols: cols[1], ntok: n, variant: "chunked/planes=2/mvt=off"})
+			}
+			cs = append(cs, woCase{op: "matvec", typ: t, rows: 33, cols: cols[len(cols)-1], ntok: 1, variant: "chunked/planes=2/ks=4"})
+			cs = append(cs, woCase{op: "group", typ: t, rows: 300, cols: cols[1], ntok: 3, variant: "dense/planes=2"})
 		}
 		if t == gguf.TypeQ4_K || t == gguf.TypeQ6_K {
 			// Every fragment count and a partial last fragment; rows
@@ -421,6 +439,19 @@ func woCases() []woCase {
 						cs = append(cs, woCase{op: "matvec", typ: t, rows: rows, cols: c, ntok: n, variant: "chunked/mvt=1"})
 					}
 				}
+			}
+			// The same in two planes: every fragment count of the
+			// planes' tokens, and a partial last one.
+			for _, rows := range []int{7, 33, 4096 + 13} {
+				for _, n := range []int{1, 2, 4, 5, 8, 9, 16, 17, 24, 33, 48} {
+					if rows > 33 && n%8 != 1 {
+						continue
+					}
+					cs = append(cs, woCase{op: "matvec", typ: t, rows: rows, cols: cols[1], ntok: n, variant: "chunked/planes=2/mvt=1"})
+				}
+			}
+			for _, ks := range []int{1, 2, 4} {
+				cs = append(cs, woCase{op: "matvec", typ: t, rows: mvt2Rows + 13, cols: cols[1], ntok: 9, variant: fmt.Sprintf("chunked/planes=2/mvt=1/ks=%d", ks)})
 			}
 			// Launches of mvt2Rows rows and more: two tiles a warp (mvt2_).
 			for _, sh := range [][2]int{{cols[1], 9}, {cols[1], 33}, {cols[0], 17}} {
@@ -613,6 +644,27 @@ func woTestQuantize(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase) 
 			}
 		}
 	}
+	// The host twin, in one plane and in two, bit for bit.
+	for _, planes := range []int{1, 2} {
+		q := woAlloc(t, ctx, Q8_1PlanesBytes(planes, c.ntok, c.cols))
+		if err := ctx.MemsetD8(q.p, 0xa5, q.n); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.QuantizeQ8_1Planes(nil, xd.p, ldx, c.ntok, c.cols, planes, q.p); err != nil {
+			t.Fatal(err)
+		}
+		rows := make([]float32, 0, c.ntok*c.cols)
+		for tk := 0; tk < c.ntok; tk++ {
+			rows = append(rows, x[tk*ldx:tk*ldx+c.cols]...)
+		}
+		want, err := Q8_1Host(rows, c.ntok, c.cols, planes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if msg := Q8_1Compare(woDownload(t, ctx, q), want, c.ntok, c.cols, planes); msg != "" {
+			t.Fatalf("%d planes: %s", planes, msg)
+		}
+	}
 }
 
 func woTestMatMul(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, note func(string, float64, string)) {
@@ -626,7 +678,8 @@ func woTestMatMul(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, no
 	x := woGauss(woRand(c.name()), c.ntok*ldx, ldx)
 	xd := woUpload(t, ctx, woF32s(x))
 	out := woPoisoned(t, ctx, c.ntok*ldOut)
-	scratch := woAlloc(t, ctx, max(MatMulScratchBytes(m, c.ntok), Q8_1Bytes(c.ntok, c.cols)))
+	planes := max(woVariantInt(c.variant, "planes"), 1)
+	scratch := woAlloc(t, ctx, max(MatMulScratchBytes(m, c.ntok), Q8_1PlanesBytes(planes, c.ntok, c.cols)))
 	w.mvKS = woVariantInt(c.variant, "ks")
 	switch c.variant {
 	case "r=1", "r=4":
@@ -644,8 +697,8 @@ func woTestMatMul(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, no
 	if strings.HasPrefix(c.variant, "chunked") {
 		// More tokens than one matvec launch takes: MatVecQ8_1 in runs of
 		// MatVecMaxTokens (the engine's decode rows of many sequences).
-		if err = w.QuantizeQ8_1(nil, xd.p, ldx, c.ntok, c.cols, scratch.p); err == nil {
-			err = w.MatVecQ8_1(nil, m, scratch.p, c.ntok, out.p, ldOut)
+		if err = w.QuantizeQ8_1Planes(nil, xd.p, ldx, c.ntok, c.cols, planes, scratch.p); err == nil {
+			err = w.MatVecQ8_1GroupPlanes(nil, []Matrix{m}, scratch.p, planes, c.ntok, []cudadrv.DevicePtr{out.p}, []int{ldOut})
 		}
 	} else {
 		err = w.MatMul(nil, m, xd.p, ldx, c.ntok, out.p, ldOut, scratch.p)
@@ -664,6 +717,11 @@ func woTestMatMul(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, no
 		note(key+"/f16", woCheck(t, "vs f32 activations", got, ldOut, c.rows, refAct, woBoundF16), c.name())
 	case isFloat(c.typ):
 		note(key+"/f32", woCheck(t, "vs f32 activations", got, ldOut, c.rows, refAct, woBoundFloat), c.name())
+	case planes == 2:
+		xq := woQ8Planes(woDownload(t, ctx, woBuf{scratch.p, Q8_1PlanesBytes(2, c.ntok, c.cols)}), c.ntok, c.cols)
+		refQ := woDot(wt.deq, c.cols, xq, c.cols, c.ntok, c.rows, wrow, xrow)
+		note(key+"/q8", woCheck(t, "vs GPU Q8_1 activations (two planes)", got, ldOut, c.rows, refQ, woBoundQuant), c.name())
+		note(key+"/act2", woCheck(t, "vs f32 activations (two planes)", got, ldOut, c.rows, refAct, woBoundAct2), c.name())
 	default:
 		xq := woQ8(woDownload(t, ctx, woBuf{scratch.p, Q8_1Bytes(c.ntok, c.cols)}), c.ntok, c.cols)
 		refQ := woDot(wt.deq, c.cols, xq, c.cols, c.ntok, c.rows, wrow, xrow)
@@ -833,7 +891,8 @@ func woTestMoE(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, note 
 func woTestGroup(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, note func(string, float64, string)) {
 	r := woRand(c.name())
 	key := "group/" + c.typ.String()
-	if c.variant == "dense" {
+	if strings.HasPrefix(c.variant, "dense") {
+		planes := max(woVariantInt(c.variant, "planes"), 1)
 		rowsOf := []int{c.rows, 7, 33 + 64}
 		var ms []Matrix
 		var wts []*woWeight
@@ -848,14 +907,18 @@ func woTestGroup(t *testing.T, ctx *cudadrv.Context, w *WeightOps, c woCase, not
 		}
 		x := woGauss(r, c.ntok*c.cols, c.cols)
 		xd := woUpload(t, ctx, woF32s(x))
-		xq := woAlloc(t, ctx, Q8_1Bytes(c.ntok, c.cols))
-		if err := w.QuantizeQ8_1(nil, xd.p, c.cols, c.ntok, c.cols, xq.p); err != nil {
+		xq := woAlloc(t, ctx, Q8_1PlanesBytes(planes, c.ntok, c.cols))
+		if err := w.QuantizeQ8_1Planes(nil, xd.p, c.cols, c.ntok, c.cols, planes, xq.p); err != nil {
 			t.Fatal(err)
 		}
-		if err := w.MatVecQ8_1Group(nil, ms, xq.p, c.ntok, outs, lds); err != nil {
+		if err := w.MatVecQ8_1GroupPlanes(nil, ms, xq.p, planes, c.ntok, outs, lds); err != nil {
 			t.Fatal(err)
 		}
-		q := woQ8(woDownload(t, ctx, woBuf{xq.p, Q8_1Bytes(c.ntok, c.cols)}), c.ntok, c.cols)
+		xb := woDownload(t, ctx, woBuf{xq.p, Q8_1PlanesBytes(planes, c.ntok, c.cols)})
+		q := woQ8(xb, c.ntok, c.cols)
+		if planes == 2 {
+			q = woQ8Planes(xb, c.ntok, c.cols)
+		}
 		for i, wt := range wts {
 			ref := woDot(wt.deq, c.cols, q, c.cols, c.ntok, rowsOf[i], func(_, r int) int { return r }, func(t int) int { return t })
 			note(key+"/dense", woCheck(t, fmt.Sprintf("matrix %d vs GPU Q8_1 activations", i), woDownload(t, ctx, bufs[i]), lds[i], rowsOf[i], ref, woBoundQuant), c.name())

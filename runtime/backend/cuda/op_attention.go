@@ -55,7 +55,11 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 			}
 		}
 		plan := &g.plan
-		q8 := link != nil && g.q8Ready(link.group, n)
+		planes := 0
+		if link != nil {
+			planes = g.q8Ready(link.group, n)
+		}
+		q8 := planes > 0
 		// The epilogue writes the Q8_1 rows of its own launch: one launch
 		// must cover the step (and a prompt chunk's outputs need no
 		// rotation back; the decode kernel rotates its rows before their
@@ -69,7 +73,7 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 				args.Splits, args.Chunk, args.Part, args.ML, args.Count = splits, chunk, g.attn.part, g.attn.ml, g.attn.count
 			}
 			if q8 && one {
-				args.Q8 = g.act
+				args.Q8, args.Q8Planes = g.act, planes
 			}
 			if err := g.dev.attn.DecodeKV(s, &args); err != nil {
 				return err
@@ -88,7 +92,7 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 				args.K, args.V = g.gatherK, g.gatherV
 			}
 			if q8 && one {
-				args.Q8 = g.act
+				args.Q8, args.Q8Planes = g.act, planes
 			}
 			if err := g.dev.attn.Run(s, &args); err != nil {
 				return err
@@ -102,7 +106,7 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 			}
 		}
 		if q8 && !one {
-			return g.w.(preparedOps).Prepare(s, actQ8_1, out, n, qw, g.act)
+			return g.w.(preparedOps).Prepare(s, g.format(link.group, n), out, n, qw, g.act)
 		}
 		return nil
 	}}

@@ -65,7 +65,7 @@ type groupMember struct {
 // per matrix: decode is a chain of short launches). They answer false,
 // having queued nothing, when the matrices cannot share one.
 type groupedOps interface {
-	MatMulPreparedGroup(s *cudadrv.Stream, ms []*mat, xq cudadrv.DevicePtr, nTok int, outs []cudadrv.DevicePtr, lds []int) (bool, error)
+	MatMulPreparedGroup(s *cudadrv.Stream, ms []*mat, xq cudadrv.DevicePtr, planes, nTok int, outs []cudadrv.DevicePtr, lds []int) (bool, error)
 	MoEMatMulPreparedGroup(s *cudadrv.Stream, ms []*mat, xq, ids cudadrv.DevicePtr, nTok, topK int, outs []cudadrv.DevicePtr) (bool, error)
 }
 
@@ -98,10 +98,14 @@ func (g *Exec) format(grp *group, nTok int) actFormat {
 	return f
 }
 
-// q8Ready says whether, at nTok tokens, the group reads Q8_1 and its
-// producer writes that form (the producer and the group ask the same).
-func (g *Exec) q8Ready(grp *group, nTok int) bool {
-	return grp != nil && grp.fedQ8 && grp.cols%32 == 0 && g.format(grp, nTok) == actQ8_1
+// q8Ready says, at nTok tokens, in how many planes the group reads Q8_1
+// when its producer writes that form (the producer and the group ask the
+// same), else 0.
+func (g *Exec) q8Ready(grp *group, nTok int) int {
+	if grp == nil || !grp.fedQ8 || grp.cols%32 != 0 {
+		return 0
+	}
+	return g.format(grp, nTok).q8Planes()
 }
 
 // matMulGroupLen is how many matrix products from ops[i] on read ops[i].In
@@ -160,15 +164,15 @@ func (g *Exec) runGroup(s *cudadrv.Stream, grp *group, n int) error {
 	p := g.w.(preparedOps)
 	x := grp.x
 	if f != actF32 {
-		if !g.q8Ready(grp, n) { // else the producer wrote g.act
+		if g.q8Ready(grp, n) == 0 { // else the producer wrote g.act
 			if err := p.Prepare(s, f, grp.x, n, grp.cols, g.act); err != nil {
 				return err
 			}
 		}
 		x = g.act
 	}
-	if f == actQ8_1 && grp.oneLaunch() {
-		if done, err := g.w.(groupedOps).MatMulPreparedGroup(s, grp.mats, x, n, grp.outs, grp.lds); done || err != nil {
+	if f.q8Planes() > 0 && grp.oneLaunch() {
+		if done, err := g.w.(groupedOps).MatMulPreparedGroup(s, grp.mats, x, f.q8Planes(), n, grp.outs, grp.lds); done || err != nil {
 			return err
 		}
 	}

@@ -71,7 +71,7 @@ func (g *Exec) moeStep(op *ir.Op, sum bool, ks int) (step, error) {
 			// Decode: one Q8_1 input for gate and up (written by the norm
 			// before, or quantized here), SwiGLU writing down's.
 			pm := w.(moePreparedOps)
-			if !g.q8Ready(grp, n) {
+			if g.q8Ready(grp, n) == 0 {
 				if err := w.(preparedOps).Prepare(s, actQ8_1, in, n, emb, g.act); err != nil {
 					return err
 				}
@@ -93,7 +93,7 @@ func (g *Exec) moeStep(op *ir.Op, sum bool, ks int) (step, error) {
 				}
 			}
 			// g.act is free again: the products above read it first.
-			if err := d.glu.SwiGLUQ8(s, m.gate, m.gate, m.up, ff, ff, n*k, g.act); err != nil {
+			if err := d.glu.SwiGLUQ8(s, m.gate, m.gate, m.up, ff, ff, n*k, g.act, 1); err != nil {
 				return err
 			}
 			if err := g.with(s, down, func() error { return pm.MoEMatMulPrepared(s, down, g.act, true, m.ids, n, k, m.down) }); err != nil {

@@ -64,8 +64,10 @@ func (g *Exec) normExStep(add, norm, moe *ir.Op) step {
 	st.run = func(s *cudadrv.Stream, n int) error {
 		a := a
 		a.Rows = n
-		if link != nil && g.q8Ready(link.group, n) {
-			a.Q8 = g.act
+		if link != nil {
+			if planes := g.q8Ready(link.group, n); planes > 0 {
+				a.Q8, a.Q8Planes = g.act, planes
+			}
 		}
 		if add == nil && moe == nil && a.Q8 == 0 {
 			return g.dev.norm.RMSNorm(s, a.Dst, a.A, a.W, a.Cols, a.Eps, n)

@@ -18,8 +18,8 @@ func (g *Exec) swigluStep(op *ir.Op) step {
 	}
 	link := &q8Link{}
 	return step{out: op.Out, link: link, run: func(s *cudadrv.Stream, n int) error {
-		if g.q8Ready(link.group, n) {
-			return g.dev.glu.SwiGLUQ8(s, out, gate, up, w, ld, n, g.act)
+		if planes := g.q8Ready(link.group, n); planes > 0 {
+			return g.dev.glu.SwiGLUQ8(s, out, gate, up, w, ld, n, g.act, planes)
 		}
 		return g.dev.glu.SwiGLU(s, out, gate, up, w, ld, n)
 	}}

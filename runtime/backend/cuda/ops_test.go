@@ -310,7 +310,8 @@ func TestGPUOps(t *testing.T) {
 				args.Dst = g.poison(n)
 			}
 			if c.q8 {
-				args.Q8 = g.alloc(kernels.Q8_1Bytes(c.rows, c.cols))
+				args.Q8Planes = 1
+				args.Q8 = g.alloc(kernels.Q8_1PlanesBytes(2, c.rows, c.cols))
 			}
 			g.check(dev.norm.RMSNormEx(g.s, &args))
 			if c.add {
@@ -329,23 +330,28 @@ func TestGPUOps(t *testing.T) {
 			got := down[float32](g, args.Dst, n)
 			expectClose(g.t, "norm", got, want, 1e-10)
 			if c.q8 {
-				checkQ8(g, args.Q8, got, c.rows, c.cols)
+				checkQ8(g, args.Q8, got, c.rows, c.cols, 1)
+				// Again in two planes: the same outputs, and both planes.
+				args.Q8Planes = 2
+				g.check(dev.norm.RMSNormEx(g.s, &args))
+				expectClose(g.t, "norm (two planes)", down[float32](g, args.Dst, n), want, 1e-10)
+				checkQ8(g, args.Q8, got, c.rows, c.cols, 2)
 			}
 		})
 	}
 
 	// swiglu_q8_1: SwiGLU with the Q8_1 form of its output.
-	for _, c := range []struct{ rows, width int }{{1, 17408}, {3, 768}} {
-		run(fmt.Sprintf("swiglu_q8_1/rows=%d,width=%d", c.rows, c.width), func(g *gpuT) {
+	for _, c := range []struct{ rows, width, planes int }{{1, 17408, 1}, {3, 768, 1}, {1, 17408, 2}, {3, 768, 2}} {
+		run(fmt.Sprintf("swiglu_q8_1/rows=%d,width=%d,planes=%d", c.rows, c.width, c.planes), func(g *gpuT) {
 			n := c.rows * c.width
 			gate, upv := g.randn(n, 3), g.randn(n, 3)
 			want := make([]float32, n)
 			ops.SwiGLU(want, gate, upv)
-			dg, q8 := up(g, gate), g.alloc(kernels.Q8_1Bytes(c.rows, c.width))
-			g.check(dev.glu.SwiGLUQ8(g.s, dg, dg, up(g, upv), c.width, c.width, c.rows, q8))
+			dg, q8 := up(g, gate), g.alloc(kernels.Q8_1PlanesBytes(c.planes, c.rows, c.width))
+			g.check(dev.glu.SwiGLUQ8(g.s, dg, dg, up(g, upv), c.width, c.width, c.rows, q8, c.planes))
 			got := down[float32](g, dg, n)
 			expectClose(g.t, "swiglu", got, want, 1e-12)
-			checkQ8(g, q8, got, c.rows, c.width)
+			checkQ8(g, q8, got, c.rows, c.width, c.planes)
 		})
 	}
 
@@ -593,13 +599,19 @@ func TestGPUOps(t *testing.T) {
 				args.SIMT, args.Tiled = kd.simt, kd.tiled
 				args.Out = g.poison(len(q))
 				if c.hs%32 == 0 {
-					args.Q8 = g.alloc(kernels.Q8_1Bytes(c.nTok, c.heads*c.hs))
+					args.Q8Planes = 1
+					args.Q8 = g.alloc(kernels.Q8_1PlanesBytes(2, c.nTok, c.heads*c.hs))
 				}
 				g.check(dev.attn.Run(g.s, &args))
 				got := down[float32](g, args.Out, len(q))
 				expectClose(g.t, name, got, want, 1e-6)
 				if args.Q8 != 0 {
-					checkQ8(g, args.Q8, got, c.nTok, c.heads*c.hs)
+					checkQ8(g, args.Q8, got, c.nTok, c.heads*c.hs, 1)
+					// Again in two planes (the second from q8_1_plane2).
+					args.Q8Planes = 2
+					g.check(dev.attn.Run(g.s, &args))
+					expectClose(g.t, name+" (two planes)", down[float32](g, args.Out, len(q)), want, 1e-6)
+					checkQ8(g, args.Q8, got, c.nTok, c.heads*c.hs, 2)
 				}
 			}
 		})
@@ -798,40 +810,18 @@ func TestGPUOps(t *testing.T) {
 	}
 }
 
-// checkQ8 checks a Q8_1 buffer (kernels.Q8_1Bytes layout) against the
-// quantization of x, the formula of quantize_q8_1 in matvec.cu: d =
-// amax/127, q = round(x·(1/d)) half away from zero, {d, d·Σq} per block.
-func checkQ8(g *gpuT, p cudadrv.DevicePtr, x []float32, rows, cols int) {
+// checkQ8 checks the Q8_1 activations at p (rows of cols values in planes
+// planes) against the host twin of the kernels' rounding of x, bit for bit.
+func checkQ8(g *gpuT, p cudadrv.DevicePtr, x []float32, rows, cols, planes int) {
 	g.t.Helper()
-	n := rows * cols
-	raw := down[byte](g, p, kernels.Q8_1Bytes(rows, cols))
-	off := (n + 15) &^ 15
-	for b := 0; b < n/32; b++ {
-		var amax float32
-		for _, v := range x[32*b : 32*b+32] {
-			amax = max(amax, float32(math.Abs(float64(v))))
-		}
-		d := amax / 127
-		var id float32
-		if d != 0 {
-			id = 1 / d
-		}
-		sum := 0
-		for i, v := range x[32*b : 32*b+32] {
-			q := int(math.Round(float64(v * id)))
-			q = max(-128, min(127, q))
-			sum += q
-			if got := int(int8(raw[32*b+i])); got != q {
-				g.t.Fatalf("Q8_1 block %d value %d: %d, want %d (x %v, d %v)", b, i, got, q, v, d)
-			}
-		}
-		gd := math.Float32frombits(uint32(raw[off+8*b]) | uint32(raw[off+8*b+1])<<8 | uint32(raw[off+8*b+2])<<16 | uint32(raw[off+8*b+3])<<24)
-		gs := math.Float32frombits(uint32(raw[off+8*b+4]) | uint32(raw[off+8*b+5])<<8 | uint32(raw[off+8*b+6])<<16 | uint32(raw[off+8*b+7])<<24)
-		if gd != d || gs != float32(sum)*d {
-			g.t.Fatalf("Q8_1 block %d: d %v sum %v, want %v %v", b, gd, gs, d, float32(sum)*d)
-		}
+	want, err := kernels.Q8_1Host(x, rows, cols, planes)
+	if err != nil {
+		g.t.Fatal(err)
 	}
-	g.t.Logf("Q8_1: %d blocks exact", n/32)
+	if msg := kernels.Q8_1Compare(down[byte](g, p, kernels.Q8_1PlanesBytes(planes, rows, cols)), want, rows, cols, planes); msg != "" {
+		g.t.Fatalf("Q8_1 in %d planes: %s", planes, msg)
+	}
+	g.t.Logf("Q8_1: %d blocks in %d planes exact", rows*cols/32, planes)
 }
 
 // nmse is sum((a-b)²) / sum(b²).

@@ -14,6 +14,17 @@ import (
 // prefill) to the executor's WeightOps.
 type quantOps struct {
 	k *kernels.WeightOps
+	// planes is the Q8_1 planes of the dense products' activations (1 or
+	// 2: kernels.Q8_1PlanesBytes); MoE products read one.
+	planes int
+}
+
+// q8 is the format of the dense products' Q8_1 activations.
+func (q *quantOps) q8() actFormat {
+	if q.planes == 2 {
+		return actQ8_1x2
+	}
+	return actQ8_1
 }
 
 func (q *quantOps) Name() string { return "quantized (GGUF blocks, kernels.WeightOps)" }
@@ -83,13 +94,13 @@ func (q *quantOps) InputFormat(m *mat, nTok int, decode bool) actFormat {
 		// the oracles' margins were measured with.
 		return actF16
 	}
-	return actQ8_1
+	return q.q8()
 }
 
 func (q *quantOps) InputBytes(f actFormat, nTok, cols int) int {
 	switch f {
-	case actQ8_1:
-		return kernels.Q8_1Bytes(nTok, cols)
+	case actQ8_1, actQ8_1x2:
+		return kernels.Q8_1PlanesBytes(f.q8Planes(), nTok, cols)
 	case actF16:
 		return kernels.F16Bytes(nTok, cols)
 	}
@@ -98,8 +109,8 @@ func (q *quantOps) InputBytes(f actFormat, nTok, cols int) int {
 
 func (q *quantOps) Prepare(s *cudadrv.Stream, f actFormat, x cudadrv.DevicePtr, nTok, cols int, dst cudadrv.DevicePtr) error {
 	switch f {
-	case actQ8_1:
-		return q.k.QuantizeQ8_1(s, x, cols, nTok, cols, dst)
+	case actQ8_1, actQ8_1x2:
+		return q.k.QuantizeQ8_1Planes(s, x, cols, nTok, cols, f.q8Planes(), dst)
 	case actF16:
 		return q.k.ConvertF16(s, x, cols, nTok, cols, dst)
 	}
@@ -108,8 +119,8 @@ func (q *quantOps) Prepare(s *cudadrv.Stream, f actFormat, x cudadrv.DevicePtr, 
 
 func (q *quantOps) MatMulPrepared(s *cudadrv.Stream, m *mat, f actFormat, x cudadrv.DevicePtr, nTok int, out cudadrv.DevicePtr, ldOut int) error {
 	switch f {
-	case actQ8_1:
-		return q.k.MatVecQ8_1(s, q.matrix(m), x, nTok, out, ldOut)
+	case actQ8_1, actQ8_1x2:
+		return q.k.MatVecQ8_1GroupPlanes(s, []kernels.Matrix{q.matrix(m)}, x, f.q8Planes(), nTok, []cudadrv.DevicePtr{out}, []int{ldOut})
 	case actF16:
 		return q.k.MatMulF16(s, q.matrix(m), x, nTok, out, ldOut)
 	}
@@ -152,8 +163,9 @@ func (q *quantOps) MoEMatMulPrepared(s *cudadrv.Stream, m *mat, xq cudadrv.Devic
 var _ groupedOps = (*quantOps)(nil)
 
 // MatMulPreparedGroup runs the Q8_1 products of ms (one type and width, no
-// more than kernels.MaxMatVecGroup) in one launch; false when they differ.
-func (q *quantOps) MatMulPreparedGroup(s *cudadrv.Stream, ms []*mat, xq cudadrv.DevicePtr, nTok int, outs []cudadrv.DevicePtr, lds []int) (bool, error) {
+// more than kernels.MaxMatVecGroup; activations in planes planes) in one
+// launch; false when they differ.
+func (q *quantOps) MatMulPreparedGroup(s *cudadrv.Stream, ms []*mat, xq cudadrv.DevicePtr, planes, nTok int, outs []cudadrv.DevicePtr, lds []int) (bool, error) {
 	if !sameQuantType(ms) || nTok > kernels.MatVecQ8_1MaxTokens {
 		return false, nil
 	}
@@ -161,7 +173,7 @@ func (q *quantOps) MatMulPreparedGroup(s *cudadrv.Stream, ms []*mat, xq cudadrv.
 	for i, m := range ms {
 		km[i] = q.matrix(m)
 	}
-	return true, q.k.MatVecQ8_1Group(s, km, xq, nTok, outs, lds)
+	return true, q.k.MatVecQ8_1GroupPlanes(s, km, xq, planes, nTok, outs, lds)
 }
 
 // MoEMatMulPreparedGroup runs the Q8_1 products of the expert stacks ms

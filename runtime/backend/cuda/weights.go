@@ -76,7 +76,19 @@ func loadWeightOps(ctx *cudadrv.Context) (quant, ref WeightOps, why error, err e
 	if qerr != nil {
 		return nil, ref, qerr, nil
 	}
-	return &quantOps{k: k}, ref, nil, nil
+	return &quantOps{k: k, planes: q8PlanesFromEnv()}, ref, nil, nil
+}
+
+// EnvQ8Planes (ATS_GPU_Q8_PLANES=1) has the dense decode products read
+// their activations in one Q8_1 plane, not two: a little faster, and
+// further from the CPU's products (kernels.Q8_1PlanesBytes).
+const EnvQ8Planes = "ATS_GPU_Q8_PLANES"
+
+func q8PlanesFromEnv() int {
+	if os.Getenv(EnvQ8Planes) == "1" {
+		return 1
+	}
+	return 2
 }
 
 // refWeightOps is the reference weight path: every matrix is dequantized
@@ -524,11 +536,24 @@ func (r *registration) release() {
 type actFormat uint8
 
 const (
-	actF32   actFormat = iota // float32 rows as the executor keeps them
-	actQ8_1                   // kernels.Q8_1Bytes layout (integer matrix-vector products)
-	actF16                    // kernels.F16Bytes layout (tensor-core products)
-	actMixed                  // members of a group disagree: no shared input
+	actF32    actFormat = iota // float32 rows as the executor keeps them
+	actQ8_1                    // kernels.Q8_1Bytes layout (integer matrix-vector products)
+	actF16                     // kernels.F16Bytes layout (tensor-core products)
+	actMixed                   // members of a group disagree: no shared input
+	actQ8_1x2                  // actQ8_1 in two planes (kernels.Q8_1PlanesBytes)
 )
+
+// q8Planes is how many Q8_1 planes f holds: 2 for actQ8_1x2, 1 for
+// actQ8_1, 0 for the other formats.
+func (f actFormat) q8Planes() int {
+	switch f {
+	case actQ8_1:
+		return 1
+	case actQ8_1x2:
+		return 2
+	}
+	return 0
+}
 
 // preparedOps is implemented by weight kernels that read activations in
 // another format than float32. The executor then converts an input once
