@@ -72,6 +72,24 @@ __device__ __forceinline__ int q8_1_quant(float v, float &d, int &sum)
     return qv;
 }
 
+// q8_1_residual is the second plane of a block whose first plane q8_1_quant
+// made (d, qv): v - d*q in steps of d2 = d/254, half the first plane's
+// step / 127, so that |v - d*q| <= d/2 fits int8 unclamped and a product
+// may add the two planes' integer sums, the first's times 254, before it
+// scales them (unit_dot2 in matvec.cu).
+__device__ __forceinline__ int q8_1_residual(float v, float d, int qv, float &d2, int &sum)
+{
+    d2 = d / 254.0f;
+    const float id2 = d2 != 0.f ? 1.0f / d2 : 0.f;
+    int q2 = (int)roundf(__fmaf_rn(-d, (float)qv, v) * id2);
+    q2 = max(-128, min(127, q2));
+    sum = q2;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    return q2;
+}
+
 __device__ __forceinline__ void q8_1_block(float v, signed char *q, float2 *ds, long long plane)
 {
     float d;
@@ -83,7 +101,7 @@ __device__ __forceinline__ void q8_1_block(float v, signed char *q, float2 *ds, 
     if (plane) {
         float d2;
         int sum2;
-        const int q2 = q8_1_quant(__fmaf_rn(-d, (float)qv, v), d2, sum2);
+        const int q2 = q8_1_residual(v, d, qv, d2, sum2);
         q[plane] = (signed char)q2;
         if ((threadIdx.x & 31) == 0)
             ds[plane / 32] = make_float2(d2, (float)sum2 * d2);

@@ -464,6 +464,47 @@ __device__ __forceinline__ float unit_dot(const Unit &w, const uint4 &a, const u
     return r;
 }
 
+// unit_dot2 is unit_dot of one token's activations in two planes: a, bq
+// the first plane's runs, a2, bq2 the second's, ds2a, ds2b the second
+// plane's {d2, d2*sum}. The second plane's step is the first's / 254
+// (q8_1_residual), so the planes' integer sums add, the first's times
+// 254, before the scales multiply them: one weight decode and one set of
+// float products serve both planes. |254*ia + ia2| < 2^27 for int8
+// weights.
+template <int T>
+__device__ __forceinline__ float unit_dot2(const Unit &w, const uint4 &a, const uint4 &bq, const uint4 &a2,
+                                           const uint4 &bq2, float2 dsa, float2 dsb, float2 ds2a, float2 ds2b)
+{
+    int ia = __dp4a((int)w.qa[0], (int)a.x, 0);
+    ia = __dp4a((int)w.qa[1], (int)a.y, ia);
+    ia = __dp4a((int)w.qa[2], (int)a.z, ia);
+    ia = __dp4a((int)w.qa[3], (int)a.w, ia);
+    int ia2 = __dp4a((int)w.qa[0], (int)a2.x, 0);
+    ia2 = __dp4a((int)w.qa[1], (int)a2.y, ia2);
+    ia2 = __dp4a((int)w.qa[2], (int)a2.z, ia2);
+    ia2 = __dp4a((int)w.qa[3], (int)a2.w, ia2);
+    int ib = __dp4a((int)w.qb[0], (int)bq.x, 0);
+    ib = __dp4a((int)w.qb[1], (int)bq.y, ib);
+    ib = __dp4a((int)w.qb[2], (int)bq.z, ib);
+    ib = __dp4a((int)w.qb[3], (int)bq.w, ib);
+    int ib2 = __dp4a((int)w.qb[0], (int)bq2.x, 0);
+    ib2 = __dp4a((int)w.qb[1], (int)bq2.y, ib2);
+    ib2 = __dp4a((int)w.qb[2], (int)bq2.z, ib2);
+    ib2 = __dp4a((int)w.qb[3], (int)bq2.w, ib2);
+    float r = w.sa * ds2a.x * (float)(254 * ia + ia2) + w.sb * ds2b.x * (float)(254 * ib + ib2);
+    if (Fmt<T>::MIN == MIN_S32) {
+        r += w.ma * (dsa.y + ds2a.y) + w.mb * (dsb.y + ds2b.y);
+    } else if (Fmt<T>::MIN == MIN_S16) {
+        const int one = 0x01010101;
+        int sa = __dp4a(one, (int)a.x, __dp4a(one, (int)a.y, __dp4a(one, (int)a.z, __dp4a(one, (int)a.w, 0))));
+        int sb = __dp4a(one, (int)bq.x, __dp4a(one, (int)bq.y, __dp4a(one, (int)bq.z, __dp4a(one, (int)bq.w, 0))));
+        int sa2 = __dp4a(one, (int)a2.x, __dp4a(one, (int)a2.y, __dp4a(one, (int)a2.z, __dp4a(one, (int)a2.w, 0))));
+        int sb2 = __dp4a(one, (int)bq2.x, __dp4a(one, (int)bq2.y, __dp4a(one, (int)bq2.z, __dp4a(one, (int)bq2.w, 0))));
+        r += w.ma * ds2a.x * (float)(254 * sa + sa2) + w.mb * ds2b.x * (float)(254 * sb + sb2);
+    }
+    return r;
+}
+
 // ---------------------------------------------------------------- the driver
 
 // Shared-memory stage of one chunk of one row: up to SV 16-byte vectors,
@@ -546,6 +587,26 @@ __device__ __forceinline__ int act_row(int ntok, int planeRows, int t)
         return t;
     const int half = ntok >> 1;
     return t < half ? t : planeRows + t - half;
+}
+
+// unit_dot_at dots the unit with the activations of row row and, with
+// P2, that row's second plane planeRows rows on, at elements ea and eb.
+template <int T, bool P2>
+__device__ __forceinline__ float unit_dot_at(const Unit &w, const MvArgs &a, long long row, int ea, int eb)
+{
+    const int ncols32 = a.cols >> 5;
+    const i8 *q = a.xq + row * a.cols;
+    const float2 *ds = a.xds + row * ncols32;
+    const uint4 qa = *(const uint4 *)(q + ea);
+    const uint4 qb = *(const uint4 *)(q + eb);
+    const float2 dsa = ds[ea >> 5], dsb = ds[eb >> 5];
+    if (!P2)
+        return unit_dot<T>(w, qa, qb, dsa, dsb);
+    const long long off = (long long)a.planeRows * a.cols;
+    const uint4 qa2 = *(const uint4 *)(q + off + ea);
+    const uint4 qb2 = *(const uint4 *)(q + off + eb);
+    const float2 *ds2 = ds + (long long)a.planeRows * ncols32;
+    return unit_dot2<T>(w, qa, qb, qa2, qb2, dsa, dsb, ds2[ea >> 5], ds2[eb >> 5]);
 }
 
 // MvMat is the matrix a block works on: member 0 (MvArgs's own fields) for
@@ -680,8 +741,10 @@ __device__ __forceinline__ void mv_drive(const MvArgs &a0)
 
 // ---------------------------------------------------------------- integer chunks
 
-template <int T> struct QuantOp {
-    enum { BV = Fmt<T>::BV, BB = Fmt<T>::BB, CB = CHUNK / BV, UPB = BV / 32, CBYTES = CB * BB, PLANES = 1 };
+// P2: tokens in two planes whose integer sums add (unit_dot2), the
+// kernels mv_<type>_<ntok>p; without it, two planes are two tokens.
+template <int T, bool P2 = false> struct QuantOp {
+    enum { BV = Fmt<T>::BV, BB = Fmt<T>::BB, CB = CHUNK / BV, UPB = BV / 32, CBYTES = CB * BB, PLANES = !P2 };
 
     static __device__ __forceinline__ int nchunk(const MvArgs &a) { return (a.cols / BV + CB - 1) / CB; }
 
@@ -699,9 +762,16 @@ template <int T> struct QuantOp {
         for (int r = 0; r < R; r++)
             unit<T>(st[r] + b * BB, u, w[r]);
         const int ea = blk * BV + w[0].ea, eb = blk * BV + w[0].eb;
+        if (P2) {
+#pragma unroll
+            for (int t = 0; t < NTOK; t++)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    acc[r * NTOK + t] += unit_dot_at<T, true>(w[r], a, act0 + min(t, a.ntok - 1), ea, eb);
+        }
         const int ncols32 = a.cols >> 5;
 #pragma unroll
-        for (int t = 0; t < NTOK; t++) {
+        for (int t = 0; t < (P2 ? 0 : NTOK); t++) {
             const long long row = act0 + (NTOK == 1 ? 0 : act_row(a.ntok, a.planeRows, t));
             const i8 *q = a.xq + row * a.cols;
             const float2 *ds = a.xds + row * ncols32;
@@ -727,7 +797,7 @@ struct K4Regs {
     uint4 hdr, qs, qh;
 };
 
-template <int T, int NTOK, int R>
+template <int T, int NTOK, int R, bool P2 = false>
 __device__ __forceinline__ void mv_direct_k4(const MvArgs &a0)
 {
     const MvArgs &a = a0;
@@ -777,8 +847,15 @@ __device__ __forceinline__ void mv_direct_k4(const MvArgs &a0)
         for (int r = 0; r < R; r++)
             unit_k4<T>(k[r].hdr, k[r].qs, k[r].qh, u, w[r]);
         const int ea = blk * 256 + w[0].ea, eb = blk * 256 + w[0].eb;
+        if (P2) {
 #pragma unroll
-        for (int t = 0; t < NTOK; t++) {
+            for (int t = 0; t < NTOK; t++)
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    acc[r * NTOK + t] += unit_dot_at<T, true>(w[r], a, act0 + min(t, a.ntok - 1), ea, eb);
+        }
+#pragma unroll
+        for (int t = 0; t < (P2 ? 0 : NTOK); t++) {
             const long long row = act0 + (NTOK == 1 ? 0 : act_row(a.ntok, a.planeRows, t));
             const i8 *q = a.xq + row * a.cols;
             const float2 *ds = a.xds + row * ncols32;
@@ -806,7 +883,7 @@ __device__ __forceinline__ void mv_direct_k4(const MvArgs &a0)
             load(c + 2 * ks, ra);
         compute(c + ks, rb);
     }
-    mv_store<NTOK, R, NTOK >= 2>(a, mm, acc, red, row0, p);
+    mv_store<NTOK, R, NTOK >= 2 && !P2>(a, mm, acc, red, row0, p);
 }
 
 // ---------------------------------------------------------------- float chunks
@@ -1253,9 +1330,10 @@ __device__ __forceinline__ void mvt_drive(const MvArgs &a0)
 // ---------------------------------------------------------------- entry points
 
 // Every matvec kernel takes one MvArgs by value. mv_<type>_<ntok> are the
-// Q8_1 integer kernels, mvf_<type>_<ntok> the float ones; R rows per row
-// group (MV_R). The _r1/_r4 variants of a few types exist for benchmarks.
+// Q8_1 integer kernels, mv_<type>_<ntok>p their tokens in two planes,
+// mvf_<type>_<ntok> the float ones; R rows per row group (MV_R). The _r1/_r4 variants of a few types exist for benchmarks.
 #define MV_R 2
+#define COMMA , // a template argument list inside a macro argument
 #define MV_KERNEL(NAME, OP, NTOK, R, MINB)                                                        \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, MINB) NAME(const MvArgs a) \
     {                                                                                         \
@@ -1265,9 +1343,13 @@ __device__ __forceinline__ void mvt_drive(const MvArgs &a0)
 
 #define MVQ_ALL(NAME, T)                                           \
     MV_KERNEL(mv_##NAME##_1, QuantOp<T>, 1, MV_R, 8)               \
+    MV_KERNEL(mv_##NAME##_1p, QuantOp<T COMMA true>, 1, MV_R, 6)   \
     MV_KERNEL(mv_##NAME##_2, QuantOp<T>, 2, MV_R, 6)               \
     MV_KERNEL(mv_##NAME##_4, QuantOp<T>, 4, MV_R, 4)               \
-    MV_KERNEL(mv_##NAME##_8, QuantOp<T>, 8, MV_R, 3)
+    MV_KERNEL(mv_##NAME##_8, QuantOp<T>, 8, MV_R, 3)               \
+    MV_KERNEL(mv_##NAME##_2p, QuantOp<T COMMA true>, 2, MV_R, 4)   \
+    MV_KERNEL(mv_##NAME##_4p, QuantOp<T COMMA true>, 4, MV_R, 3)   \
+    MV_KERNEL(mv_##NAME##_8p, QuantOp<T COMMA true>, 8, MV_R, 2)
 #define MVF_ALL(NAME, T)                                           \
     MV_KERNEL(mvf_##NAME##_1, FloatOp<T>, 1, MV_R, 8)              \
     MV_KERNEL(mvf_##NAME##_2, FloatOp<T>, 2, MV_R, 6)              \
@@ -1278,17 +1360,21 @@ __device__ __forceinline__ void mvt_drive(const MvArgs &a0)
     MV_KERNEL(mv_##NAME##_1_r4, QuantOp<T>, 1, 4, 6)
 
 // Q4_K and Q5_K: the direct driver.
-#define MVK_KERNEL(NAME, T, NTOK, R, MINB)                                                        \
+#define MVK_KERNEL(NAME, T, NTOK, R, MINB, ...)                                              \
     extern "C" __global__ void __launch_bounds__(MV_WARPS * 32, MINB) NAME(const MvArgs a) \
     {                                                                                         \
         PDL_ENTRY();                                                                          \
-        mv_direct_k4<T, NTOK, R>(a);                                                          \
+        mv_direct_k4<T, NTOK, R __VA_ARGS__>(a);                                              \
     }
 #define MVK_ALL(NAME, T, MINB1, MINB2)                             \
     MVK_KERNEL(mv_##NAME##_1, T, 1, MV_R, MINB1)                   \
+    MVK_KERNEL(mv_##NAME##_1p, T, 1, MV_R, MINB2, COMMA true)      \
     MVK_KERNEL(mv_##NAME##_2, T, 2, MV_R, MINB2)                   \
     MVK_KERNEL(mv_##NAME##_4, T, 4, MV_R, 4)                       \
-    MVK_KERNEL(mv_##NAME##_8, T, 8, MV_R, 3)
+    MVK_KERNEL(mv_##NAME##_8, T, 8, MV_R, 3)                       \
+    MVK_KERNEL(mv_##NAME##_2p, T, 2, MV_R, 4, COMMA true)          \
+    MVK_KERNEL(mv_##NAME##_4p, T, 4, MV_R, 3, COMMA true)          \
+    MVK_KERNEL(mv_##NAME##_8p, T, 8, MV_R, 2, COMMA true)
 
 MVQ_ALL(q4_0, T_Q4_0)
 MVQ_ALL(q4_1, T_Q4_1)
@@ -1348,6 +1434,24 @@ __device__ __forceinline__ int q8_1_quant(float v, float &d, int &sum)
     return qv;
 }
 
+// q8_1_residual is the second plane of a block whose first plane q8_1_quant
+// made (d, qv): v - d*q in steps of d2 = d/254, half the first plane's
+// step / 127, so that |v - d*q| <= d/2 fits int8 unclamped and a product
+// may add the two planes' integer sums, the first's times 254, before it
+// scales them (unit_dot2 in matvec.cu).
+__device__ __forceinline__ int q8_1_residual(float v, float d, int qv, float &d2, int &sum)
+{
+    d2 = d / 254.0f;
+    const float id2 = d2 != 0.f ? 1.0f / d2 : 0.f;
+    int q2 = (int)roundf(__fmaf_rn(-d, (float)qv, v) * id2);
+    q2 = max(-128, min(127, q2));
+    sum = q2;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    return q2;
+}
+
 // q8_1_block writes a warp's 32 values v as one Q8_1 block (q, and ds
 // {d, d*sum}) and, when plane > 0, their residual v - d*q rounded alike as
 // the block plane values on (scales plane/32 on): the second plane.
@@ -1362,7 +1466,7 @@ __device__ __forceinline__ void q8_1_block(float v, i8 *q, float2 *ds, long long
     if (plane) {
         float d2;
         int sum2;
-        const int q2 = q8_1_quant(__fmaf_rn(-d, (float)qv, v), d2, sum2);
+        const int q2 = q8_1_residual(v, d, qv, d2, sum2);
         q[plane] = (i8)q2;
         if ((threadIdx.x & 31) == 0)
             ds[plane / 32] = make_float2(d2, (float)sum2 * d2);

@@ -28,7 +28,7 @@ func Q8_1Host(x []float32, nTok, cols, planes int) ([]byte, error) {
 				// float64 and so is v - d*q, so one rounding remains.
 				res[i] = float32(float64(v) - float64(d)*float64(int8(out[32*b+i])))
 			}
-			q8_1Block(out[n+32*b:], ds[8*(n/32+b):], res)
+			q8_1Residual(out[n+32*b:], ds[8*(n/32+b):], res, d)
 		}
 	}
 	return out, nil
@@ -55,6 +55,25 @@ func q8_1Block(q, ds []byte, x []float32) (d float32) {
 	binary.LittleEndian.PutUint32(ds, math.Float32bits(d))
 	binary.LittleEndian.PutUint32(ds[4:], math.Float32bits(float32(sum)*d))
 	return d
+}
+
+// q8_1Residual writes a block's second plane as q8_1_residual does from
+// its residual res = v - d*q: d2 = d/254, q2 = round(res*(1/d2)),
+// {d2, d2*sum(q2)}.
+func q8_1Residual(q, ds []byte, res []float32, d float32) {
+	d2 := d / 254
+	var id2 float32
+	if d2 != 0 {
+		id2 = 1 / d2
+	}
+	sum := 0
+	for i, v := range res {
+		p := v * id2
+		r := max(-128, min(127, int(math.Round(float64(p)))))
+		q[i], sum = byte(int8(r)), sum+r
+	}
+	binary.LittleEndian.PutUint32(ds, math.Float32bits(d2))
+	binary.LittleEndian.PutUint32(ds[4:], math.Float32bits(float32(sum)*d2))
 }
 
 // Q8_1Compare reports the first difference between Q8_1 activations got

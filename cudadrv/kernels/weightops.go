@@ -105,6 +105,7 @@ func isFloat(t gguf.Type) bool {
 // typeKernels are the kernels of one weight type.
 type typeKernels struct {
 	mv      [4]*cudadrv.Function // NTOK 1, 2, 4, 8
+	mvp     [4]*cudadrv.Function // NTOK 1, 2, 4, 8 in two planes (integer types)
 	mvR1    *cudadrv.Function    // NTOK 1 with 1 / 4 rows per row group (benchmarks)
 	mvR4    *cudadrv.Function
 	mvt     [2][len(mvtTokens)]*cudadrv.Function // tensor-core decode rows (Q4_K, Q6_K): mvt_, mvt2_ by mvtTokens
@@ -125,6 +126,7 @@ type WeightOps struct {
 	sms                                int          // multiprocessors, for the matvec split
 	tensorCoreInt8                     bool         // CC 8.0 or later: the mvt_ kernels run
 	mvtMin                             atomic.Int32 // SetDecodeMMA: -1 the types' own minimum, 0 off, else the fewest tokens
+	batchPlanes                        atomic.Bool  // SetBatchPlanes: products of several rows read both planes
 
 	// Benchmark knobs (package tests only): rows per row group of the
 	// one-token matvec (0: the default 2; 1 or 4 where built), a forced
@@ -159,6 +161,11 @@ func NewWeightOps(ctx *cudadrv.Context) (*WeightOps, error) {
 		}
 		for i, nt := range []int{1, 2, 4, 8} {
 			mv[fmt.Sprintf("%s%s_%d", prefix, n, nt)] = &k.mv[i]
+		}
+		if !isFloat(t) {
+			for i, nt := range []int{1, 2, 4, 8} {
+				mv[fmt.Sprintf("mv_%s_%dp", n, nt)] = &k.mvp[i]
+			}
 		}
 		if fewest, ok := mvtTypes[t]; ok {
 			k.mvtMin = fewest
@@ -247,7 +254,10 @@ func align16(n int) int { return (n + 15) &^ 15 }
 // hang on single activations' roundings), for a second dot product per
 // weight read. The second planes follow the first as further rows of the
 // Q8_1Bytes layout: nTok rows in two planes are laid out as 2*nTok rows,
-// row nTok+t the second plane of row t.
+// row nTok+t the second plane of row t. A second plane's step is its
+// first plane's / 254, so that one token's products add the planes'
+// integer sums before scaling them (mv_<type>_1p): a decode step's second
+// plane then costs the second plane's dp4a instructions alone.
 
 // Q8_1PlanesBytes is the size of nTok rows of cols activations in planes
 // planes (1 or 2).
@@ -427,6 +437,31 @@ func (w *WeightOps) mvLaunch(s *cudadrv.Stream, k *typeKernels, m Matrix, p *mvA
 			f, rows = k.mvR4, 4
 		}
 	}
+	return w.mvLaunchRows(s, f, rows, m, p, problems)
+}
+
+// tokIndex is the index in {1, 2, 4, 8} of the fewest kernel tokens that
+// hold n (n <= 8).
+func tokIndex(n int) int {
+	i := 0
+	for 1<<i < n {
+		i++
+	}
+	return i
+}
+
+// mvLaunchWith queues kernel f, of MV_R rows a row group, as mvLaunch
+// would.
+func (w *WeightOps) mvLaunchWith(s *cudadrv.Stream, f *cudadrv.Function, m Matrix, p *mvArgs, problems int) error {
+	if err := w.matvec.ready(); err != nil {
+		return err
+	}
+	return w.mvLaunchRows(s, f, 2, m, p, problems)
+}
+
+// mvLaunchRows picks the K split for kernel f of rows rows a row group
+// and queues it.
+func (w *WeightOps) mvLaunchRows(s *cudadrv.Stream, f *cudadrv.Function, rows int, m Matrix, p *mvArgs, problems int) error {
 	// Chunks of a row: 1024 values for the quantized types, 1 KiB of
 	// weights for the float ones.
 	chunkVals := 1024
@@ -512,6 +547,14 @@ const mvt2Rows = 12288
 // them off, a negative count restores each type's own (mvtTypes).
 // The device's executors share the WeightOps: the setting is atomic.
 func (w *WeightOps) SetDecodeMMA(fewest int) { w.mvtMin.Store(int32(min(max(fewest, -1), 1<<30))) }
+
+// SetBatchPlanes sets whether products of several rows in two Q8_1 planes
+// read both (true) or the first alone (false, the default). A second
+// plane cost 8 concurrent decode streams of Qwen3-14B about a third of
+// their rate on an H200 (601.9 against 880.7 t/s: the tensor-core kernels
+// take it as 8 more tokens), where one stream pays 7% (194 against 209).
+// The kernels' tests turn it on, to check the batched two-plane kernels.
+func (w *WeightOps) SetBatchPlanes(both bool) { w.batchPlanes.Store(both) }
 
 // mvtUse reports whether a product of nTok tokens of k's type takes the
 // mvt_ kernels.
@@ -647,12 +690,20 @@ func (w *WeightOps) MatVecQ8_1GroupPlanes(s *cudadrv.Stream, ms []Matrix, xq cud
 	if err != nil {
 		return err
 	}
+	if plane > 0 && nTok > 1 && !w.batchPlanes.Load() {
+		// Batched decode reads the first plane alone (SetBatchPlanes).
+		// The first plane's scales come first, so xds holds.
+		plane, planes = 0, 1
+	}
 	planeRows := 0
 	if plane > 0 {
 		planeRows = nTok
 	}
 	vt := max(planes, 1) // the kernels' tokens a row
-	if w.mvtUse(k, vt*nTok) {
+	// The tensor cores take the second planes as further tokens, from the
+	// same count of rows as one plane: up to 4 rows, both planes fit the
+	// 8 tokens of one fragment.
+	if w.mvtUse(k, nTok) {
 		p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
 			planeRows: int32(planeRows), xq: xq, xds: xds, out: outs[0], ldOut: int64(ldOuts[0]), actDiv: 1}
 		for i, e := range ms[1:] {
@@ -660,6 +711,24 @@ func (w *WeightOps) MatVecQ8_1GroupPlanes(s *cudadrv.Stream, ms []Matrix, xq cud
 		}
 		p.nextra = int32(len(ms) - 1)
 		return w.mvtLaunch(s, k, &p, nTok)
+	}
+	if vt == 2 && k.mvp[0] != nil {
+		// Runs of MatVecMaxTokens rows, each with its second plane
+		// nTok rows on (mv_<type>_<ntok>p add the planes' integer sums).
+		for t0 := 0; t0 < nTok; t0 += MatVecMaxTokens {
+			n := min(MatVecMaxTokens, nTok-t0)
+			p := mvArgs{w: m.Data, rowBytes: int64(m.RowBytes()), rows: int32(m.Rows), cols: int32(m.Cols),
+				planeRows: int32(nTok), xq: xq.Add(t0 * m.Cols), xds: xds.Add(t0 * m.Cols / 32 * 8), ntok: int32(n),
+				out: outs[0].Add(4 * t0 * ldOuts[0]), ldOut: int64(ldOuts[0]), actDiv: 1}
+			for i, e := range ms[1:] {
+				p.m[i] = mvMember{w: e.Data, out: outs[i+1].Add(4 * t0 * ldOuts[i+1]), rowBytes: int64(e.RowBytes()), ldOut: int64(ldOuts[i+1]), rows: int32(e.Rows)}
+			}
+			p.nextra = int32(len(ms) - 1)
+			if err := w.mvLaunchWith(s, k.mvp[tokIndex(n)], m, &p, 1); err != nil {
+				return err
+			}
+		}
+		return nil
 	}
 	// Runs of MatVecMaxTokens kernel tokens: with two planes, half as
 	// many rows, their second planes planeRows rows on.

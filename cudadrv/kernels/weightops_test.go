@@ -89,6 +89,9 @@ func woSetup(tb testing.TB) (*cudadrv.Context, *WeightOps) {
 		}
 		t0 := time.Now()
 		woFix.w, woFix.err = LoadWeightOps(woFix.ctx)
+		if woFix.w != nil {
+			woFix.w.SetBatchPlanes(true) // the batched two-plane kernels too
+		}
 		woFix.jit = time.Since(t0)
 		woFix.seed = rand.Uint64()
 		if s := os.Getenv("WEIGHTOPS_SEED"); s != "" {
