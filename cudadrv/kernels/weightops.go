@@ -256,7 +256,7 @@ func align16(n int) int { return (n + 15) &^ 15 }
 // Q8_1Bytes layout: nTok rows in two planes are laid out as 2*nTok rows,
 // row nTok+t the second plane of row t. A second plane's step is its
 // first plane's / 254, so that one token's products add the planes'
-// integer sums before scaling them (mv_<type>_1p): a decode step's second
+// integer sums before scaling them (mv_<type>_<ntok>p): a decode step's second
 // plane then costs the second plane's dp4a instructions alone.
 
 // Q8_1PlanesBytes is the size of nTok rows of cols activations in planes
