@@ -110,6 +110,10 @@ type Attention struct {
 	// attn_f16 for decode, mma the tensor-core paged decode for a lone row
 	// too (EnvAttention).
 	simt, tiled, mma1 bool
+	// forceDecKV, when its warps are set, is the paged decode kernel's
+	// warps and buffers instead of planDecodeKV's choice, where they fit:
+	// for the benchmarks' sweeps of the shape.
+	forceDecKV struct{ warps, stages int }
 }
 
 // EnvAttention set to "simt" makes every prefill launch use the CUDA-core
@@ -759,6 +763,17 @@ type decKVPlan struct {
 // ([16][hs+8] f16 each), and at least the merge's O [16][hs+8] float with
 // 32 floats of maxima and sums.
 func planDecodeKV(hs int, t KVType, optin int) (decKVPlan, error) {
+	for _, c := range []struct{ warps, stages int }{{4, 3}, {4, 2}, {2, 2}, {4, 1}, {2, 1}, {1, 1}} {
+		if p := sizeDecodeKV(hs, t, c.warps, c.stages); p.shared <= optin {
+			return p, nil
+		}
+	}
+	return decKVPlan{}, fmt.Errorf("kernels: %v decode attention of head size %d needs more shared memory than %d bytes", t, hs, optin)
+}
+
+// sizeDecodeKV lays out the shared memory of the paged decode kernel with
+// the given warps and buffers a warp.
+func sizeDecodeKV(hs int, t KVType, warps, stages int) decKVPlan {
 	ld := hs + 8
 	row, tiles := 2*ld, 0
 	if t == KVQ8_0 {
@@ -766,14 +781,8 @@ func planDecodeKV(hs int, t KVType, optin int) (decKVPlan, error) {
 	}
 	stage := 2 * decKVRun * row
 	merge := decKVRows*ld*4 + 2*decKVRows*4
-	for _, c := range []struct{ warps, stages int }{{4, 3}, {4, 2}, {2, 2}, {4, 1}, {2, 1}, {1, 1}} {
-		region := align16(max(c.stages*stage+tiles, merge))
-		shared := decKVRows*ld*2 + c.warps*region
-		if shared <= optin {
-			return decKVPlan{c.warps, c.stages, region, shared}, nil
-		}
-	}
-	return decKVPlan{}, fmt.Errorf("kernels: %v decode attention of head size %d needs more shared memory than %d bytes", t, hs, optin)
+	region := align16(max(stages*stage+tiles, merge))
+	return decKVPlan{warps, stages, region, decKVRows*ld*2 + warps*region}
 }
 
 // DecodeCounters is the bytes of DecodeKVArgs.Count for nTok rows of
@@ -850,6 +859,12 @@ func (k *Attention) checkDecodeKV(a *DecodeKVArgs) (int, decKVPlan, error) {
 	}
 	if err := checkRot("decode attention's output", a.Rot, a.HeadSize); err != nil {
 		return 0, decKVPlan{}, err
+	}
+	if f := k.forceDecKV; f.warps > 0 {
+		// A benchmark's imposed shape (see forceDecKV).
+		if p := sizeDecodeKV(a.HeadSize, a.Cache.Type, f.warps, f.stages); p.shared <= k.optin {
+			return shift, p, nil
+		}
 	}
 	plan, err := planDecodeKV(a.HeadSize, a.Cache.Type, k.optin)
 	return shift, plan, err

@@ -1537,3 +1537,139 @@ func kvTime(b *testing.B, s *cudadrv.Stream, fn func() error) float64 {
 	}
 	return d.Seconds() / float64(b.N)
 }
+
+// BenchmarkKVDecodeShape sweeps the paged decode kernel's launch shape at
+// Qwen3-14B's heads over a full cache of 16384 positions: the blocks a
+// multiprocessor the split-K layout aims at (DecodeSplits aims at 2), and
+// the warps and buffers a block (forceDecKV; 0x0 is planDecodeKV's
+// choice), for an f16 and a q8_0 cache (output rotated back, as the engine
+// runs it). One sequence reads each of 8 sequences' caches in turn, so
+// that the cache comes from device memory, not L2, as in a model's step.
+func BenchmarkKVDecodeShape(b *testing.B) {
+	kvSetup(b)
+	ctx := kvFix.ctx
+	s, err := ctx.NewStream(cudadrv.StreamNonBlocking, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Destroy()
+	const hs, heads, kv, maxCtx, block, maxSeqs = 128, 40, 8, 16384, 256, 8
+	rng := rand.New(rand.NewPCG(9, 9))
+	alloc := func(n int) cudadrv.DevicePtr {
+		p, err := ctx.Alloc(n)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { ctx.Free(p) })
+		return p
+	}
+	upload := func(raw []byte) cudadrv.DevicePtr {
+		p := alloc(len(raw))
+		if err := ctx.CopyHtoD(p, raw); err != nil {
+			b.Fatal(err)
+		}
+		return p
+	}
+	width := kv * hs
+	caches := map[KVType]KVCache{}
+	one := make([]float32, width)
+	for _, t := range []KVType{KVF16, KVQ8_0} {
+		rowBytes := t.RowBytes(width)
+		seq := make([]byte, maxCtx*rowBytes)
+		for r := 0; r < maxCtx; r++ {
+			for i := range one {
+				one[i] = float32(rng.NormFloat64())
+			}
+			copy(seq[r*rowBytes:], refEncode(t, one))
+		}
+		kc, vc := alloc(maxSeqs*len(seq)), alloc(maxSeqs*len(seq))
+		for sq := 0; sq < maxSeqs; sq++ {
+			for _, p := range []cudadrv.DevicePtr{kc, vc} {
+				if err := ctx.CopyHtoD(p.Add(sq*len(seq)), seq); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		caches[t] = KVCache{K: kc, V: vc, Type: t, Width: width}
+	}
+	blocks := maxCtx / block
+	tab := make([]int32, maxSeqs*blocks)
+	for i := range tab {
+		tab[i] = int32(i)
+	}
+	dTab := upload(i32Bytes(tab))
+	seqIdx := make([]int32, maxSeqs)
+	for i := range seqIdx {
+		seqIdx[i] = int32(i)
+	}
+	dSeq := upload(i32Bytes(seqIdx))
+	qs := make([]float32, maxSeqs*heads*hs)
+	for i := range qs {
+		qs[i] = float32(rng.NormFloat64())
+	}
+	q := upload(f32Bytes(qs))
+	out := alloc(4 * maxSeqs * heads * hs)
+	const maxSplits = 256
+	pb, mb := AttnScratch(maxSeqs, heads, hs, maxSplits)
+	part, ml, count := alloc(pb), alloc(mb), alloc(DecodeCounters(maxSeqs, heads))
+	if err := ctx.MemsetD32(count, 0, DecodeCounters(maxSeqs, heads)/4); err != nil {
+		b.Fatal(err)
+	}
+	defer func() { kvFix.attn.forceDecKV.warps = 0 }()
+	for _, depth := range []int{4096, 16384} {
+		pos := make([]int32, maxSeqs)
+		for i := range pos {
+			pos[i] = int32(depth - 1)
+		}
+		dPos := upload(i32Bytes(pos))
+		for _, nSeq := range []int{1, 8} {
+			for _, perSM := range []int{2, 3, 4, 6} {
+				splits, chunk := DecodeSplits(maxCtx, kv, perSM*kvFix.info.Multiprocessors/2)
+				if nSeq > 1 {
+					// The engine's decodeSplits: the one-row layout's blocks shared among the rows.
+					splits = max(1, (splits+nSeq-1)/nSeq)
+					chunk = ((maxCtx+splits-1)/splits + 63) &^ 63
+					splits = (maxCtx + chunk - 1) / chunk
+				}
+				for _, shape := range [][2]int{{0, 0}, {4, 3}, {4, 2}, {2, 2}, {2, 3}, {4, 4}} {
+					for _, t := range []KVType{KVF16, KVQ8_0} {
+						name := fmt.Sprintf("depth=%d/seqs=%d/perSM=%d/shape=%dx%d/kv=%v", depth, nSeq, perSM, shape[0], shape[1], t)
+						b.Run(name, func(b *testing.B) {
+							kvFix.attn.forceDecKV.warps, kvFix.attn.forceDecKV.stages = shape[0], shape[1]
+							args := make([]DecodeKVArgs, maxSeqs)
+							for i := range args {
+								sq := dSeq
+								if nSeq == 1 {
+									sq = dSeq.Add(4 * i)
+								}
+								args[i] = DecodeKVArgs{Out: out, Q: q, Cache: caches[t],
+									Batch: &Batch{Pos: dPos, Seq: sq, Tables: dTab, MaxBlocks: blocks, Block: block},
+									NTok:  nSeq, NHeads: heads, NKV: kv, HeadSize: hs, Scale: 0.088,
+									Splits: splits, Chunk: chunk, Part: part, ML: ml, Count: count}
+								if t == KVQ8_0 {
+									args[i].Rot = 64
+								}
+							}
+							_, plan, err := kvFix.attn.checkDecodeKV(&args[0])
+							if err != nil {
+								b.Fatal(err)
+							}
+							if shape[0] > 0 && (plan.warps != shape[0] || plan.stages != shape[1]) {
+								b.Skipf("shape %dx%d does not fit the shared memory", shape[0], shape[1])
+							}
+							i := 0
+							d := kvTime(b, s, func() error {
+								i++
+								return kvFix.attn.DecodeKV(s, &args[i%maxSeqs])
+							})
+							b.ReportMetric(d*1e6, "us/step")
+							b.ReportMetric(float64(2*nSeq*depth*t.RowBytes(width))/d/1e9, "GB/s")
+							b.ReportMetric(float64(splits), "splits")
+							b.ReportMetric(float64(plan.shared)/1024, "KiB")
+						})
+					}
+				}
+			}
+		}
+	}
+}
