@@ -1013,7 +1013,7 @@ extern "C" __global__ void __launch_bounds__(AM_THREADS, AM_MIN_BLOCKS_128) attn
 //
 // A block takes one token and up to 16 query heads of one KV group (the
 // group's heads share each K and V row it reads: GQA), so each row is read
-// once per block, not once per head. Its warps (1, 2 or 4: the launcher's
+// once per block, not once per head. Its warps (1, 2, 4 or 8: the launcher's
 // fit) walk the split's positions in runs of 16 (warp w: runs w, w+nwarps,
 // ...); a run lies in one block of the table (the block size is a multiple
 // of 16, a split's chunk of 64), so it is 16 consecutive cells. A warp
@@ -1051,7 +1051,7 @@ extern "C" __global__ void __launch_bounds__(AM_THREADS, AM_MIN_BLOCKS_128) attn
 // attention.go's planDecodeKV computes the same sizes.
 
 #define DK_RUN 16    // positions a run
-#define DK_MAX_WARPS 4
+#define DK_MAX_WARPS 8
 
 struct DecKVParams {
     float *out;                // [nTok][nHeads*hs]
@@ -1299,26 +1299,6 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
     if (begin >= end)
         return; // an empty split: nothing to write, not counted
 
-    // Q rounded to f16, rows past the block's heads zero.
-    unsigned short *Qs = (unsigned short *)dk_smem;
-    for (int i = tid; i < 16 * (D / 4); i += blockDim.x) {
-        const int r = i / (D / 4), d = (i % (D / 4)) * 4;
-        uint2 v = make_uint2(0, 0);
-        if (r < hb) {
-            const float4 f = *(const float4 *)(p.q + (row0 + r) * D + d);
-            v = make_uint2(am_pack_h2(f.x, f.y), am_pack_h2(f.z, f.w));
-        }
-        *(uint2 *)(Qs + r * LD + d) = v;
-    }
-    __syncthreads();
-
-    am_u32 qf[QREG ? D / 16 : 1][4];
-    if (QREG) {
-#pragma unroll
-        for (int kk = 0; kk < (QREG ? D / 16 : 1); kk++)
-            am_ldmatrix_x4(qf[kk], Qs + (lane & 15) * LD + 16 * kk + (lane >> 4) * 8);
-    }
-
     unsigned char *wbase = dk_smem + 32 * LD + warp * p.region;
     const int S = p.stages;
     const int total = (int)((end - begin + DK_RUN - 1) / DK_RUN); // runs of the split
@@ -1353,6 +1333,27 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
             load(i, i);
         am_cp_commit();
     }
+    // Q rounded to f16, rows past the block's heads zero: after the first
+    // runs' loads are queued, so that they wait on the cache together.
+    unsigned short *Qs = (unsigned short *)dk_smem;
+    for (int i = tid; i < 16 * (D / 4); i += blockDim.x) {
+        const int r = i / (D / 4), d = (i % (D / 4)) * 4;
+        uint2 v = make_uint2(0, 0);
+        if (r < hb) {
+            const float4 f = *(const float4 *)(p.q + (row0 + r) * D + d);
+            v = make_uint2(am_pack_h2(f.x, f.y), am_pack_h2(f.z, f.w));
+        }
+        *(uint2 *)(Qs + r * LD + d) = v;
+    }
+    __syncthreads();
+
+    am_u32 qf[QREG ? D / 16 : 1][4];
+    if (QREG) {
+#pragma unroll
+        for (int kk = 0; kk < (QREG ? D / 16 : 1); kk++)
+            am_ldmatrix_x4(qf[kk], Qs + (lane & 15) * LD + 16 * kk + (lane >> 4) * 8);
+    }
+
     for (int i = 0; i < my; i++) {
         if (i + S - 1 < my)
             load(i + S - 1, (i + S - 1) % S);
@@ -1528,7 +1529,7 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
         // A thread sums four values of a head row over the splits, loads
         // unrolled: one block merges a KV group's rows while the rest of
         // the GPU waits, so its loads must overlap (at 16384 positions a
-        // row spans 33 splits). Into warp 0's O, then written out as the
+        // row spans 16 splits on an H200). Into warp 0's O, then written out as the
         // direct path writes (a warp a Q8_1 block), or rotated back below.
         const long long rows = (long long)p.nTok * p.nHeads;
         float *O0 = (float *)(dk_smem + 32 * LD);
@@ -1536,16 +1537,24 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
             const int r = e / (D / 4), d = 4 * (e % (D / 4));
             const long long row = row0 + r;
             const float2 *ml = (const float2 *)p.ml + row; // split sp's at ml[sp * rows]
-            float M = -INFINITY;
-#pragma unroll 8
-            for (int sp = 0; sp < nact; sp++)
-                M = fmaxf(M, __ldcg(ml + sp * rows).x);
-            float L = 0.0f;
+            // One pass, the running maximum rescaling the sums (every
+            // split's maximum is finite: it holds positions), so that a
+            // batch of 16 splits' loads is one wait.
+            float M = -INFINITY, L = 0.0f;
             float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
+#pragma unroll 16
             for (int sp = 0; sp < nact; sp++) {
                 const float2 m = __ldcg(ml + sp * rows);
                 const float4 v = __ldcg((const float4 *)(p.part + (sp * rows + row) * D + d));
+                if (m.x > M) {
+                    const float sc = expf(M - m.x); // 0 for the first
+                    L *= sc;
+                    acc.x *= sc;
+                    acc.y *= sc;
+                    acc.z *= sc;
+                    acc.w *= sc;
+                    M = m.x;
+                }
                 const float wt = expf(m.x - M);
                 L += m.y * wt;
                 acc.x += v.x * wt;

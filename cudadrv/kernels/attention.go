@@ -269,14 +269,25 @@ func AttnScratch(nTok, nHeads, headSize, splits int) (part, ml int) {
 }
 
 // DecodeSplits chooses the split-K layout for decoding over a cache of ctx
-// positions: about two blocks per multiprocessor when the cache is full,
+// positions with blocks of the given warps (DecodeWarps): about 8 warps
+// per multiprocessor when the cache is full (two blocks of 4, one of 8),
 // chunks of at least 64 positions. Short contexts leave the later splits
 // empty; they exit at once.
-func DecodeSplits(ctx, nKV, multiprocessors int) (splits, chunk int) {
-	want := max(1, 2*multiprocessors/max(1, nKV))
+func DecodeSplits(ctx, nKV, warps, multiprocessors int) (splits, chunk int) {
+	want := max(1, 8*multiprocessors/(max(1, warps)*max(1, nKV)))
 	chunk = max(64, (ctx+want-1)/want)
 	chunk = (chunk + 63) &^ 63
 	return (ctx + chunk - 1) / chunk, chunk
+}
+
+// DecodeWarps is the warps of a block of the paged decode kernel for head
+// size hs and cache type t (4 where planDecodeKV fails: the launch then
+// reports the error).
+func (k *Attention) DecodeWarps(hs int, t KVType) int {
+	if p, err := planDecodeKV(hs, t, k.optin); err == nil {
+		return p.warps
+	}
+	return 4
 }
 
 // attnPlan is the launch shape of a head size and group.
@@ -754,16 +765,18 @@ type decKVPlan struct {
 
 // planDecodeKV picks the warps and buffers of the paged decode kernel for
 // head size hs and cache type t within optin bytes of shared memory a
-// block: the first of 4 warps with 3, then 2 buffers, 2 warps with 2, and
-// fewer, that fits (H200, head size 128: 4 warps, 3 buffers, 106 KiB, two
-// blocks a multiprocessor). The sizes are attention.cu's: Q [16][hs+8] f16,
-// then a region a warp of the buffers (K and V runs of 16 rows of
-// 2*(hs+8) bytes for f16; for q8_0, of the row's bytes rounded up to an odd
-// number of 4-byte words), for q8_0 also the dequantized K and V tiles
-// ([16][hs+8] f16 each), and at least the merge's O [16][hs+8] float with
-// 32 floats of maxima and sums.
+// block: the first of 8 warps with 2 buffers, 4 warps with 3, then 2, 2
+// warps with 2, and fewer, that fits (H200, head size 128: 8 warps, 2
+// buffers, 140 KiB for f16 and 142 KiB for q8_0, one block a
+// multiprocessor: a block of 8 warps halves the splits of a long row, and
+// their merge, against two blocks of 4; BenchmarkKVDecodeShape). The
+// sizes are attention.cu's: Q [16][hs+8] f16, then a region a warp of the
+// buffers (K and V runs of 16 rows of 2*(hs+8) bytes for f16; for q8_0, of
+// the row's bytes rounded up to an odd number of 4-byte words), for q8_0
+// also the dequantized K and V tiles ([16][hs+8] f16 each), and at least
+// the merge's O [16][hs+8] float with 32 floats of maxima and sums.
 func planDecodeKV(hs int, t KVType, optin int) (decKVPlan, error) {
-	for _, c := range []struct{ warps, stages int }{{4, 3}, {4, 2}, {2, 2}, {4, 1}, {2, 1}, {1, 1}} {
+	for _, c := range []struct{ warps, stages int }{{8, 2}, {4, 3}, {4, 2}, {2, 2}, {4, 1}, {2, 1}, {1, 1}} {
 		if p := sizeDecodeKV(hs, t, c.warps, c.stages); p.shared <= optin {
 			return p, nil
 		}

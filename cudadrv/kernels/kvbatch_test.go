@@ -511,13 +511,13 @@ func TestPlanDecodeKV(t *testing.T) {
 		warps, stages int
 		shared        int
 	}{
-		{128, KVF16, h200, 4, 3, 32*136 + 4*3*2*16*272},               // 106 KiB: two blocks a multiprocessor
-		{128, KVQ8_0, h200, 4, 3, 32*136 + 4*(3*2*16*140+2*16*136*2)}, // rows of 35 words
+		{128, KVF16, h200, 8, 2, 32*136 + 8*2*2*16*272},               // 140 KiB: one block a multiprocessor
+		{128, KVQ8_0, h200, 8, 2, 32*136 + 8*(2*2*16*140+2*16*136*2)}, // rows of 35 words
 		{256, KVF16, h200, 4, 3, 32*264 + 4*3*2*16*528},
-		{64, KVQ8_0, h200, 4, 3, 32*72 + 4*(3*2*16*68+2*16*72*2)}, // 17 words
-		{32, KVF16, h200, 4, 3, 32*40 + 4*3*2*16*80},
+		{64, KVQ8_0, h200, 8, 2, 32*72 + 8*(2*2*16*68+2*16*72*2)}, // 17 words
+		{32, KVF16, h200, 8, 2, 32*40 + 8*2*2*16*80},
 		{128, KVF16, ada, 4, 2, 32*136 + 4*2*2*16*272},
-		{128, KVF16, a100, 4, 3, 32*136 + 4*3*2*16*272},
+		{128, KVF16, a100, 8, 2, 32*136 + 8*2*2*16*272},
 		{128, KVF16, turing, 2, 2, 32*136 + 2*2*2*16*272},
 		{256, KVF16, turing, 2, 1, 32*264 + 2*(16*264*4+128)}, // the merge's O outgrows one buffer
 	} {
@@ -1007,7 +1007,7 @@ func runKVDecode(g *kvT, typ KVType, c kvDecCase) {
 	a := DecodeKVArgs{Q: g.up(f32Bytes(q)), Cache: p.upload(g), Batch: p.batch(g, seq, pos), First: c.first,
 		NTok: n, NHeads: c.heads, NKV: c.kv, HeadSize: c.hs, Scale: scale}
 	if c.splitCtx > 0 {
-		a.Splits, a.Chunk = DecodeSplits(c.splitCtx, c.kv, kvFix.info.Multiprocessors)
+		a.Splits, a.Chunk = DecodeSplits(c.splitCtx, c.kv, 4, kvFix.info.Multiprocessors)
 		pb, mb := AttnScratch(n, c.heads, c.hs, a.Splits)
 		a.Part, a.ML, a.Count = g.poison(pb), g.poison(mb), g.zeros(DecodeCounters(n, c.heads))
 	}
@@ -1187,7 +1187,7 @@ func testKVGraph(t *testing.T) {
 			rb := typ.RowBytes(width)
 			cache := KVCache{K: g.poison(rows * rb), V: g.poison(rows * rb), Type: typ, Width: width}
 			dq, dk, dv, out := g.alloc(4*n*heads*hs), g.alloc(4*n*width), g.alloc(4*n*width), g.alloc(4*n*heads*hs)
-			splits, chunk := DecodeSplits(maxBlocks*block, kv, kvFix.info.Multiprocessors)
+			splits, chunk := DecodeSplits(maxBlocks*block, kv, 4, kvFix.info.Multiprocessors)
 			pb, mb := AttnScratch(n, heads, hs, splits)
 			part, ml, count := g.alloc(pb), g.alloc(mb), g.zeros(DecodeCounters(n, heads))
 			bt := &Batch{Pos: dPos, Seq: dSeq, Tables: dTab, MaxBlocks: maxBlocks, Block: block}
@@ -1416,7 +1416,7 @@ func BenchmarkKVDecode(b *testing.B) {
 			seqIdx[i] = int32(i)
 		}
 		dSeq := upload(i32Bytes(seqIdx))
-		splits, chunk := DecodeSplits(maxCtx, m.kv, kvFix.info.Multiprocessors)
+		splits, chunk := DecodeSplits(maxCtx, m.kv, kvFix.attn.DecodeWarps(hs, KVF16), kvFix.info.Multiprocessors)
 		pb, mb := AttnScratch(maxSeqs, m.heads, hs, splits)
 		part, ml, count := alloc(pb), alloc(mb), alloc(DecodeCounters(maxSeqs, m.heads))
 		if err := ctx.MemsetD32(count, 0, DecodeCounters(maxSeqs, m.heads)/4); err != nil {
@@ -1539,10 +1539,11 @@ func kvTime(b *testing.B, s *cudadrv.Stream, fn func() error) float64 {
 }
 
 // BenchmarkKVDecodeShape sweeps the paged decode kernel's launch shape at
-// Qwen3-14B's heads over a full cache of 16384 positions: the blocks a
-// multiprocessor the split-K layout aims at (DecodeSplits aims at 2), and
-// the warps and buffers a block (forceDecKV; 0x0 is planDecodeKV's
-// choice), for an f16 and a q8_0 cache (output rotated back, as the engine
+// Qwen3-14B's heads over a full cache of 16384 positions: the split-K
+// layout, as the blocks of 4 warps a multiprocessor it aims at (perSM=2
+// was DecodeSplits' layout for blocks of 4; perSM=1 is its layout for
+// blocks of 8, planDecodeKV's choice on an H200), and the warps and
+// buffers a block (forceDecKV; 0x0 is planDecodeKV's choice), for an f16 and a q8_0 cache (output rotated back, as the engine
 // runs it). One sequence reads each of 8 sequences' caches in turn, so
 // that the cache comes from device memory, not L2, as in a model's step.
 func BenchmarkKVDecodeShape(b *testing.B) {
@@ -1623,15 +1624,15 @@ func BenchmarkKVDecodeShape(b *testing.B) {
 		}
 		dPos := upload(i32Bytes(pos))
 		for _, nSeq := range []int{1, 8} {
-			for _, perSM := range []int{2, 3, 4, 6} {
-				splits, chunk := DecodeSplits(maxCtx, kv, perSM*kvFix.info.Multiprocessors/2)
+			for _, perSM := range []int{1, 2, 3} {
+				splits, chunk := DecodeSplits(maxCtx, kv, 4, perSM*kvFix.info.Multiprocessors/2)
 				if nSeq > 1 {
 					// The engine's decodeSplits: the one-row layout's blocks shared among the rows.
 					splits = max(1, (splits+nSeq-1)/nSeq)
 					chunk = ((maxCtx+splits-1)/splits + 63) &^ 63
 					splits = (maxCtx + chunk - 1) / chunk
 				}
-				for _, shape := range [][2]int{{0, 0}, {4, 3}, {4, 2}, {2, 2}, {2, 3}, {4, 4}} {
+				for _, shape := range [][2]int{{0, 0}, {8, 2}, {8, 3}, {4, 3}, {4, 2}} {
 					for _, t := range []KVType{KVF16, KVQ8_0} {
 						name := fmt.Sprintf("depth=%d/seqs=%d/perSM=%d/shape=%dx%d/kv=%v", depth, nSeq, perSM, shape[0], shape[1], t)
 						b.Run(name, func(b *testing.B) {

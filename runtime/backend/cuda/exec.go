@@ -193,7 +193,15 @@ func (g *Exec) layout(dev *Device, w WeightOps, p *ir.Program, cfg backend.ExecC
 				add(fmt.Sprintf("layer %d values", op.Layer), kv, &g.kvV[op.Layer])
 				gatherBytes = max(gatherBytes, 2*int64(cfg.KV.Rows)*int64(a.KVWidth()))
 			}
-			splits, chunk := kernels.DecodeSplits(cfg.KV.Rows, a.NKVHeads, dev.info.Multiprocessors)
+			warps := 4
+			if dev.attn != nil {
+				kvt := kernels.KVF16
+				if cfg.KV.Type == kvcache.Q8_0 {
+					kvt = kernels.KVQ8_0
+				}
+				warps = dev.attn.DecodeWarps(a.HeadSize, kvt)
+			}
+			splits, chunk := kernels.DecodeSplits(cfg.KV.Rows, a.NKVHeads, warps, dev.info.Multiprocessors)
 			if splits > 1 && splits >= g.attn.splits {
 				g.attn.splits, g.attn.chunk = splits, chunk
 			}

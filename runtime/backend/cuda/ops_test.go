@@ -560,7 +560,7 @@ func TestGPUOps(t *testing.T) {
 			args := kernels.AttnArgs{Q: dq, K: kc, V: vc, Pos0: dpos,
 				NTok: c.nTok, NHeads: c.heads, NKV: c.kv, HeadSize: c.hs, Scale: a.Scale}
 			if c.splitCtx > 0 {
-				args.Splits, args.Chunk = kernels.DecodeSplits(c.splitCtx, c.kv, dev.info.Multiprocessors)
+				args.Splits, args.Chunk = kernels.DecodeSplits(c.splitCtx, c.kv, 4, dev.info.Multiprocessors)
 				pb, mb := kernels.AttnScratch(c.nTok, c.heads, c.hs, args.Splits)
 				args.Part, args.ML = g.poison(pb/4), g.poison(mb/4)
 				g.t.Logf("%d splits of %d positions", args.Splits, args.Chunk)
