@@ -556,6 +556,9 @@ func (w *WeightOps) SetDecodeMMA(fewest int) { w.mvtMin.Store(int32(min(max(fewe
 // The kernels' tests turn it on, to check the batched two-plane kernels.
 func (w *WeightOps) SetBatchPlanes(both bool) { w.batchPlanes.Store(both) }
 
+// BatchPlanes reports SetBatchPlanes' setting.
+func (w *WeightOps) BatchPlanes() bool { return w.batchPlanes.Load() }
+
 // mvtUse reports whether a product of nTok tokens of k's type takes the
 // mvt_ kernels.
 func (w *WeightOps) mvtUse(k *typeKernels, nTok int) bool {

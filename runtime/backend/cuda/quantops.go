@@ -19,9 +19,12 @@ type quantOps struct {
 	planes int
 }
 
-// q8 is the format of the dense products' Q8_1 activations.
-func (q *quantOps) q8() actFormat {
-	if q.planes == 2 {
+// q8 is the format of the dense products' Q8_1 activations for nTok
+// rows. Products of several rows read the first plane alone unless the
+// kernels are set to read both (kernels.WeightOps.SetBatchPlanes), so
+// their producers (quantize, norm, SwiGLU, attention) write that one.
+func (q *quantOps) q8(nTok int) actFormat {
+	if q.planes == 2 && (nTok == 1 || q.k.BatchPlanes()) {
 		return actQ8_1x2
 	}
 	return actQ8_1
@@ -94,7 +97,7 @@ func (q *quantOps) InputFormat(m *mat, nTok int, decode bool) actFormat {
 		// the oracles' margins were measured with.
 		return actF16
 	}
-	return q.q8()
+	return q.q8(nTok)
 }
 
 func (q *quantOps) InputBytes(f actFormat, nTok, cols int) int {
