@@ -1357,65 +1357,16 @@ func BenchmarkKVDecode(b *testing.B) {
 	defer s.Destroy()
 	const hs, maxCtx, block, maxSeqs = 128, 16384, 256, 8
 	rng := rand.New(rand.NewPCG(7, 7))
-	alloc := func(n int) cudadrv.DevicePtr {
-		p, err := ctx.Alloc(n)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { ctx.Free(p) })
-		return p
-	}
-	upload := func(raw []byte) cudadrv.DevicePtr {
-		p := alloc(len(raw))
-		if err := ctx.CopyHtoD(p, raw); err != nil {
-			b.Fatal(err)
-		}
-		return p
-	}
 	for _, m := range []struct {
 		name      string
 		heads, kv int
 	}{{"qwen3-14b", 40, 8}, {"qwen3-30b-a3b", 32, 4}} {
 		width := m.kv * hs
-		// One sequence's cache rows, random, copied to every sequence.
 		f16Row, q8Row := KVF16.RowBytes(width), KVQ8_0.RowBytes(width)
-		one := make([]float32, width)
-		seqF16, seqQ8 := make([]byte, maxCtx*f16Row), make([]byte, maxCtx*q8Row)
-		for r := 0; r < maxCtx; r++ {
-			for i := range one {
-				one[i] = float32(rng.NormFloat64())
-			}
-			copy(seqF16[r*f16Row:], refEncode(KVF16, one))
-			copy(seqQ8[r*q8Row:], refEncode(KVQ8_0, one))
-		}
-		caches := map[KVType]KVCache{}
-		for _, c := range []struct {
-			t   KVType
-			seq []byte
-		}{{KVF16, seqF16}, {KVQ8_0, seqQ8}} {
-			kc, vc := alloc(maxSeqs*len(c.seq)), alloc(maxSeqs*len(c.seq))
-			for sq := 0; sq < maxSeqs; sq++ {
-				for _, p := range []cudadrv.DevicePtr{kc, vc} {
-					if err := ctx.CopyHtoD(p.Add(sq*len(c.seq)), c.seq); err != nil {
-						b.Fatal(err)
-					}
-				}
-			}
-			caches[c.t] = KVCache{K: kc, V: vc, Type: c.t, Width: width}
-		}
 		// Sequence s's blocks are s*64 .. s*64+63: consecutive, so the old
 		// kernel reads sequence s at K + s*16384 rows.
-		blocks := maxCtx / block
-		tab := make([]int32, maxSeqs*blocks)
-		for i := range tab {
-			tab[i] = int32(i)
-		}
-		dTab := upload(i32Bytes(tab))
-		seqIdx := make([]int32, maxSeqs)
-		for i := range seqIdx {
-			seqIdx[i] = int32(i)
-		}
-		dSeq := upload(i32Bytes(seqIdx))
+		kb := newKVDecodeBench(b, rng, width, maxCtx, block, maxSeqs)
+		alloc, upload, caches, blocks, dTab, dSeq := kb.alloc, kb.upload, kb.caches, kb.blocks, kb.tab, kb.seq
 		splits, chunk := DecodeSplits(maxCtx, m.kv, kvFix.attn.DecodeWarps(hs, KVF16), kvFix.info.Multiprocessors)
 		pb, mb := AttnScratch(maxSeqs, m.heads, hs, splits)
 		part, ml, count := alloc(pb), alloc(mb), alloc(DecodeCounters(maxSeqs, m.heads))
@@ -1556,54 +1507,9 @@ func BenchmarkKVDecodeShape(b *testing.B) {
 	defer s.Destroy()
 	const hs, heads, kv, maxCtx, block, maxSeqs = 128, 40, 8, 16384, 256, 8
 	rng := rand.New(rand.NewPCG(9, 9))
-	alloc := func(n int) cudadrv.DevicePtr {
-		p, err := ctx.Alloc(n)
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { ctx.Free(p) })
-		return p
-	}
-	upload := func(raw []byte) cudadrv.DevicePtr {
-		p := alloc(len(raw))
-		if err := ctx.CopyHtoD(p, raw); err != nil {
-			b.Fatal(err)
-		}
-		return p
-	}
 	width := kv * hs
-	caches := map[KVType]KVCache{}
-	one := make([]float32, width)
-	for _, t := range []KVType{KVF16, KVQ8_0} {
-		rowBytes := t.RowBytes(width)
-		seq := make([]byte, maxCtx*rowBytes)
-		for r := 0; r < maxCtx; r++ {
-			for i := range one {
-				one[i] = float32(rng.NormFloat64())
-			}
-			copy(seq[r*rowBytes:], refEncode(t, one))
-		}
-		kc, vc := alloc(maxSeqs*len(seq)), alloc(maxSeqs*len(seq))
-		for sq := 0; sq < maxSeqs; sq++ {
-			for _, p := range []cudadrv.DevicePtr{kc, vc} {
-				if err := ctx.CopyHtoD(p.Add(sq*len(seq)), seq); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}
-		caches[t] = KVCache{K: kc, V: vc, Type: t, Width: width}
-	}
-	blocks := maxCtx / block
-	tab := make([]int32, maxSeqs*blocks)
-	for i := range tab {
-		tab[i] = int32(i)
-	}
-	dTab := upload(i32Bytes(tab))
-	seqIdx := make([]int32, maxSeqs)
-	for i := range seqIdx {
-		seqIdx[i] = int32(i)
-	}
-	dSeq := upload(i32Bytes(seqIdx))
+	kb := newKVDecodeBench(b, rng, width, maxCtx, block, maxSeqs)
+	alloc, upload, caches, blocks, dTab, dSeq := kb.alloc, kb.upload, kb.caches, kb.blocks, kb.tab, kb.seq
 	qs := make([]float32, maxSeqs*heads*hs)
 	for i := range qs {
 		qs[i] = float32(rng.NormFloat64())
@@ -1673,4 +1579,71 @@ func BenchmarkKVDecodeShape(b *testing.B) {
 			}
 		}
 	}
+}
+
+// kvDecodeBench is what the decode benchmarks share: device memory freed
+// when the benchmark ends, and f16 and q8_0 caches of maxSeqs sequences of
+// maxCtx positions, every sequence holding the same random rows, with
+// their block tables (sequence s's blocks consecutive: s*blocks ..) and
+// sequence indexes 0..maxSeqs-1.
+type kvDecodeBench struct {
+	b        *testing.B
+	ctx      *cudadrv.Context
+	caches   map[KVType]KVCache
+	tab, seq cudadrv.DevicePtr
+	blocks   int
+}
+
+func newKVDecodeBench(b *testing.B, rng *rand.Rand, width, maxCtx, block, maxSeqs int) *kvDecodeBench {
+	k := &kvDecodeBench{b: b, ctx: kvFix.ctx, caches: map[KVType]KVCache{}, blocks: maxCtx / block}
+	one := make([]float32, width)
+	seqs := map[KVType][]byte{KVF16: make([]byte, maxCtx*KVF16.RowBytes(width)), KVQ8_0: make([]byte, maxCtx*KVQ8_0.RowBytes(width))}
+	for r := 0; r < maxCtx; r++ {
+		for i := range one {
+			one[i] = float32(rng.NormFloat64())
+		}
+		for t, seq := range seqs {
+			n := t.RowBytes(width)
+			copy(seq[r*n:], refEncode(t, one))
+		}
+	}
+	for t, seq := range seqs {
+		kc, vc := k.alloc(maxSeqs*len(seq)), k.alloc(maxSeqs*len(seq))
+		for sq := 0; sq < maxSeqs; sq++ {
+			for _, p := range []cudadrv.DevicePtr{kc, vc} {
+				if err := k.ctx.CopyHtoD(p.Add(sq*len(seq)), seq); err != nil {
+					b.Fatal(err)
+				}
+			}
+		}
+		k.caches[t] = KVCache{K: kc, V: vc, Type: t, Width: width}
+	}
+	tab := make([]int32, maxSeqs*k.blocks)
+	for i := range tab {
+		tab[i] = int32(i)
+	}
+	k.tab = k.upload(i32Bytes(tab))
+	seqIdx := make([]int32, maxSeqs)
+	for i := range seqIdx {
+		seqIdx[i] = int32(i)
+	}
+	k.seq = k.upload(i32Bytes(seqIdx))
+	return k
+}
+
+func (k *kvDecodeBench) alloc(n int) cudadrv.DevicePtr {
+	p, err := k.ctx.Alloc(n)
+	if err != nil {
+		k.b.Fatal(err)
+	}
+	k.b.Cleanup(func() { k.ctx.Free(p) })
+	return p
+}
+
+func (k *kvDecodeBench) upload(raw []byte) cudadrv.DevicePtr {
+	p := k.alloc(len(raw))
+	if err := k.ctx.CopyHtoD(p, raw); err != nil {
+		k.b.Fatal(err)
+	}
+	return p
 }
