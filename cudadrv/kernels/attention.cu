@@ -1305,6 +1305,28 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
     const int my = total > warp ? (total - warp + nwarps - 1) / nwarps : 0;
     const long long kvOff = (long long)kvh * SEG;
 
+    // A run's copies: lane l takes copies x = l + 32k of the 16 rows'
+    // NCH each (row x / NCH, chunk x % NCH). A warp spends its time issuing
+    // instructions one after another (a scheduler holds one or two warps),
+    // so the copies' offsets are worked out once: each copy of a whole run
+    // is then an add and a cp.async. f16 rows are whole numbers of a
+    // warp's copies (32 % NCH == 0): row and offsets step by 32/NCH rows a
+    // copy. q8_0 rows are 17 copies: copy k's source and staging offsets
+    // are packed in one register (source << 13 | staging; the source fits
+    // in 19 bits while a cache row is under 32 KiB, else the general loop).
+    constexpr int NC = (DK_RUN * NCH + 31) / 32; // copies a lane, the last maybe partial
+    constexpr bool LINEAR = 32 % NCH == 0;
+    const bool packed = LINEAR || p.rowBytes < 32768;
+    unsigned int code[LINEAR ? 1 : NC];
+#pragma unroll
+    for (int k = 0; k < (LINEAR ? 1 : NC); k++) {
+        const int x = lane + 32 * k, j = x / NCH, ch = x % NCH;
+        code[k] = (unsigned int)(j * p.rowBytes + ch * GRAN) << 13 | (unsigned int)(j * ROW + ch * GRAN);
+    }
+    const int lrow = lane / NCH, lch = lane % NCH; // LINEAR: copy k is row lrow + k*32/NCH
+    const long long lsrc = (long long)lrow * p.rowBytes + lch * GRAN;
+    const int ldst = lrow * ROW + lch * GRAN;
+
     // load queues run i of this warp into buffer b.
     auto load = [&](int i, int b) {
         const int start = (int)begin + DK_RUN * (warp + nwarps * i);
@@ -1312,6 +1334,25 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
         const unsigned char *sk = p.kc + cell * p.rowBytes + kvOff;
         const unsigned char *sv = p.vc + cell * p.rowBytes + kvOff;
         unsigned char *dk = wbase + b * STAGE, *dv = dk + DK_RUN * ROW;
+        if (packed && start + DK_RUN <= end) {
+            // A whole run.
+#pragma unroll
+            for (int k = 0; k < NC; k++) {
+                if (k == NC - 1 && DK_RUN * NCH % 32 != 0 && lane >= DK_RUN * NCH % 32)
+                    break;
+                if (LINEAR) {
+                    const long long src = lsrc + (long long)k * (32 / NCH) * p.rowBytes;
+                    const int dst = ldst + k * (32 / NCH) * ROW;
+                    dk_copy<GRAN>(dk + dst, sk + src, true);
+                    dk_copy<GRAN>(dv + dst, sv + src, true);
+                } else {
+                    const unsigned int src = code[LINEAR ? 0 : k] >> 13, dst = code[LINEAR ? 0 : k] & 0x1fffu;
+                    dk_copy<GRAN>(dk + dst, sk + src, true);
+                    dk_copy<GRAN>(dv + dst, sv + src, true);
+                }
+            }
+            return;
+        }
         for (int x = lane; x < DK_RUN * NCH; x += 32) {
             const int j = x / NCH, ch = x % NCH;
             const bool valid = start + j < end;
@@ -1354,20 +1395,23 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
             am_ldmatrix_x4(qf[kk], Qs + (lane & 15) * LD + 16 * kk + (lane >> 4) * 8);
     }
 
-    for (int i = 0; i < my; i++) {
+    // The buffers of the run to load (i + S - 1) and of run i: counters,
+    // not (i + S - 1) % S, a division by a launch parameter every run.
+    int bl = S - 1, bc = 0;
+    for (int i = 0; i < my; i++, bl = bl + 1 == S ? 0 : bl + 1, bc = bc + 1 == S ? 0 : bc + 1) {
         if (i + S - 1 < my)
-            load(i + S - 1, (i + S - 1) % S);
+            load(i + S - 1, bl);
         am_cp_commit();
         dk_wait(S - 1); // run i's group is complete
         __syncwarp();
 
         const unsigned short *Ks, *Vs;
         if (KVT == 0) {
-            Ks = (const unsigned short *)(wbase + (i % S) * STAGE);
+            Ks = (const unsigned short *)(wbase + bc * STAGE);
             Vs = Ks + DK_RUN * LD;
         } else {
             unsigned short *tk = (unsigned short *)(wbase + S * STAGE);
-            dk_dequant<D, ROW>(wbase + (i % S) * STAGE, tk, lane);
+            dk_dequant<D, ROW>(wbase + bc * STAGE, tk, lane);
             __syncwarp();
             Ks = tk;
             Vs = tk + DK_RUN * LD;
@@ -1425,12 +1469,16 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
         }
         l0 = l0 * a0 + sum0;
         l1 = l1 * a1 + sum1;
+        // Deep in a row the maxima seldom move (a0 = a1 = 1 exactly): the
+        // warp skips the rescale, a tenth of a run's instructions.
+        if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) {
 #pragma unroll
-        for (int n = 0; n < D / 8; n++) {
-            o[n][0] *= a0;
-            o[n][1] *= a0;
-            o[n][2] *= a1;
-            o[n][3] *= a1;
+            for (int n = 0; n < D / 8; n++) {
+                o[n][0] *= a0;
+                o[n][1] *= a0;
+                o[n][2] *= a1;
+                o[n][3] *= a1;
+            }
         }
         // O += P·V over the run's 16 positions.
         const am_u32 a[4] = {am_pack_h2(s[0][0], s[0][1]), am_pack_h2(s[0][2], s[0][3]),

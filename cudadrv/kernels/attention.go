@@ -784,6 +784,12 @@ func planDecodeKV(hs int, t KVType, optin int) (decKVPlan, error) {
 	return decKVPlan{}, fmt.Errorf("kernels: %v decode attention of head size %d needs more shared memory than %d bytes", t, hs, optin)
 }
 
+// decKVMaxWarps is attention.cu's DK_MAX_WARPS: the launch bound of the
+// paged decode kernel. Blocks of 12 warps (three a scheduler) were tried
+// on the H200: with registers capped to fit them, q8_0 at depth 16384 took
+// 33.1 µs a layer where 8 warps take 29.9.
+const decKVMaxWarps = 8
+
 // sizeDecodeKV lays out the shared memory of the paged decode kernel with
 // the given warps and buffers a warp.
 func sizeDecodeKV(hs int, t KVType, warps, stages int) decKVPlan {
@@ -875,7 +881,7 @@ func (k *Attention) checkDecodeKV(a *DecodeKVArgs) (int, decKVPlan, error) {
 	}
 	if f := k.forceDecKV; f.warps > 0 {
 		// A benchmark's imposed shape (see forceDecKV).
-		if p := sizeDecodeKV(a.HeadSize, a.Cache.Type, f.warps, f.stages); p.shared <= k.optin {
+		if p := sizeDecodeKV(a.HeadSize, a.Cache.Type, f.warps, f.stages); p.shared <= k.optin && f.warps <= decKVMaxWarps {
 			return shift, p, nil
 		}
 	}

@@ -536,6 +536,23 @@ func TestPlanDecodeKV(t *testing.T) {
 	}
 }
 
+// TestDecodeSplits checks the split-K layout: about 8 warps a
+// multiprocessor, whole chunks of 64 positions.
+func TestDecodeSplits(t *testing.T) {
+	for _, c := range []struct{ ctx, kv, warps, sms, splits, chunk int }{
+		{16384, 8, 4, 132, 32, 512},  // two blocks of 4 a multiprocessor (33 wanted, whole chunks)
+		{16384, 8, 8, 132, 16, 1024}, // one of 8
+		{4096, 8, 8, 132, 16, 256},
+		{100, 8, 8, 132, 2, 64},      // chunks of at least 64
+		{16384, 8, 1, 132, 128, 128}, // blocks of one warp: 8 a multiprocessor
+	} {
+		splits, chunk := DecodeSplits(c.ctx, c.kv, c.warps, c.sms)
+		if splits != c.splits || chunk != c.chunk || chunk%64 != 0 || splits*chunk < c.ctx {
+			t.Errorf("DecodeSplits(%d, %d, %d, %d) = %d, %d; want %d, %d", c.ctx, c.kv, c.warps, c.sms, splits, chunk, c.splits, c.chunk)
+		}
+	}
+}
+
 // TestKVBatchArgs checks the launchers' validation (no GPU: each call
 // fails before the module would load).
 func TestKVBatchArgs(t *testing.T) {
