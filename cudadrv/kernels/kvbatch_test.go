@@ -1365,13 +1365,8 @@ func testKVContiguous(t *testing.T) {
 // from events around b.N launches; us/step a layer's attention for all
 // sequences, GB/s the K and V bytes of the attended positions over it.
 func BenchmarkKVDecode(b *testing.B) {
-	kvSetup(b)
+	s := kvBenchStream(b)
 	ctx := kvFix.ctx
-	s, err := ctx.NewStream(cudadrv.StreamNonBlocking, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Destroy()
 	const hs, maxCtx, block, maxSeqs = 128, 16384, 256, 8
 	rng := rand.New(rand.NewPCG(7, 7))
 	for _, m := range []struct {
@@ -1515,13 +1510,8 @@ func kvTime(b *testing.B, s *cudadrv.Stream, fn func() error) float64 {
 // runs it). One sequence reads each of 8 sequences' caches in turn, so
 // that the cache comes from device memory, not L2, as in a model's step.
 func BenchmarkKVDecodeShape(b *testing.B) {
-	kvSetup(b)
+	s := kvBenchStream(b)
 	ctx := kvFix.ctx
-	s, err := ctx.NewStream(cudadrv.StreamNonBlocking, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Destroy()
 	const hs, heads, kv, maxCtx, block, maxSeqs = 128, 40, 8, 16384, 256, 8
 	rng := rand.New(rand.NewPCG(9, 9))
 	width := kv * hs
@@ -1596,6 +1586,18 @@ func BenchmarkKVDecodeShape(b *testing.B) {
 			}
 		}
 	}
+}
+
+// kvBenchStream starts a decode benchmark: the GPU fixture (or a skip)
+// and a stream destroyed when the benchmark ends.
+func kvBenchStream(b *testing.B) *cudadrv.Stream {
+	kvSetup(b)
+	s, err := kvFix.ctx.NewStream(cudadrv.StreamNonBlocking, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Destroy() })
+	return s
 }
 
 // kvDecodeBench is what the decode benchmarks share: device memory freed
