@@ -119,6 +119,59 @@ __device__ __forceinline__ void fwht_warp(float (&x)[FWHT_REGS], int nj)
     }
 }
 
+// rope_cache_row is the cache row of token t at position p: the position
+// itself without tables, else its cell through the tables (attention.cu's
+// "cache rows").
+__device__ __forceinline__ long long rope_cache_row(int t, int p, const int *seq, const int *tables, int maxBlocks,
+                                                    int blockShift)
+{
+    if (!tables)
+        return p;
+    const long long blk = tables[(long long)seq[t] * maxBlocks + (p >> blockShift)];
+    return (blk << blockShift) | (p & ((1 << blockShift) - 1));
+}
+
+// rope_store_chunk writes the chunk of 32*nj values the warp holds (value
+// 32j + lane of the chunk in r[j]) at value e of cache row row (rows of
+// width values; kvType 0 f16, 1 Q8_0: e is then a multiple of 32, and
+// r[j] across the warp is one block).
+__device__ __forceinline__ void rope_store_chunk(void *cache, int kvType, long long width, long long row, long long e,
+                                                 const float (&r)[FWHT_REGS], int nj)
+{
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < FWHT_REGS; j++) {
+        if (j >= nj)
+            break;
+        if (kvType == 0)
+            ((unsigned short *)cache)[row * width + e + 32 * j + lane] = f2h(r[j]);
+        else
+            q8_0_block(r[j], (unsigned char *)cache + row * (width / 32 * 34) + (e / 32 + j) * 34);
+    }
+}
+
+// rope_store_v writes head h of token t's values (vv: [nTok][heads *
+// headSize] float) to the value cache vc, rotated in chunks of rotV in a
+// warp's registers on their way (vv is left as it is).
+__device__ __forceinline__ void rope_store_v(void *vc, const float *vv, int kvType, int heads, int headSize, int h, int t,
+                                             int p, const int *seq, const int *tables, int maxBlocks, int blockShift,
+                                             int rotV)
+{
+    const int lane = threadIdx.x & 31;
+    const long long width = (long long)heads * headSize;
+    const long long src = (long long)t * width + (long long)h * headSize;
+    const long long row = rope_cache_row(t, p, seq, tables, maxBlocks, blockShift);
+    const int nj = rotV / 32;
+    for (int c = 0; c < headSize; c += rotV) {
+        float r[FWHT_REGS];
+#pragma unroll
+        for (int j = 0; j < FWHT_REGS; j++)
+            r[j] = j < nj ? vv[src + c + 32 * j + lane] : 0.0f;
+        fwht_warp(r, nj);
+        rope_store_chunk(vc, kvType, width, row, (long long)h * headSize + c, r, nj);
+    }
+}
+
 // rope_norm_f32 rotates the first nDims values of every head of x_j[t]
 // (heads_j heads of headSize floats, back to back) for t < nTok and
 // j < gridDim.y (heads hpb at a time, grid.z = ceil(max heads / hpb)),
@@ -137,9 +190,12 @@ __device__ __forceinline__ void fwht_warp(float (&x)[FWHT_REGS], int nj)
 // 32 == 0: a head is whole blocks).
 //
 // rotK > 0 then rotates every head of both tensors (queries and keys) in
-// chunks of rotK values (fwht_warp), in place; rotV > 0 rotates the stored
-// values in chunks of rotV on their way into the cache (vv is left as it
-// is). Both are powers of two from 32 to 256 that divide headSize.
+// chunks of rotK values (fwht_warp), in place, the keys stored from the
+// registers that rotated them; rotV > 0 rotates the stored values in
+// chunks of rotV on their way into the cache (vv is left as it is), in
+// blocks of their own (grid.y = tensors + 1, the last row of blocks), so
+// that a key's warp does not also carry its value's rotation. Both are
+// powers of two from 32 to 256 that divide headSize.
 extern "C" __global__ void rope_norm_f32(float *x0, int heads0, const float *w0,
                                          float *x1, int heads1, const float *w1,
                                          int headSize, int nDims, int neox,
@@ -155,6 +211,17 @@ extern "C" __global__ void rope_norm_f32(float *x0, int heads0, const float *w0,
     const int t = blockIdx.x;
     if (t >= nTok)
         return;
+    const int p = perToken ? pos[t] : pos[0] + t;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int nwarps = blockDim.x >> 5;
+    if (rotV > 0 && store >= 0 && (int)blockIdx.y == (x1 ? 2 : 1)) {
+        // The values' row of blocks: the stored tensor's heads.
+        const int heads = store == 0 ? heads0 : heads1;
+        const int hEnd = min(heads, (int)blockIdx.z * hpb + hpb);
+        for (int h = blockIdx.z * hpb + warp; h < hEnd; h += nwarps)
+            rope_store_v(vc, vv, kvType, heads, headSize, h, t, p, seq, tables, maxBlocks, blockShift, rotV);
+        return;
+    }
     float *x = blockIdx.y == 0 ? x0 : x1;
     const int heads = blockIdx.y == 0 ? heads0 : heads1;
     const float *w = blockIdx.y == 0 ? w0 : w1;
@@ -164,7 +231,6 @@ extern "C" __global__ void rope_norm_f32(float *x0, int heads0, const float *w0,
     if (hBegin >= hEnd)
         return; // the other tensor has more heads; the whole block leaves together
 
-    const int p = perToken ? pos[t] : pos[0] + t;
     if (half > 0) {
         const float fp = (float)p;
         for (int i = threadIdx.x; i < half; i += blockDim.x) {
@@ -184,8 +250,9 @@ extern "C" __global__ void rope_norm_f32(float *x0, int heads0, const float *w0,
         __syncthreads();
     }
 
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int nwarps = blockDim.x >> 5;
+    const bool storing = (int)blockIdx.y == store;
+    const long long row = storing ? rope_cache_row(t, p, seq, tables, maxBlocks, blockShift) : 0;
+    const long long width = (long long)heads * headSize;
     for (int h = hBegin + warp; h < hEnd; h += nwarps) {
         float *v = x + ((long long)t * heads + h) * headSize;
         if (w) {
@@ -220,54 +287,33 @@ extern "C" __global__ void rope_norm_f32(float *x0, int heads0, const float *w0,
                 for (int j = 0; j < FWHT_REGS; j++)
                     if (j < nj)
                         v[c + 32 * j + lane] = r[j];
+                if (storing)
+                    rope_store_chunk(kc, kvType, width, row, (long long)h * headSize + c, r, nj);
             }
         }
-        if ((int)blockIdx.y == store) {
-            __syncwarp(); // the head's rotated values, written by any lane
-            const long long width = (long long)heads * headSize;
+        if (storing) {
             const long long src = (long long)t * width + (long long)h * headSize;
-            long long row = p;
-            if (tables) {
-                const long long blk = tables[(long long)seq[t] * maxBlocks + (p >> blockShift)];
-                row = (blk << blockShift) | (p & ((1 << blockShift) - 1));
+            if (rotK == 0) {
+                __syncwarp(); // the head's values, written by any lane
+                if (kvType == 0) {
+                    unsigned short *kd = (unsigned short *)kc + row * width + (long long)h * headSize;
+                    for (int i = lane; i < headSize; i += 32)
+                        kd[i] = f2h(v[i]);
+                } else {
+                    const long long off = row * (width / 32 * 34) + (long long)h * (headSize / 32) * 34;
+                    for (int j = 0; j < headSize / 32; j++)
+                        q8_0_block(v[32 * j + lane], (unsigned char *)kc + off + 34 * j);
+                }
             }
-            if (kvType == 0) {
-                unsigned short *kd = (unsigned short *)kc + row * width + (long long)h * headSize;
-                unsigned short *vd = (unsigned short *)vc + row * width + (long long)h * headSize;
-                for (int i = lane; i < headSize; i += 32) {
-                    kd[i] = f2h(v[i]);
-                    if (rotV == 0)
+            if (rotV == 0) {
+                if (kvType == 0) {
+                    unsigned short *vd = (unsigned short *)vc + row * width + (long long)h * headSize;
+                    for (int i = lane; i < headSize; i += 32)
                         vd[i] = f2h(vv[src + i]);
-                }
-            } else {
-                const long long off = row * (width / 32 * 34) + (long long)h * (headSize / 32) * 34;
-                for (int j = 0; j < headSize / 32; j++) {
-                    q8_0_block(v[32 * j + lane], (unsigned char *)kc + off + 34 * j);
-                    if (rotV == 0)
+                } else {
+                    const long long off = row * (width / 32 * 34) + (long long)h * (headSize / 32) * 34;
+                    for (int j = 0; j < headSize / 32; j++)
                         q8_0_block(vv[src + 32 * j + lane], (unsigned char *)vc + off + 34 * j);
-                }
-            }
-            if (rotV > 0) {
-                // The values rotated in registers, a chunk at a time: value
-                // c + 32j + lane is in r[j], so r[j] across the warp is the
-                // chunk's block j.
-                const int nj = rotV / 32;
-                for (int c = 0; c < headSize; c += rotV) {
-                    float r[FWHT_REGS];
-#pragma unroll
-                    for (int j = 0; j < FWHT_REGS; j++)
-                        r[j] = j < nj ? vv[src + c + 32 * j + lane] : 0.0f;
-                    fwht_warp(r, nj);
-#pragma unroll
-                    for (int j = 0; j < FWHT_REGS; j++) {
-                        if (j >= nj)
-                            break;
-                        if (kvType == 0)
-                            ((unsigned short *)vc)[row * width + (long long)h * headSize + c + 32 * j + lane] = f2h(r[j]);
-                        else
-                            q8_0_block(r[j], (unsigned char *)vc + row * (width / 32 * 34) +
-                                                 ((long long)h * headSize + c) / 32 * 34 + 34 * j);
-                    }
                 }
             }
         }

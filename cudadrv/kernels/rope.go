@@ -145,7 +145,13 @@ func (k *Rope) Run(s *cudadrv.Stream, a *RopeArgs) error {
 	if a.NTok < 32 {
 		hpb = ropeWarps
 	}
-	grid := cudadrv.Dim3{X: uint32(a.NTok), Y: uint32(a.NTensors), Z: uint32(cudadrv.Blocks(heads, hpb))}
+	// Values rotated on their way into the cache take a row of blocks of
+	// their own (rope.cu).
+	rows := a.NTensors
+	if rotV > 0 {
+		rows++
+	}
+	grid := cudadrv.Dim3{X: uint32(a.NTok), Y: uint32(rows), Z: uint32(cudadrv.Blocks(heads, hpb))}
 	fs := a.FreqScale
 	if fs == 0 {
 		fs = 1
