@@ -1034,8 +1034,20 @@ extern "C" __global__ void __launch_bounds__(AM_THREADS, AM_MIN_BLOCKS_128) attn
 // 16; hs 32: 2, synchronous), and each warp dequantizes its run into f16
 // tiles: f16(d*q), the value llama.cpp's conversion of a q8_0 cache to f16
 // gives, before the same mma path. Numerics: Q is rounded to f16 for both
-// types (not quantized to q8_0 as the CPU's flash attention does: f16 keeps
-// 11 bits where q8_0 keeps 8); scores accumulate in f32 on the tensor cores.
+// types; scores accumulate in f32 on the tensor cores.
+//
+// int8 keys (attn_dec_q8_0i_d<hs>: a q8_0 cache whose KV group has at most
+// 8 query heads, CC 8.0 and later). Dequantizing a run's keys was most of
+// the q8_0 kernel's instructions, and its registers held it to two warps a
+// scheduler. This variant quantizes Q to Q8_0 once a block (per head and
+// block of 32, as ggml's quantize_row_q8_0_ref and the CPU's q8_0 flash
+// attention), and takes Sᵀ = K·Qᵀ on the integer tensor cores straight from
+// the staged rows (m16n8k32: 16 positions by 8 heads, one Q8_0 block a
+// product, exact), each block's sums times its key's and query's scales in
+// f32. The heads being the products' columns, O is kept transposed (Oᵀ +=
+// Vᵀ·Pᵀ, V dequantized to f16 as above, P's fragments transposed with
+// movmatrix): half the accumulators of 16 rows, of which a group of 8 or
+// fewer would use half. The scores then match the CPU's to f32 rounding.
 //
 // With rot > 0 (a q8_0 cache, which holds its values rotated by a
 // Walsh-Hadamard transform: ops.KVRotation) the merged rows are rotated
@@ -1255,16 +1267,91 @@ __device__ __forceinline__ void dk_dequant(const unsigned char *raw, unsigned sh
     }
 }
 
-// KVT: 0 f16, 1 q8_0.
-template <int D, int KVT>
+// dk_dequant_v turns the 16 q8_0 V rows of a buffer (ROW bytes apart)
+// into an f16 tile of D+8 halves a row, as dk_dequant, on all 32 lanes:
+// lane l takes row l%16 and half l/16 of its blocks (heads of 64: lanes
+// 0-15 a whole row each). With ROW/4 = 2 mod 4 the two halves' reads
+// (17 words apart at heads of 128) fall in distinct banks.
+template <int D, int ROW>
+__device__ __forceinline__ void dk_dequant_v(const unsigned char *raw, unsigned short *tile, int lane)
+{
+    constexpr int LD = D + 8;
+    constexpr int BPH = D >= 128 ? D / 64 : D / 32; // blocks a lane
+    if (D < 128 && lane >= 16)
+        return;
+    const int h = D >= 128 ? lane >> 4 : 0;
+    // A half's first block starts on a word: 34*BPH bytes, BPH even.
+    const unsigned int *r = (const unsigned int *)(raw + (lane & 15) * ROW + h * 34 * BPH);
+    unsigned short *t = tile + (lane & 15) * LD + h * 32 * BPH;
+#pragma unroll
+    for (int b = 0; b < BPH; b++) {
+        const int wb = 34 * b / 4, o = 34 * b % 4;
+        unsigned int w[9];
+#pragma unroll
+        for (int i = 0; i < 9; i++)
+            w[i] = r[wb + i] ^ 0x80808080u;
+        const unsigned int d = (o ? (w[0] >> 16) : (w[0] & 0xffffu)) ^ 0x8080u;
+        const unsigned int dd = d | (d << 16);
+        unsigned int hv[16];
+#pragma unroll
+        for (int k = 0; k < 16; k++) {
+            const int at = o + 2 + 2 * k;
+            hv[k] = __byte_perm(w[at / 4], 0x64646464u, (at % 4) ? 0x4342 : 0x4140);
+            asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(hv[k]) : "r"(0x64806480u));
+            asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(hv[k]) : "r"(dd));
+        }
+#pragma unroll
+        for (int q = 0; q < 4; q++)
+            *(uint4 *)(t + 32 * b + 8 * q) = make_uint4(hv[4 * q], hv[4 * q + 1], hv[4 * q + 2], hv[4 * q + 3]);
+    }
+}
+
+// dk_imma: c += a (16x32 s8, row) * b (32x8 s8, col), s32 accumulators
+// (CC 8.0 and later; the int8 kernels are not launched before).
+__device__ __forceinline__ void dk_imma(int *c, const am_u32 *a, const am_u32 *b)
+{
+#if __CUDA_ARCH__ >= 800
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+// dk_trans transposes the 8x8 f16 matrix the warp holds in the mma
+// fragment layout (lane 4g+c: row g, columns 2c, 2c+1).
+__device__ __forceinline__ am_u32 dk_trans(am_u32 x)
+{
+    am_u32 y = x;
+#if __CUDA_ARCH__ >= 800
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+#endif
+    return y;
+}
+
+// dk_ld4 reads 4 bytes at p, which is 4-byte aligned when A4, else 2.
+template <bool A4>
+__device__ __forceinline__ am_u32 dk_ld4(const unsigned char *p)
+{
+    if (A4)
+        return *(const am_u32 *)p;
+    const am_u32 *w = (const am_u32 *)(p - 2);
+    return __byte_perm(w[0], w[1], 0x5432);
+}
+
+// KVT: 0 f16, 1 q8_0. I8 (q8_0, a group of at most 8 heads, CC 8.0 and
+// later): the int8 path below ("int8 keys").
+template <int D, int KVT, bool I8>
 __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
 {
     constexpr int LD = D + 8;                                  // halves a tile row
     constexpr int SEG = KVT == 0 ? 2 * D : D / 32 * 34;        // bytes of a head's row
     // A staged q8_0 row is an odd number of words: the 16 K and 16 V rows
-    // of a buffer then start in 32 different banks (dk_dequant).
+    // of a buffer then start in 32 different banks (dk_dequant). The int8
+    // path's rows are 2 mod 4 words (dk_dequant_v).
     constexpr int ROWW = (SEG + 3) / 4;                        // words of a q8_0 row, rounded up
-    constexpr int ROW = KVT == 0 ? 2 * LD : 4 * (ROWW | 1);    // bytes a staged row
+    constexpr int ROW = KVT == 0 ? 2 * LD : I8 ? 4 * (((ROWW + 1) & ~3) + 2) : 4 * (ROWW | 1); // bytes a staged row
+    constexpr int NH = I8 ? 8 : 16;                            // query heads a block at most
     constexpr int GRAN = KVT == 0 ? 16 : (SEG % 4 == 0 ? 4 : 2); // bytes a copy
     constexpr int NCH = SEG / GRAN;                            // copies a row
     constexpr int STAGE = 2 * DK_RUN * ROW;                    // a buffer: K run, then V run
@@ -1276,10 +1363,10 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
     const int nwarps = blockDim.x >> 5;
     const int t = blockIdx.x;
     const int group = p.nHeads / p.nKV;
-    const int subs = (group + 15) >> 4;
+    const int subs = (group + NH - 1) / NH;
     const int kvh = blockIdx.y / subs;
-    const int h0 = kvh * group + (blockIdx.y % subs) * 16;
-    const int hb = min(16, (kvh + 1) * group - h0); // heads of this block
+    const int h0 = kvh * group + (blockIdx.y % subs) * NH;
+    const int hb = min(NH, (kvh + 1) * group - h0); // heads of this block
     const int split = blockIdx.z;
     const int qpos = p.pos[t];
     const int sq = p.seq[t];
@@ -1321,7 +1408,7 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
 #pragma unroll
     for (int k = 0; k < (LINEAR ? 1 : NC); k++) {
         const int x = lane + 32 * k, j = x / NCH, ch = x % NCH;
-        code[k] = (unsigned int)(j * p.rowBytes + ch * GRAN) << 13 | (unsigned int)(j * ROW + ch * GRAN);
+        code[k] = ((unsigned int)j * (unsigned int)p.rowBytes + ch * GRAN) << 13 | (unsigned int)(j * ROW + ch * GRAN);
     }
     const int lrow = lane / NCH, lch = lane % NCH; // LINEAR: copy k is row lrow + k*32/NCH
     const long long lsrc = (long long)lrow * p.rowBytes + lch * GRAN;
@@ -1363,9 +1450,12 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
     };
 
     const float sl2 = p.scale * 1.4426950408889634f;
-    float o[D / 8][4];
+    // O: 16 heads by D values as D/8 n8 fragments, or for I8 its transpose,
+    // D values by 8 heads as D/16 m16 fragments.
+    constexpr int NO = I8 ? D / 16 : D / 8;
+    float o[NO][4];
 #pragma unroll
-    for (int n = 0; n < D / 8; n++)
+    for (int n = 0; n < NO; n++)
         o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
@@ -1376,23 +1466,56 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
     }
     // Q rounded to f16, rows past the block's heads zero: after the first
     // runs' loads are queued, so that they wait on the cache together.
+    // The int8 path quantizes it instead (see "int8 keys").
     unsigned short *Qs = (unsigned short *)dk_smem;
-    for (int i = tid; i < 16 * (D / 4); i += blockDim.x) {
-        const int r = i / (D / 4), d = (i % (D / 4)) * 4;
-        uint2 v = make_uint2(0, 0);
-        if (r < hb) {
-            const float4 f = *(const float4 *)(p.q + (row0 + r) * D + d);
-            v = make_uint2(am_pack_h2(f.x, f.y), am_pack_h2(f.z, f.w));
+    signed char *Qi = (signed char *)dk_smem;     // I8: [8][D] int8
+    float *Qd = (float *)(dk_smem + 8 * D);        // I8: [8][D/32] scales times sl2
+    if (!I8) {
+        for (int i = tid; i < 16 * (D / 4); i += blockDim.x) {
+            const int r = i / (D / 4), d = (i % (D / 4)) * 4;
+            uint2 v = make_uint2(0, 0);
+            if (r < hb) {
+                const float4 f = *(const float4 *)(p.q + (row0 + r) * D + d);
+                v = make_uint2(am_pack_h2(f.x, f.y), am_pack_h2(f.z, f.w));
+            }
+            *(uint2 *)(Qs + r * LD + d) = v;
         }
-        *(uint2 *)(Qs + r * LD + d) = v;
+    } else {
+        for (int i = warp; i < 8 * (D / 32); i += nwarps) {
+            const int r = i / (D / 32), b = i % (D / 32);
+            const float x = r < hb ? p.q[(row0 + r) * D + 32 * b + lane] : 0.0f;
+            float amax = fabsf(x);
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+            const float d = amax / 127.0f;
+            const float id = d != 0.0f ? 1.0f / d : 0.0f;
+            Qi[r * D + 32 * b + lane] = (signed char)max(-128, min(127, (int)roundf(__fmul_rn(x, id))));
+            if (lane == 0)
+                Qd[r * (D / 32) + b] = h2f(f2h(d)) * sl2;
+        }
     }
     __syncthreads();
 
-    am_u32 qf[QREG ? D / 16 : 1][4];
-    if (QREG) {
+    am_u32 qf[QREG && !I8 ? D / 16 : 1][4];
+    if (QREG && !I8) {
 #pragma unroll
-        for (int kk = 0; kk < (QREG ? D / 16 : 1); kk++)
+        for (int kk = 0; kk < (QREG && !I8 ? D / 16 : 1); kk++)
             am_ldmatrix_x4(qf[kk], Qs + (lane & 15) * LD + 16 * kk + (lane >> 4) * 8);
+    }
+    // I8: Q's B fragments (k: 32 values of a block, n: head g) and the
+    // scales of heads 2c and 2c+1, a pair a block.
+    constexpr int NB = I8 ? D / 32 : 1;
+    am_u32 qb[NB][2];
+    float qd[NB][2];
+    if (I8) {
+#pragma unroll
+        for (int b = 0; b < NB; b++) {
+            qb[b][0] = *(const am_u32 *)(Qi + g * D + 32 * b + 4 * c);
+            qb[b][1] = *(const am_u32 *)(Qi + g * D + 32 * b + 16 + 4 * c);
+            qd[b][0] = Qd[(2 * c) * (D / 32) + b];
+            qd[b][1] = Qd[(2 * c + 1) * (D / 32) + b];
+        }
     }
 
     // The buffers of the run to load (i + S - 1) and of run i: counters,
@@ -1404,6 +1527,83 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
         am_cp_commit();
         dk_wait(S - 1); // run i's group is complete
         __syncwarp();
+
+        if (I8) {
+            // int8 keys: Sᵀ = K·Qᵀ on the integer tensor cores, a block of
+            // 32 values a product (A: K's raw int8, rows g and g+8 of the
+            // run; B: Q's int8), each block's integer sums scaled by its
+            // key's and query's scales; Sᵀ holds positions g, g+8 by heads
+            // 2c, 2c+1. Then Oᵀ += Vᵀ·Pᵀ, V dequantized to f16 as before,
+            // Pᵀ the scores' f16 fragments transposed (movmatrix).
+            const unsigned char *kr = wbase + bc * STAGE;
+            unsigned short *tv = (unsigned short *)(wbase + S * STAGE);
+            dk_dequant_v<D, ROW>(kr + DK_RUN * ROW, tv, lane);
+            const unsigned char *k0 = kr + g * ROW, *k1 = k0 + 8 * ROW;
+            float st[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int b = 0; b < NB; b++) {
+                // Block b's values start at byte 34b+2: word-aligned for odd b.
+                am_u32 a[4];
+                const int q0 = 34 * b + 2 + 4 * c;
+                if (b & 1) {
+                    a[0] = dk_ld4<true>(k0 + q0), a[1] = dk_ld4<true>(k1 + q0);
+                    a[2] = dk_ld4<true>(k0 + q0 + 16), a[3] = dk_ld4<true>(k1 + q0 + 16);
+                } else {
+                    a[0] = dk_ld4<false>(k0 + q0), a[1] = dk_ld4<false>(k1 + q0);
+                    a[2] = dk_ld4<false>(k0 + q0 + 16), a[3] = dk_ld4<false>(k1 + q0 + 16);
+                }
+                int acc[4] = {0, 0, 0, 0};
+                dk_imma(acc, a, qb[b]);
+                const float d0 = h2f(*(const unsigned short *)(k0 + 34 * b));
+                const float d1 = h2f(*(const unsigned short *)(k1 + 34 * b));
+                st[0] = fmaf((float)acc[0], d0 * qd[b][0], st[0]);
+                st[1] = fmaf((float)acc[1], d0 * qd[b][1], st[1]);
+                st[2] = fmaf((float)acc[2], d1 * qd[b][0], st[2]);
+                st[3] = fmaf((float)acc[3], d1 * qd[b][1], st[3]);
+            }
+            const int start = (int)begin + DK_RUN * (warp + nwarps * i);
+            if (start + g >= end)
+                st[0] = st[1] = -INFINITY;
+            if (start + g + 8 >= end)
+                st[2] = st[3] = -INFINITY;
+            // Maxima of heads 2c, 2c+1 over the run's positions (lanes c, c+4, ...).
+            float mx0 = fmaxf(st[0], st[2]), mx1 = fmaxf(st[1], st[3]);
+#pragma unroll
+            for (int off = 4; off <= 16; off <<= 1) {
+                mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+                mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+            }
+            // The run's first position is valid: the maxima are finite.
+            const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+            const float a0 = exp2f(m0 - mn0), a1 = exp2f(m1 - mn1);
+            m0 = mn0;
+            m1 = mn1;
+            st[0] = exp2f(st[0] - mn0);
+            st[1] = exp2f(st[1] - mn1);
+            st[2] = exp2f(st[2] - mn0);
+            st[3] = exp2f(st[3] - mn1);
+            l0 = l0 * a0 + (st[0] + st[2]);
+            l1 = l1 * a1 + (st[1] + st[3]);
+            if (__any_sync(0xffffffffu, a0 != 1.0f || a1 != 1.0f)) {
+#pragma unroll
+                for (int n = 0; n < NO; n++) {
+                    o[n][0] *= a0;
+                    o[n][1] *= a1;
+                    o[n][2] *= a0;
+                    o[n][3] *= a1;
+                }
+            }
+            const am_u32 pb[2] = {dk_trans(am_pack_h2(st[0], st[1])), dk_trans(am_pack_h2(st[2], st[3]))};
+            __syncwarp(); // the V tile is written
+#pragma unroll
+            for (int jd = 0; jd < D / 16; jd++) {
+                am_u32 av[4];
+                am_ldmatrix_x4_trans(av, tv + ((lane & 7) + ((lane >> 4) & 1) * 8) * LD + 16 * jd + ((lane >> 3) & 1) * 8);
+                am_mma16816(o[jd % NO], av, pb);
+            }
+            __syncwarp(); // the buffer and tile are read before the next loads land in them
+            continue;
+        }
 
         const unsigned short *Ks, *Vs;
         if (KVT == 0) {
@@ -1496,26 +1696,49 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
     __syncwarp();
 
     // The warp's state into its region: O rows g, g+8 (stride hs+8 floats),
-    // then m and the quad-reduced l.
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-        l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-        l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-    }
+    // then m and the quad-reduced l. I8: O's rows 2c, 2c+1 (columns of Oᵀ),
+    // l reduced over the lanes of a column.
     constexpr int OLD = D + 8;
     float *Mo = (float *)wbase;
     float *Mm = Mo + 16 * OLD, *Ml = Mm + 16;
+    if (I8) {
 #pragma unroll
-    for (int n = 0; n < D / 8; n++) {
-        const int d = 8 * n + 2 * c;
-        *(float2 *)(Mo + g * OLD + d) = make_float2(o[n][0], o[n][1]);
-        *(float2 *)(Mo + (g + 8) * OLD + d) = make_float2(o[n][2], o[n][3]);
-    }
-    if (c == 0) {
-        Mm[g] = m0;
-        Mm[g + 8] = m1;
-        Ml[g] = l0;
-        Ml[g + 8] = l1;
+        for (int off = 4; off <= 16; off <<= 1) {
+            l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+        }
+#pragma unroll
+        for (int n = 0; n < NO; n++) {
+            const int d = 16 * n + g;
+            Mo[(2 * c) * OLD + d] = o[n][0];
+            Mo[(2 * c + 1) * OLD + d] = o[n][1];
+            Mo[(2 * c) * OLD + d + 8] = o[n][2];
+            Mo[(2 * c + 1) * OLD + d + 8] = o[n][3];
+        }
+        if (g == 0) {
+            Mm[2 * c] = m0;
+            Mm[2 * c + 1] = m1;
+            Ml[2 * c] = l0;
+            Ml[2 * c + 1] = l1;
+        }
+    } else {
+#pragma unroll
+        for (int off = 1; off <= 2; off <<= 1) {
+            l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+            l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+        }
+#pragma unroll
+        for (int n = 0; n < NO; n++) {
+            const int d = 8 * n + 2 * c;
+            *(float2 *)(Mo + g * OLD + d) = make_float2(o[n][0], o[n][1]);
+            *(float2 *)(Mo + (g + 8) * OLD + d) = make_float2(o[n][2], o[n][3]);
+        }
+        if (c == 0) {
+            Mm[g] = m0;
+            Mm[g + 8] = m1;
+            Ml[g] = l0;
+            Ml[g + 8] = l1;
+        }
     }
     __syncthreads();
 
@@ -1801,7 +2024,7 @@ extern "C" __global__ void __launch_bounds__(DEC_WARPS * 32) attn_dec1_f16_e8(co
     extern "C" __global__ void __launch_bounds__(DK_MAX_WARPS * 32) attn_dec_##T##_d##D(const DecKVParams p) \
     {                                                                                                               \
         PDL_ENTRY();                                                                                                \
-        attn_dec_kv<D, KVT>(p);                                                                                     \
+        attn_dec_kv<D, KVT, false>(p);                                                                              \
     }
 DEC_KV(f16, 0, 32)
 DEC_KV(f16, 0, 64)
@@ -1811,6 +2034,20 @@ DEC_KV(q8_0, 1, 32)
 DEC_KV(q8_0, 1, 64)
 DEC_KV(q8_0, 1, 128)
 DEC_KV(q8_0, 1, 256)
+
+// attn_dec_q8_0i_d<hs>: a q8_0 cache's int8 path (a KV group of at most 8
+// query heads, CC 8.0 and later), in blocks of up to 12 warps (its
+// registers fit three warps a scheduler).
+#define DK_I8_MAX_WARPS 12
+#define DEC_KV_I8(D)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(DK_I8_MAX_WARPS * 32) attn_dec_q8_0i_d##D(const DecKVParams p) \
+    {                                                                                                          \
+        PDL_ENTRY();                                                                                           \
+        attn_dec_kv<D, 1, true>(p);                                                                            \
+    }
+DEC_KV_I8(64)
+DEC_KV_I8(128)
+DEC_KV_I8(256)
 
 // ---------------------------------------------------------------- gather
 //

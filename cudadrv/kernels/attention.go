@@ -60,14 +60,17 @@
 //
 // Numerics: writes round to f16 to nearest, or quantize as ggml's
 // quantize_row_q8_0_ref (the CPU's KVLayer.Store bits). Decode attention
-// rounds Q to f16 for both cache types (the CPU's q8_0 flash attention
-// quantizes Q to q8_0 instead: f16 keeps more of it), reads q8_0 as
-// f16(d*q), accumulates scores in f32 on the tensor cores and rounds the
-// unnormalised probabilities to f16 before P·V, as the prefill kernel
-// does; TestKVBatch bounds the normalised squared error per token by 1e-6
-// against a float64 attention over the values the kernels read (q8_0:
-// f16(d*q), which differs from d*q by at most 2^-11 relative, far less
-// than the CPU's q8_0 rounding of Q).
+// rounds Q to f16 over an f16 cache and reads q8_0 values as f16(d*q).
+// Over a q8_0 cache whose KV group has at most 8 query heads (on CC 8.0
+// and later: DecodeKVInt8) it quantizes Q to Q8_0 per head as the CPU's
+// q8_0 flash attention does, and takes each block's key products on the
+// integer tensor cores, exact, scaled by the two blocks' scales; else Q
+// is rounded to f16 and the keys read as f16(d*q). Scores accumulate in
+// f32, and the unnormalised probabilities are rounded to f16 before P·V,
+// as the prefill kernel does. TestKVBatch bounds the normalised squared
+// error per token by 1e-6 against a float64 attention over the values the
+// kernels read (q8_0: f16(d*q), which differs from d*q by at most 2^-11
+// relative; the int8 path's Q8_0 query and d*q keys).
 //
 // The contiguous launchers (Store, Run's decode with AttnArgs, RopeArgs.Pos0)
 // keep working on a contiguous cache at pos0 + t, for one sequence.
@@ -80,6 +83,7 @@ import (
 	"math"
 	"math/bits"
 	"os"
+	"slices"
 
 	"github.com/atsinfer/ats/cudadrv"
 )
@@ -97,6 +101,10 @@ type Attention struct {
 	// decKV are the paged decode kernels by cache type and head size;
 	// storeQ8 and gather the paged cache writes and the prefill gathers.
 	decKV [kvTypes]map[int]*cudadrv.Function
+	// decI8 are the q8_0 cache's int8 decode kernels by head size
+	// (attn_dec_q8_0i_d<hs>), and int8 whether they run (DecodeKVInt8).
+	decI8 map[int]*cudadrv.Function
+	int8  bool
 	// dec1 are the CUDA-core paged f16 decode kernels for a lone row, by
 	// head size.
 	dec1    map[int]*cudadrv.Function
@@ -120,7 +128,9 @@ type Attention struct {
 // kernel (attn_f16), also where the tensor-core one would run; "tile" makes
 // decode use attn_f16 instead of attn_dec; "mma" makes a lone decode row
 // over an f16 cache take the tensor-core kernel (attn_dec_f16_d*) instead
-// of attn_dec1_f16_e*: for A/B measurements of each.
+// of attn_dec1_f16_e*; "q8f16" makes decode over a q8_0 cache read its
+// keys as f16 (attn_dec_q8_0_d*) where the int8 kernel would run: for A/B
+// measurements of each.
 const EnvAttention = "ATS_GPU_ATTN"
 
 // NewAttention prepares attention.cu's kernels for the context's device;
@@ -130,10 +140,15 @@ func NewAttention(ctx *cudadrv.Context) (*Attention, error) {
 	if err != nil {
 		return nil, err
 	}
+	major, _, err := ctx.Device().ComputeCapability()
+	if err != nil {
+		return nil, err
+	}
 	env := os.Getenv(EnvAttention)
 	k := &Attention{attn: map[int]*cudadrv.Function{}, mma: map[int]*cudadrv.Function{}, dec: map[int]*cudadrv.Function{},
-		decKV: [kvTypes]map[int]*cudadrv.Function{{}, {}}, dec1: map[int]*cudadrv.Function{},
-		optin: max(attnShared, optin), simt: env == "simt", tiled: env == "tile", mma1: env == "mma"}
+		decKV: [kvTypes]map[int]*cudadrv.Function{{}, {}}, dec1: map[int]*cudadrv.Function{}, decI8: map[int]*cudadrv.Function{},
+		optin: max(attnShared, optin), simt: env == "simt", tiled: env == "tile", mma1: env == "mma",
+		int8: major >= 8 && env != "q8f16"}
 	if err := k.prepare(ctx, "attention", k.bind); err != nil {
 		return nil, err
 	}
@@ -162,6 +177,16 @@ func (k *Attention) bind(m *cudadrv.Module) error {
 			}
 			k.decKV[t][hs] = f
 		}
+	}
+	for _, hs := range decI8HeadSizes {
+		f, err := m.Function(fmt.Sprintf("attn_dec_q8_0i_d%d", hs))
+		if err == nil && k.optin > attnShared {
+			err = f.SetAttribute(cudadrv.FuncMaxDynamicSharedSizeBytes, k.optin)
+		}
+		if err != nil {
+			return err
+		}
+		k.decI8[hs] = f
 	}
 	for _, hs := range attnDecHeadSizes {
 		f, err := m.Function(fmt.Sprintf("attn_dec1_f16_e%d", hs/32))
@@ -270,24 +295,37 @@ func AttnScratch(nTok, nHeads, headSize, splits int) (part, ml int) {
 
 // DecodeSplits chooses the split-K layout for decoding over a cache of ctx
 // positions with blocks of the given warps (DecodeWarps): about 8 warps
-// per multiprocessor when the cache is full (two blocks of 4, one of 8),
-// chunks of at least 64 positions. Short contexts leave the later splits
-// empty; they exit at once.
+// per multiprocessor when the cache is full (two blocks of 4, one of 8;
+// one block of more), chunks of at least 64 positions. Short contexts
+// leave the later splits empty; they exit at once.
 func DecodeSplits(ctx, nKV, warps, multiprocessors int) (splits, chunk int) {
-	want := max(1, 8*multiprocessors/(max(1, warps)*max(1, nKV)))
+	want := max(1, max(1, 8/max(1, warps))*multiprocessors/max(1, nKV))
 	chunk = max(64, (ctx+want-1)/want)
 	chunk = (chunk + 63) &^ 63
 	return (ctx + chunk - 1) / chunk, chunk
 }
 
 // DecodeWarps is the warps of a block of the paged decode kernel for head
-// size hs and cache type t (4 where planDecodeKV fails: the launch then
-// reports the error).
-func (k *Attention) DecodeWarps(hs int, t KVType) int {
-	if p, err := planDecodeKV(hs, t, k.optin); err == nil {
+// size hs, KV groups of group query heads and cache type t (4 where
+// planDecodeKV fails: the launch then reports the error).
+func (k *Attention) DecodeWarps(hs, group int, t KVType) int {
+	if p, err := planDecodeKV(hs, t, k.DecodeKVInt8(hs, group, t), k.optin); err == nil {
 		return p.warps
 	}
 	return 4
+}
+
+// decI8HeadSizes are the head sizes of the int8 decode kernels.
+var decI8HeadSizes = []int{64, 128, 256}
+
+// DecodeKVInt8 says whether decode over a cache of type t with heads of
+// hs in KV groups of group query heads takes the int8 kernel
+// (attn_dec_q8_0i_d<hs>): a q8_0 cache, a group of at most 8 heads (the
+// integer products' 8 columns), heads of 64 to 256, CC 8.0 and later
+// (m16n8k32 integer products), not disabled by EnvAttention. It quantizes
+// the queries to Q8_0 (see the numerics above).
+func (k *Attention) DecodeKVInt8(hs, group int, t KVType) bool {
+	return k.int8 && t == KVQ8_0 && group >= 1 && group <= 8 && slices.Contains(decI8HeadSizes, hs)
 }
 
 // attnPlan is the launch shape of a head size and group.
@@ -758,9 +796,11 @@ const (
 )
 
 // decKVPlan is the launch shape of a paged decode kernel: warps a block,
-// cp.async buffers a warp, shared bytes a warp and in all.
+// cp.async buffers a warp, shared bytes a warp and in all, and whether it
+// is the int8 kernel.
 type decKVPlan struct {
 	warps, stages, region, shared int
+	int8                          bool
 }
 
 // planDecodeKV picks the warps and buffers of the paged decode kernel for
@@ -775,9 +815,12 @@ type decKVPlan struct {
 // the row's bytes rounded up to an odd number of 4-byte words), for q8_0
 // also the dequantized K and V tiles ([16][hs+8] f16 each), and at least
 // the merge's O [16][hs+8] float with 32 floats of maxima and sums.
-func planDecodeKV(hs int, t KVType, optin int) (decKVPlan, error) {
+//
+// The int8 kernel (int8) stages its q8_0 rows in 2 mod 4 words and keeps
+// one tile, V's.
+func planDecodeKV(hs int, t KVType, int8 bool, optin int) (decKVPlan, error) {
 	for _, c := range []struct{ warps, stages int }{{8, 2}, {4, 3}, {4, 2}, {2, 2}, {4, 1}, {2, 1}, {1, 1}} {
-		if p := sizeDecodeKV(hs, t, c.warps, c.stages); p.shared <= optin {
+		if p := sizeDecodeKV(hs, t, int8, c.warps, c.stages); p.shared <= optin {
 			return p, nil
 		}
 	}
@@ -785,23 +828,32 @@ func planDecodeKV(hs int, t KVType, optin int) (decKVPlan, error) {
 }
 
 // decKVMaxWarps is attention.cu's DK_MAX_WARPS: the launch bound of the
-// paged decode kernel. Blocks of 12 warps (three a scheduler) were tried
-// on the H200: with registers capped to fit them, q8_0 at depth 16384 took
-// 33.1 µs a layer where 8 warps take 29.9.
+// paged decode kernels. Blocks of 12 warps (three a scheduler) were tried
+// on the H200 for the f16 keys of a q8_0 cache: with registers capped to
+// fit them, q8_0 at depth 16384 took 33.1 µs a layer where 8 warps take
+// 29.9.
 const decKVMaxWarps = 8
+
+// decKVMaxWarpsInt8 is attention.cu's DK_I8_MAX_WARPS, the int8 kernel's
+// launch bound.
+const decKVMaxWarpsInt8 = 12
 
 // sizeDecodeKV lays out the shared memory of the paged decode kernel with
 // the given warps and buffers a warp.
-func sizeDecodeKV(hs int, t KVType, warps, stages int) decKVPlan {
+func sizeDecodeKV(hs int, t KVType, int8 bool, warps, stages int) decKVPlan {
 	ld := hs + 8
 	row, tiles := 2*ld, 0
 	if t == KVQ8_0 {
-		row, tiles = 4*((hs/32*34+3)/4|1), 2*decKVRun*ld*2
+		words := (hs/32*34 + 3) / 4
+		row, tiles = 4*(words|1), 2*decKVRun*ld*2
+		if int8 {
+			row, tiles = 4*((words+1)&^3+2), decKVRun*ld*2
+		}
 	}
 	stage := 2 * decKVRun * row
 	merge := decKVRows*ld*4 + 2*decKVRows*4
 	region := align16(max(stages*stage+tiles, merge))
-	return decKVPlan{warps, stages, region, decKVRows*ld*2 + warps*region}
+	return decKVPlan{warps, stages, region, decKVRows*ld*2 + warps*region, int8 && t == KVQ8_0}
 }
 
 // DecodeCounters is the bytes of DecodeKVArgs.Count for nTok rows of
@@ -844,8 +896,12 @@ func (k *Attention) DecodeKV(s *cudadrv.Stream, a *DecodeKVArgs) error {
 		})
 	}
 	group := a.NHeads / a.NKV
+	f := k.decKV[a.Cache.Type][a.HeadSize]
+	if plan.int8 {
+		f = k.decI8[a.HeadSize] // a block a KV group
+	}
 	grid := cudadrv.Dim3{X: uint32(a.NTok), Y: uint32(a.NKV * cudadrv.Blocks(group, decKVRows)), Z: uint32(splits)}
-	return launch(k.decKV[a.Cache.Type][a.HeadSize], s, grid, cudadrv.D1(32*plan.warps), plan.shared, func(args *cudadrv.Args) {
+	return launch(f, s, grid, cudadrv.D1(32*plan.warps), plan.shared, func(args *cudadrv.Args) {
 		args.Bytes(b[:])
 	})
 }
@@ -879,13 +935,14 @@ func (k *Attention) checkDecodeKV(a *DecodeKVArgs) (int, decKVPlan, error) {
 	if err := checkRot("decode attention's output", a.Rot, a.HeadSize); err != nil {
 		return 0, decKVPlan{}, err
 	}
+	int8 := k.DecodeKVInt8(a.HeadSize, a.NHeads/a.NKV, a.Cache.Type)
 	if f := k.forceDecKV; f.warps > 0 {
 		// A benchmark's imposed shape (see forceDecKV).
-		if p := sizeDecodeKV(a.HeadSize, a.Cache.Type, f.warps, f.stages); p.shared <= k.optin && f.warps <= decKVMaxWarps {
+		if p := sizeDecodeKV(a.HeadSize, a.Cache.Type, int8, f.warps, f.stages); p.shared <= k.optin && (f.warps <= decKVMaxWarps || int8 && f.warps <= decKVMaxWarpsInt8) {
 			return shift, p, nil
 		}
 	}
-	plan, err := planDecodeKV(a.HeadSize, a.Cache.Type, k.optin)
+	plan, err := planDecodeKV(a.HeadSize, a.Cache.Type, int8, k.optin)
 	return shift, plan, err
 }
 

@@ -40,7 +40,9 @@ import (
 // check that), so what differs is the f16 rounding of the probabilities
 // before P·V (the reference keeps them exact: a relative error up to 2^-11
 // each, independent, about 4e-8 in mean square) and f32 sums against
-// float64: about 1e-7, bound ten times that.
+// float64: about 1e-7, bound ten times that. The int8 decode kernel
+// (DecodeKVInt8) is checked against a reference with its query, Q8_0 as
+// the kernel quantizes it, and its keys, d*q exactly: the same bound.
 const kvBound = 1e-6
 
 var kvFix struct {
@@ -277,6 +279,27 @@ func f16Round(v float32) float64 { return float64(ops.F16ToF32(ops.F32ToF16(v)))
 // heads, rounded to f16) against positions 0..len(ks)-1 whose K and V rows
 // are ks[j], vs[j] (NKV*hs values).
 func refAttention(q []float32, ks, vs [][]float32, heads, nkv, hs int, scale float32) []float64 {
+	qr := make([]float64, len(q))
+	for i, v := range q {
+		qr[i] = f16Round(v)
+	}
+	return refAttentionQ(qr, ks, vs, heads, nkv, hs, scale)
+}
+
+// q8_0Query is q quantized to Q8_0 and decoded (d*q in float64), as the
+// int8 decode kernel quantizes its queries (refQ8_0's rounding).
+func q8_0Query(q []float32) []float64 {
+	b := make([]byte, len(q)/32*34)
+	refQ8_0(b, q)
+	out := make([]float64, len(q))
+	for i, v := range refDecode(KVQ8_0, b, len(q)) {
+		out[i] = float64(v) // d*q: an f16 times an int8, exact in float32
+	}
+	return out
+}
+
+// refAttentionQ is refAttention with the query's values as given.
+func refAttentionQ(q []float64, ks, vs [][]float32, heads, nkv, hs int, scale float32) []float64 {
 	out := make([]float64, heads*hs)
 	group := heads / nkv
 	sc := make([]float64, len(ks))
@@ -286,7 +309,7 @@ func refAttention(q []float32, ks, vs [][]float32, heads, nkv, hs int, scale flo
 		for j := range ks {
 			var s float64
 			for d := 0; d < hs; d++ {
-				s += f16Round(q[h*hs+d]) * float64(ks[j][kvh*hs+d])
+				s += q[h*hs+d] * float64(ks[j][kvh*hs+d])
 			}
 			sc[j] = s * float64(scale)
 			mx = math.Max(mx, sc[j])
@@ -362,6 +385,7 @@ type kvPaged struct {
 	used       []bool // by row: some sequence has the cell
 	kvals      [][]float32
 	vvals      [][]float32 // by row: the values the kernels read (kernelValues)
+	kexact     [][]float32 // by row: the keys decoded exactly (d*q), as the int8 kernel reads them
 	nSeq, nBlk int
 }
 
@@ -406,7 +430,7 @@ func newPaged(g *kvT, t KVType, width, block int, lens []int, share, spare int) 
 		p.k[i], p.v[i] = 0xff, 0xff
 	}
 	p.used = make([]bool, p.rows)
-	p.kvals, p.vvals = make([][]float32, p.rows), make([][]float32, p.rows)
+	p.kvals, p.vvals, p.kexact = make([][]float32, p.rows), make([][]float32, p.rows), make([][]float32, p.rows)
 	for s, l := range lens {
 		for pos := 0; pos < l; pos++ {
 			p.used[p.cell(s, pos)] = true
@@ -430,6 +454,7 @@ func newPaged(g *kvT, t KVType, width, block int, lens []int, share, spare int) 
 		copy(p.v[r*rb:], refEncode(t, vv[i*width:(i+1)*width]))
 		p.kvals[r] = kernelValues(t, p.k[r*rb:(r+1)*rb], width)
 		p.vvals[r] = kernelValues(t, p.v[r*rb:(r+1)*rb], width)
+		p.kexact[r] = refDecode(t, p.k[r*rb:(r+1)*rb], width)
 	}
 	return p
 }
@@ -458,11 +483,16 @@ func (p *kvPaged) batch(g *kvT, seq, pos []int32) *Batch {
 		MaxBlocks: p.maxBlocks, Block: p.block}
 }
 
-// rowsOf returns the K and V rows of positions 0..n-1 of sequence s.
-func (p *kvPaged) rowsOf(s, n int) (ks, vs [][]float32) {
+// rowsOf returns the K and V rows of positions 0..n-1 of sequence s as
+// the kernels read them; with exactKeys the keys as the int8 kernel does.
+func (p *kvPaged) rowsOf(s, n int, exactKeys bool) (ks, vs [][]float32) {
 	for pos := 0; pos < n; pos++ {
 		c := p.cell(s, pos)
-		ks, vs = append(ks, p.kvals[c]), append(vs, p.vvals[c])
+		k := p.kvals[c]
+		if exactKeys {
+			k = p.kexact[c]
+		}
+		ks, vs = append(ks, k), append(vs, p.vvals[c])
 	}
 	return ks, vs
 }
@@ -507,21 +537,27 @@ func TestPlanDecodeKV(t *testing.T) {
 	for _, c := range []struct {
 		hs            int
 		t             KVType
+		int8          bool
 		optin         int
 		warps, stages int
 		shared        int
 	}{
-		{128, KVF16, h200, 8, 2, 32*136 + 8*2*2*16*272},               // 140 KiB: one block a multiprocessor
-		{128, KVQ8_0, h200, 8, 2, 32*136 + 8*(2*2*16*140+2*16*136*2)}, // rows of 35 words
-		{256, KVF16, h200, 4, 3, 32*264 + 4*3*2*16*528},
-		{64, KVQ8_0, h200, 8, 2, 32*72 + 8*(2*2*16*68+2*16*72*2)}, // 17 words
-		{32, KVF16, h200, 8, 2, 32*40 + 8*2*2*16*80},
-		{128, KVF16, ada, 4, 2, 32*136 + 4*2*2*16*272},
-		{128, KVF16, a100, 8, 2, 32*136 + 8*2*2*16*272},
-		{128, KVF16, turing, 2, 2, 32*136 + 2*2*2*16*272},
-		{256, KVF16, turing, 2, 1, 32*264 + 2*(16*264*4+128)}, // the merge's O outgrows one buffer
+		{128, KVF16, false, h200, 8, 2, 32*136 + 8*2*2*16*272},               // 140 KiB: one block a multiprocessor
+		{128, KVQ8_0, false, h200, 8, 2, 32*136 + 8*(2*2*16*140+2*16*136*2)}, // rows of 35 words
+		{256, KVF16, false, h200, 4, 3, 32*264 + 4*3*2*16*528},
+		{64, KVQ8_0, false, h200, 8, 2, 32*72 + 8*(2*2*16*68+2*16*72*2)}, // 17 words
+		{32, KVF16, false, h200, 8, 2, 32*40 + 8*2*2*16*80},
+		{128, KVF16, false, ada, 4, 2, 32*136 + 4*2*2*16*272},
+		{128, KVF16, false, a100, 8, 2, 32*136 + 8*2*2*16*272},
+		{128, KVF16, false, turing, 2, 2, 32*136 + 2*2*2*16*272},
+		{256, KVF16, false, turing, 2, 1, 32*264 + 2*(16*264*4+128)}, // the merge's O outgrows one buffer
+		// The int8 kernel: rows of 2 mod 4 words, V's tile alone.
+		{128, KVQ8_0, true, h200, 8, 2, 32*136 + 8*(2*2*16*136+16*136*2)}, // 34 words
+		{64, KVQ8_0, true, h200, 8, 2, 32*72 + 8*(2*2*16*72+16*72*2)},     // 17 words, staged in 18
+		{256, KVQ8_0, true, h200, 8, 2, 32*264 + 8*(2*2*16*280+16*264*2)}, // 68 in 70
+		{128, KVQ8_0, true, ada, 4, 3, 32*136 + 4*(3*2*16*136+16*136*2)},
 	} {
-		p, err := planDecodeKV(c.hs, c.t, c.optin)
+		p, err := planDecodeKV(c.hs, c.t, c.int8, c.optin)
 		if err != nil {
 			t.Errorf("hs %d %v optin %d: %v", c.hs, c.t, c.optin, err)
 			continue
@@ -531,7 +567,7 @@ func TestPlanDecodeKV(t *testing.T) {
 				c.hs, c.t, c.optin, p.warps, p.stages, p.shared, p.region, c.warps, c.stages, c.shared)
 		}
 	}
-	if _, err := planDecodeKV(256, KVQ8_0, 32<<10); err == nil {
+	if _, err := planDecodeKV(256, KVQ8_0, false, 32<<10); err == nil {
 		t.Error("head size 256 in 32 KiB: no error")
 	}
 }
@@ -543,8 +579,9 @@ func TestDecodeSplits(t *testing.T) {
 		{16384, 8, 4, 132, 32, 512},  // two blocks of 4 a multiprocessor (33 wanted, whole chunks)
 		{16384, 8, 8, 132, 16, 1024}, // one of 8
 		{4096, 8, 8, 132, 16, 256},
-		{100, 8, 8, 132, 2, 64},      // chunks of at least 64
-		{16384, 8, 1, 132, 128, 128}, // blocks of one warp: 8 a multiprocessor
+		{100, 8, 8, 132, 2, 64},       // chunks of at least 64
+		{16384, 8, 1, 132, 128, 128},  // blocks of one warp: 8 a multiprocessor
+		{16384, 8, 12, 132, 16, 1024}, // one block of 12
 	} {
 		splits, chunk := DecodeSplits(c.ctx, c.kv, c.warps, c.sms)
 		if splits != c.splits || chunk != c.chunk || chunk%64 != 0 || splits*chunk < c.ctx {
@@ -1029,13 +1066,19 @@ func runKVDecode(g *kvT, typ KVType, c kvDecCase) {
 		a.Part, a.ML, a.Count = g.poison(pb), g.poison(mb), g.zeros(DecodeCounters(n, c.heads))
 	}
 	want := make([][]float64, n)
+	int8 := kvFix.attn.DecodeKVInt8(c.hs, c.heads/c.kv, typ)
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ks, vs := p.rowsOf(int(seq[c.first+i]), int(pos[c.first+i])+1)
-			want[i] = refAttention(q[i*c.heads*c.hs:(i+1)*c.heads*c.hs], ks, vs, c.heads, c.kv, c.hs, scale)
+			qi := q[i*c.heads*c.hs : (i+1)*c.heads*c.hs]
+			ks, vs := p.rowsOf(int(seq[c.first+i]), int(pos[c.first+i])+1, int8)
+			if int8 {
+				want[i] = refAttentionQ(q8_0Query(qi), ks, vs, c.heads, c.kv, c.hs, scale)
+			} else {
+				want[i] = refAttention(qi, ks, vs, c.heads, c.kv, c.hs, scale)
+			}
 		}()
 	}
 	wg.Wait()
@@ -1172,7 +1215,7 @@ func testKVPrefill(t *testing.T) {
 				w := c.heads * c.hs
 				worst := 0.0
 				for i := 0; i < c.nTok; i++ {
-					ks, vs := p.rowsOf(1, c.start+i+1)
+					ks, vs := p.rowsOf(1, c.start+i+1, false)
 					want := refAttention(q[i*w:(i+1)*w], ks, vs, c.heads, c.kv, c.hs, scale)
 					worst = max(worst, kvNMSE(t, fmt.Sprintf("token %d (position %d)", i, c.start+i), got[i*w:(i+1)*w], want, kvBound))
 				}
@@ -1254,11 +1297,16 @@ func testKVGraph(t *testing.T) {
 					c := p.cell(i, lens[i]-1)
 					p.kvals[c] = kernelValues(typ, refEncode(typ, kx[i*width:(i+1)*width]), width)
 					p.vvals[c] = kernelValues(typ, refEncode(typ, vx[i*width:(i+1)*width]), width)
+					p.kexact[c] = refDecode(typ, refEncode(typ, kx[i*width:(i+1)*width]), width)
 				}
 				w := heads * hs
+				int8 := kvFix.attn.DecodeKVInt8(hs, heads/kv, typ)
 				for i := 0; i < n; i++ {
-					ks, vs := p.rowsOf(i, lens[i])
+					ks, vs := p.rowsOf(i, lens[i], int8)
 					want := refAttention(q[i*w:(i+1)*w], ks, vs, heads, kv, hs, 0.1)
+					if int8 {
+						want = refAttentionQ(q8_0Query(q[i*w:(i+1)*w]), ks, vs, heads, kv, hs, 0.1)
+					}
 					e := kvNMSE(t, fmt.Sprintf("replay %d token %d", rep, i), got[i*w:(i+1)*w], want, kvBound)
 					t.Logf("replay %d token %d (position %d): NMSE %.3g", rep, i, lens[i]-1, e)
 				}
@@ -1379,7 +1427,7 @@ func BenchmarkKVDecode(b *testing.B) {
 		// kernel reads sequence s at K + s*16384 rows.
 		kb := newKVDecodeBench(b, rng, width, maxCtx, block, maxSeqs)
 		alloc, upload, caches, blocks, dTab, dSeq := kb.alloc, kb.upload, kb.caches, kb.blocks, kb.tab, kb.seq
-		splits, chunk := DecodeSplits(maxCtx, m.kv, kvFix.attn.DecodeWarps(hs, KVF16), kvFix.info.Multiprocessors)
+		splits, chunk := DecodeSplits(maxCtx, m.kv, kvFix.attn.DecodeWarps(hs, m.heads/m.kv, KVF16), kvFix.info.Multiprocessors)
 		pb, mb := AttnScratch(maxSeqs, m.heads, hs, splits)
 		part, ml, count := alloc(pb), alloc(mb), alloc(DecodeCounters(maxSeqs, m.heads))
 		if err := ctx.MemsetD32(count, 0, DecodeCounters(maxSeqs, m.heads)/4); err != nil {
@@ -1506,8 +1554,10 @@ func kvTime(b *testing.B, s *cudadrv.Stream, fn func() error) float64 {
 // layout, as the blocks of 4 warps a multiprocessor it aims at (perSM=2
 // was DecodeSplits' layout for blocks of 4; perSM=1 is its layout for
 // blocks of 8, planDecodeKV's choice on an H200), and the warps and
-// buffers a block (forceDecKV; 0x0 is planDecodeKV's choice), for an f16 and a q8_0 cache (output rotated back, as the engine
-// runs it). One sequence reads each of 8 sequences' caches in turn, so
+// buffers a block (forceDecKV; 0x0 is planDecodeKV's choice), for an f16
+// and a q8_0 cache (output rotated back, as the engine runs it; q8_0 with
+// the kernel the engine takes, q8_0k16 with the f16 keys where that is
+// the int8 one). One sequence reads each of 8 sequences' caches in turn, so
 // that the cache comes from device memory, not L2, as in a model's step.
 func BenchmarkKVDecodeShape(b *testing.B) {
 	s := kvBenchStream(b)
@@ -1529,7 +1579,10 @@ func BenchmarkKVDecodeShape(b *testing.B) {
 	if err := ctx.MemsetD32(count, 0, DecodeCounters(maxSeqs, heads)/4); err != nil {
 		b.Fatal(err)
 	}
-	defer func() { kvFix.attn.forceDecKV.warps = 0 }()
+	// q8_0 runs the kernel the engine takes (the int8 one, on CC 8.0 and
+	// later) and, as q8_0k16, the one that reads its keys as f16.
+	int8 := kvFix.attn.int8
+	defer func() { kvFix.attn.forceDecKV.warps, kvFix.attn.int8 = 0, int8 }()
 	for _, depth := range []int{4096, 16384} {
 		pos := make([]int32, maxSeqs)
 		for i := range pos {
@@ -1545,11 +1598,20 @@ func BenchmarkKVDecodeShape(b *testing.B) {
 					chunk = ((maxCtx+splits-1)/splits + 63) &^ 63
 					splits = (maxCtx + chunk - 1) / chunk
 				}
-				for _, shape := range [][2]int{{0, 0}, {8, 2}, {8, 3}, {4, 3}, {4, 2}} {
-					for _, t := range []KVType{KVF16, KVQ8_0} {
-						name := fmt.Sprintf("depth=%d/seqs=%d/perSM=%d/shape=%dx%d/kv=%v", depth, nSeq, perSM, shape[0], shape[1], t)
+				for _, shape := range [][2]int{{0, 0}, {8, 2}, {8, 3}, {4, 3}, {4, 2}, {12, 2}} {
+					for _, kt := range []struct {
+						name string
+						t    KVType
+						int8 bool
+					}{{"f16", KVF16, false}, {"q8_0", KVQ8_0, int8}, {"q8_0k16", KVQ8_0, false}} {
+						t := kt.t
+						if kt.name == "q8_0k16" && !int8 {
+							continue // the same kernel as q8_0
+						}
+						name := fmt.Sprintf("depth=%d/seqs=%d/perSM=%d/shape=%dx%d/kv=%s", depth, nSeq, perSM, shape[0], shape[1], kt.name)
 						b.Run(name, func(b *testing.B) {
 							kvFix.attn.forceDecKV.warps, kvFix.attn.forceDecKV.stages = shape[0], shape[1]
+							kvFix.attn.int8 = kt.int8
 							args := make([]DecodeKVArgs, maxSeqs)
 							for i := range args {
 								sq := dSeq
