@@ -817,9 +817,18 @@ type decKVPlan struct {
 // the merge's O [16][hs+8] float with 32 floats of maxima and sums.
 //
 // The int8 kernel (int8) stages its q8_0 rows in 2 mod 4 words and keeps
-// one tile, V's.
+// one tile, V's; its registers fit 12 warps a block, tried first (H200,
+// head size 128: 157 KiB). Three warps a scheduler hide more of each
+// other's waits, and a split's runs spread more evenly: at depth 16384
+// in a cache of 16448 positions a split holds 68 runs, 9 for some of 8
+// warps but 6 for each of 12 (BenchmarkKVDecodeShape: 28.1 µs a layer
+// against 28.6 with the cache's 64 runs a split).
 func planDecodeKV(hs int, t KVType, int8 bool, optin int) (decKVPlan, error) {
-	for _, c := range []struct{ warps, stages int }{{8, 2}, {4, 3}, {4, 2}, {2, 2}, {4, 1}, {2, 1}, {1, 1}} {
+	shapes := []struct{ warps, stages int }{{8, 2}, {4, 3}, {4, 2}, {2, 2}, {4, 1}, {2, 1}, {1, 1}}
+	if int8 && t == KVQ8_0 {
+		shapes = append([]struct{ warps, stages int }{{decKVMaxWarpsInt8, 2}}, shapes...)
+	}
+	for _, c := range shapes {
 		if p := sizeDecodeKV(hs, t, int8, c.warps, c.stages); p.shared <= optin {
 			return p, nil
 		}

@@ -552,9 +552,9 @@ func TestPlanDecodeKV(t *testing.T) {
 		{128, KVF16, false, turing, 2, 2, 32*136 + 2*2*2*16*272},
 		{256, KVF16, false, turing, 2, 1, 32*264 + 2*(16*264*4+128)}, // the merge's O outgrows one buffer
 		// The int8 kernel: rows of 2 mod 4 words, V's tile alone.
-		{128, KVQ8_0, true, h200, 8, 2, 32*136 + 8*(2*2*16*136+16*136*2)}, // 34 words
-		{64, KVQ8_0, true, h200, 8, 2, 32*72 + 8*(2*2*16*72+16*72*2)},     // 17 words, staged in 18
-		{256, KVQ8_0, true, h200, 8, 2, 32*264 + 8*(2*2*16*280+16*264*2)}, // 68 in 70
+		{128, KVQ8_0, true, h200, 12, 2, 32*136 + 12*(2*2*16*136+16*136*2)}, // 34 words
+		{64, KVQ8_0, true, h200, 12, 2, 32*72 + 12*(2*2*16*72+16*72*2)},     // 17 words, staged in 18
+		{256, KVQ8_0, true, h200, 8, 2, 32*264 + 8*(2*2*16*280+16*264*2)},   // 68 in 70; 12 warps do not fit
 		{128, KVQ8_0, true, ada, 4, 3, 32*136 + 4*(3*2*16*136+16*136*2)},
 	} {
 		p, err := planDecodeKV(c.hs, c.t, c.int8, c.optin)
