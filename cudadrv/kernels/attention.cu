@@ -1352,7 +1352,9 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
     constexpr int ROWW = (SEG + 3) / 4;                        // words of a q8_0 row, rounded up
     constexpr int ROW = KVT == 0 ? 2 * LD : I8 ? 4 * (((ROWW + 1) & ~3) + 2) : 4 * (ROWW | 1); // bytes a staged row
     constexpr int NH = I8 ? 8 : 16;                            // query heads a block at most
-    constexpr int GRAN = KVT == 0 ? 16 : (SEG % 4 == 0 ? 4 : 2); // bytes a copy
+    // Bytes a copy: f16 rows 16; q8_0 rows 4 (2 at heads of 32), 8 where
+    // the int8 path's rows and a head's bytes (136 at heads of 128) allow.
+    constexpr int GRAN = KVT == 0 ? 16 : I8 && SEG % 8 == 0 && ROW % 8 == 0 ? 8 : (SEG % 4 == 0 ? 4 : 2);
     constexpr int NCH = SEG / GRAN;                            // copies a row
     constexpr int STAGE = 2 * DK_RUN * ROW;                    // a buffer: K run, then V run
     constexpr bool QREG = D <= 128;                            // Q fragments in registers

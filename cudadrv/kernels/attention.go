@@ -821,8 +821,10 @@ type decKVPlan struct {
 // head size 128: 157 KiB). Three warps a scheduler hide more of each
 // other's waits, and a split's runs spread more evenly: at depth 16384
 // in a cache of 16448 positions a split holds 68 runs, 9 for some of 8
-// warps but 6 for each of 12 (BenchmarkKVDecodeShape: 28.1 µs a layer
-// against 28.6 with the cache's 64 runs a split).
+// warps but 6 for each of 12. BenchmarkKVDecodeShape at depth 16384:
+// 26.7 µs a layer against 33.5 in blocks of 8, which at 126 registers
+// and 109 KiB fit two a multiprocessor, so that the block scheduler
+// pairs them and leaves others idle.
 func planDecodeKV(hs int, t KVType, int8 bool, optin int) (decKVPlan, error) {
 	shapes := []struct{ warps, stages int }{{8, 2}, {4, 3}, {4, 2}, {2, 2}, {4, 1}, {2, 1}, {1, 1}}
 	if int8 && t == KVQ8_0 {
