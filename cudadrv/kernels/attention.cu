@@ -1231,12 +1231,40 @@ __device__ __forceinline__ uint4 q8_0_load8(const unsigned char *b, int j)
     return q8_0_dequant8(lo, hi, d | (d << 16));
 }
 
+// dk_dequant_block turns Q8_0 block b of a staged row (r: the row's first
+// word, 2-byte aligned blocks of 34 bytes from there) into 32 f16 at t +
+// 32b: the 9 aligned words holding its bytes, then its 16 pairs. b is a
+// constant where the callers unroll, and so are the word and half each
+// pair takes.
+__device__ __forceinline__ void dk_dequant_block(const unsigned int *r, unsigned short *t, int b)
+{
+    const int wb = 34 * b / 4, o = 34 * b % 4; // block b's first word; its offset in it, 0 or 2
+    unsigned int w[9];
+#pragma unroll
+    for (int i = 0; i < 9; i++)
+        w[i] = r[wb + i] ^ 0x80808080u;
+    const unsigned int d = (o ? (w[0] >> 16) : (w[0] & 0xffffu)) ^ 0x8080u; // undo the flip
+    const unsigned int dd = d | (d << 16);
+    unsigned int h[16];
+#pragma unroll
+    for (int k = 0; k < 16; k++) {
+        // Pair k (values 2k, 2k+1) is bytes o+2+2k and o+3+2k: half of one word.
+        const int at = o + 2 + 2 * k;
+        h[k] = __byte_perm(w[at / 4], 0x64646464u, (at % 4) ? 0x4342 : 0x4140);
+        asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(h[k]) : "r"(0x64806480u));
+        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(h[k]) : "r"(dd));
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        *(uint4 *)(t + 32 * b + 8 * q) = make_uint4(h[4 * q], h[4 * q + 1], h[4 * q + 2], h[4 * q + 3]);
+}
+
 // dk_dequant turns a buffer of q8_0 rows (16 K rows, then 16 V rows, ROW
 // bytes apart, ROW/4 odd) into f16 tiles (16 K rows, then 16 V rows, of
-// D+8 halves): lane l takes row l%16 of K (l < 16) or V, block by block:
-// the 9 aligned words holding a block's 34 bytes, then its 16 pairs. All
-// lanes read the same word of 32 rows that start in 32 different banks,
-// and write 16 bytes of 8 rows that start 4 banks apart: no conflicts.
+// D+8 halves): lane l takes row l%16 of K (l < 16) or V, block by block
+// (dk_dequant_block). All lanes read the same word of 32 rows that start
+// in 32 different banks, and write 16 bytes of 8 rows that start 4 banks
+// apart: no conflicts.
 template <int D, int ROW>
 __device__ __forceinline__ void dk_dequant(const unsigned char *raw, unsigned short *tile, int lane)
 {
@@ -1244,27 +1272,8 @@ __device__ __forceinline__ void dk_dequant(const unsigned char *raw, unsigned sh
     const unsigned int *r = (const unsigned int *)(raw + (lane >> 4) * DK_RUN * ROW + (lane & 15) * ROW);
     unsigned short *t = tile + ((lane >> 4) * DK_RUN + (lane & 15)) * LD;
 #pragma unroll
-    for (int b = 0; b < D / 32; b++) {
-        const int wb = 34 * b / 4, o = 34 * b % 4; // block b's first word; its offset in it, 0 or 2
-        unsigned int w[9];
-#pragma unroll
-        for (int i = 0; i < 9; i++)
-            w[i] = r[wb + i] ^ 0x80808080u;
-        const unsigned int d = (o ? (w[0] >> 16) : (w[0] & 0xffffu)) ^ 0x8080u; // undo the flip
-        const unsigned int dd = d | (d << 16);
-        unsigned int h[16];
-#pragma unroll
-        for (int k = 0; k < 16; k++) {
-            // Pair k (values 2k, 2k+1) is bytes o+2+2k and o+3+2k: half of one word.
-            const int at = o + 2 + 2 * k;
-            h[k] = __byte_perm(w[at / 4], 0x64646464u, (at % 4) ? 0x4342 : 0x4140);
-            asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(h[k]) : "r"(0x64806480u));
-            asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(h[k]) : "r"(dd));
-        }
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-            *(uint4 *)(t + 32 * b + 8 * q) = make_uint4(h[4 * q], h[4 * q + 1], h[4 * q + 2], h[4 * q + 3]);
-    }
+    for (int b = 0; b < D / 32; b++)
+        dk_dequant_block(r, t, b);
 }
 
 // dk_dequant_v turns the 16 q8_0 V rows of a buffer (ROW bytes apart)
@@ -1284,26 +1293,8 @@ __device__ __forceinline__ void dk_dequant_v(const unsigned char *raw, unsigned 
     const unsigned int *r = (const unsigned int *)(raw + (lane & 15) * ROW + h * 34 * BPH);
     unsigned short *t = tile + (lane & 15) * LD + h * 32 * BPH;
 #pragma unroll
-    for (int b = 0; b < BPH; b++) {
-        const int wb = 34 * b / 4, o = 34 * b % 4;
-        unsigned int w[9];
-#pragma unroll
-        for (int i = 0; i < 9; i++)
-            w[i] = r[wb + i] ^ 0x80808080u;
-        const unsigned int d = (o ? (w[0] >> 16) : (w[0] & 0xffffu)) ^ 0x8080u;
-        const unsigned int dd = d | (d << 16);
-        unsigned int hv[16];
-#pragma unroll
-        for (int k = 0; k < 16; k++) {
-            const int at = o + 2 + 2 * k;
-            hv[k] = __byte_perm(w[at / 4], 0x64646464u, (at % 4) ? 0x4342 : 0x4140);
-            asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(hv[k]) : "r"(0x64806480u));
-            asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(hv[k]) : "r"(dd));
-        }
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-            *(uint4 *)(t + 32 * b + 8 * q) = make_uint4(hv[4 * q], hv[4 * q + 1], hv[4 * q + 2], hv[4 * q + 3]);
-    }
+    for (int b = 0; b < BPH; b++)
+        dk_dequant_block(r, t, b);
 }
 
 // dk_imma: c += a (16x32 s8, row) * b (32x8 s8, col), s32 accumulators

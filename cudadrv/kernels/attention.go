@@ -166,61 +166,48 @@ func (k *Attention) bind(m *cudadrv.Module) error {
 		"kv_gather_f16": &k.gather[KVF16], "kv_gather_q8_0": &k.gather[KVQ8_0], "attn_combine": &k.combine, "q8_1_plane2": &k.plane2}); err != nil {
 		return err
 	}
-	for t := KVType(0); t < kvTypes; t++ {
-		for _, hs := range attnDecHeadSizes {
-			f, err := m.Function(fmt.Sprintf("attn_dec_%s_d%d", t, hs))
-			if err == nil && k.optin > attnShared {
+	// The kernels of one family, by a size: each looked up, and granted
+	// the opt-in shared memory when optin.
+	family := func(dst map[int]*cudadrv.Function, sizes []int, optin bool, name func(int) string) error {
+		for _, n := range sizes {
+			f, err := m.Function(name(n))
+			if err == nil && optin && k.optin > attnShared {
 				err = f.SetAttribute(cudadrv.FuncMaxDynamicSharedSizeBytes, k.optin)
 			}
 			if err != nil {
 				return err
 			}
-			k.decKV[t][hs] = f
+			dst[n] = f
 		}
+		return nil
 	}
-	for _, hs := range decI8HeadSizes {
-		f, err := m.Function(fmt.Sprintf("attn_dec_q8_0i_d%d", hs))
-		if err == nil && k.optin > attnShared {
-			err = f.SetAttribute(cudadrv.FuncMaxDynamicSharedSizeBytes, k.optin)
-		}
-		if err != nil {
+	for t := KVType(0); t < kvTypes; t++ {
+		if err := family(k.decKV[t], attnDecHeadSizes, true, func(hs int) string { return fmt.Sprintf("attn_dec_%s_d%d", t, hs) }); err != nil {
 			return err
 		}
-		k.decI8[hs] = f
 	}
-	for _, hs := range attnDecHeadSizes {
-		f, err := m.Function(fmt.Sprintf("attn_dec1_f16_e%d", hs/32))
-		if err != nil {
+	for _, f := range []struct {
+		dst   map[int]*cudadrv.Function
+		sizes []int
+		optin bool
+		name  string // with the size
+	}{
+		{k.decI8, decI8HeadSizes, true, "attn_dec_q8_0i_d%d"},
+		{k.attn, attnDPL, true, "attn_f16_d%d"},
+		{k.mma, attnMMAHeadSizes, true, "attn_mma_d%d"},
+	} {
+		if err := family(f.dst, f.sizes, f.optin, func(n int) string { return fmt.Sprintf(f.name, n) }); err != nil {
 			return err
 		}
-		k.dec1[hs] = f
 	}
-	for _, d := range attnDPL {
-		f, err := m.Function(fmt.Sprintf("attn_f16_d%d", d))
-		if err == nil && k.optin > attnShared {
-			err = f.SetAttribute(cudadrv.FuncMaxDynamicSharedSizeBytes, k.optin)
-		}
-		if err != nil {
+	// attn_dec1_f16_e<E> and attn_dec_e<E> go by values a lane (head size / 32).
+	for _, f := range []struct {
+		dst  map[int]*cudadrv.Function
+		name string
+	}{{k.dec1, "attn_dec1_f16_e%d"}, {k.dec, "attn_dec_e%d"}} {
+		if err := family(f.dst, attnDecHeadSizes, false, func(hs int) string { return fmt.Sprintf(f.name, hs/32) }); err != nil {
 			return err
 		}
-		k.attn[d] = f
-	}
-	for _, hs := range attnMMAHeadSizes {
-		f, err := m.Function(fmt.Sprintf("attn_mma_d%d", hs))
-		if err == nil && k.optin > attnShared {
-			err = f.SetAttribute(cudadrv.FuncMaxDynamicSharedSizeBytes, k.optin)
-		}
-		if err != nil {
-			return err
-		}
-		k.mma[hs] = f
-	}
-	for _, hs := range attnDecHeadSizes {
-		f, err := m.Function(fmt.Sprintf("attn_dec_e%d", hs/32))
-		if err != nil {
-			return err
-		}
-		k.dec[hs] = f
 	}
 	return nil
 }
