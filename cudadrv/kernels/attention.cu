@@ -1407,10 +1407,20 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
     const long long lsrc = (long long)lrow * p.rowBytes + lch * GRAN;
     const int ldst = lrow * ROW + lch * GRAN;
 
-    // load queues run i of this warp into buffer b.
+    // The cache-table entry of run i's block, read a run ahead: load uses
+    // run i's, read while run i-1 was computed, and reads run i+1's, so a
+    // warp never waits on the table before queueing its copies.
+    auto entry = [&](int i) -> int {
+        const int start = (int)begin + DK_RUN * (warp + nwarps * i);
+        return p.tables && i < my ? p.tables[(long long)sq * p.maxBlocks + (start >> p.blockShift)] : 0;
+    };
+    int blk = entry(0);
+
+    // load queues run i of this warp into buffer b (runs in order, each once).
     auto load = [&](int i, int b) {
         const int start = (int)begin + DK_RUN * (warp + nwarps * i);
-        const long long cell = kv_cell(p.tables, p.maxBlocks, p.blockShift, sq, start);
+        const long long cell = p.tables ? (long long)blk << p.blockShift | (start & ((1 << p.blockShift) - 1)) : start;
+        blk = entry(i + 1);
         const unsigned char *sk = p.kc + cell * p.rowBytes + kvOff;
         const unsigned char *sv = p.vc + cell * p.rowBytes + kvOff;
         unsigned char *dk = wbase + b * STAGE, *dv = dk + DK_RUN * ROW;

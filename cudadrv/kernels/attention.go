@@ -811,7 +811,12 @@ type decKVPlan struct {
 // warps but 6 for each of 12. BenchmarkKVDecodeShape at depth 16384:
 // 26.7 µs a layer against 33.5 in blocks of 8, which at 126 registers
 // and 109 KiB fit two a multiprocessor, so that the block scheduler
-// pairs them and leaves others idle.
+// pairs them and leaves others idle. More is slower or no faster (H200,
+// same benchmark, with the table reads a run ahead): 12 warps of 3
+// buffers (208 KiB) 30.7 µs against 25.9, 16 warps of 2 (208 KiB, a
+// launch bound of 128 registers) 30.9; 13 and 14 warps 26.0 and 25.8.
+// The 8-byte copies pass through L1, which that much shared memory
+// leaves small.
 func planDecodeKV(hs int, t KVType, int8 bool, optin int) (decKVPlan, error) {
 	shapes := []struct{ warps, stages int }{{8, 2}, {4, 3}, {4, 2}, {2, 2}, {4, 1}, {2, 1}, {1, 1}}
 	if int8 && t == KVQ8_0 {

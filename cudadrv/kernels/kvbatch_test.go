@@ -1598,7 +1598,7 @@ func BenchmarkKVDecodeShape(b *testing.B) {
 					chunk = ((maxCtx+splits-1)/splits + 63) &^ 63
 					splits = (maxCtx + chunk - 1) / chunk
 				}
-				for _, shape := range [][2]int{{0, 0}, {8, 2}, {8, 3}, {4, 3}, {4, 2}, {12, 2}} {
+				for _, shape := range [][2]int{{0, 0}, {8, 2}, {8, 3}, {4, 3}, {4, 2}, {12, 2}, {12, 3}} {
 					for _, kt := range []struct {
 						name string
 						t    KVType
