@@ -1276,11 +1276,12 @@ __device__ __forceinline__ void dk_dequant(const unsigned char *raw, unsigned sh
         dk_dequant_block(r, t, b);
 }
 
-// dk_dequant_v turns the 16 q8_0 V rows of a buffer (ROW bytes apart)
-// into an f16 tile of D+8 halves a row, as dk_dequant, on all 32 lanes:
-// lane l takes row l%16 and half l/16 of its blocks (heads of 64: lanes
-// 0-15 a whole row each). With ROW/4 = 2 mod 4 the two halves' reads
-// (17 words apart at heads of 128) fall in distinct banks.
+// dk_dequant_v turns the 16 q8_0 V rows of a buffer (ROW bytes apart, raw
+// word-aligned) into an f16 tile of D+8 halves a row, as dk_dequant, on
+// all 32 lanes: lane l takes row l%16 and half l/16 of its blocks (heads
+// of 64: lanes 0-15 a whole row each). The two halves' reads (17 words
+// apart at heads of 128) fall in distinct banks; rows staged 16-byte
+// aligned (the int8 kernel's) meet in pairs, r and r+8.
 template <int D, int ROW>
 __device__ __forceinline__ void dk_dequant_v(const unsigned char *raw, unsigned short *tile, int lane)
 {
@@ -1338,15 +1339,23 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
     constexpr int LD = D + 8;                                  // halves a tile row
     constexpr int SEG = KVT == 0 ? 2 * D : D / 32 * 34;        // bytes of a head's row
     // A staged q8_0 row is an odd number of words: the 16 K and 16 V rows
-    // of a buffer then start in 32 different banks (dk_dequant). The int8
-    // path's rows are 2 mod 4 words (dk_dequant_v).
-    constexpr int ROWW = (SEG + 3) / 4;                        // words of a q8_0 row, rounded up
-    constexpr int ROW = KVT == 0 ? 2 * LD : I8 ? 4 * (((ROWW + 1) & ~3) + 2) : 4 * (ROWW | 1); // bytes a staged row
-    constexpr int NH = I8 ? 8 : 16;                            // query heads a block at most
-    // Bytes a copy: f16 rows 16; q8_0 rows 4 (2 at heads of 32), 8 where
-    // the int8 path's rows and a head's bytes (136 at heads of 128) allow.
-    constexpr int GRAN = KVT == 0 ? 16 : I8 && SEG % 8 == 0 && ROW % 8 == 0 ? 8 : (SEG % 4 == 0 ? 4 : 2);
-    constexpr int NCH = SEG / GRAN;                            // copies a row
+    // of a buffer then start in 32 different banks (dk_dequant).
+    constexpr int ROWW = (SEG + 3) / 4; // words of a q8_0 row, rounded up
+    // The int8 path copies a head's q8_0 row 16 bytes at a time, as the
+    // f16 rows are, from the 16-byte boundary at or before it (its cache
+    // rows are multiples of 16 bytes: DecodeKVInt8; a head's row starts
+    // SEG*kvh % 16 bytes past a boundary): WSEG bytes, the head's own from
+    // byte `shift` of the staged row. Copies of 4 or 8 bytes go through L1
+    // (cp.async.ca), whose share of the multiprocessor the shared memory
+    // of 12 warps leaves small; copies of 16 go around it.
+    constexpr int SALIGN = SEG % 16 == 0 ? 16 : SEG % 8 == 0 ? 8 : 4;   // alignment of a head's row
+    constexpr int WSEG = I8 ? (SEG + 16 - SALIGN + 15) / 16 * 16 : SEG; // bytes copied a row
+    constexpr int ROW = KVT == 0 ? 2 * LD : I8 ? WSEG : 4 * (ROWW | 1);  // bytes a staged row
+    constexpr int NH = I8 ? 8 : 16;                                     // query heads a block at most
+    // Bytes a copy: 16 for f16 rows and the int8 path; other q8_0 rows 4
+    // (2 at heads of 32).
+    constexpr int GRAN = KVT == 0 || I8 ? 16 : (SEG % 4 == 0 ? 4 : 2);
+    constexpr int NCH = WSEG / GRAN; // copies a row
     constexpr int STAGE = 2 * DK_RUN * ROW;                    // a buffer: K run, then V run
     constexpr bool QREG = D <= 128;                            // Q fragments in registers
     extern __shared__ __align__(16) unsigned char dk_smem[];
@@ -1383,7 +1392,8 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
     const int S = p.stages;
     const int total = (int)((end - begin + DK_RUN - 1) / DK_RUN); // runs of the split
     const int my = total > warp ? (total - warp + nwarps - 1) / nwarps : 0;
-    const long long kvOff = (long long)kvh * SEG;
+    const int shift = I8 ? kvh * SEG % 16 : 0;
+    const long long kvOff = (long long)kvh * SEG - shift;
 
     // A run's copies: lane l takes copies x = l + 32k of the 16 rows'
     // NCH each (row x / NCH, chunk x % NCH). A warp spends its time issuing
@@ -1391,7 +1401,8 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
     // so the copies' offsets are worked out once: each copy of a whole run
     // is then an add and a cp.async. f16 rows are whole numbers of a
     // warp's copies (32 % NCH == 0): row and offsets step by 32/NCH rows a
-    // copy. q8_0 rows are 17 copies: copy k's source and staging offsets
+    // copy. q8_0 rows are 17 copies (9 on the int8 path at heads of 128):
+    // copy k's source and staging offsets
     // are packed in one register (source << 13 | staging; the source fits
     // in 19 bits while a cache row is under 32 KiB, else the general loop).
     constexpr int NC = (DK_RUN * NCH + 31) / 32; // copies a lane, the last maybe partial
@@ -1538,14 +1549,15 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
             // key's and query's scales; Sᵀ holds positions g, g+8 by heads
             // 2c, 2c+1. Then Oᵀ += Vᵀ·Pᵀ, V dequantized to f16 as before,
             // Pᵀ the scores' f16 fragments transposed (movmatrix).
-            const unsigned char *kr = wbase + bc * STAGE;
+            const unsigned char *kr = wbase + bc * STAGE + shift;
             unsigned short *tv = (unsigned short *)(wbase + S * STAGE);
             dk_dequant_v<D, ROW>(kr + DK_RUN * ROW, tv, lane);
             const unsigned char *k0 = kr + g * ROW, *k1 = k0 + 8 * ROW;
             float st[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
             for (int b = 0; b < NB; b++) {
-                // Block b's values start at byte 34b+2: word-aligned for odd b.
+                // Block b's values start at byte 34b+2 of the row (kr's
+                // shift is a multiple of 4): word-aligned for odd b.
                 am_u32 a[4];
                 const int q0 = 34 * b + 2 + 4 * c;
                 if (b & 1) {

@@ -293,10 +293,10 @@ func DecodeSplits(ctx, nKV, warps, multiprocessors int) (splits, chunk int) {
 }
 
 // DecodeWarps is the warps of a block of the paged decode kernel for head
-// size hs, KV groups of group query heads and cache type t (4 where
+// size hs, nHeads query heads over nKV KV heads and cache type t (4 where
 // planDecodeKV fails: the launch then reports the error).
-func (k *Attention) DecodeWarps(hs, group int, t KVType) int {
-	if p, err := planDecodeKV(hs, t, k.DecodeKVInt8(hs, group, t), k.optin); err == nil {
+func (k *Attention) DecodeWarps(hs, nHeads, nKV int, t KVType) int {
+	if p, err := planDecodeKV(hs, t, k.DecodeKVInt8(hs, nHeads, nKV, t), k.optin); err == nil {
 		return p.warps
 	}
 	return 4
@@ -306,13 +306,20 @@ func (k *Attention) DecodeWarps(hs, group int, t KVType) int {
 var decI8HeadSizes = []int{64, 128, 256}
 
 // DecodeKVInt8 says whether decode over a cache of type t with heads of
-// hs in KV groups of group query heads takes the int8 kernel
-// (attn_dec_q8_0i_d<hs>): a q8_0 cache, a group of at most 8 heads (the
-// integer products' 8 columns), heads of 64 to 256, CC 8.0 and later
-// (m16n8k32 integer products), not disabled by EnvAttention. It quantizes
-// the queries to Q8_0 (see the numerics above).
-func (k *Attention) DecodeKVInt8(hs, group int, t KVType) bool {
-	return k.int8 && t == KVQ8_0 && group >= 1 && group <= 8 && slices.Contains(decI8HeadSizes, hs)
+// hs, nHeads query heads over nKV KV heads, takes the int8 kernel
+// (attn_dec_q8_0i_d<hs>): a q8_0 cache whose rows are a multiple of 16
+// bytes (the kernel copies them 16 bytes at a time: an even number of KV
+// heads of 128, a multiple of 4 of 64, any of 256), a group of at most 8
+// heads (the integer products' 8 columns), heads of 64 to 256, CC 8.0 and
+// later (m16n8k32 integer products), not disabled by EnvAttention. It
+// quantizes the queries to Q8_0 (see the numerics above). Other q8_0
+// caches take the kernel that reads the keys as f16.
+func (k *Attention) DecodeKVInt8(hs, nHeads, nKV int, t KVType) bool {
+	if !k.int8 || t != KVQ8_0 || nKV <= 0 || nHeads%nKV != 0 || !slices.Contains(decI8HeadSizes, hs) {
+		return false
+	}
+	group := nHeads / nKV
+	return group >= 1 && group <= 8 && t.RowBytes(nKV*hs)%16 == 0
 }
 
 // attnPlan is the launch shape of a head size and group.
@@ -803,20 +810,21 @@ type decKVPlan struct {
 // also the dequantized K and V tiles ([16][hs+8] f16 each), and at least
 // the merge's O [16][hs+8] float with 32 floats of maxima and sums.
 //
-// The int8 kernel (int8) stages its q8_0 rows in 2 mod 4 words and keeps
-// one tile, V's; its registers fit 12 warps a block, tried first (H200,
-// head size 128: 157 KiB). Three warps a scheduler hide more of each
+// The int8 kernel (int8) stages its q8_0 rows as it copies them, 16 bytes
+// at a time from a 16-byte boundary (int8Row), and keeps one tile, V's;
+// its registers fit 12 warps a block, tried first (H200, head size 128:
+// 163 KiB). Three warps a scheduler hide more of each
 // other's waits, and a split's runs spread more evenly: at depth 16384
 // in a cache of 16448 positions a split holds 68 runs, 9 for some of 8
 // warps but 6 for each of 12. BenchmarkKVDecodeShape at depth 16384:
 // 26.7 µs a layer against 33.5 in blocks of 8, which at 126 registers
 // and 109 KiB fit two a multiprocessor, so that the block scheduler
-// pairs them and leaves others idle. More is slower or no faster (H200,
-// same benchmark, with the table reads a run ahead): 12 warps of 3
-// buffers (208 KiB) 30.7 µs against 25.9, 16 warps of 2 (208 KiB, a
-// launch bound of 128 registers) 30.9; 13 and 14 warps 26.0 and 25.8.
-// The 8-byte copies pass through L1, which that much shared memory
-// leaves small.
+// pairs them and leaves others idle. More was slower or no faster (H200,
+// same benchmark): with copies of 8 bytes, 12 warps of 3 buffers (208
+// KiB) took 30.7 µs against 25.9, 16 warps of 2 (208 KiB) 30.9, 13 and
+// 14 warps 26.0 and 25.8: copies under 16 bytes pass through L1, which
+// that much shared memory leaves small. With copies of 16 bytes (24.5
+// µs), 3 buffers take 25.1.
 func planDecodeKV(hs int, t KVType, int8 bool, optin int) (decKVPlan, error) {
 	shapes := []struct{ warps, stages int }{{8, 2}, {4, 3}, {4, 2}, {2, 2}, {4, 1}, {2, 1}, {1, 1}}
 	if int8 && t == KVQ8_0 {
@@ -841,6 +849,20 @@ const decKVMaxWarps = 8
 // launch bound.
 const decKVMaxWarpsInt8 = 12
 
+// int8Row is the bytes the int8 kernel stages of a head's row (its WSEG):
+// 16-byte copies from the 16-byte boundary at or before the row.
+func int8Row(hs int) int {
+	seg := hs / 32 * 34
+	align := 4
+	switch {
+	case seg%16 == 0:
+		align = 16
+	case seg%8 == 0:
+		align = 8
+	}
+	return (seg + 16 - align + 15) / 16 * 16
+}
+
 // sizeDecodeKV lays out the shared memory of the paged decode kernel with
 // the given warps and buffers a warp.
 func sizeDecodeKV(hs int, t KVType, int8 bool, warps, stages int) decKVPlan {
@@ -850,7 +872,7 @@ func sizeDecodeKV(hs int, t KVType, int8 bool, warps, stages int) decKVPlan {
 		words := (hs/32*34 + 3) / 4
 		row, tiles = 4*(words|1), 2*decKVRun*ld*2
 		if int8 {
-			row, tiles = 4*((words+1)&^3+2), decKVRun*ld*2
+			row, tiles = int8Row(hs), decKVRun*ld*2
 		}
 	}
 	stage := 2 * decKVRun * row
@@ -938,7 +960,7 @@ func (k *Attention) checkDecodeKV(a *DecodeKVArgs) (int, decKVPlan, error) {
 	if err := checkRot("decode attention's output", a.Rot, a.HeadSize); err != nil {
 		return 0, decKVPlan{}, err
 	}
-	int8 := k.DecodeKVInt8(a.HeadSize, a.NHeads/a.NKV, a.Cache.Type)
+	int8 := k.DecodeKVInt8(a.HeadSize, a.NHeads, a.NKV, a.Cache.Type)
 	if f := k.forceDecKV; f.warps > 0 {
 		// A benchmark's imposed shape (see forceDecKV).
 		if p := sizeDecodeKV(a.HeadSize, a.Cache.Type, int8, f.warps, f.stages); p.shared <= k.optin && (f.warps <= decKVMaxWarps || int8 && f.warps <= decKVMaxWarpsInt8) {

@@ -551,11 +551,12 @@ func TestPlanDecodeKV(t *testing.T) {
 		{128, KVF16, false, a100, 8, 2, 32*136 + 8*2*2*16*272},
 		{128, KVF16, false, turing, 2, 2, 32*136 + 2*2*2*16*272},
 		{256, KVF16, false, turing, 2, 1, 32*264 + 2*(16*264*4+128)}, // the merge's O outgrows one buffer
-		// The int8 kernel: rows of 2 mod 4 words, V's tile alone.
-		{128, KVQ8_0, true, h200, 12, 2, 32*136 + 12*(2*2*16*136+16*136*2)}, // 34 words
-		{64, KVQ8_0, true, h200, 12, 2, 32*72 + 12*(2*2*16*72+16*72*2)},     // 17 words, staged in 18
-		{256, KVQ8_0, true, h200, 8, 2, 32*264 + 8*(2*2*16*280+16*264*2)},   // 68 in 70; 12 warps do not fit
-		{128, KVQ8_0, true, ada, 4, 3, 32*136 + 4*(3*2*16*136+16*136*2)},
+		// The int8 kernel: rows staged as copied, 16 bytes at a time from a
+		// 16-byte boundary (int8Row), V's tile alone.
+		{128, KVQ8_0, true, h200, 12, 2, 32*136 + 12*(2*2*16*144+16*136*2)}, // 136 bytes in 144
+		{64, KVQ8_0, true, h200, 12, 2, 32*72 + 12*(2*2*16*80+16*72*2)},     // 68 at 4 past a boundary: 80
+		{256, KVQ8_0, true, h200, 8, 2, 32*264 + 8*(2*2*16*272+16*264*2)},   // 272 aligned; 12 warps do not fit
+		{128, KVQ8_0, true, ada, 4, 3, 32*136 + 4*(3*2*16*144+16*136*2)},
 	} {
 		p, err := planDecodeKV(c.hs, c.t, c.int8, c.optin)
 		if err != nil {
@@ -569,6 +570,44 @@ func TestPlanDecodeKV(t *testing.T) {
 	}
 	if _, err := planDecodeKV(256, KVQ8_0, false, 32<<10); err == nil {
 		t.Error("head size 256 in 32 KiB: no error")
+	}
+}
+
+// TestDecodeKVInt8 checks which q8_0 caches take the int8 kernel: groups
+// of up to 8 heads, heads of 64, 128 and 256, and cache rows it can copy
+// 16 bytes at a time.
+func TestDecodeKVInt8(t *testing.T) {
+	k := &Attention{int8: true}
+	for _, c := range []struct {
+		hs, heads, kv int
+		typ           KVType
+		want          bool
+	}{
+		{128, 40, 8, KVQ8_0, true},  // Qwen3-14B: rows of 1088 bytes
+		{128, 32, 4, KVQ8_0, true},  // Qwen3-30B-A3B: 544
+		{128, 16, 2, KVQ8_0, true},  // 272
+		{128, 8, 1, KVQ8_0, false},  // 136: not a multiple of 16
+		{128, 24, 3, KVQ8_0, false}, // 408
+		{64, 16, 8, KVQ8_0, true},   // 544
+		{64, 8, 2, KVQ8_0, false},   // 136
+		{256, 7, 1, KVQ8_0, true},   // 272
+		{128, 80, 8, KVQ8_0, false}, // a group of 10
+		{32, 16, 8, KVQ8_0, false},  // heads of 32
+		{128, 40, 8, KVF16, false},
+		{128, 40, 0, KVQ8_0, false},
+		{128, 40, 6, KVQ8_0, false}, // 40 heads do not split over 6
+	} {
+		if got := k.DecodeKVInt8(c.hs, c.heads, c.kv, c.typ); got != c.want {
+			t.Errorf("hs %d, %d heads over %d, %v: int8 %v, want %v", c.hs, c.heads, c.kv, c.typ, got, c.want)
+		}
+	}
+	if (&Attention{}).DecodeKVInt8(128, 40, 8, KVQ8_0) {
+		t.Error("int8 kernel chosen where the device or the environment rules it out")
+	}
+	for hs, want := range map[int]int{64: 80, 128: 144, 256: 272} {
+		if got := int8Row(hs); got != want {
+			t.Errorf("int8Row(%d) = %d, want %d", hs, got, want)
+		}
 	}
 }
 
@@ -1004,6 +1043,11 @@ var kvDecCases = []kvDecCase{
 	{8, 2, 32, 64, []int{90, 513, 2}, nil, 0, 1024, 0, 1},
 	// Head size 256, group 8.
 	{16, 2, 256, 64, []int{70, 300, 1}, nil, 1, 1024, 0, 1},
+	// Group 8 over two KV heads of 128 (rows of 272 bytes: the second
+	// head's starts 8 bytes past a 16-byte boundary), and group 4 over
+	// three of 64 (rows of 204: the int8 kernel does not take them).
+	{16, 2, 128, 64, []int{500, 77}, nil, 0, 1024, 0, 1},
+	{12, 3, 64, 64, []int{300, 40}, nil, 0, 1024, 0, 1},
 	// Group 20: two blocks of heads a group (16 and 4).
 	{40, 2, 128, 64, []int{400, 90}, nil, 0, 1024, 0, 1},
 	// MQA, 32 heads over one: two blocks of 16.
@@ -1066,7 +1110,7 @@ func runKVDecode(g *kvT, typ KVType, c kvDecCase) {
 		a.Part, a.ML, a.Count = g.poison(pb), g.poison(mb), g.zeros(DecodeCounters(n, c.heads))
 	}
 	want := make([][]float64, n)
-	int8 := kvFix.attn.DecodeKVInt8(c.hs, c.heads/c.kv, typ)
+	int8 := kvFix.attn.DecodeKVInt8(c.hs, c.heads, c.kv, typ)
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
 		wg.Add(1)
@@ -1300,7 +1344,7 @@ func testKVGraph(t *testing.T) {
 					p.kexact[c] = refDecode(typ, refEncode(typ, kx[i*width:(i+1)*width]), width)
 				}
 				w := heads * hs
-				int8 := kvFix.attn.DecodeKVInt8(hs, heads/kv, typ)
+				int8 := kvFix.attn.DecodeKVInt8(hs, heads, kv, typ)
 				for i := 0; i < n; i++ {
 					ks, vs := p.rowsOf(i, lens[i], int8)
 					want := refAttention(q[i*w:(i+1)*w], ks, vs, heads, kv, hs, 0.1)
@@ -1427,7 +1471,7 @@ func BenchmarkKVDecode(b *testing.B) {
 		// kernel reads sequence s at K + s*16384 rows.
 		kb := newKVDecodeBench(b, rng, width, maxCtx, block, maxSeqs)
 		alloc, upload, caches, blocks, dTab, dSeq := kb.alloc, kb.upload, kb.caches, kb.blocks, kb.tab, kb.seq
-		splits, chunk := DecodeSplits(maxCtx, m.kv, kvFix.attn.DecodeWarps(hs, m.heads/m.kv, KVF16), kvFix.info.Multiprocessors)
+		splits, chunk := DecodeSplits(maxCtx, m.kv, kvFix.attn.DecodeWarps(hs, m.heads, m.kv, KVF16), kvFix.info.Multiprocessors)
 		pb, mb := AttnScratch(maxSeqs, m.heads, hs, splits)
 		part, ml, count := alloc(pb), alloc(mb), alloc(DecodeCounters(maxSeqs, m.heads))
 		if err := ctx.MemsetD32(count, 0, DecodeCounters(maxSeqs, m.heads)/4); err != nil {

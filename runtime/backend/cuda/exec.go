@@ -199,7 +199,7 @@ func (g *Exec) layout(dev *Device, w WeightOps, p *ir.Program, cfg backend.ExecC
 				if cfg.KV.Type == kvcache.Q8_0 {
 					kvt = kernels.KVQ8_0
 				}
-				warps = dev.attn.DecodeWarps(a.HeadSize, a.NHeads/a.NKVHeads, kvt)
+				warps = dev.attn.DecodeWarps(a.HeadSize, a.NHeads, a.NKVHeads, kvt)
 			}
 			splits, chunk := kernels.DecodeSplits(cfg.KV.Rows, a.NKVHeads, warps, dev.info.Multiprocessors)
 			if splits > 1 && splits >= g.attn.splits {
