@@ -289,7 +289,10 @@ func TestMemoryReturnsAfterBigPrompt(t *testing.T) {
 	if status != 400 || e.Error.Code == nil || *e.Error.Code != "context_length_exceeded" {
 		t.Fatalf("big prompt: %d %+v", status, e.Error)
 	}
-	waitFor(t, "the release after the big prompt", 5*time.Second, func() bool {
+	// The release is a full collection and scavenge (debug.FreeOSMemory):
+	// under the race detector on CI's two busy cores it once took more
+	// than 5 s. The test asks that it happens, not how fast.
+	waitFor(t, "the release after the big prompt", 30*time.Second, func() bool {
 		return !ts.prep.bigWork.Load() && released() > before
 	})
 }
