@@ -816,15 +816,15 @@ type decKVPlan struct {
 // 163 KiB). Three warps a scheduler hide more of each
 // other's waits, and a split's runs spread more evenly: at depth 16384
 // in a cache of 16448 positions a split holds 68 runs, 9 for some of 8
-// warps but 6 for each of 12. BenchmarkKVDecodeShape at depth 16384:
-// 26.7 µs a layer against 33.5 in blocks of 8, which at 126 registers
-// and 109 KiB fit two a multiprocessor, so that the block scheduler
-// pairs them and leaves others idle. More was slower or no faster (H200,
-// same benchmark): with copies of 8 bytes, 12 warps of 3 buffers (208
-// KiB) took 30.7 µs against 25.9, 16 warps of 2 (208 KiB) 30.9, 13 and
-// 14 warps 26.0 and 25.8: copies under 16 bytes pass through L1, which
-// that much shared memory leaves small. With copies of 16 bytes (24.5
-// µs), 3 buffers take 25.1.
+// warps but 6 for each of 12. BenchmarkKVDecodeShape at depth 16384 on
+// the H200, while the kernel copied 8 bytes at a time: 26.7 µs a layer
+// against 33.5 in blocks of 8, which at 126 registers and 109 KiB fit
+// two a multiprocessor, so that the block scheduler paired them and left
+// others idle; more was slower or no faster: 12 warps of 3 buffers (208
+// KiB) 30.7 µs against 25.9, 16 warps of 2 (208 KiB) 30.9, 13 and 14
+// warps 26.0 and 25.8 (copies under 16 bytes pass through L1, which that
+// much shared memory leaves small). With copies of 16 bytes (136
+// registers) 12 warps take 24.5 µs with 2 buffers, 25.1 with 3.
 func planDecodeKV(hs int, t KVType, int8 bool, optin int) (decKVPlan, error) {
 	shapes := []struct{ warps, stages int }{{8, 2}, {4, 3}, {4, 2}, {2, 2}, {4, 1}, {2, 1}, {1, 1}}
 	if int8 && t == KVQ8_0 {
