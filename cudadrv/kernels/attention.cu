@@ -87,14 +87,20 @@ __device__ __forceinline__ int kv_token_pos(const int *pos, int perToken, int t)
     return perToken ? pos[t] : pos[0] + t;
 }
 
+// kv_cell_in is the cache row of position p in cache block blk (a table
+// entry).
+__device__ __forceinline__ long long kv_cell_in(long long blk, int blockShift, int p)
+{
+    return (blk << blockShift) | (p & ((1 << blockShift) - 1));
+}
+
 // kv_cell is the cache row of position p of sequence s (the position itself
 // without tables).
 __device__ __forceinline__ long long kv_cell(const int *tables, int maxBlocks, int blockShift, int s, int p)
 {
     if (!tables)
         return p;
-    const long long blk = tables[(long long)s * maxBlocks + (p >> blockShift)];
-    return (blk << blockShift) | (p & ((1 << blockShift) - 1));
+    return kv_cell_in(tables[(long long)s * maxBlocks + (p >> blockShift)], blockShift, p);
 }
 
 // kv_store_f16 writes the keys and values of nTok tokens (k, v: [nTok][width]
@@ -1430,7 +1436,7 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
     // load queues run i of this warp into buffer b (runs in order, each once).
     auto load = [&](int i, int b) {
         const int start = (int)begin + DK_RUN * (warp + nwarps * i);
-        const long long cell = p.tables ? (long long)blk << p.blockShift | (start & ((1 << p.blockShift) - 1)) : start;
+        const long long cell = p.tables ? kv_cell_in(blk, p.blockShift, start) : start;
         blk = entry(i + 1);
         const unsigned char *sk = p.kc + cell * p.rowBytes + kvOff;
         const unsigned char *sv = p.vc + cell * p.rowBytes + kvOff;
