@@ -28,6 +28,7 @@ import (
 func BenchmarkMoEDecode(b *testing.B) {
 	const experts, topK, emb = 128, 8, 2048
 	program, inputs := moeBench(b, true)
+	fileProgram, _ := moeBench(b, false)
 	threads := []int{1}
 	for _, t := range []int{2, ops.DefaultThreads()} {
 		if t > threads[len(threads)-1] {
@@ -37,11 +38,17 @@ func BenchmarkMoEDecode(b *testing.B) {
 	// "hot" has only the 8 experts it uses (about 30 MB), which the caches
 	// may hold: what is left is the op's fixed cost (dispatches, barriers,
 	// serial parts) over cache bandwidth.
+	// "file" is "cold" in the file's blocks, not repacked: a hybrid
+	// context repacks only as many experts as host memory allows.
 	for _, c := range []struct {
 		name    string
 		experts int
-	}{{"cold", experts}, {"hot", topK}} {
+		file    bool
+	}{{"cold", experts, false}, {"hot", topK, false}, {"file", experts, true}} {
 		_, pw := program(c.experts)
+		if c.file {
+			_, pw = fileProgram(c.experts)
+		}
 		for _, threads := range threads {
 			for _, tok := range []int{1, 4} {
 				name := fmt.Sprintf("%s/t%d", c.name, threads)
