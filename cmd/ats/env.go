@@ -17,7 +17,7 @@ import (
 // reads them here, once, into the engine's options; nothing below cmd/ats
 // reads the environment.
 const (
-	envRepack       = "ATS_REPACK"          // "0": the CPU computes from the file's blocks, no repacked copies
+	envRepack       = "ATS_REPACK"          // "0": the CPU computes from the file's blocks, no repacked copies; "all": a hybrid's host matrices all repacked
 	envCPUProfile   = "ATS_CPU_OPS_PROFILE" // "1": time every CPU op, report at the end
 	envGPUProfile   = "ATS_GPU_PROFILE"     // "1": time every GPU launch group, report at the end
 	envGPUGraphs    = "ATS_GPU_GRAPHS"      // "0": no CUDA graphs for decode steps
@@ -35,6 +35,7 @@ const (
 // envOptions sets the switches the environment asks for in o.
 func envOptions(o *session.Options) {
 	o.NoRepack = os.Getenv(envRepack) == "0"
+	o.RepackAll = os.Getenv(envRepack) == "all"
 	o.HostProfile = os.Getenv(envCPUProfile) == "1"
 	o.MoESplit = os.Getenv(envMoESplit)
 	o.MoERouted = os.Getenv(envMoERouted)

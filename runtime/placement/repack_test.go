@@ -410,3 +410,68 @@ func TestRepackHybridExpertsAlike(t *testing.T) {
 	}
 	t.Logf("every CPU stack has its first %d experts repacked", first)
 }
+
+// On a host with memory to spare the allowance grows to half of what the
+// host would have free with the weights in: all of it on a big host, as
+// much as the old allowance on one without spare memory, and in between
+// within the half.
+func TestRepackHybridSpareMemory(t *testing.T) {
+	m := openOracle(t, "tiny-qwen3moe-q4_k_m")
+	if !canRepack(t, m) {
+		t.Skip("this CPU level has no kernels for repacked weights (noasm, or not amd64)")
+	}
+	units := programUnits(m.Prog, 64, nil)
+	pl := newPlacement(m, units, executor.BackendCPU)
+	var total, released, all int64
+	probe := hostWeights(t, m)
+	for i, u := range units {
+		for _, x := range u.Mats {
+			total += x.Bytes()
+			if u.Layer%2 == 1 {
+				released += x.Bytes()
+			} else if !u.Lookup {
+				all += probe.RepackSize(x)
+			}
+		}
+		if u.Layer%2 == 1 {
+			pl.Units[i].Backend = executor.BackendGPU
+		}
+	}
+	if !m.File.Mapped {
+		released = 0
+	}
+	held, old := total-released, released+total/32
+	if all <= old {
+		t.Fatalf("the old allowance (%d bytes) already takes every copy (%d): the test needs a model it cuts", old, all)
+	}
+	for _, c := range []struct {
+		name  string
+		avail int64
+		all   bool // ATS_REPACK=all
+		want  func(got int64) bool
+	}{
+		{"unknown", 0, false, func(got int64) bool { return got <= old && got > 0 }},
+		{"none spare", held, false, func(got int64) bool { return got <= old && got > 0 }},
+		{"plenty", held + 4*all, false, func(got int64) bool { return got == all }},
+		{"some", held + 2*old + all/2, false, func(got int64) bool { return got > old && got <= old+all/4 }},
+		{"asked for all", 0, true, func(got int64) bool { return got == all }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w := hostWeights(t, m)
+			w.AvailableMemory, w.RepackAll = c.avail, c.all
+			frac, predicted := packedFractions(w, m, units, pl.resident)
+			got := RepackHybrid(w, m, pl)
+			if !c.want(got) {
+				t.Errorf("available %d (host weights %d, old allowance %d, every copy %d): repacked %d", c.avail, held, old, all, got)
+			}
+			if predicted != got {
+				t.Errorf("packedFractions predicted %d bytes, RepackHybrid made %d", predicted, got)
+			}
+			for i := range units {
+				if c.want(all) && !pl.resident(i) && repackable(w, units[i]) && frac[i] != 1 {
+					t.Errorf("%s: %.2f repacked with plenty of memory", units[i].Name, frac[i])
+				}
+			}
+		})
+	}
+}

@@ -48,6 +48,9 @@ type Options struct {
 	Trace *executor.Trace
 	// NoRepack keeps the host's matrices in the file's blocks.
 	NoRepack bool
+	// RepackAll repacks a hybrid context's host matrices whatever host
+	// memory the copies take.
+	RepackAll bool
 	// HostProfile times every host op and reports at Close.
 	HostProfile bool
 	// MoESplit, MoERouted and PromoteLog: as placement.Options.
@@ -98,7 +101,10 @@ func NewPlanner(m *model.Model, opt Options) (*placement.Planner, placement.Opti
 			return nil, placement.Options{}, fmt.Errorf("%s: %w", m.File.Path, err)
 		}
 	}
-	w.NoRepack, w.Notes = opt.NoRepack, opt.Notes
+	w.NoRepack, w.RepackAll, w.Notes = opt.NoRepack, opt.RepackAll, opt.Notes
+	if avail, ok := availableMemory(); ok {
+		w.AvailableMemory = avail
+	}
 	return placement.New(m, w, opt.Device), opt.placement(), nil
 }
 

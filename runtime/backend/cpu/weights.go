@@ -29,8 +29,15 @@ type Weights struct {
 	// NoRepack keeps every matrix in the file's blocks (for measuring the
 	// repacked kernels' gain).
 	NoRepack bool
-	Notes    backend.Notes
-	noted    bool
+	// RepackAll gives a hybrid context's host matrices repacked copies
+	// whatever the host memory they take (RepackHybrid's allowance).
+	RepackAll bool
+	// AvailableMemory is what host memory new allocations could take when
+	// the context was planned (0: unknown); RepackHybrid's allowance grows
+	// into it.
+	AvailableMemory int64
+	Notes           backend.Notes
+	noted           bool
 }
 
 // Mat is a weight's matrix on the CPU, and for an expert stack one matrix
