@@ -3,7 +3,9 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 
@@ -32,7 +34,28 @@ const (
 	envPromoteLog   = "ATS_PROMOTE_LOG"     // "1": a line per decode step the promoter observes
 )
 
-// envOptions sets the switches the environment asks for in o.
+// envValues are the values of the switches that take a fixed few (the
+// MoE shares and ATS_GPU_DECODE_MMA are checked where they are read).
+var envValues = map[string][]string{
+	envRepack: {"0", "all"}, envCPUProfile: {"1"}, envGPUProfile: {"1"}, envGPUGraphs: {"0"},
+	envGPUPrefetch: {"0"}, envGPUPDL: {"0"}, envGPUSpin: {"0"}, envGPURegister: {"0"},
+	envGPUWeights: {"ref"}, envPromoteLog: {"1"},
+}
+
+// envIgnored says which switches the environment sets to a value they do
+// not take, and are therefore off: one line each, in name order.
+func envIgnored() []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(envValues)) {
+		if v, ok := os.LookupEnv(k); ok && v != "" && !slices.Contains(envValues[k], v) {
+			out = append(out, fmt.Sprintf("%s=%q is not one of %s: ignored", k, v, strings.Join(envValues[k], ", ")))
+		}
+	}
+	return out
+}
+
+// envOptions sets the switches the environment asks for in o; those set
+// to a value they do not take are off (envIgnored).
 func envOptions(o *session.Options) {
 	o.NoRepack = os.Getenv(envRepack) == "0"
 	o.RepackAll = os.Getenv(envRepack) == "all"

@@ -87,6 +87,9 @@ func (p *placementFlags) apply(o *session.Options, stderr io.Writer) error {
 	} else {
 		o.Notes = notes(os.Stderr)
 	}
+	for _, n := range envIgnored() {
+		o.Notes.Note(n)
+	}
 	switch p.backend {
 	case executor.BackendCPU, executor.BackendGPU, executor.BackendAuto:
 	default:

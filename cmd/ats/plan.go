@@ -150,6 +150,9 @@ from it).`,
 				opt := session.Options{Threads: thrds, Progress: profileProgress(cmd.ErrOrStderr())}
 				envOptions(&opt)
 				opt.Notes = notes(cmd.ErrOrStderr())
+				for _, n := range envIgnored() {
+					opt.Notes.Note(n)
+				}
 				if !cpuOnly {
 					if opt.Device, err = openDevice(executor.BackendGPU, opt.Notes); err != nil {
 						return fmt.Errorf("profile: %w", err)
