@@ -394,6 +394,32 @@ func TestRoutedShare(t *testing.T) {
 	}
 }
 
+// The routed layers' time for one token: the CPU's share and the link's
+// side by side, plus a wait a layer; floored, never under the bytes at
+// host memory's rate, which both sides read.
+func TestRoutedSeconds(t *testing.T) {
+	const wait = routedLayerSeconds
+	for _, c := range []struct {
+		name                               string
+		secs, bytes, link, hostRead, share float64
+		layers                             int
+		t, floored                         float64
+	}{
+		// The CPU computes 8 MB in 1 ms alone (8 GB/s); half over a 16 GB/s link.
+		{"slow CPU", 1e-3, 8e6, 16e9, 80e9, 0.5, 2, 0.5e-3 + 2*wait, 0.5e-3 + 2*wait},
+		{"the link longer", 1e-3, 8e6, 4e9, 80e9, 0.5, 1, 1e-3 + wait, 1e-3 + wait},
+		// A CPU as fast as host memory: the share takes from the same memory.
+		{"memory bound", 1e-4, 8e6, 80e9, 80e9, 0.5, 1, 0.5e-4 + wait, 1e-4 + wait},
+		{"rate unknown", 1e-4, 8e6, 80e9, 0, 0.5, 1, 0.5e-4 + wait, 0.5e-4 + wait},
+		{"no share", 1e-3, 8e6, 16e9, 8e9, 0, 3, 1e-3 + 3*wait, 1e-3 + 3*wait},
+	} {
+		gt, gf := routedSeconds(c.secs, c.bytes, c.link, c.hostRead, c.share, c.layers)
+		if math.Abs(gt-c.t) > 1e-12 || math.Abs(gf-c.floored) > 1e-12 {
+			t.Errorf("%s: routedSeconds = %g, %g; want %g, %g", c.name, gt, gf, c.t, c.floored)
+		}
+	}
+}
+
 // TestPlacementJSONRouted round-trips a placement whose decode steps route
 // the CPU's expert layers (Placement.Routed), and rejects routing a dense
 // unit, a resident one, or a share outside [0, 1].
