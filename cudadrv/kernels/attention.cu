@@ -143,17 +143,53 @@ __device__ __forceinline__ void q8_0_block(float x, unsigned char *dst)
         *(unsigned short *)dst = f2h(d);
 }
 
-// kv_store_q8_0 writes the keys and values of nTok tokens (k, v: [nTok][width]
-// float, width % 32 == 0) as Q8_0 into their cache rows ([rows][width/32*34]
-// bytes each): a warp per block of 32 values, the block of K then of V.
-extern "C" __global__ void kv_store_q8_0(unsigned char *kc, unsigned char *vc,
-                                         const float *k, const float *v, int width,
-                                         const int *pos, int perToken, const int *seq,
-                                         const int *tables, int maxBlocks, int blockShift, int nTok)
+// q4_0_block quantizes the 32 values x of a warp (lane j holds value j) into
+// the Q4_0 block at dst ({f16 d; 16 bytes: value j in the low nibble of byte
+// j, value j+16 in its high nibble}) as ggml's quantize_row_q4_0_ref and the
+// CPU's quantQ4_0 do: vmax is the value of largest magnitude (the first of
+// equals), d = vmax / -8, q = min(15, trunc(x*(1/d) + 8.5)); d rounded to f16
+// to nearest even, an overflow held at the largest finite f16 (putScaleF16).
+__device__ __forceinline__ void q4_0_block(float x, unsigned char *dst)
 {
-    PDL_ENTRY();
-    const int bpr = width / 32; // blocks a row
-    const long long rowBytes = (long long)bpr * 34;
+    const int lane = threadIdx.x & 31;
+    float a = fabsf(x), vm = x;
+    int at = lane;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float oa = __shfl_xor_sync(0xffffffffu, a, o), ov = __shfl_xor_sync(0xffffffffu, vm, o);
+        const int oat = __shfl_xor_sync(0xffffffffu, at, o);
+        if (oa > a || (oa == a && oat < at))
+            a = oa, vm = ov, at = oat;
+    }
+    if (!(a > 0.0f))
+        vm = 0.0f; // the CPU's scan keeps its starting +0 when nothing is larger
+    const float d = __fdiv_rn(vm, -8.0f);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    const float f = __fadd_rn(__fmul_rn(x, id), 8.5f);
+    const int q = f > 0.0f ? min(15, (int)f) : 0; // truncClamp (NaN to 0)
+    const int hi = __shfl_down_sync(0xffffffffu, q, 16);
+    if (lane < 16)
+        dst[2 + lane] = (unsigned char)(q | hi << 4);
+    if (lane == 0) {
+        unsigned short h = f2h(d);
+        if ((h & 0x7fffu) == 0x7c00u)
+            h = (h & 0x8000u) | 0x7bffu;
+        *(unsigned short *)dst = h;
+    }
+}
+
+// kv_store_block writes the keys and values of nTok tokens (k, v:
+// [nTok][width] float, width % 32 == 0) as blocks of 32 values (KVT 1:
+// Q8_0, 34 bytes; 2: Q4_0, 18) into their cache rows: a warp per block, the
+// block of K then of V.
+template <int KVT>
+__device__ __forceinline__ void kv_store_block(unsigned char *kc, unsigned char *vc,
+                                               const float *k, const float *v, int width,
+                                               const int *pos, int perToken, const int *seq,
+                                               const int *tables, int maxBlocks, int blockShift, int nTok)
+{
+    constexpr int BB = KVT == 1 ? 34 : 18; // bytes a block
+    const int bpr = width / 32;            // blocks a row
+    const long long rowBytes = (long long)bpr * BB;
     const long long n = (long long)nTok * bpr;
     const int lane = threadIdx.x & 31;
     const long long warps = (long long)gridDim.x * (blockDim.x >> 5);
@@ -161,11 +197,32 @@ extern "C" __global__ void kv_store_q8_0(unsigned char *kc, unsigned char *vc,
         const int t = (int)(w / bpr);
         const int b = (int)(w - (long long)t * bpr);
         const int p = kv_token_pos(pos, perToken, t);
-        const long long dst = kv_cell(tables, maxBlocks, blockShift, tables ? seq[t] : 0, p) * rowBytes + 34LL * b;
+        const long long dst = kv_cell(tables, maxBlocks, blockShift, tables ? seq[t] : 0, p) * rowBytes + (long long)BB * b;
         const long long src = (long long)t * width + 32LL * b + lane;
-        q8_0_block(k[src], kc + dst);
-        q8_0_block(v[src], vc + dst);
+        if (KVT == 1) {
+            q8_0_block(k[src], kc + dst);
+            q8_0_block(v[src], vc + dst);
+        } else {
+            q4_0_block(k[src], kc + dst);
+            q4_0_block(v[src], vc + dst);
+        }
     }
+}
+
+extern "C" __global__ void kv_store_q8_0(unsigned char *kc, unsigned char *vc, const float *k, const float *v, int width,
+                                         const int *pos, int perToken, const int *seq, const int *tables, int maxBlocks,
+                                         int blockShift, int nTok)
+{
+    PDL_ENTRY();
+    kv_store_block<1>(kc, vc, k, v, width, pos, perToken, seq, tables, maxBlocks, blockShift, nTok);
+}
+
+extern "C" __global__ void kv_store_q4_0(unsigned char *kc, unsigned char *vc, const float *k, const float *v, int width,
+                                         const int *pos, int perToken, const int *seq, const int *tables, int maxBlocks,
+                                         int blockShift, int nTok)
+{
+    PDL_ENTRY();
+    kv_store_block<2>(kc, vc, k, v, width, pos, perToken, seq, tables, maxBlocks, blockShift, nTok);
 }
 
 // Parameters of the attention kernels, passed by value.
@@ -1237,6 +1294,69 @@ __device__ __forceinline__ uint4 q8_0_load8(const unsigned char *b, int j)
     return q8_0_dequant8(lo, hi, d | (d << 16));
 }
 
+// q4_0_dequant8 turns eight 4-bit values (nibble `shift` (0 or 4) of the
+// bytes of lo: q0..q3 and hi: q4..q7, low byte first) and a block scale dd
+// (f16 d in both halves) into eight f16 f16(d*(q-8)), packed in pairs. As
+// q8_0_dequant8: q in the low mantissa bits of 1024.0 is 1024 + q, and
+// subtracting 1032 leaves q - 8 exactly; the product is rounded once.
+__device__ __forceinline__ uint4 q4_0_dequant8(unsigned int lo, unsigned int hi, int shift, unsigned int dd)
+{
+    const unsigned int bias = 0x64086408u; // 1032, 1032
+    const unsigned int xl = (lo >> shift) & 0x0f0f0f0fu, xh = (hi >> shift) & 0x0f0f0f0fu;
+    unsigned int h[4] = {__byte_perm(xl, 0x64646464u, 0x4140), __byte_perm(xl, 0x64646464u, 0x4342),
+                         __byte_perm(xh, 0x64646464u, 0x4140), __byte_perm(xh, 0x64646464u, 0x4342)};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(h[i]) : "r"(bias));
+        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(h[i]) : "r"(dd));
+    }
+    return make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+// q4_0_load8 reads values 8j..8j+7 of the Q4_0 block at b (2-byte aligned)
+// and its scale, dequantized as q4_0_dequant8: values 0..15 are the low
+// nibbles of the 16 bytes, 16..31 the high ones.
+__device__ __forceinline__ uint4 q4_0_load8(const unsigned char *b, int j)
+{
+    const unsigned short *w = (const unsigned short *)(b + 2 + 8 * (j & 1));
+    const unsigned int d = *(const unsigned short *)b;
+    const unsigned int lo = (unsigned int)w[0] | ((unsigned int)w[1] << 16);
+    const unsigned int hi = (unsigned int)w[2] | ((unsigned int)w[3] << 16);
+    return q4_0_dequant8(lo, hi, 4 * (j >> 1), d | (d << 16));
+}
+
+// dk_dequant_block_q4 turns Q4_0 block b of a staged row (r: the row's
+// first word, 2-byte aligned blocks of 18 bytes from there) into 32 f16 at
+// t + 32b, as dk_dequant_block does Q8_0: the 5 aligned words holding its
+// bytes, then pairs of bytes, whose low nibbles are values 2k, 2k+1 and
+// high ones 16+2k, 17+2k.
+__device__ __forceinline__ void dk_dequant_block_q4(const unsigned int *r, unsigned short *t, int b)
+{
+    const int wb = 18 * b / 4, o = 18 * b % 4; // block b's first word; its offset in it, 0 or 2
+    unsigned int w[5];
+#pragma unroll
+    for (int i = 0; i < 5; i++)
+        w[i] = r[wb + i];
+    const unsigned int d = o ? (w[0] >> 16) : (w[0] & 0xffffu);
+    const unsigned int dd = d | (d << 16);
+    unsigned int h[16];
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        const int at = o + 2 + 2 * k; // bytes 2k, 2k+1 of the values: half of one word
+        const unsigned int x = __byte_perm(w[at / 4], 0, (at % 4) ? 0x4342 : 0x4140);
+        h[k] = (x & 0x000f000fu) | 0x64006400u;
+        h[k + 8] = ((x >> 4) & 0x000f000fu) | 0x64006400u;
+    }
+#pragma unroll
+    for (int k = 0; k < 16; k++) {
+        asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(h[k]) : "r"(0x64086408u));
+        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(h[k]) : "r"(dd));
+    }
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        *(uint4 *)(t + 32 * b + 8 * q) = make_uint4(h[4 * q], h[4 * q + 1], h[4 * q + 2], h[4 * q + 3]);
+}
+
 // dk_dequant_block turns Q8_0 block b of a staged row (r: the row's first
 // word, 2-byte aligned blocks of 34 bytes from there) into 32 f16 at t +
 // 32b: the 9 aligned words holding its bytes, then its 16 pairs. b is a
@@ -1265,21 +1385,25 @@ __device__ __forceinline__ void dk_dequant_block(const unsigned int *r, unsigned
         *(uint4 *)(t + 32 * b + 8 * q) = make_uint4(h[4 * q], h[4 * q + 1], h[4 * q + 2], h[4 * q + 3]);
 }
 
-// dk_dequant turns a buffer of q8_0 rows (16 K rows, then 16 V rows, ROW
-// bytes apart, ROW/4 odd) into f16 tiles (16 K rows, then 16 V rows, of
+// dk_dequant turns a buffer of q8_0 (KVT 1) or q4_0 (KVT 2) rows (16 K
+// rows, then 16 V rows, ROW bytes apart, ROW/4 odd) into f16 tiles (16 K rows, then 16 V rows, of
 // D+8 halves): lane l takes row l%16 of K (l < 16) or V, block by block
 // (dk_dequant_block). All lanes read the same word of 32 rows that start
 // in 32 different banks, and write 16 bytes of 8 rows that start 4 banks
 // apart: no conflicts.
-template <int D, int ROW>
+template <int D, int ROW, int KVT>
 __device__ __forceinline__ void dk_dequant(const unsigned char *raw, unsigned short *tile, int lane)
 {
     constexpr int LD = D + 8;
     const unsigned int *r = (const unsigned int *)(raw + (lane >> 4) * DK_RUN * ROW + (lane & 15) * ROW);
     unsigned short *t = tile + ((lane >> 4) * DK_RUN + (lane & 15)) * LD;
 #pragma unroll
-    for (int b = 0; b < D / 32; b++)
-        dk_dequant_block(r, t, b);
+    for (int b = 0; b < D / 32; b++) {
+        if (KVT == 2)
+            dk_dequant_block_q4(r, t, b);
+        else
+            dk_dequant_block(r, t, b);
+    }
 }
 
 // dk_dequant_v turns the 16 q8_0 V rows of a buffer (ROW bytes apart, raw
@@ -1337,13 +1461,13 @@ __device__ __forceinline__ am_u32 dk_ld4(const unsigned char *p)
     return __byte_perm(w[0], w[1], 0x5432);
 }
 
-// KVT: 0 f16, 1 q8_0. I8 (q8_0, a group of at most 8 heads, CC 8.0 and
+// KVT: 0 f16, 1 q8_0, 2 q4_0. I8 (q8_0, a group of at most 8 heads, CC 8.0 and
 // later): the int8 path below ("int8 keys").
 template <int D, int KVT, bool I8>
 __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
 {
     constexpr int LD = D + 8;                                  // halves a tile row
-    constexpr int SEG = KVT == 0 ? 2 * D : D / 32 * 34;        // bytes of a head's row
+    constexpr int SEG = KVT == 0 ? 2 * D : D / 32 * (KVT == 1 ? 34 : 18); // bytes of a head's row
     // A staged q8_0 row is an odd number of words: the 16 K and 16 V rows
     // of a buffer then start in 32 different banks (dk_dequant).
     constexpr int ROWW = (SEG + 3) / 4; // words of a q8_0 row, rounded up
@@ -1632,7 +1756,7 @@ __device__ __forceinline__ void attn_dec_kv(const DecKVParams &p)
             Vs = Ks + DK_RUN * LD;
         } else {
             unsigned short *tk = (unsigned short *)(wbase + S * STAGE);
-            dk_dequant<D, ROW>(wbase + bc * STAGE, tk, lane);
+            dk_dequant<D, ROW, KVT>(wbase + bc * STAGE, tk, lane);
             __syncwarp();
             Ks = tk;
             Vs = tk + DK_RUN * LD;
@@ -2055,6 +2179,10 @@ DEC_KV(q8_0, 1, 32)
 DEC_KV(q8_0, 1, 64)
 DEC_KV(q8_0, 1, 128)
 DEC_KV(q8_0, 1, 256)
+DEC_KV(q4_0, 2, 32)
+DEC_KV(q4_0, 2, 64)
+DEC_KV(q4_0, 2, 128)
+DEC_KV(q4_0, 2, 256)
 
 // attn_dec_q8_0i_d<hs>: a q8_0 cache's int8 path (a KV group of at most 8
 // query heads, CC 8.0 and later), in blocks of up to 12 warps (its
@@ -2072,11 +2200,11 @@ DEC_KV_I8(256)
 
 // ---------------------------------------------------------------- gather
 //
-// kv_gather_f16, kv_gather_q8_0: positions 0..min(pos[tok]+1, maxLen)-1 of
-// sequence seq[tok] from the paged cache into contiguous f16 rows
-// ko, vo [maxLen][width], so that the prefill kernels (attn_mma, attn_f16)
-// run on them as on a contiguous cache. q8_0 is dequantized to f16(d*q),
-// as in attn_dec_q8_0. Grid-stride, so any grid covers any length.
+// kv_gather_f16, kv_gather_q8_0, kv_gather_q4_0: positions
+// 0..min(pos[tok]+1, maxLen)-1 of sequence seq[tok] from the paged cache
+// into contiguous f16 rows ko, vo [maxLen][width], so that the prefill
+// kernels (attn_mma, attn_f16) run on them as on a contiguous cache. q8_0
+// is dequantized to f16(d*q), q4_0 to f16(d*(q-8)), as in attn_dec_*. Grid-stride, so any grid covers any length.
 
 extern "C" __global__ void kv_gather_f16(unsigned short *ko, unsigned short *vo,
                                          const unsigned short *kc, const unsigned short *vc, int width,
@@ -2124,6 +2252,27 @@ extern "C" __global__ void kv_gather_q8_0(unsigned short *ko, unsigned short *vo
         const long long src = kv_cell(tables, maxBlocks, blockShift, s, j) * rowBytes + 34LL * (x >> 2);
         ((uint4 *)ko)[i] = q8_0_load8(kc + src, x & 3);
         ((uint4 *)vo)[i] = q8_0_load8(vc + src, x & 3);
+    }
+}
+
+// A thread per 8 values, as kv_gather_q8_0: q4_0 dequantized to
+// f16(d*(q-8)).
+extern "C" __global__ void kv_gather_q4_0(unsigned short *ko, unsigned short *vo,
+                                          const unsigned char *kc, const unsigned char *vc, int width,
+                                          const int *pos, const int *seq, int tok,
+                                          const int *tables, int maxBlocks, int blockShift, int maxLen)
+{
+    PDL_ENTRY();
+    const int len = min(pos[tok] + 1, maxLen);
+    const int s = seq[tok];
+    const int tpr = width / 8; // tasks a row
+    const long long rowBytes = (long long)width / 32 * 18;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (long long)len * tpr; i += stride) {
+        const int j = (int)(i / tpr), x = (int)(i - (long long)j * tpr);
+        const long long src = kv_cell(tables, maxBlocks, blockShift, s, j) * rowBytes + 18LL * (x >> 2);
+        ((uint4 *)ko)[i] = q4_0_load8(kc + src, x & 3);
+        ((uint4 *)vo)[i] = q4_0_load8(vc + src, x & 3);
     }
 }
 

@@ -5,8 +5,9 @@
 //
 // A layer's cache is a KVCache: two arrays K and V of Rows cells, each cell
 // one token's row of Width = NKV*HeadSize values in the cache's KVType
-// (KVF16: 2 bytes a value; KVQ8_0: ggml's Q8_0 blocks, Width/32*34 bytes a
-// row, bit-identical to llama.cpp's -ctk q8_0). Rows = NBlocks*Block;
+// (KVF16: 2 bytes a value; KVQ8_0 and KVQ4_0: ggml's Q8_0 and Q4_0 blocks,
+// Width/32*34 and Width/32*18 bytes a row, bit-identical to llama.cpp's
+// -ctk q8_0 and q4_0). Rows = NBlocks*Block;
 // position p of a sequence is cell table[p/Block]*Block + p%Block of its
 // block table.
 //
@@ -26,8 +27,8 @@
 // Per layer, in this order:
 //
 //  1. Store the step's K and V rows: Rope.Run with RopeArgs.Batch set and
-//     RopeKV.Cache set (the rotation fused with the write, f16 or q8_0; q8_0
-//     needs HeadSize % 32 == 0), or Attention.StoreKV after a separate
+//     RopeKV.Cache set (the rotation fused with the write, f16 or quantized;
+//     quantized needs HeadSize % 32 == 0), or Attention.StoreKV after a separate
 //     rotation. Every token's row is written before any attention of the
 //     layer reads the cache.
 //  2. Attention, by rows of the step:
@@ -51,7 +52,7 @@
 //     are wanted (an int32 index array on the device) before the final
 //     norm and the output matmul.
 //
-// A q8_0 cache holds its keys and values rotated (ops.KVRotation: rk for
+// A quantized cache holds its keys and values rotated (ops.KVRotation: rk for
 // keys and queries, rv for values): step 1 with RopeArgs.Rot = rk and
 // RopeKV.RotV = rv (the launch must hold the queries too), decode with
 // DecodeKVArgs.Rot = rv, which rotates the output rows back; prompt
@@ -59,8 +60,9 @@
 // store: Elementwise.FWHT of Q and K (rk) and V (rv) before StoreKV.
 //
 // Numerics: writes round to f16 to nearest, or quantize as ggml's
-// quantize_row_q8_0_ref (the CPU's KVLayer.Store bits). Decode attention
-// rounds Q to f16 over an f16 cache and reads q8_0 values as f16(d*q).
+// quantize_row_q8_0_ref and quantize_row_q4_0_ref (the CPU's KVLayer.Store
+// bits). Decode attention rounds Q to f16 over an f16 cache and reads q8_0
+// values as f16(d*q), q4_0 values as f16(d*(q-8)).
 // Over a q8_0 cache whose KV group has at most 8 query heads (on CC 8.0
 // and later: DecodeKVInt8) it quantizes Q to Q8_0 per head as the CPU's
 // q8_0 flash attention does, and takes each block's key products on the
@@ -99,7 +101,8 @@ type Attention struct {
 	mma     map[int]*cudadrv.Function // tensor-core prefill kernels by head size
 	dec     map[int]*cudadrv.Function // decode kernels by head size
 	// decKV are the paged decode kernels by cache type and head size;
-	// storeQ8 and gather the paged cache writes and the prefill gathers.
+	// storeQ (by type: the quantized ones) and gather the paged cache
+	// writes and the prefill gathers.
 	decKV [kvTypes]map[int]*cudadrv.Function
 	// decI8 are the q8_0 cache's int8 decode kernels by head size
 	// (attn_dec_q8_0i_d<hs>), and int8 whether they run (DecodeKVInt8).
@@ -107,9 +110,9 @@ type Attention struct {
 	int8  bool
 	// dec1 are the CUDA-core paged f16 decode kernels for a lone row, by
 	// head size.
-	dec1    map[int]*cudadrv.Function
-	storeQ8 *cudadrv.Function
-	gather  [kvTypes]*cudadrv.Function
+	dec1   map[int]*cudadrv.Function
+	storeQ [kvTypes]*cudadrv.Function
+	gather [kvTypes]*cudadrv.Function
 	// optin is the shared memory a block of the attention kernels may use
 	// (the device's opt-in limit, granted at load): decode takes larger
 	// tiles with it.
@@ -146,7 +149,7 @@ func NewAttention(ctx *cudadrv.Context) (*Attention, error) {
 	}
 	env := os.Getenv(EnvAttention)
 	k := &Attention{attn: map[int]*cudadrv.Function{}, mma: map[int]*cudadrv.Function{}, dec: map[int]*cudadrv.Function{},
-		decKV: [kvTypes]map[int]*cudadrv.Function{{}, {}}, dec1: map[int]*cudadrv.Function{}, decI8: map[int]*cudadrv.Function{},
+		decKV: [kvTypes]map[int]*cudadrv.Function{{}, {}, {}}, dec1: map[int]*cudadrv.Function{}, decI8: map[int]*cudadrv.Function{},
 		optin: max(attnShared, optin), simt: env == "simt", tiled: env == "tile", mma1: env == "mma",
 		int8: major >= 8 && env != "q8f16"}
 	if err := k.prepare(ctx, "attention", k.bind); err != nil {
@@ -162,8 +165,9 @@ func LoadAttention(ctx *cudadrv.Context) (*Attention, error) { return loadNow(Ne
 // opt-in shared memory: once, at load, so that the launches stay
 // capturable.
 func (k *Attention) bind(m *cudadrv.Module) error {
-	if err := lookup(m, map[string]**cudadrv.Function{"kv_store_f16": &k.store, "kv_store_q8_0": &k.storeQ8,
-		"kv_gather_f16": &k.gather[KVF16], "kv_gather_q8_0": &k.gather[KVQ8_0], "attn_combine": &k.combine, "q8_1_plane2": &k.plane2}); err != nil {
+	if err := lookup(m, map[string]**cudadrv.Function{"kv_store_f16": &k.store, "kv_store_q8_0": &k.storeQ[KVQ8_0],
+		"kv_store_q4_0": &k.storeQ[KVQ4_0], "kv_gather_f16": &k.gather[KVF16], "kv_gather_q8_0": &k.gather[KVQ8_0],
+		"kv_gather_q4_0": &k.gather[KVQ4_0], "attn_combine": &k.combine, "q8_1_plane2": &k.plane2}); err != nil {
 		return err
 	}
 	// The kernels of one family, by a size: each looked up, and granted
@@ -618,8 +622,9 @@ type KVType uint8
 const (
 	KVF16  KVType = iota // binary16, 2 bytes a value
 	KVQ8_0               // ggml's Q8_0: {f16 d; int8 q[32]} per 32 values, 34 bytes
+	KVQ4_0               // ggml's Q4_0: {f16 d; 16 bytes of nibbles} per 32 values, 18 bytes
 
-	kvTypes = 2
+	kvTypes = 3
 )
 
 func (t KVType) String() string {
@@ -628,14 +633,22 @@ func (t KVType) String() string {
 		return "f16"
 	case KVQ8_0:
 		return "q8_0"
+	case KVQ4_0:
+		return "q4_0"
 	}
 	return fmt.Sprintf("KVType(%d)", uint8(t))
 }
 
+// Quantized says whether the type stores blocks of 32 values.
+func (t KVType) Quantized() bool { return t == KVQ8_0 || t == KVQ4_0 }
+
 // RowBytes is the bytes of a cache row of width values.
 func (t KVType) RowBytes(width int) int {
-	if t == KVQ8_0 {
+	switch t {
+	case KVQ8_0:
 		return width / 32 * 34
+	case KVQ4_0:
+		return width / 32 * 18
 	}
 	return 2 * width
 }
@@ -652,8 +665,8 @@ func (c *KVCache) check() error {
 	switch {
 	case c.Type >= kvTypes:
 		return fmt.Errorf("kernels: KV cache of type %v", c.Type)
-	case c.Width <= 0 || (c.Type == KVQ8_0 && c.Width%32 != 0):
-		return fmt.Errorf("kernels: %v KV cache rows of %d values (q8_0 needs a multiple of 32)", c.Type, c.Width)
+	case c.Width <= 0 || (c.Type.Quantized() && c.Width%32 != 0):
+		return fmt.Errorf("kernels: %v KV cache rows of %d values (%v needs a multiple of 32)", c.Type, c.Width, c.Type)
 	case c.K == 0 || c.V == 0 || c.K%16 != 0 || c.V%16 != 0:
 		return fmt.Errorf("kernels: %v KV cache at %#x, %#x: two 16-byte aligned arrays needed", c.Type, c.K, c.V)
 	}
@@ -697,8 +710,8 @@ type StoreKVArgs struct {
 }
 
 // StoreKV queues the write of a.NTok tokens' keys and values into their
-// cache cells (Q8_0 quantized as ggml's quantize_row_q8_0_ref, f16 rounded
-// to nearest).
+// cache cells (Q8_0 and Q4_0 quantized as ggml's quantize_row_q8_0_ref and
+// quantize_row_q4_0_ref, f16 rounded to nearest).
 func (k *Attention) StoreKV(s *cudadrv.Stream, a *StoreKVArgs) error {
 	if a.NTok == 0 {
 		return nil
@@ -716,10 +729,10 @@ func (k *Attention) StoreKV(s *cudadrv.Stream, a *StoreKVArgs) error {
 	if err := k.ready(); err != nil {
 		return err
 	}
-	// f16: a thread a value; q8_0: a warp a block of 32 values, as many threads.
+	// f16: a thread a value; quantized: a warp a block of 32 values, as many threads.
 	f := k.store
-	if a.Cache.Type == KVQ8_0 {
-		f = k.storeQ8
+	if a.Cache.Type.Quantized() {
+		f = k.storeQ[a.Cache.Type]
 	}
 	grid := grid1(a.NTok*a.Cache.Width, 256)
 	b := a.Batch
@@ -868,8 +881,8 @@ func int8Row(hs int) int {
 func sizeDecodeKV(hs int, t KVType, int8 bool, warps, stages int) decKVPlan {
 	ld := hs + 8
 	row, tiles := 2*ld, 0
-	if t == KVQ8_0 {
-		words := (hs/32*34 + 3) / 4
+	if t.Quantized() {
+		words := (t.RowBytes(hs) + 3) / 4
 		row, tiles = 4*(words|1), 2*decKVRun*ld*2
 		if int8 {
 			row, tiles = int8Row(hs), decKVRun*ld*2
@@ -1002,8 +1015,8 @@ type GatherKVArgs struct {
 	K, V   cudadrv.DevicePtr
 }
 
-// GatherKV queues the gather (kv_gather_f16, or kv_gather_q8_0 dequantizing
-// to f16(d*q)). Positions past MaxLen are not copied: MaxLen is what the
+// GatherKV queues the gather (kv_gather_f16, or kv_gather_q8_0 and
+// kv_gather_q4_0 dequantizing to f16(d*q) and f16(d*(q-8))). Positions past MaxLen are not copied: MaxLen is what the
 // scratch holds.
 func (k *Attention) GatherKV(s *cudadrv.Stream, a *GatherKVArgs) error {
 	shift, err := a.Batch.shift()
@@ -1020,7 +1033,7 @@ func (k *Attention) GatherKV(s *cudadrv.Stream, a *GatherKVArgs) error {
 		return err
 	}
 	per := a.Cache.Width // a thread a value, or 8 values a thread when rows are whole 16-byte pieces
-	if a.Cache.Type == KVQ8_0 || a.Cache.Width%8 == 0 {
+	if a.Cache.Type.Quantized() || a.Cache.Width%8 == 0 {
 		per = a.Cache.Width / 8
 	}
 	b := a.Batch

@@ -231,11 +231,18 @@ func refQ8_0(dst []byte, x []float32) {
 	}
 }
 
-// refEncode is a row of width values in the cache's type.
+// refEncode is a row of width values in the cache's type (q4_0: ops'
+// quantize_row_q4_0_ref, the CPU cache's own encoding).
 func refEncode(t KVType, x []float32) []byte {
 	b := make([]byte, t.RowBytes(len(x)))
-	if t == KVQ8_0 {
+	switch t {
+	case KVQ8_0:
 		refQ8_0(b, x)
+		return b
+	case KVQ4_0:
+		if err := ops.Quantize(gguf.TypeQ4_0, b, x); err != nil {
+			panic(err)
+		}
 		return b
 	}
 	for i, v := range x {
@@ -244,12 +251,19 @@ func refEncode(t KVType, x []float32) []byte {
 	return b
 }
 
-// refDecode is the values of a cache row: f16 exactly, q8_0 as d*q (exact
-// in float32).
+// refDecode is the values of a cache row: f16 exactly, q8_0 as d*q and
+// q4_0 as d*(q-8) (exact in float32).
 func refDecode(t KVType, b []byte, width int) []float32 {
 	v := make([]float32, width)
 	for i := range v {
-		if t == KVQ8_0 {
+		if t == KVQ4_0 {
+			blk := b[18*(i/32):]
+			q := blk[2+i%16]
+			if i%32 >= 16 {
+				q >>= 4
+			}
+			v[i] = ops.F16ToF32(binary.LittleEndian.Uint16(blk)) * float32(int(q&15)-8)
+		} else if t == KVQ8_0 {
 			blk := b[34*(i/32):]
 			v[i] = ops.F16ToF32(binary.LittleEndian.Uint16(blk)) * float32(int8(blk[2+i%32]))
 		} else {
@@ -260,11 +274,11 @@ func refDecode(t KVType, b []byte, width int) []float32 {
 }
 
 // kernelValues is a cache row as the attention kernels read it: f16
-// exactly; q8_0 as f16(d*q), the f16 the tensor-core path takes (the gather
-// writes the same).
+// exactly; q8_0 as f16(d*q) and q4_0 as f16(d*(q-8)), the f16 the
+// tensor-core path takes (the gather writes the same).
 func kernelValues(t KVType, b []byte, width int) []float32 {
 	v := refDecode(t, b, width)
-	if t == KVQ8_0 {
+	if t.Quantized() {
 		for i, x := range v {
 			v[i] = ops.F16ToF32(ops.F32ToF16(x))
 		}
@@ -497,7 +511,7 @@ func (p *kvPaged) rowsOf(s, n int, exactKeys bool) (ks, vs [][]float32) {
 	return ks, vs
 }
 
-var kvTypesAll = []KVType{KVF16, KVQ8_0}
+var kvTypesAll = []KVType{KVF16, KVQ8_0, KVQ4_0}
 
 // ---- tests that need no GPU
 
@@ -529,6 +543,16 @@ func TestKVBatchReference(t *testing.T) {
 			}
 		}
 	}
+	// q4_0: refDecode's nibbles against ops' dequantization.
+	q4 := refEncode(KVQ4_0, x)
+	if err := ops.DequantizeRow(gguf.TypeQ4_0, deq, q4); err != nil {
+		t.Fatal(err)
+	}
+	for i, f := range refDecode(KVQ4_0, q4, len(x)) {
+		if f != deq[i] {
+			t.Fatalf("q4_0 value %d: %v, ops has %v", i, f, deq[i])
+		}
+	}
 }
 
 // TestPlanDecodeKV checks the paged decode kernel's launch shapes.
@@ -544,6 +568,8 @@ func TestPlanDecodeKV(t *testing.T) {
 	}{
 		{128, KVF16, false, h200, 8, 2, 32*136 + 8*2*2*16*272},               // 140 KiB: one block a multiprocessor
 		{128, KVQ8_0, false, h200, 8, 2, 32*136 + 8*(2*2*16*140+2*16*136*2)}, // rows of 35 words
+		{128, KVQ4_0, false, h200, 8, 2, 32*136 + 8*(2*2*16*76+2*16*136*2)},  // 72 bytes: 19 words
+		{64, KVQ4_0, false, h200, 8, 2, 32*72 + 8*(2*2*16*36+2*16*72*2)},     // 36 bytes: 9 words
 		{256, KVF16, false, h200, 4, 3, 32*264 + 4*3*2*16*528},
 		{64, KVQ8_0, false, h200, 8, 2, 32*72 + 8*(2*2*16*68+2*16*72*2)}, // 17 words
 		{32, KVF16, false, h200, 8, 2, 32*40 + 8*2*2*16*80},
@@ -976,7 +1002,7 @@ func testKVGather(t *testing.T) {
 		for _, c := range []struct {
 			width, block, pos int
 		}{{1024, 64, 1000}, {96, 64, 64}, {4100, 128, 300}, {512, 256, 0}} {
-			if typ == KVQ8_0 && c.width%32 != 0 {
+			if typ.Quantized() && c.width%32 != 0 {
 				continue
 			}
 			t.Run(fmt.Sprintf("%v/width=%d,block=%d,pos=%d", typ, c.width, c.block, c.pos), func(t *testing.T) {
@@ -1647,7 +1673,7 @@ func BenchmarkKVDecodeShape(b *testing.B) {
 						name string
 						t    KVType
 						int8 bool
-					}{{"f16", KVF16, false}, {"q8_0", KVQ8_0, int8}, {"q8_0k16", KVQ8_0, false}} {
+					}{{"f16", KVF16, false}, {"q8_0", KVQ8_0, int8}, {"q8_0k16", KVQ8_0, false}, {"q4_0", KVQ4_0, false}} {
 						t := kt.t
 						if kt.name == "q8_0k16" && !int8 {
 							continue // the same kernel as q8_0
@@ -1666,7 +1692,7 @@ func BenchmarkKVDecodeShape(b *testing.B) {
 									Batch: &Batch{Pos: dPos, Seq: sq, Tables: dTab, MaxBlocks: blocks, Block: block},
 									NTok:  nSeq, NHeads: heads, NKV: kv, HeadSize: hs, Scale: 0.088,
 									Splits: splits, Chunk: chunk, Part: part, ML: ml, Count: count}
-								if t == KVQ8_0 {
+								if t.Quantized() {
 									args[i].Rot = 64
 								}
 							}
@@ -1722,7 +1748,10 @@ type kvDecodeBench struct {
 func newKVDecodeBench(b *testing.B, rng *rand.Rand, width, maxCtx, block, maxSeqs int) *kvDecodeBench {
 	k := &kvDecodeBench{b: b, ctx: kvFix.ctx, caches: map[KVType]KVCache{}, blocks: maxCtx / block}
 	one := make([]float32, width)
-	seqs := map[KVType][]byte{KVF16: make([]byte, maxCtx*KVF16.RowBytes(width)), KVQ8_0: make([]byte, maxCtx*KVQ8_0.RowBytes(width))}
+	seqs := map[KVType][]byte{}
+	for _, t := range kvTypesAll {
+		seqs[t] = make([]byte, maxCtx*t.RowBytes(width))
+	}
 	for r := 0; r < maxCtx; r++ {
 		for i := range one {
 			one[i] = float32(rng.NormFloat64())

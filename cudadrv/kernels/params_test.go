@@ -22,7 +22,7 @@ func TestParamStructSizes(t *testing.T) {
 	}{
 		{"mv_", mvArgsBytes}, {"mvf_", mvArgsBytes}, {"mvt_", mvArgsBytes}, {"mvt2_", mvArgsBytes},
 		{"attn_f16_d", sizeOf(attnParams)}, {"attn_dec_e", sizeOf(attnParams)}, {"attn_mma_", sizeOf(attnParams)},
-		{"attn_dec_f16_", sizeOf(decKVParams)}, {"attn_dec_q8_0_", sizeOf(decKVParams)}, {"attn_dec_q8_0i_", sizeOf(decKVParams)}, {"attn_dec1_", sizeOf(decKVParams)},
+		{"attn_dec_f16_", sizeOf(decKVParams)}, {"attn_dec_q8_0_", sizeOf(decKVParams)}, {"attn_dec_q4_0_", sizeOf(decKVParams)}, {"attn_dec_q8_0i_", sizeOf(decKVParams)}, {"attn_dec1_", sizeOf(decKVParams)},
 	}
 	entry := regexp.MustCompile(`\.entry (\w+)\(\s*\n\s*\.param \.align \d+ \.b8 \w+_param_0\[(\d+)\]\s*\n\s*\)`)
 	files, err := filepath.Glob("ptx/*.compute_90.ptx")

@@ -22,11 +22,12 @@
 // pair's frequency factor (when given) and multiplied by freq_scale, and
 // cos/sin are taken in double and rounded to float.
 //
-// A q8_0 cache holds its keys and values rotated by a Walsh-Hadamard
-// transform (llama.cpp's rotation; ops.KVRotation), the queries rotated
-// alike: with rotK the kernel rotates every head of both tensors after
-// RoPE, and with rotV the values on their way into the cache, so a decode
-// step needs no fwht_f32 launches and no kv_store of its own (fwht_warp).
+// A quantized cache (q8_0, q4_0) holds its keys and values rotated by a
+// Walsh-Hadamard transform (llama.cpp's rotation; ops.KVRotation), the
+// queries rotated alike: with rotK the kernel rotates every head of both
+// tensors after RoPE, and with rotV the values on their way into the
+// cache, so a decode step needs no fwht_f32 launches and no kv_store of
+// its own (fwht_warp).
 
 // PDL_ENTRY starts every kernel: under programmatic dependent launch
 // (cudadrv Stream.SetProgrammatic, CC 9.0 and later) a kernel's blocks may
@@ -73,6 +74,54 @@ __device__ __forceinline__ void q8_0_block(float x, unsigned char *dst)
     dst[2 + lane] = (unsigned char)q;
     if (lane == 0)
         *(unsigned short *)dst = f2h(d);
+}
+
+// q4_0_block quantizes the 32 values x of a warp into the Q4_0 block at dst
+// as ggml's quantize_row_q4_0_ref does: attention.cu's q4_0_block
+// (kv_store_q4_0), the same expressions, so the fused write stores the
+// same bits.
+__device__ __forceinline__ void q4_0_block(float x, unsigned char *dst)
+{
+    const int lane = threadIdx.x & 31;
+    float a = fabsf(x), vm = x;
+    int at = lane;
+    for (int o = 16; o > 0; o >>= 1) {
+        const float oa = __shfl_xor_sync(0xffffffffu, a, o), ov = __shfl_xor_sync(0xffffffffu, vm, o);
+        const int oat = __shfl_xor_sync(0xffffffffu, at, o);
+        if (oa > a || (oa == a && oat < at))
+            a = oa, vm = ov, at = oat;
+    }
+    if (!(a > 0.0f))
+        vm = 0.0f;
+    const float d = __fdiv_rn(vm, -8.0f);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    const float f = __fadd_rn(__fmul_rn(x, id), 8.5f);
+    const int q = f > 0.0f ? min(15, (int)f) : 0;
+    const int hi = __shfl_down_sync(0xffffffffu, q, 16);
+    if (lane < 16)
+        dst[2 + lane] = (unsigned char)(q | hi << 4);
+    if (lane == 0) {
+        unsigned short h = f2h(d);
+        if ((h & 0x7fffu) == 0x7c00u)
+            h = (h & 0x8000u) | 0x7bffu;
+        *(unsigned short *)dst = h;
+    }
+}
+
+// kv_block writes the warp's 32 values x as block b of the quantized cache
+// row at row (kvType 1: Q8_0, 34 bytes a block; 2: Q4_0, 18).
+__device__ __forceinline__ void kv_block(int kvType, float x, unsigned char *row, long long b)
+{
+    if (kvType == 1)
+        q8_0_block(x, row + 34 * b);
+    else
+        q4_0_block(x, row + 18 * b);
+}
+
+// kv_row_bytes is the bytes of a quantized cache row of width values.
+__device__ __forceinline__ long long kv_row_bytes(int kvType, long long width)
+{
+    return width / 32 * (kvType == 1 ? 34 : 18);
 }
 
 #define FWHT_REGS 8 // chunks of up to 256 values: 8 a lane
@@ -133,8 +182,8 @@ __device__ __forceinline__ long long rope_cache_row(int t, int p, const int *seq
 
 // rope_store_chunk writes the chunk of 32*nj values the warp holds (value
 // 32j + lane of the chunk in r[j]) at value e of cache row row (rows of
-// width values; kvType 0 f16, 1 Q8_0: e is then a multiple of 32, and
-// r[j] across the warp is one block).
+// width values; kvType 0 f16, 1 Q8_0, 2 Q4_0: e is then a multiple of 32,
+// and r[j] across the warp is one block).
 __device__ __forceinline__ void rope_store_chunk(void *cache, int kvType, long long width, long long row, long long e,
                                                  const float (&r)[FWHT_REGS], int nj)
 {
@@ -146,7 +195,7 @@ __device__ __forceinline__ void rope_store_chunk(void *cache, int kvType, long l
         if (kvType == 0)
             ((unsigned short *)cache)[row * width + e + 32 * j + lane] = f2h(r[j]);
         else
-            q8_0_block(r[j], (unsigned char *)cache + row * (width / 32 * 34) + (e / 32 + j) * 34);
+            kv_block(kvType, r[j], (unsigned char *)cache + row * kv_row_bytes(kvType, width), e / 32 + j);
     }
 }
 
@@ -183,11 +232,11 @@ __device__ __forceinline__ void rope_store_v(void *vc, const float *vv, int kvTy
 // With store >= 0, tensor x_store is the keys of an attention layer: its
 // rotated heads are also written to the token's cache row of the key cache
 // kc, and the same heads of the values vv ([nTok][heads*headSize] float)
-// to the value cache vc: the cache write of kv_store_f16 / kv_store_q8_0
-// (attention.cu), fused here to save a launch per layer. The row is the
+// to the value cache vc: the cache write of attention.cu's kv_store_*,
+// fused here to save a launch per layer. The row is the
 // token's position without tables, else its cell through the tables
-// (attention.cu's "cache rows"); kvType 0 writes f16, 1 Q8_0 (headSize %
-// 32 == 0: a head is whole blocks).
+// (attention.cu's "cache rows"); kvType 0 writes f16, 1 Q8_0, 2 Q4_0
+// (headSize % 32 == 0: a head is whole blocks).
 //
 // rotK > 0 then rotates every head of both tensors (queries and keys) in
 // chunks of rotK values (fwht_warp), in place, the keys stored from the
@@ -300,9 +349,9 @@ extern "C" __global__ void rope_norm_f32(float *x0, int heads0, const float *w0,
                     for (int i = lane; i < headSize; i += 32)
                         kd[i] = f2h(v[i]);
                 } else {
-                    const long long off = row * (width / 32 * 34) + (long long)h * (headSize / 32) * 34;
+                    unsigned char *kr = (unsigned char *)kc + row * kv_row_bytes(kvType, width);
                     for (int j = 0; j < headSize / 32; j++)
-                        q8_0_block(v[32 * j + lane], (unsigned char *)kc + off + 34 * j);
+                        kv_block(kvType, v[32 * j + lane], kr, (long long)h * (headSize / 32) + j);
                 }
             }
             if (rotV == 0) {
@@ -311,9 +360,9 @@ extern "C" __global__ void rope_norm_f32(float *x0, int heads0, const float *w0,
                     for (int i = lane; i < headSize; i += 32)
                         vd[i] = f2h(vv[src + i]);
                 } else {
-                    const long long off = row * (width / 32 * 34) + (long long)h * (headSize / 32) * 34;
+                    unsigned char *vr = (unsigned char *)vc + row * kv_row_bytes(kvType, width);
                     for (int j = 0; j < headSize / 32; j++)
-                        q8_0_block(vv[src + 32 * j + lane], (unsigned char *)vc + off + 34 * j);
+                        kv_block(kvType, vv[src + 32 * j + lane], vr, (long long)h * (headSize / 32) + j);
                 }
             }
         }

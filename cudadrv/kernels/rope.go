@@ -241,8 +241,8 @@ func (a *RopeArgs) locate() (ropeLoc, error) {
 	if w := a.T[kv.T].Heads * a.HeadSize; w != c.Width {
 		return l, fmt.Errorf("kernels: rope stores rows of %d values into a cache of %d", w, c.Width)
 	}
-	if c.Type == KVQ8_0 && a.HeadSize%32 != 0 {
-		return l, fmt.Errorf("kernels: rope's q8_0 cache write needs heads of whole blocks of 32, not %d (use StoreKV)", a.HeadSize)
+	if c.Type.Quantized() && a.HeadSize%32 != 0 {
+		return l, fmt.Errorf("kernels: rope's %v cache write needs heads of whole blocks of 32, not %d (use StoreKV)", c.Type, a.HeadSize)
 	}
 	l.kc, l.vc, l.kvType = c.K, c.V, c.Type
 	return l, nil
