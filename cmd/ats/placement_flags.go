@@ -45,7 +45,7 @@ func (p *placementFlags) register(f *pflag.FlagSet) {
 	f.StringVar(&p.planFor, "plan-for", "decode", "what the placement is optimised for: decode or prefill")
 	f.BoolVar(&p.dynamic, "dynamic", true, "promote CPU tensors to the GPU for each decode step as the machine's load allows (false: the static placement only)")
 	f.StringVar(&p.trace, "trace", "", "write a Chrome/Perfetto trace of the CPU work, the GPU compute stream and the copy stream of every batch to this file")
-	f.StringVar(&p.cacheK, "cache-type-k", "f16", "KV cache type of the keys: f16, q8_0, q4_0 (CPU attention only) or f32 (CPU only); the values take the same")
+	f.StringVar(&p.cacheK, "cache-type-k", "f16", "KV cache type of the keys: f16, q8_0, q4_0 or f32 (CPU only); the values take the same")
 	f.StringVar(&p.cacheV, "cache-type-v", "f16", "KV cache type of the values: as --cache-type-k, which it must equal")
 }
 

@@ -304,7 +304,7 @@ func greedyConfig() sampler.Config {
 }
 
 // TestSchedulerMatchesAloneGPU is TestSchedulerMatchesAlone on the GPU:
-// every unit there (f16 and q8_0 caches, the paged decode kernel over
+// every unit there (f16, q8_0 and q4_0 caches, the paged decode kernel over
 // several sequences a launch, prompt chunks beside decode rows), and with
 // the attention on the CPU. The bound is looser than the CPU's, where a
 // row's arithmetic does not depend on the batch: the decode kernel splits
@@ -324,6 +324,7 @@ func TestSchedulerMatchesAloneGPU(t *testing.T) {
 			}{
 				{"all-gpu", Options{Backend: executor.BackendGPU}},
 				{"all-gpu-q8_0", Options{Backend: executor.BackendGPU, KVType: kvcache.Q8_0}},
+				{"all-gpu-q4_0", Options{Backend: executor.BackendGPU, KVType: kvcache.Q4_0}},
 				{"attention-cpu", Options{Backend: executor.BackendAuto, Placement: attnCPU, PromoteEverything: true}},
 			} {
 				t.Run(v.name, func(t *testing.T) {

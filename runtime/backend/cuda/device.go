@@ -178,9 +178,26 @@ func (d *Device) DeviceBytes(w *ir.Weight) int64 { return d.Weights(backend.Opti
 // layer with the host.
 func (d *Device) SplitsMoE() bool { return SplitsMoE(d.Weights(backend.Options{})) }
 
-// SupportsKV says which cache types the attention kernels read: f16 and
-// q8_0 (ggml's blocks, as llama.cpp's -ctk q8_0).
-func (d *Device) SupportsKV(t kvcache.Type) bool { return t == kvcache.F16 || t == kvcache.Q8_0 }
+// SupportsKV says which cache types the attention kernels read: f16, q8_0
+// and q4_0 (ggml's blocks, as llama.cpp's -ctk q8_0 and q4_0).
+func (d *Device) SupportsKV(t kvcache.Type) bool {
+	_, ok := kernelKVType(t)
+	return ok
+}
+
+// kernelKVType is the kernels' name for a cache type, and whether they
+// have one.
+func kernelKVType(t kvcache.Type) (kernels.KVType, bool) {
+	switch t {
+	case kvcache.F16:
+		return kernels.KVF16, true
+	case kvcache.Q8_0:
+		return kernels.KVQ8_0, true
+	case kvcache.Q4_0:
+		return kernels.KVQ4_0, true
+	}
+	return 0, false
+}
 
 // MultiSequence says whether a step may hold several sequences: the paged
 // kernels read every token's cells through its sequence's block table.

@@ -195,10 +195,7 @@ func (g *Exec) layout(dev *Device, w WeightOps, p *ir.Program, cfg backend.ExecC
 			}
 			warps := 4
 			if dev.attn != nil {
-				kvt := kernels.KVF16
-				if cfg.KV.Type == kvcache.Q8_0 {
-					kvt = kernels.KVQ8_0
-				}
+				kvt, _ := kernelKVType(cfg.KV.Type)
 				warps = dev.attn.DecodeWarps(a.HeadSize, a.NHeads, a.NKVHeads, kvt)
 			}
 			splits, chunk := kernels.DecodeSplits(cfg.KV.Rows, a.NKVHeads, warps, dev.info.Multiprocessors)
@@ -353,10 +350,10 @@ func (d *Device) newExec(p *ir.Program, cfg backend.ExecConfig, host backend.Hos
 	if !d.SupportsKV(cfg.KV.Type) && cfg.Runs != nil && hasAttention(p, cfg.Runs) {
 		return nil, fmt.Errorf("gpu: a %s KV cache is not supported by this build's GPU attention", cfg.KV.Type)
 	}
-	if cfg.KV.Type == kvcache.Q8_0 && cfg.Runs != nil {
+	if cfg.KV.Type.Quantized() && cfg.Runs != nil {
 		for i := range p.Ops {
 			if a := p.Ops[i].Attn; a != nil && cfg.Runs[i] && a.KVWidth()%32 != 0 {
-				return nil, fmt.Errorf("gpu: a q8_0 KV cache needs rows of whole blocks of 32 values; layer %d's are %d", p.Ops[i].Layer, a.KVWidth())
+				return nil, fmt.Errorf("gpu: a %s KV cache needs rows of whole blocks of 32 values; layer %d's are %d", cfg.KV.Type, p.Ops[i].Layer, a.KVWidth())
 			}
 		}
 	}
@@ -397,10 +394,7 @@ func (d *Device) newExec(p *ir.Program, cfg backend.ExecConfig, host backend.Hos
 			return nil, fmt.Errorf("gpu: attention merge counters: %w", err)
 		}
 	}
-	g.kvType = kernels.KVF16
-	if cfg.KV.Type == kvcache.Q8_0 {
-		g.kvType = kernels.KVQ8_0
-	}
+	g.kvType, _ = kernelKVType(cfg.KV.Type)
 	g.kvb = kernels.Batch{Pos: g.dIn.Add(4 * g.inLay.pos), Seq: g.dIn.Add(4 * g.inLay.seq), Tables: g.dIn.Add(4 * g.inLay.tables),
 		MaxBlocks: g.inLay.maxBlocks, Block: kvcache.DefaultBlock}
 	if g.in, err = dev.ctx.HostAlloc(4*g.inLay.words, cudadrv.HostAllocPortable); err != nil {

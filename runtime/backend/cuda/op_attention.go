@@ -116,8 +116,11 @@ func (g *Exec) attentionStep(op *ir.Op, store bool) step {
 // values for attention a: the CPU's rule (ops.KVRotation), on the GPU's
 // cache type.
 func (g *Exec) kvRotation(a *ir.Attention) (k, v int) {
-	if g.kvType != kernels.KVQ8_0 {
-		return 0, 0
+	switch g.kvType {
+	case kernels.KVQ8_0:
+		return ops.KVRotation(ops.KVQ8_0, a.HeadSize)
+	case kernels.KVQ4_0:
+		return ops.KVRotation(ops.KVQ4_0, a.HeadSize)
 	}
-	return ops.KVRotation(ops.KVQ8_0, a.HeadSize)
+	return 0, 0
 }
