@@ -39,6 +39,8 @@ type benchResult struct {
 	NPrompt     int       `json:"n_prompt"`
 	NGen        int       `json:"n_gen"`
 	NDepth      int       `json:"n_depth"`
+	TypeK       string    `json:"type_k"` // the KV cache's types
+	TypeV       string    `json:"type_v"`
 	Test        string    `json:"test"`
 	Time        string    `json:"test_time"`
 	AvgNs       int64     `json:"avg_ns"`
@@ -509,7 +511,9 @@ func benchOne(m *model.Model, weights *cpu.Weights, r *benchResult, o benchOptio
 	// place the model as that server would.
 	ctxSize := max(r.NDepth+r.NPrompt+r.NGen, o.ctx)
 	copt := session.Options{Threads: r.NThreads, CtxSize: ctxSize, Batch: o.batch, Weights: weights}
-	if err := o.place.apply(&copt, stderr); err != nil {
+	err := o.place.apply(&copt, stderr)
+	r.TypeK, r.TypeV = copt.KVType.String(), copt.KVType.String()
+	if err != nil {
 		return err
 	}
 	c, err := session.NewEngine(m, copt)
@@ -681,13 +685,13 @@ func printMarkdownRow(w io.Writer, r *benchResult) {
 func writeCSV(w io.Writer, rs []benchResult) error {
 	cw := csv.NewWriter(w)
 	cw.Write([]string{"build_commit", "cpu_info", "cpu_level", "backends", "model_filename", "model_type", "model_size", "model_n_params",
-		"n_batch", "n_threads", "n_prompt", "n_gen", "n_depth", "test", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts"})
+		"n_batch", "n_threads", "n_prompt", "n_gen", "n_depth", "test", "test_time", "avg_ns", "stddev_ns", "avg_ts", "stddev_ts", "type_k", "type_v"})
 	for _, r := range rs {
 		cw.Write([]string{r.Build, r.CPUInfo, r.CPULevel, r.Backend, r.ModelFile, r.ModelType,
 			strconv.FormatInt(r.ModelSize, 10), strconv.FormatInt(r.ModelParams, 10),
 			strconv.Itoa(r.NBatch), strconv.Itoa(r.NThreads), strconv.Itoa(r.NPrompt), strconv.Itoa(r.NGen), strconv.Itoa(r.NDepth), r.Test, r.Time,
 			strconv.FormatInt(r.AvgNs, 10), strconv.FormatInt(r.StddevNs, 10),
-			strconv.FormatFloat(r.AvgTs, 'f', 6, 64), strconv.FormatFloat(r.StddevTs, 'f', 6, 64)})
+			strconv.FormatFloat(r.AvgTs, 'f', 6, 64), strconv.FormatFloat(r.StddevTs, 'f', 6, 64), r.TypeK, r.TypeV})
 	}
 	cw.Flush()
 	return cw.Error()

@@ -162,10 +162,11 @@ func TestPrefillFloor(t *testing.T) {
 }
 
 // -d runs each test after that many tokens of context, as llama-bench's
-// --n-depth: the tests are named pp16 @ d64 and carry n_depth.
+// --n-depth: the tests are named pp16 @ d64 and carry n_depth, and the
+// cache's types as llama-bench's type_k and type_v.
 func TestBenchDepth(t *testing.T) {
 	m := tinyModel(t)
-	out, _, err := runATS(t, "bench", "-m", m, "-p", "16", "-n", "4", "-d", "0,64", "-r", "1", "-t", "2", "-o", "json", "--backend", "cpu")
+	out, _, err := runATS(t, "bench", "-m", m, "-p", "16", "-n", "4", "-d", "0,64", "-r", "1", "-t", "2", "-o", "json", "--backend", "cpu", "-ctk", "q4_0", "-ctv", "q4_0")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -173,6 +174,8 @@ func TestBenchDepth(t *testing.T) {
 		Test   string  `json:"test"`
 		NDepth int     `json:"n_depth"`
 		AvgTs  float64 `json:"avg_ts"`
+		TypeK  string  `json:"type_k"`
+		TypeV  string  `json:"type_v"`
 	}
 	if err := json.Unmarshal([]byte(out), &rs); err != nil {
 		t.Fatalf("not a JSON array: %v\n%s", err, out)
@@ -182,6 +185,9 @@ func TestBenchDepth(t *testing.T) {
 		got = append(got, fmt.Sprintf("%s/%d", r.Test, r.NDepth))
 		if !(r.AvgTs > 0) {
 			t.Errorf("%s: avg_ts %v", r.Test, r.AvgTs)
+		}
+		if r.TypeK != "q4_0" || r.TypeV != "q4_0" {
+			t.Errorf("%s: type_k %q, type_v %q, want q4_0", r.Test, r.TypeK, r.TypeV)
 		}
 	}
 	if want := []string{"pp16/0", "tg4/0", "pp16 @ d64/64", "tg4 @ d64/64"}; !slices.Equal(got, want) {

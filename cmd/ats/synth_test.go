@@ -15,7 +15,7 @@ func runATS(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	var o, e bytes.Buffer
 	root.SetOut(&o)
 	root.SetErr(&e)
-	root.SetArgs(args)
+	root.SetArgs(llamaSpellings(args)) // as main does
 	err = root.Execute()
 	return o.String(), e.String(), err
 }

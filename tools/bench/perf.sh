@@ -2,30 +2,33 @@
 # The performance page's measurements (docs/performance.md), side by side
 # with llama.cpp when its llama-bench is given, in one run:
 #
-#   tools/bench/perf.sh [-l PATH/TO/llama-bench] [-t THREADS] [-d DIR] [-q]
+#   tools/bench/perf.sh [-l PATH/TO/llama-bench] [-a PATH/TO/ats] [-t THREADS] [-d DIR] [-q]
 #
-# It builds ats, writes the synthetic models (Qwen3-14B and Qwen3-30B-A3B
-# shapes, Q4_K_M layout; about 26 GiB in DIR, default /tmp/ats-perf), runs
-# every row of the page's tables with ats bench and, with -l, llama-bench
-# in llama.cpp's best configuration found for that row, and prints one
-# table. -q runs only the CPU row (no GPU needed); rows that need a GPU
-# are left out without one.
+# It builds ats (or runs the binary -a names: a release, or one built
+# elsewhere for a machine without Go), writes the synthetic models
+# (Qwen3-14B and Qwen3-30B-A3B shapes, Q4_K_M layout; about 26 GiB in DIR,
+# default /tmp/ats-perf), runs every row of the page's tables with ats
+# bench and, with -l, llama-bench in llama.cpp's best configuration found
+# for that row, and prints one table. -q runs only the CPU row (no GPU
+# needed); rows that need a GPU are left out without one.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-llama="" threads=$(nproc) dir=/tmp/ats-perf quick=0
-while getopts "l:t:d:q" o; do
+llama="" ats="" threads=$(nproc) dir=/tmp/ats-perf quick=0
+while getopts "l:a:t:d:q" o; do
   case $o in
     l) llama=$OPTARG ;;
+    a) ats=$OPTARG ;;
     t) threads=$OPTARG ;;
     d) dir=$OPTARG ;;
     q) quick=1 ;;
-    *) sed -n 2,12p "$0"; exit 2 ;;
+    *) sed -n 2,14p "$0"; exit 2 ;;
   esac
 done
 mkdir -p "$dir"
-export CGO_ENABLED=0
-go build -trimpath -o "$dir/ats" ./cmd/ats
-ats="$dir/ats"
+if [ -z "$ats" ]; then
+  CGO_ENABLED=0 go build -trimpath -o "$dir/ats" ./cmd/ats
+  ats="$dir/ats"
+fi
 "$ats" version
 gpu=0
 if [ "$quick" = 0 ] && "$ats" gpu >/dev/null 2>&1; then gpu=1; fi
