@@ -188,4 +188,7 @@ func TestGlob(t *testing.T) {
 	if m := Glob(t, "testdata/oracle/long/*-kvq8.logits.json"); len(m) != 4 {
 		t.Errorf("%d long-context q8_0 oracles, want 4: %v", len(m), m)
 	}
+	if m := Glob(t, "testdata/oracle/long/*-kvq4.logits.json"); len(m) != 4 {
+		t.Errorf("%d long-context q4_0 oracles, want 4: %v", len(m), m)
+	}
 }

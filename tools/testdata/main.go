@@ -64,8 +64,8 @@ var dropped = map[string]string{
 	"tiny-qwen3moe-q8_0": "qwen3moe is tested by tiny-qwen3moe-q4_k_m, Q8_0 by tiny-llama-q8_0",
 }
 
-// longLogits are the long-context oracles (3000-token prompts), KV in f16
-// and in q8_0.
+// longLogits are the long-context oracles (3000-token prompts), KV in f16,
+// q8_0 and q4_0.
 var longLogits = []string{"tiny-glm4-q4_k_m", "tiny-qwen3-f16", "tiny-qwen3-q4_k_m", "tiny-qwen3moe-q4_k_m"}
 
 // embedOracles are the embedding oracles (oracle/embed): a model with the
@@ -123,7 +123,7 @@ func run(from, out string) error {
 		}
 	}
 	for _, m := range longLogits {
-		for _, kv := range []string{"-long", "-long-kvq8"} {
+		for _, kv := range []string{"-long", "-long-kvq8", "-long-kvq4"} {
 			if err := w.gzip("oracle/long/"+m+kv+".logits.json", nil); err != nil {
 				return err
 			}
