@@ -1,10 +1,10 @@
-// Package kernels holds ats's CUDA kernels: the CUDA C sources (*.cu), what
-// tools/ptx/build.sh builds from them (ptx/: PTX per target architecture;
-// fatbin/: per source one fatbin holding SASS for each architecture and
-// that PTX, embedded in the binary), and the Go launcher of each kernel.
-// A kernel set (Norm, WeightOps, ...) loads its module at its first launch,
-// so a process loads only the modules its model uses. See README.md for
-// adding a kernel.
+// Package kernels holds ats's CUDA kernels: the CUDA C sources (*.cu, with
+// the headers they share, *.cuh), what tools/ptx/build.sh builds from them
+// (ptx/: PTX per target architecture; fatbin/: per source one fatbin
+// holding SASS for each architecture and that PTX, embedded in the binary),
+// and the Go launcher of each kernel. A kernel set (Norm, WeightOps, ...)
+// loads its module at its first launch, so a process loads only the
+// modules its model uses. See README.md for adding a kernel.
 package kernels
 
 import (

@@ -30,7 +30,7 @@ if [[ -n "${BRANCH:-}" ]]; then
 	src=$(mktemp -d)/src
 	git -C "$root" worktree add -q --detach "$src" "$BRANCH"
 	trap 'git -C "$root" worktree remove --force "$src"' EXIT
-	(cd "$src/cudadrv/kernels" && tar -cf "$out/fatbin.tar" fatbin ptx ./*.cu)
+	(cd "$src/cudadrv/kernels" && tar -cf "$out/fatbin.tar" fatbin ptx ./*.cu ./*.cuh)
 fi
 build=(-tags atsfatbindir -trimpath -ldflags='-s -w')
 declare -A pkg=([cudadrv]=cudadrv [kernels]=cudadrv/kernels [cuda]=runtime/backend/cuda [session]=runtime/session)

@@ -111,9 +111,18 @@ build_arch() {
 	fi
 }
 
+# source_sum is the sha256 of a .cu followed by the local headers it
+# includes (#include "x.cuh", in order): what its PTX is built from.
+source_sum() {
+	{
+		cat "$1"
+		sed -n 's/^#include "\([^"]*\)".*/\1/p' "$1" | while read -r h; do cat "$src/$h"; done
+	} | sha256sum | cut -d' ' -f1
+}
+
 for cu in "${cus[@]}"; do
 	name=$(basename "$cu" .cu)
-	sum=$(sha256sum "$cu" | cut -d' ' -f1)
+	sum=$(source_sum "$cu")
 	rm -f "$out/$name".compute_*.ptx "$fatout/$name".fatbin "$fatout/$name".manifest
 	# The archs of one file build in parallel (ptxas of matvec takes seconds).
 	pids=()
