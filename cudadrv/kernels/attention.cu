@@ -2134,45 +2134,46 @@ extern "C" __global__ void kv_gather_f16(unsigned short *ko, unsigned short *vo,
     }
 }
 
-// A thread per 8 values: (position, block, eighth).
-extern "C" __global__ void kv_gather_q8_0(unsigned short *ko, unsigned short *vo,
-                                          const unsigned char *kc, const unsigned char *vc, int width,
-                                          const int *pos, const int *seq, int tok,
-                                          const int *tables, int maxBlocks, int blockShift, int maxLen)
+// kv_gather_block: a thread per 8 values (position, block, eighth) of a
+// cache of blocks of 32 (KVT 1: Q8_0, 34 bytes; 2: Q4_0, 18).
+template <int KVT>
+__device__ __forceinline__ void kv_gather_block(unsigned short *ko, unsigned short *vo, const unsigned char *kc,
+                                                const unsigned char *vc, int width, const int *pos, const int *seq,
+                                                int tok, const int *tables, int maxBlocks, int blockShift, int maxLen)
 {
-    PDL_ENTRY();
+    constexpr int BB = KVT == 1 ? 34 : 18; // bytes a block
     const int len = min(pos[tok] + 1, maxLen);
     const int s = seq[tok];
     const int tpr = width / 8; // tasks a row
-    const long long rowBytes = (long long)width / 32 * 34;
+    const long long rowBytes = (long long)width / 32 * BB;
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (long long)len * tpr; i += stride) {
         const int j = (int)(i / tpr), x = (int)(i - (long long)j * tpr);
-        const long long src = kv_cell(tables, maxBlocks, blockShift, s, j) * rowBytes + 34LL * (x >> 2);
-        ((uint4 *)ko)[i] = q8_0_load8(kc + src, x & 3);
-        ((uint4 *)vo)[i] = q8_0_load8(vc + src, x & 3);
+        const long long src = kv_cell(tables, maxBlocks, blockShift, s, j) * rowBytes + (long long)BB * (x >> 2);
+        if (KVT == 1) {
+            ((uint4 *)ko)[i] = q8_0_load8(kc + src, x & 3);
+            ((uint4 *)vo)[i] = q8_0_load8(vc + src, x & 3);
+        } else {
+            ((uint4 *)ko)[i] = q4_0_load8(kc + src, x & 3);
+            ((uint4 *)vo)[i] = q4_0_load8(vc + src, x & 3);
+        }
     }
 }
 
-// A thread per 8 values, as kv_gather_q8_0: q4_0 dequantized to
-// f16(d*(q-8)).
-extern "C" __global__ void kv_gather_q4_0(unsigned short *ko, unsigned short *vo,
-                                          const unsigned char *kc, const unsigned char *vc, int width,
-                                          const int *pos, const int *seq, int tok,
+extern "C" __global__ void kv_gather_q8_0(unsigned short *ko, unsigned short *vo, const unsigned char *kc,
+                                          const unsigned char *vc, int width, const int *pos, const int *seq, int tok,
                                           const int *tables, int maxBlocks, int blockShift, int maxLen)
 {
     PDL_ENTRY();
-    const int len = min(pos[tok] + 1, maxLen);
-    const int s = seq[tok];
-    const int tpr = width / 8; // tasks a row
-    const long long rowBytes = (long long)width / 32 * 18;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (long long)len * tpr; i += stride) {
-        const int j = (int)(i / tpr), x = (int)(i - (long long)j * tpr);
-        const long long src = kv_cell(tables, maxBlocks, blockShift, s, j) * rowBytes + 18LL * (x >> 2);
-        ((uint4 *)ko)[i] = q4_0_load8(kc + src, x & 3);
-        ((uint4 *)vo)[i] = q4_0_load8(vc + src, x & 3);
-    }
+    kv_gather_block<1>(ko, vo, kc, vc, width, pos, seq, tok, tables, maxBlocks, blockShift, maxLen);
+}
+
+extern "C" __global__ void kv_gather_q4_0(unsigned short *ko, unsigned short *vo, const unsigned char *kc,
+                                          const unsigned char *vc, int width, const int *pos, const int *seq, int tok,
+                                          const int *tables, int maxBlocks, int blockShift, int maxLen)
+{
+    PDL_ENTRY();
+    kv_gather_block<2>(ko, vo, kc, vc, width, pos, seq, tok, tables, maxBlocks, blockShift, maxLen);
 }
 
 // attn_combine merges the nsplit partial results of each (token, head) row:

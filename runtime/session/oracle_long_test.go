@@ -73,26 +73,13 @@ func checkLongOracle(t *testing.T, name string, m *model.Model, want *longOracle
 func checkLongOracleWith(t *testing.T, name string, m *model.Model, want *longOracle, kt kvcache.Type, opt Options, setup func(*Engine)) {
 	t.Helper()
 	got, prompt, backend := longLogits(t, m, want, kt, opt, setup)
-	ref := want.logits()
+	ref := flatOracle(&want.oracleLogits)
 	if len(got) != len(ref) {
 		t.Fatalf("%d logits, oracle has %d", len(got), len(ref))
 	}
 	e, tol := nmse(got, ref), oracleTolerance(name)
 	t.Logf("%s (%s cache, %s): NMSE %.3g (prompt rows %.3g; bound %.0e)", name, kt, backend, e, nmse(got[:prompt], ref[:prompt]), tol)
 	checkOracleNMSE(t, name, fmt.Sprintf("%s (%s cache, %s)", name, kt, backend), backend != executor.BackendCPU, e, tol)
-}
-
-// logits is the oracle's logits in longLogits' order: the prompt's rows,
-// then each decode step's.
-func (o *longOracle) logits() []float32 {
-	var l []float32
-	for _, r := range o.PrefillLogits {
-		l = append(l, r...)
-	}
-	for _, r := range o.DecodeLogits {
-		l = append(l, r...)
-	}
-	return l
 }
 
 // longLogits runs a long oracle's tokens on an engine of opt with a cache
@@ -176,7 +163,7 @@ func TestLongQ4_0GPU(t *testing.T) {
 		if kt != kvcache.F16 {
 			t.Skip("the f16 files' prompts are the others'")
 		}
-		f16 := want.logits()
+		f16 := flatOracle(&want.oracleLogits)
 		cpu, _, _ := longLogits(t, m, want, kvcache.Q4_0, Options{Threads: 2, Backend: executor.BackendCPU}, nil)
 		format := nmse(cpu, f16)
 		t.Logf("%s: the CPU's q4_0 cache against llama.cpp's f16: NMSE %.3g", name, format)
