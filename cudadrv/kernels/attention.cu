@@ -1163,15 +1163,13 @@ __device__ __forceinline__ void dk_wait(int n)
 #endif
 }
 
-// q8_0_dequant8 turns eight int8 values (lo: q0..q3, hi: q4..q7, low byte
-// first) and a block scale dd (f16 d in both halves) into eight f16
-// f16(d*q), packed in pairs. Exact: (q ^ 0x80) in the low mantissa bits of
-// 1024.0 is 1024 + q + 128, and subtracting 1152 leaves q exactly; the f16
-// product, rounded once to nearest (subnormals kept), is f16(float(q)*d).
-__device__ __forceinline__ uint4 q8_0_dequant8(unsigned int lo, unsigned int hi, unsigned int dd)
+// f16x8_biased turns eight bytes (xl: 0..3, xh: 4..7, low byte first),
+// each a value plus a bias b, into eight f16 d*(byte - b), packed in pairs:
+// a byte in the low mantissa bits of 1024.0 is 1024 + byte, and
+// subtracting bias (1024 + b in both halves) leaves the value exactly; the
+// f16 product with dd (f16 d in both halves) is rounded once.
+__device__ __forceinline__ uint4 f16x8_biased(unsigned int xl, unsigned int xh, unsigned int bias, unsigned int dd)
 {
-    const unsigned int bias = 0x64806480u; // 1152, 1152
-    const unsigned int xl = lo ^ 0x80808080u, xh = hi ^ 0x80808080u;
     unsigned int h[4] = {__byte_perm(xl, 0x64646464u, 0x4140), __byte_perm(xl, 0x64646464u, 0x4342),
                          __byte_perm(xh, 0x64646464u, 0x4140), __byte_perm(xh, 0x64646464u, 0x4342)};
 #pragma unroll
@@ -1180,6 +1178,16 @@ __device__ __forceinline__ uint4 q8_0_dequant8(unsigned int lo, unsigned int hi,
         asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(h[i]) : "r"(dd));
     }
     return make_uint4(h[0], h[1], h[2], h[3]);
+}
+
+// q8_0_dequant8 turns eight int8 values (lo: q0..q3, hi: q4..q7, low byte
+// first) and a block scale dd (f16 d in both halves) into eight f16
+// f16(d*q), packed in pairs. Exact: (q ^ 0x80) in the low mantissa bits of
+// 1024.0 is 1024 + q + 128, and subtracting 1152 leaves q exactly; the f16
+// product, rounded once to nearest (subnormals kept), is f16(float(q)*d).
+__device__ __forceinline__ uint4 q8_0_dequant8(unsigned int lo, unsigned int hi, unsigned int dd)
+{
+    return f16x8_biased(lo ^ 0x80808080u, hi ^ 0x80808080u, 0x64806480u, dd); // 1152, 1152
 }
 
 // q8_0_load8 reads values 8j..8j+7 of the Q8_0 block at b (2-byte aligned)
@@ -1200,16 +1208,7 @@ __device__ __forceinline__ uint4 q8_0_load8(const unsigned char *b, int j)
 // subtracting 1032 leaves q - 8 exactly; the product is rounded once.
 __device__ __forceinline__ uint4 q4_0_dequant8(unsigned int lo, unsigned int hi, int shift, unsigned int dd)
 {
-    const unsigned int bias = 0x64086408u; // 1032, 1032
-    const unsigned int xl = (lo >> shift) & 0x0f0f0f0fu, xh = (hi >> shift) & 0x0f0f0f0fu;
-    unsigned int h[4] = {__byte_perm(xl, 0x64646464u, 0x4140), __byte_perm(xl, 0x64646464u, 0x4342),
-                         __byte_perm(xh, 0x64646464u, 0x4140), __byte_perm(xh, 0x64646464u, 0x4342)};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        asm("sub.rn.f16x2 %0, %0, %1;" : "+r"(h[i]) : "r"(bias));
-        asm("mul.rn.f16x2 %0, %0, %1;" : "+r"(h[i]) : "r"(dd));
-    }
-    return make_uint4(h[0], h[1], h[2], h[3]);
+    return f16x8_biased((lo >> shift) & 0x0f0f0f0fu, (hi >> shift) & 0x0f0f0f0fu, 0x64086408u, dd); // 1032, 1032
 }
 
 // q4_0_load8 reads values 8j..8j+7 of the Q4_0 block at b (2-byte aligned)
