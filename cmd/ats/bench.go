@@ -511,11 +511,10 @@ func benchOne(m *model.Model, weights *cpu.Weights, r *benchResult, o benchOptio
 	// place the model as that server would.
 	ctxSize := max(r.NDepth+r.NPrompt+r.NGen, o.ctx)
 	copt := session.Options{Threads: r.NThreads, CtxSize: ctxSize, Batch: o.batch, Weights: weights}
-	err := o.place.apply(&copt, stderr)
-	r.TypeK, r.TypeV = copt.KVType.String(), copt.KVType.String()
-	if err != nil {
+	if err := o.place.apply(&copt, stderr); err != nil {
 		return err
 	}
+	r.TypeK, r.TypeV = copt.KVType.String(), copt.KVType.String()
 	c, err := session.NewEngine(m, copt)
 	if err != nil {
 		return err

@@ -27,9 +27,9 @@
 // Per layer, in this order:
 //
 //  1. Store the step's K and V rows: Rope.Run with RopeArgs.Batch set and
-//     RopeKV.Cache set (the rotation fused with the write, f16 or quantized;
-//     quantized needs HeadSize % 32 == 0), or Attention.StoreKV after a separate
-//     rotation. Every token's row is written before any attention of the
+//     RopeKV.Cache set (the rotation fused with the write, f16 or
+//     quantized; quantized needs HeadSize % 32 == 0), or Attention.StoreKV
+//     after a separate rotation. Every token's row is written before any attention of the
 //     layer reads the cache.
 //  2. Attention, by rows of the step:
 //     - decode rows (one token of a sequence in this step): DecodeKV over
@@ -1016,8 +1016,8 @@ type GatherKVArgs struct {
 }
 
 // GatherKV queues the gather (kv_gather_f16, or kv_gather_q8_0 and
-// kv_gather_q4_0 dequantizing to f16(d*q) and f16(d*(q-8))). Positions past MaxLen are not copied: MaxLen is what the
-// scratch holds.
+// kv_gather_q4_0 dequantizing to f16(d*q) and f16(d*(q-8))). Positions
+// past MaxLen are not copied: MaxLen is what the scratch holds.
 func (k *Attention) GatherKV(s *cudadrv.Stream, a *GatherKVArgs) error {
 	shift, err := a.Batch.shift()
 	if err == nil {
