@@ -19,6 +19,7 @@ import (
 	"github.com/atsinfer/ats/ops"
 	"github.com/atsinfer/ats/runtime/backend/cpu"
 	"github.com/atsinfer/ats/runtime/executor"
+	"github.com/atsinfer/ats/runtime/kvcache"
 	"github.com/atsinfer/ats/runtime/model"
 	"github.com/atsinfer/ats/runtime/session"
 )
@@ -39,7 +40,8 @@ type benchResult struct {
 	NPrompt     int       `json:"n_prompt"`
 	NGen        int       `json:"n_gen"`
 	NDepth      int       `json:"n_depth"`
-	TypeK       string    `json:"type_k"` // the KV cache's types
+	NParallel   int       `json:"n_parallel,omitempty"` // tg: sequences decoding together (1: omitted)
+	TypeK       string    `json:"type_k"`               // the KV cache's types
 	TypeV       string    `json:"type_v"`
 	Test        string    `json:"test"`
 	Time        string    `json:"test_time"`
@@ -107,6 +109,7 @@ type benchOptions struct {
 	gens     []int
 	depths   []int
 	threads  []int
+	parallel []int // tg: sequences decoding together
 	reps     int
 	batch    int
 	ctx      int // KV cache positions to reserve at least (a server's -c)
@@ -121,7 +124,7 @@ type benchOptions struct {
 func init() {
 	register(func() *cobra.Command {
 		var o benchOptions
-		var prompts, gens, depths, threads, concurrency string
+		var prompts, gens, depths, threads, parallel, concurrency string
 		cmd := &cobra.Command{
 			Use:   "bench MODEL... [-p 512] [-n 128] [-r 5] [-t THREADS] [-o md|json|csv]",
 			Short: "Measure prompt processing and generation speed, like llama-bench",
@@ -136,8 +139,15 @@ names too, so the two tools' results can be put side by side).
 the N tokens are evaluated once, untimed, and every run starts from them
 (pp512 @ d4096: 512 prompt tokens at positions 4096..4607).
 
--p, -n, -d and -t take comma-separated lists; -p 0 or -n 0 skips that
-test.
+--parallel N runs tg with N sequences decoding together, as a server's N
+slots do (llama-batched-bench's -npl): each step computes one random token
+of every sequence in one batch, each sequence after its own -d tokens of
+context, and t/s counts the tokens of all N (tg128 x4: 4 x 128 tokens).
+Random tokens route a mixture of experts' sequences apart, as sampled
+requests of a real model do.
+
+-p, -n, -d, -t and --parallel take comma-separated lists; -p 0 or -n 0
+skips that test.
 
 --serve URL loads a running OpenAI-compatible server instead (ats serve,
 llama-server, ...): at each --concurrency C, C streamed completions of -n
@@ -167,6 +177,9 @@ sequence does: a concurrency figure that flatters.`,
 					return err
 				}
 				if o.threads, err = parseIntList("-t", threads, 1); err != nil {
+					return err
+				}
+				if o.parallel, err = parseIntList("--parallel", parallel, 1); err != nil {
 					return err
 				}
 				if o.serve.url != "" {
@@ -215,6 +228,7 @@ sequence does: a concurrency figure that flatters.`,
 		f.StringVarP(&gens, "n-gen", "n", "128", "generation lengths to test (comma separated; 0: none)")
 		f.StringVarP(&depths, "n-depth", "d", "0", "tokens of context before each test (comma separated; llama-bench's -d)")
 		f.StringVarP(&threads, "threads", "t", strconv.Itoa(ops.DefaultThreads()), "CPU threads (comma separated)")
+		f.StringVar(&parallel, "parallel", "1", "tg: sequences decoding together, one token of each a step (comma separated; llama-batched-bench's -npl)")
 		f.IntVarP(&o.reps, "repetitions", "r", 5, "repetitions of each test")
 		f.IntVarP(&o.batch, "batch-size", "b", 512, "most prompt tokens computed together")
 		f.IntVarP(&o.ctx, "ctx-size", "c", 0, "KV cache positions to reserve, as a server's -c does, so that the placement leaves them room (0: what each test needs)")
@@ -306,8 +320,14 @@ func runBench(stdout, stderr io.Writer, o benchOptions) error {
 					}
 				}
 				for _, n := range o.gens {
-					if n > 0 {
-						tests = append(tests, benchResult{NGen: n, NDepth: d, Test: fmt.Sprintf("tg%d%s", n, at)})
+					for _, np := range o.parallel {
+						if n > 0 {
+							r := benchResult{NGen: n, NDepth: d, Test: fmt.Sprintf("tg%d%s", n, at)}
+							if np > 1 {
+								r.NParallel, r.Test = np, fmt.Sprintf("tg%d x%d%s", n, np, at)
+							}
+							tests = append(tests, r)
+						}
 					}
 				}
 			}
@@ -509,7 +529,12 @@ func benchOne(m *model.Model, weights *cpu.Weights, r *benchResult, o benchOptio
 	h := m.Hyper()
 	// A server reserves its whole cache in the budget; -c lets a test
 	// place the model as that server would.
-	ctxSize := max(r.NDepth+r.NPrompt+r.NGen, o.ctx)
+	seqs, blk := max(r.NParallel, 1), kvcache.DefaultBlock
+	need := r.NDepth + r.NPrompt + r.NGen
+	if seqs > 1 {
+		need = seqs * (need + blk - 1) / blk * blk // each sequence holds whole blocks
+	}
+	ctxSize := max(need, o.ctx)
 	copt := session.Options{Threads: r.NThreads, CtxSize: ctxSize, Batch: o.batch, Weights: weights}
 	if err := o.place.apply(&copt, stderr); err != nil {
 		return err
@@ -520,8 +545,18 @@ func benchOne(m *model.Model, weights *cpu.Weights, r *benchResult, o benchOptio
 		return err
 	}
 	defer c.Close()
-	seq := c.Ctx.KV().NewSeq()
-	defer seq.Close()
+	if seqs > 1 && !c.MultiSequence() {
+		return fmt.Errorf("bench: --parallel %d: this backend computes one sequence a step", seqs)
+	}
+	if seqs > c.Ctx.LogitRows() {
+		return fmt.Errorf("bench: --parallel %d: a step computes at most %d sequences' logits (raise -b)", seqs, c.Ctx.LogitRows())
+	}
+	all := make([]*kvcache.Seq, seqs)
+	for i := range all {
+		all[i] = c.Ctx.KV().NewSeq()
+		defer all[i].Close()
+	}
+	seq := all[0]
 	switch c.Backend() {
 	case executor.BackendGPU:
 		r.Backend = "CUDA" // llama-bench's name for it
@@ -546,12 +581,16 @@ func benchOne(m *model.Model, weights *cpu.Weights, r *benchResult, o benchOptio
 		return t
 	}
 	if r.NDepth > 0 {
-		if _, err := c.Eval(seq, tokens(r.NDepth), false); err != nil {
-			return fmt.Errorf("bench: the %d tokens of depth: %w", r.NDepth, err)
+		for i, s := range all {
+			if _, err := c.Eval(s, tokens(r.NDepth), false); err != nil {
+				return fmt.Errorf("bench: sequence %d: the %d tokens of depth: %w", i, r.NDepth, err)
+			}
 		}
 	}
 	run := func(warm bool) (time.Duration, error) {
-		seq.Truncate(r.NDepth)
+		for _, s := range all {
+			s.Truncate(r.NDepth)
+		}
 		if r.NPrompt > 0 {
 			toks := tokens(r.NPrompt)
 			start := time.Now()
@@ -563,6 +602,19 @@ func benchOne(m *model.Model, weights *cpu.Weights, r *benchResult, o benchOptio
 		n := r.NGen
 		if warm {
 			n = 1 // llama-bench warms generation up with one token
+		}
+		if seqs > 1 {
+			toks := make([][]int, n)
+			for i := range toks {
+				toks[i] = tokens(seqs)
+			}
+			start := time.Now()
+			for _, t := range toks {
+				if _, err := c.Decode(all, t); err != nil {
+					return 0, err
+				}
+			}
+			return time.Since(start), nil
 		}
 		toks := tokens(n)
 		start := time.Now()
@@ -625,7 +677,7 @@ func benchOne(m *model.Model, weights *cpu.Weights, r *benchResult, o benchOptio
 			return err
 		}
 	}
-	nTok := r.NPrompt + r.NGen
+	nTok := r.NPrompt + r.NGen*seqs
 	for i := 0; i < o.reps; i++ {
 		debug.FreeOSMemory() // no collector work from earlier runs inside the timing
 		d, err := run(false)
@@ -646,7 +698,7 @@ func benchOne(m *model.Model, weights *cpu.Weights, r *benchResult, o benchOptio
 	r.AvgNs, r.StddevNs = int64(avgNs), int64(sdNs)
 	r.AvgTs, r.StddevTs = meanStddev(r.SamplesTs)
 	if r.NGen > 0 {
-		r.WeightGBps *= r.AvgTs
+		r.WeightGBps *= r.AvgTs / float64(seqs) // a step reads the weights once for all its sequences
 	}
 	return nil
 }

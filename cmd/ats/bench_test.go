@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -195,6 +196,45 @@ func TestBenchDepth(t *testing.T) {
 	}
 	if _, _, err := runATS(t, "bench", "-m", m, "-d", "-1"); err == nil || !strings.Contains(err.Error(), "-d") {
 		t.Errorf("-d -1: %v", err)
+	}
+}
+
+// bench --parallel N decodes N sequences together: the tg tests carry
+// n_parallel and count every sequence's tokens, each sequence gets its own
+// depth, and pp tests are unchanged.
+func TestBenchParallel(t *testing.T) {
+	m := tinyModel(t)
+	out, _, err := runATS(t, "bench", "-m", m, "-p", "8", "-n", "4", "-d", "0,300", "--parallel", "1,3", "-r", "1", "-t", "2", "-o", "json", "--backend", "cpu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rs []struct {
+		Test      string  `json:"test"`
+		NParallel int     `json:"n_parallel"`
+		NGen      int     `json:"n_gen"`
+		AvgNs     int64   `json:"avg_ns"`
+		AvgTs     float64 `json:"avg_ts"`
+	}
+	if err := json.Unmarshal([]byte(out), &rs); err != nil {
+		t.Fatalf("not a JSON array: %v\n%s", err, out)
+	}
+	var got []string
+	for _, r := range rs {
+		got = append(got, fmt.Sprintf("%s/%d", r.Test, r.NParallel))
+		tokens := r.NGen * max(r.NParallel, 1)
+		if r.NGen == 0 {
+			tokens = 8
+		}
+		if want := float64(tokens) / (float64(r.AvgNs) / 1e9); math.Abs(r.AvgTs-want) > 1e-6*want {
+			t.Errorf("%s: avg_ts %v, want %d tokens over avg_ns %d: %v", r.Test, r.AvgTs, tokens, r.AvgNs, want)
+		}
+	}
+	want := []string{"pp8/0", "tg4/0", "tg4 x3/3", "pp8 @ d300/0", "tg4 @ d300/0", "tg4 x3 @ d300/3"}
+	if !slices.Equal(got, want) {
+		t.Errorf("tests %v, want %v", got, want)
+	}
+	if _, _, err := runATS(t, "bench", "-m", m, "--parallel", "0"); err == nil || !strings.Contains(err.Error(), "--parallel") {
+		t.Errorf("--parallel 0: %v", err)
 	}
 }
 

@@ -256,6 +256,43 @@ func (e *Engine) step(seq *kvcache.Seq, chunk []int, want int) ([]float32, error
 	return l, seq.Append(b.Tokens)
 }
 
+// Decode computes one decode step of several sequences: tokens[i] at the
+// end of seqs[i], all in one batch, and returns every row's logits (row i
+// is seqs[i]'s), a view valid until the next step. It is the step a
+// server's slots take together; a sequence that cannot grow fails it
+// before anything is computed.
+func (e *Engine) Decode(seqs []*kvcache.Seq, tokens []int) ([]float32, error) {
+	switch {
+	case len(seqs) == 0 || len(seqs) != len(tokens):
+		return nil, fmt.Errorf("decode: %d sequences and %d tokens: want one token for each of at least one sequence", len(seqs), len(tokens))
+	case len(seqs) > 1 && !e.MultiSequence():
+		return nil, fmt.Errorf("decode: %d sequences in one step: this backend computes one sequence a step", len(seqs))
+	case len(seqs) > e.Ctx.LogitRows():
+		return nil, fmt.Errorf("decode: %d sequences in one step: a step returns at most %d rows of logits", len(seqs), e.Ctx.LogitRows())
+	}
+	b := &ir.Batch{Block: kvcache.DefaultBlock}
+	for i, seq := range seqs {
+		if err := seq.Reserve(1); err != nil {
+			return nil, fmt.Errorf("%w: sequence %d: %d tokens in the cache + 1: %w", ErrContextFull, i, seq.Len(), err)
+		}
+		b.Tables = append(b.Tables, seq.Table())
+		b.Tokens = append(b.Tokens, int32(tokens[i]))
+		b.Pos = append(b.Pos, int32(seq.Len()))
+		b.Seq = append(b.Seq, int32(i))
+		b.Logits = append(b.Logits, int32(i))
+	}
+	l, err := e.Ctx.Step(b)
+	if err != nil {
+		return nil, err
+	}
+	for i, seq := range seqs {
+		if err := seq.Append(b.Tokens[i : i+1]); err != nil {
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
 // SingleBatch is the step of chunk at the end of seq (its rows reserved):
 // the batch of one sequence, the logits of its last want rows wanted.
 func SingleBatch(seq *kvcache.Seq, chunk []int, want int) *ir.Batch {
