@@ -2,7 +2,10 @@ package cudadrv
 
 import (
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/ebitengine/purego"
@@ -242,4 +245,107 @@ func BenchmarkCopyHtoDPageable256MiB(b *testing.B) {
 		}
 	}
 	runtime.KeepAlive(src)
+}
+
+// BenchmarkHostShared measures how host memory divides between the CPU's
+// reads and the link's copies, the two sources a hybrid decode step draws
+// its host-resident weights from: every CPU thread summing a 2 GiB buffer
+// (well past any L3), 256 MiB pinned copies to the GPU, and both at once.
+// read-GB/s and link-GB/s are each side's rate, sum-GB/s the two
+// together: what bounds a step that must bring so many bytes from host
+// memory, whichever side takes them.
+func BenchmarkHostShared(b *testing.B) {
+	const readBytes, srcBytes = 2 << 30, 4 * copyBytes
+	for _, mode := range []string{"read", "link", "both"} {
+		b.Run(mode, func(b *testing.B) {
+			ctx, _ := needGPU(b)
+			h, err := ctx.HostAlloc(srcBytes, HostAllocPortable)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer h.Free()
+			for i := range h.Bytes() {
+				h.Bytes()[i] = byte(i)
+			}
+			d, err := ctx.Alloc(copyBytes)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ctx.Free(d)
+			s, err := ctx.NewStream(StreamNonBlocking, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.Destroy()
+			buf := make([]uint64, readBytes/8)
+			for i := range buf {
+				buf[i] = uint64(i) // every page touched before timing
+			}
+			var read atomic.Int64
+			var stop atomic.Bool
+			var wg sync.WaitGroup
+			readers := func() {
+				n := runtime.GOMAXPROCS(0)
+				per := len(buf) / n
+				for w := range n {
+					wg.Add(1)
+					go func(x []uint64) {
+						defer wg.Done()
+						var sum uint64
+						for !stop.Load() {
+							for lo := 0; lo < len(x) && !stop.Load(); lo += 1 << 17 {
+								var a, b2, c, e uint64
+								y := x[lo:min(lo+1<<17, len(x))]
+								for len(y) >= 4 {
+									a += y[0]
+									b2 += y[1]
+									c += y[2]
+									e += y[3]
+									y = y[4:]
+								}
+								sum += a + b2 + c + e
+								read.Add(8 << 17)
+							}
+						}
+						runtime.KeepAlive(sum)
+					}(buf[w*per : (w+1)*per])
+				}
+			}
+			var copied int64
+			copies := func(k int) {
+				for i := range k {
+					src := h.Bytes()[(i%4)*copyBytes : (i%4+1)*copyBytes]
+					if err := s.CopyHtoD(d, src); err != nil {
+						b.Fatal(err)
+					}
+					copied += copyBytes
+				}
+				if err := s.Synchronize(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			copies(1) // warm
+			if mode != "link" {
+				readers()
+			}
+			b.ResetTimer()
+			read.Store(0)
+			copied = 0
+			for range b.N {
+				if mode == "read" {
+					time.Sleep(20 * time.Millisecond)
+					continue
+				}
+				copies(4)
+			}
+			b.StopTimer()
+			stop.Store(true)
+			wg.Wait()
+			sec := b.Elapsed().Seconds()
+			r, l := float64(read.Load())/sec/1e9, float64(copied)/sec/1e9
+			b.ReportMetric(r, "read-GB/s")
+			b.ReportMetric(l, "link-GB/s")
+			b.ReportMetric(r+l, "sum-GB/s")
+		})
+	}
 }
