@@ -30,7 +30,7 @@ const (
 	envGPUWeights   = "ATS_GPU_WEIGHTS"     // "ref": the float32 reference weight kernels
 	envGPUDecodeMMA = "ATS_GPU_DECODE_MMA"  // fewest decode rows whose Q4_K/Q6_K products take the tensor cores ("0": never)
 	envMoESplit     = "ATS_MOE_SPLIT"       // how prompt batches split streamed MoE layers with the CPU
-	envMoERouted    = "ATS_MOE_ROUTED"      // the GPU's share of a decode step's chosen experts of the CPU's MoE layers ("0": none)
+	envMoERouted    = "ATS_MOE_ROUTED"      // the GPU's share of a decode step's chosen experts of the CPU's MoE layers ("0": none; a fraction: held; auto: the two sides keep pace)
 	envPromoteLog   = "ATS_PROMOTE_LOG"     // "1": a line per decode step the promoter observes
 )
 

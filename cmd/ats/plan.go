@@ -250,8 +250,12 @@ func printPlacement(w io.Writer, pl *placement.Placement, prof *plan.Profile, m 
 		fmt.Fprintln(w)
 	}
 	if len(pl.Routed) > 0 {
-		fmt.Fprintf(w, "decode steps route %d CPU MoE layers: the GPU takes %.0f%% of the experts a step's tokens choose (up to %d a layer), their weights copied over the link while the CPU computes the rest (ATS_MOE_ROUTED=0: never)\n",
-			len(pl.Routed), 100*pl.RoutedShare, pl.RoutedExperts)
+		paced := ", to start with: each step size's share then moves to where the two finish a layer together"
+		if pl.RoutedFixed {
+			paced = ""
+		}
+		fmt.Fprintf(w, "decode steps route %d CPU MoE layers: the GPU takes %.0f%% of the experts a step's tokens choose (up to %d a layer)%s, their weights copied over the link while the CPU computes the rest (ATS_MOE_ROUTED=0: never)\n",
+			len(pl.Routed), 100*pl.RoutedShare, pl.RoutedExperts, paced)
 	}
 	if prof != nil {
 		fmt.Fprintf(w, "profile: %s, %d threads, %s; measured %s\n", prof.Hardware.CPU, prof.Hardware.Threads, prof.Hardware.GPU, prof.Created.Format("2006-01-02 15:04"))

@@ -92,9 +92,13 @@ type ExecConfig struct {
 	// RoutedExperts is the most experts a decode step's routed expert
 	// layer (SplitRouted) hands the device, which copies their weights
 	// into a scratch of that many experts; RoutedShare is the share of a
-	// step's routed experts it takes (the rest stay with the host).
+	// step's routed experts it takes (the rest stay with the host): where
+	// each step size starts, unless RoutedFixed, from which each routed
+	// layer moves it toward the share with which the host and the device
+	// finish together.
 	RoutedExperts int
 	RoutedShare   float64
+	RoutedFixed   bool
 	Files         [][]byte // the model file's mapping (registered for streaming)
 	Options       Options
 }

@@ -29,11 +29,12 @@ type Layout struct {
 	Promotable []bool
 	// Routed marks the host's expert units whose decode steps hand the
 	// accelerator a share of the experts their tokens chose
-	// (backend.SplitRouted), by unit (nil: none); RoutedShare and
-	// RoutedExperts are backend.ExecConfig's.
+	// (backend.SplitRouted), by unit (nil: none); RoutedShare,
+	// RoutedExperts and RoutedFixed are backend.ExecConfig's.
 	Routed        []bool
 	RoutedShare   float64
 	RoutedExperts int
+	RoutedFixed   bool
 }
 
 // routed says whether unit i's decode steps are routed.
@@ -180,7 +181,7 @@ func DeviceConfig(m *model.Model, l *Layout, opt Options) (cfg backend.ExecConfi
 		Resident: resident, Streams: streamed, RingBytes: l.RingBytes, Files: m.FileParts(), Options: opt.Device}
 	for i := range l.Units {
 		if l.routed(i) {
-			cfg.RoutedExperts, cfg.RoutedShare = l.RoutedExperts, l.RoutedShare
+			cfg.RoutedExperts, cfg.RoutedShare, cfg.RoutedFixed = l.RoutedExperts, l.RoutedShare, l.RoutedFixed
 		}
 	}
 	return cfg, true

@@ -55,9 +55,13 @@ type Placement struct {
 	// RoutedShare of the experts their tokens chose (their weights alone
 	// cross the link) while the CPU computes the others; RoutedExperts is
 	// the most a step hands it (the scratch they are copied into).
+	// RoutedShare is where decode starts: each step size's share then
+	// moves to where the CPU and the GPU finish a layer together, unless
+	// RoutedFixed (ATS_MOE_ROUTED set to a share) holds it.
 	Routed        []string        `json:"routed,omitempty"`
 	RoutedShare   float64         `json:"routed_share,omitempty"`
 	RoutedExperts int             `json:"routed_experts,omitempty"`
+	RoutedFixed   bool            `json:"routed_fixed,omitempty"`
 	Units         []UnitPlacement `json:"units"`
 
 	units   []model.Unit
@@ -341,7 +345,7 @@ func (pl *Placement) bind(m *model.Model, w *cpu.Weights, units []model.Unit) (*
 			return nil, fmt.Errorf("placement: routes %s: want an expert unit of %s on the CPU that the GPU can share", n, m.File.Path)
 		}
 	}
-	out.Routed, out.RoutedShare, out.RoutedExperts = pl.Routed, pl.RoutedShare, pl.RoutedExperts
+	out.Routed, out.RoutedShare, out.RoutedExperts, out.RoutedFixed = pl.Routed, pl.RoutedShare, pl.RoutedExperts, pl.RoutedFixed
 	// Units sharing a tensor (tied embeddings) live together.
 	for i, u := range units {
 		for j := i + 1; j < len(units); j++ {
@@ -395,6 +399,9 @@ func (pl *Placement) Describe() string {
 	}
 	if len(pl.Routed) > 0 {
 		fmt.Fprintf(&b, "; decode hands the GPU %.0f%% of the chosen experts of %d CPU MoE layers", 100*pl.RoutedShare, len(pl.Routed))
+		if !pl.RoutedFixed {
+			b.WriteString(" to start with (then as the two keep pace)")
+		}
 	}
 	return b.String()
 }

@@ -368,28 +368,30 @@ func writeAndRead(t *testing.T, pl *Placement) (read *Placement, path string) {
 
 // TestRoutedShare checks the GPU's share of a routed layer's experts: the
 // balance of the link's and the CPU's rates, a forced fraction, none
-// below one of a token's experts, and a clear error for a bad setting.
+// below one of a token's experts, and a clear error for a bad setting; a
+// forced fraction holds (fixed), the balance is where decode starts.
 func TestRoutedShare(t *testing.T) {
 	for _, c := range []struct {
 		link, cpu float64
 		k         int
 		forced    string
 		want      float64
+		fixed     bool
 		err       bool
 	}{
-		{50e9, 50e9, 8, "", 0.5, false},
-		{30e9, 90e9, 8, "auto", 0.25, false},
-		{1e9, 99e9, 8, "", 0, false},      // 0.08 of an expert: none
-		{1e9, 99e9, 8, "0.5", 0.5, false}, // forced
-		{50e9, 50e9, 8, "0", 0, false},
-		{50e9, 50e9, 8, "1", 1, false},
-		{50e9, 50e9, 8, "1.5", 0, true},
-		{50e9, 50e9, 8, "half", 0, true},
-		{50e9, 50e9, 8, "NaN", 0, true},
+		{50e9, 50e9, 8, "", 0.5, false, false},
+		{30e9, 90e9, 8, "auto", 0.25, false, false},
+		{1e9, 99e9, 8, "", 0, false, false},     // 0.08 of an expert: none
+		{1e9, 99e9, 8, "0.5", 0.5, true, false}, // forced
+		{50e9, 50e9, 8, "0", 0, true, false},
+		{50e9, 50e9, 8, "1", 1, true, false},
+		{50e9, 50e9, 8, "1.5", 0, false, true},
+		{50e9, 50e9, 8, "half", 0, false, true},
+		{50e9, 50e9, 8, "NaN", 0, false, true},
 	} {
-		got, err := routedShare(c.link, c.cpu, c.k, c.forced)
-		if got != c.want || (err != nil) != c.err {
-			t.Errorf("routedShare(%g, %g, %d, %q) = %g, %v; want %g (error %v)", c.link, c.cpu, c.k, c.forced, got, err, c.want, c.err)
+		got, fixed, err := routedShare(c.link, c.cpu, c.k, c.forced)
+		if got != c.want || fixed != c.fixed || (err != nil) != c.err {
+			t.Errorf("routedShare(%g, %g, %d, %q) = %g, %v, %v; want %g, %v (error %v)", c.link, c.cpu, c.k, c.forced, got, fixed, err, c.want, c.fixed, c.err)
 		}
 	}
 }
@@ -438,7 +440,7 @@ func TestPlacementJSONRouted(t *testing.T) {
 	if len(pl.Routed) == 0 || dense == "" {
 		t.Fatalf("%d expert units, dense unit %q", len(pl.Routed), dense)
 	}
-	pl.RoutedShare, pl.RoutedExperts = 0.375, 3
+	pl.RoutedShare, pl.RoutedExperts, pl.RoutedFixed = 0.375, 3, true
 	pl.sum()
 	read, _ := writeAndRead(t, pl)
 	w := hostWeights(t, m)
@@ -446,10 +448,13 @@ func TestPlacementJSONRouted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if diff := cmp.Diff(pl.Routed, bound.Routed); diff != "" || bound.RoutedShare != 0.375 || bound.RoutedExperts != 3 {
-		t.Errorf("routed after a round trip: share %g, experts %d (-want +got):\n%s", bound.RoutedShare, bound.RoutedExperts, diff)
+	if diff := cmp.Diff(pl.Routed, bound.Routed); diff != "" || bound.RoutedShare != 0.375 || bound.RoutedExperts != 3 || !bound.RoutedFixed {
+		t.Errorf("routed after a round trip: share %g, experts %d, fixed %v (-want +got):\n%s", bound.RoutedShare, bound.RoutedExperts, bound.RoutedFixed, diff)
 	}
 	l := bound.Layout()
+	if !l.RoutedFixed || l.RoutedShare != 0.375 {
+		t.Errorf("layout: routed share %g, fixed %v; want 0.375, held", l.RoutedShare, l.RoutedFixed)
+	}
 	for i, u := range units {
 		if want := u.Experts > 0; l.Routed[i] != want {
 			t.Errorf("layout: %s routed %v, want %v", u.Name, l.Routed[i], want)

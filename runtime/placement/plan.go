@@ -512,7 +512,7 @@ func (p *Planner) routeExperts(pl *Placement, units []model.Unit, prof *plan.Pro
 		return 0
 	}
 	link := prof.Stream.BytesPerSec
-	share, err := routedShare(link, bytes/secs, k, opt.MoERouted)
+	share, fixed, err := routedShare(link, bytes/secs, k, opt.MoERouted)
 	if err != nil {
 		badRoutedNote.Do(func() { opt.Notes.Note(err.Error()) })
 		return 0
@@ -524,7 +524,7 @@ func (p *Planner) routeExperts(pl *Placement, units []model.Unit, prof *plan.Pro
 	// Scratch for the share of what a step of up to routedRows tokens
 	// chooses, less where the budget has no room.
 	most := min(ne, int(math.Ceil(share*float64(min(ne, routedRows*k)))))
-	pl.Routed, pl.RoutedShare, pl.RoutedExperts = names, share, most
+	pl.Routed, pl.RoutedShare, pl.RoutedExperts, pl.RoutedFixed = names, share, most, fixed
 	for ; most > 0; most /= 2 {
 		pl.RoutedExperts = most
 		if arena, weights := p.needBytes(pl, opt); arena+weights <= budget {
@@ -532,7 +532,7 @@ func (p *Planner) routeExperts(pl *Placement, units []model.Unit, prof *plan.Pro
 		}
 	}
 	if most == 0 {
-		pl.Routed, pl.RoutedShare, pl.RoutedExperts = nil, 0, 0
+		pl.Routed, pl.RoutedShare, pl.RoutedExperts, pl.RoutedFixed = nil, 0, 0, false
 		return 0
 	}
 	return secs - floored // negative where the share is predicted slower for one token
@@ -566,20 +566,21 @@ func routedSeconds(secs, bytes, link, hostRead, share float64, layers int) (t, f
 // one that has the link (link bytes/s) and the CPU (cpuRate bytes of
 // chosen experts a second) finish together, or forced's (a fraction;
 // "" and "auto" leave the balance; "0" none); 0 when it is not one of a
-// token's k experts.
-func routedShare(link, cpuRate float64, k int, forced string) (float64, error) {
-	share := link / (link + cpuRate)
+// token's k experts. fixed says a forced share holds (Placement.RoutedFixed):
+// decode then never moves it.
+func routedShare(link, cpuRate float64, k int, forced string) (share float64, fixed bool, err error) {
+	share = link / (link + cpuRate)
 	if forced != "" && forced != "auto" {
 		f, err := strconv.ParseFloat(forced, 64)
 		if err != nil || !(f >= 0 && f <= 1) {
-			return 0, fmt.Errorf("ATS_MOE_ROUTED=%q is neither a fraction in [0, 1] nor auto: ignored", forced)
+			return 0, false, fmt.Errorf("ATS_MOE_ROUTED=%q is neither a fraction in [0, 1] nor auto: ignored", forced)
 		}
-		share = f
+		share, fixed = f, true
 	}
 	if !(share*float64(k) >= 0.5) {
-		return 0, nil
+		return 0, fixed, nil
 	}
-	return share, nil
+	return share, fixed, nil
 }
 
 // routedRows is the decode batch the routed scratch is sized for: a step

@@ -55,7 +55,8 @@ type Options struct {
 	// MoERouted says whether decode steps hand the GPU a share of the
 	// experts their tokens chose in the CPU's expert layers
 	// (Placement.Routed): "" or "auto" (the share the measured link and
-	// CPU rates balance), a fraction ("0.25"), or "0" (never).
+	// CPU rates balance, where decode starts and then keeps pace), a
+	// fraction ("0.25", held), or "0" (never).
 	// ATS_MOE_ROUTED sets it.
 	MoERouted string
 	// MoESplit says how the streamed expert layers of prompt batches are
@@ -233,7 +234,7 @@ func (pl *Placement) Layout() *executor.Layout {
 		l.Prefill = append(l.Prefill, pf)
 	}
 	if len(pl.Routed) > 0 {
-		l.Routed, l.RoutedShare, l.RoutedExperts = make([]bool, len(pl.units)), pl.RoutedShare, pl.RoutedExperts
+		l.Routed, l.RoutedShare, l.RoutedExperts, l.RoutedFixed = make([]bool, len(pl.units)), pl.RoutedShare, pl.RoutedExperts, pl.RoutedFixed
 		for i, u := range pl.units {
 			l.Routed[i] = slices.Contains(pl.Routed, u.Name) && !pl.resident(i)
 		}

@@ -96,9 +96,10 @@ func splitPrefill(m *model.Model, pl *placement.Placement, frac float64) *placem
 }
 
 // routedDecode has pl's decode steps hand the GPU share of the experts
-// their tokens choose in every expert layer on the CPU, with no promotion;
-// nil when none is on the CPU.
-func routedDecode(m *model.Model, pl *placement.Placement, share float64) *placement.Placement {
+// their tokens choose in every expert layer on the CPU, with no promotion,
+// the share held or, unless fixed, moved as the two sides keep pace; nil
+// when none is on the CPU.
+func routedDecode(m *model.Model, pl *placement.Placement, share float64, fixed bool) *placement.Placement {
 	units := programUnits(m.Prog, 64, nil)
 	most := 0
 	for i, u := range units {
@@ -110,7 +111,7 @@ func routedDecode(m *model.Model, pl *placement.Placement, share float64) *place
 	if len(pl.Routed) == 0 {
 		return nil
 	}
-	pl.RoutedShare, pl.RoutedExperts, pl.Dynamic = share, most, false
+	pl.RoutedShare, pl.RoutedExperts, pl.Dynamic, pl.RoutedFixed = share, most, false, fixed
 	return pl
 }
 
@@ -164,19 +165,22 @@ func TestOraclesPlacements(t *testing.T) {
 		// Decode steps that hand the GPU a share of the experts their
 		// tokens chose in the CPU's expert layers (Placement.Routed):
 		// none of them, a quarter, half, and all (the scratch and the
-		// slots' remapping alone), with no promotion to take the layers
-		// whole.
+		// slots' remapping alone), held there, and a share that starts at
+		// half and moves each layer as the two sides keep pace; with no
+		// promotion to take the layers whole.
 		for _, c := range []struct {
 			name  string
 			share float64
+			fixed bool
 			gpuAt func(int, model.Unit) bool
 		}{
-			{"attention-gpu-routed-none", 0, func(_ int, u model.Unit) bool { return u.Role == "attention" }},
-			{"attention-gpu-routed-quarter", 0.25, func(_ int, u model.Unit) bool { return u.Role == "attention" }},
-			{"all-cpu-routed-half", 0.5, func(int, model.Unit) bool { return false }},
-			{"alternating-routed-all", 1, func(i int, _ model.Unit) bool { return i%2 == 1 }},
+			{"attention-gpu-routed-none", 0, true, func(_ int, u model.Unit) bool { return u.Role == "attention" }},
+			{"attention-gpu-routed-quarter", 0.25, true, func(_ int, u model.Unit) bool { return u.Role == "attention" }},
+			{"all-cpu-routed-half", 0.5, true, func(int, model.Unit) bool { return false }},
+			{"alternating-routed-all", 1, true, func(i int, _ model.Unit) bool { return i%2 == 1 }},
+			{"attention-gpu-routed-paced", 0.5, false, func(_ int, u model.Unit) bool { return u.Role == "attention" }},
 		} {
-			if pl := routedDecode(m, forcedPlacement(t, m, ctx, c.gpuAt), c.share); pl != nil {
+			if pl := routedDecode(m, forcedPlacement(t, m, ctx, c.gpuAt), c.share, c.fixed); pl != nil {
 				variants = append(variants, oracleVariant{name: c.name, opt: Options{Backend: executor.BackendAuto, Placement: pl}, routed: true})
 			}
 		}

@@ -104,14 +104,17 @@ type Exec struct {
 	// down regions of most experts of at most per bytes each; ids
 	// holds the slots' device ids (the index of their expert among the
 	// picked, or -1) on their way to the device; copied follows the
-	// weights' copies on the copy stream.
+	// weights' copies on the copy stream, done the device's products.
+	// share is the device's share for steps of each size (index: rows,
+	// the last for more), moved by keepPace unless cfg.RoutedFixed.
 	routed struct {
-		base   cudadrv.DevicePtr
-		most   int
-		per    [3]int64
-		ids    *cudadrv.HostMem
-		copied *cudadrv.Event
-		pick   []int32
+		base         cudadrv.DevicePtr
+		most         int
+		per          [3]int64
+		ids          *cudadrv.HostMem
+		copied, done *cudadrv.Event
+		pick         []int32
+		share        [routedSizes]float64
 	}
 
 	routeInspector backend.RouteInspector // InspectRoutes; nil outside tests
@@ -280,6 +283,9 @@ func (g *Exec) layout(dev *Device, w WeightOps, p *ir.Program, cfg backend.ExecC
 		}
 		if b := g.routed.per[0] + g.routed.per[1] + g.routed.per[2]; b > 0 {
 			g.routed.most = cfg.RoutedExperts
+			for i := range g.routed.share {
+				g.routed.share[i] = cfg.RoutedShare
+			}
 			add("routed experts", b*int64(cfg.RoutedExperts)+2*256, &g.routed.base)
 		}
 	}
@@ -502,8 +508,10 @@ func (g *Exec) Close() error {
 	if g.routed.ids != nil {
 		errs = append(errs, g.routed.ids.Free())
 	}
-	if g.routed.copied != nil {
-		errs = append(errs, g.routed.copied.Destroy())
+	for _, e := range []*cudadrv.Event{g.routed.copied, g.routed.done} {
+		if e != nil {
+			errs = append(errs, e.Destroy())
+		}
 	}
 	if g.ws != nil {
 		errs = append(errs, releaseWeights(g.dev, g.ws))
@@ -694,7 +702,7 @@ func (g *Exec) splitSkips(spec backend.SegmentSpec) (skip map[*ir.Weight]int64, 
 			return nil, nil, fmt.Errorf("gpu: host buffers of a routed MoE layer: %w", err)
 		}
 	}
-	for _, e := range []**cudadrv.Event{&sp.ready, &g.routed.copied} {
+	for _, e := range []**cudadrv.Event{&sp.ready, &g.routed.copied, &g.routed.done} {
 		if *e == nil {
 			ev, err := g.dev.ctx.NewEvent(cudadrv.EventDisableTiming)
 			if err != nil {

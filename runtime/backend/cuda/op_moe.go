@@ -213,8 +213,10 @@ func (g *Exec) moeRouted(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *m
 	ids := unsafe.Slice((*int32)(sp.ids.Pointer()), n*k)
 	w := unsafe.Slice((*float32)(sp.weights.Pointer()), n*k)
 	devIDs := unsafe.Slice((*int32)(r.ids.Pointer()), n*k)
+	size := min(n, len(r.share)-1)
+	share := r.share[size]
 	var ks int
-	ks, r.pick = routedPick(ids, ne, g.cfg.RoutedShare, r.most, r.pick[:0], devIDs)
+	ks, r.pick = routedPick(ids, ne, share, r.most, r.pick[:0], devIDs)
 	// The host's share starts now, beside the copies and launches below
 	// (tens of microseconds of driver calls a layer).
 	g.host.Expect(splitShareSpin)
@@ -249,6 +251,9 @@ func (g *Exec) moeRouted(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *m
 		if err == nil {
 			err = g.moeExperts(s, &local[0], &local[1], &local[2], in, n, k, ff)
 		}
+		if err == nil {
+			err = r.done.Record(s)
+		}
 		if err != nil {
 			<-hostDone // y and the slots stay the host's until it is done
 			return fmt.Errorf("layer %d's routed experts: %w", op.Layer, err)
@@ -258,6 +263,16 @@ func (g *Exec) moeRouted(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *m
 		return fmt.Errorf("the host's experts 0-%d: %w", ks-1, err)
 	}
 	t2 := time.Now()
+	if !g.cfg.RoutedFixed {
+		deviceFirst := true // with nothing to do, it waits for the host
+		if len(r.pick) > 0 {
+			var err error
+			if deviceFirst, err = r.done.Done(); err != nil {
+				return fmt.Errorf("layer %d's routed experts: %w", op.Layer, err)
+			}
+		}
+		r.share[size] = keepPace(share, deviceFirst)
+	}
 	slots, used := 0, 0
 	var routed [kernels.MaxExperts]bool
 	for _, e := range ids {
@@ -316,6 +331,30 @@ func routedPick(ids []int32, ne int, share float64, most int, buf []int32, dev [
 	}
 	return ks, pick
 }
+
+// routedSizes bounds the step sizes that keep a share of their own: 1 to
+// 15 tokens each, 16 and more together (index 0 is unused).
+const routedSizes = 17
+
+// keepPace moves a routed layer's device share by routedShareStep toward
+// the share with which the host and the device finish together: up when
+// the device was done first (it then waited on the host), down when the
+// host was. Host memory feeds both the host's reads and the link's
+// copies, so the rates the planner measured alone do not hold when both
+// run, nor for steps of other sizes; the balance found so holds for the
+// machine as it is. At one step per layer it crosses the range in a few
+// decode steps and then dithers about the balance.
+func keepPace(share float64, deviceFirst bool) float64 {
+	if deviceFirst {
+		return min(share+routedShareStep, 1)
+	}
+	return max(share-routedShareStep, 0)
+}
+
+// routedShareStep is keepPace's step: about a sixteenth of an expert at
+// the 29 distinct experts four tokens of Qwen3-30B-A3B choose in a layer,
+// 0.07 of the share a decode step of its 36 routed layers.
+const routedShareStep = 1.0 / 512
 
 // splitRoutingWait bounds how long the host's workers spin for their share
 // of a split expert layer, from when the split is queued, through the wait

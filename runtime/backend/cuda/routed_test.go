@@ -76,3 +76,34 @@ func TestRoutedPick(t *testing.T) {
 		}
 	}
 }
+
+// TestKeepPace checks that a routed layer's share settles where the host
+// and the device finish together: a host that takes (1-share)·host and a
+// device that takes share·device balance at host/(host+device), whichever
+// side the share starts on, and the share stays within [0, 1] when one
+// side is always first.
+func TestKeepPace(t *testing.T) {
+	cases := []struct{ host, device, start float64 }{
+		{1, 1, 0.4},
+		{0.8, 2.4, 0.4}, // the link three times slower: a quarter
+		{3, 1, 0.1},
+		{1, 0, 0.5}, // a device that takes no time gets everything
+		{0, 1, 0.5}, // a host that takes no time keeps everything
+	}
+	for _, c := range cases {
+		s := c.start
+		for range 2000 {
+			s = keepPace(s, s*c.device < (1-s)*c.host)
+			if s < 0 || s > 1 {
+				t.Fatalf("host %g, device %g: share %g outside [0, 1]", c.host, c.device, s)
+			}
+		}
+		want := 1.0
+		if c.host+c.device > 0 {
+			want = c.host / (c.host + c.device)
+		}
+		if d := s - want; d > 2*routedShareStep || d < -2*routedShareStep {
+			t.Errorf("host %g, device %g from %g: share %g, want %g within two steps", c.host, c.device, c.start, s, want)
+		}
+	}
+}
