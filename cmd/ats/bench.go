@@ -182,6 +182,9 @@ sequence does: a concurrency figure that flatters.`,
 				if o.parallel, err = parseIntList("--parallel", parallel, 1); err != nil {
 					return err
 				}
+				if cmd.Flags().Changed("parallel") && (o.serve.url != "" || o.stress != "") {
+					return fmt.Errorf("bench: --parallel runs the model's own tg tests; with --serve, --concurrency sets the requests at once, and --stress decodes one sequence")
+				}
 				if o.serve.url != "" {
 					if t := o.serve.temperature; math.IsNaN(t) || math.IsInf(t, 0) || t < 0 {
 						return fmt.Errorf("bench --serve: --temperature %v: must be a finite number from 0 up (0: greedy)", t)

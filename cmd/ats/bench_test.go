@@ -233,8 +233,14 @@ func TestBenchParallel(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("tests %v, want %v", got, want)
 	}
-	if _, _, err := runATS(t, "bench", "-m", m, "--parallel", "0"); err == nil || !strings.Contains(err.Error(), "--parallel") {
-		t.Errorf("--parallel 0: %v", err)
+	for _, args := range [][]string{
+		{"bench", "-m", m, "--parallel", "0"},
+		{"bench", "--serve", "http://127.0.0.1:1", "--parallel", "4"},
+		{"bench", "-m", m, "--stress", "cpu=50", "--parallel", "4"},
+	} {
+		if _, _, err := runATS(t, args...); err == nil || !strings.Contains(err.Error(), "--parallel") {
+			t.Errorf("%v: %v, want an error naming --parallel", args[1:], err)
+		}
 	}
 }
 
