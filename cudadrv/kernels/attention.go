@@ -190,17 +190,17 @@ func (k *Attention) bind(m *cudadrv.Module) error {
 			return err
 		}
 	}
+	// The other families, each by its size, all granted it too.
 	for _, f := range []struct {
 		dst   map[int]*cudadrv.Function
 		sizes []int
-		optin bool
 		name  string // with the size
 	}{
-		{k.decI8, decI8HeadSizes, true, "attn_dec_q8_0i_d%d"},
-		{k.attn, attnDPL, true, "attn_f16_d%d"},
-		{k.mma, attnMMAHeadSizes, true, "attn_mma_d%d"},
+		{k.decI8, decI8HeadSizes, "attn_dec_q8_0i_d%d"},
+		{k.attn, attnDPL, "attn_f16_d%d"},
+		{k.mma, attnMMAHeadSizes, "attn_mma_d%d"},
 	} {
-		if err := family(f.dst, f.sizes, f.optin, func(n int) string { return fmt.Sprintf(f.name, n) }); err != nil {
+		if err := family(f.dst, f.sizes, true, func(n int) string { return fmt.Sprintf(f.name, n) }); err != nil {
 			return err
 		}
 	}
