@@ -187,6 +187,23 @@ func BenchmarkLaunchEmptyGraph(b *testing.B) {
 
 const copyBytes = 256 << 20
 
+// copyTarget is the device buffer of copyBytes and the non-blocking
+// stream a copy benchmark copies into and on, released when b ends.
+func copyTarget(b *testing.B, ctx *Context) (DevicePtr, *Stream) {
+	b.Helper()
+	d, err := ctx.Alloc(copyBytes)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { ctx.Free(d) })
+	s, err := ctx.NewStream(StreamNonBlocking, 0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Destroy() })
+	return d, s
+}
+
 func copyBench(b *testing.B, flags HostAllocFlags, dir string) {
 	ctx, _ := needGPU(b)
 	h, err := ctx.HostAlloc(copyBytes, flags)
@@ -195,16 +212,7 @@ func copyBench(b *testing.B, flags HostAllocFlags, dir string) {
 	}
 	defer h.Free()
 	copy(h.Bytes(), randBytes(1, copyBytes))
-	d, err := ctx.Alloc(copyBytes)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ctx.Free(d)
-	s, err := ctx.NewStream(StreamNonBlocking, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Destroy()
+	d, s := copyTarget(b, ctx)
 	one := func() error {
 		if dir == "HtoD" {
 			return s.CopyHtoD(d, h.Bytes())
@@ -267,16 +275,7 @@ func BenchmarkHostShared(b *testing.B) {
 			for i := range h.Bytes() {
 				h.Bytes()[i] = byte(i)
 			}
-			d, err := ctx.Alloc(copyBytes)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer ctx.Free(d)
-			s, err := ctx.NewStream(StreamNonBlocking, 0)
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer s.Destroy()
+			d, s := copyTarget(b, ctx)
 			buf := make([]uint64, readBytes/8)
 			for i := range buf {
 				buf[i] = uint64(i) // every page touched before timing

@@ -122,16 +122,7 @@ func BenchmarkCopyHtoDRegisteredMmap256MiB(b *testing.B) {
 	}
 	regTime := time.Since(t0)
 	defer reg.Unregister()
-	d, err := ctx.Alloc(copyBytes)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ctx.Free(d)
-	s, err := ctx.NewStream(StreamNonBlocking, 0)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Destroy()
+	d, s := copyTarget(b, ctx)
 	b.SetBytes(copyBytes)
 	for b.Loop() {
 		if err := s.CopyHtoD(d, mem); err != nil {
