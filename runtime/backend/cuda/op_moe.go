@@ -251,7 +251,7 @@ func (g *Exec) moeRouted(s *cudadrv.Stream, op *ir.Op, router, gate, up, down *m
 		if err == nil {
 			err = g.moeExperts(s, &local[0], &local[1], &local[2], in, n, k, ff)
 		}
-		if err == nil {
+		if err == nil && !g.cfg.RoutedFixed { // keepPace asks whether they are done
 			err = r.done.Record(s)
 		}
 		if err != nil {
